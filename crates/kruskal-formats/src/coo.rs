@@ -1,0 +1,340 @@
+//! The COO sparse tensor: the canonical form every other format is built from.
+
+use rayon::prelude::*;
+
+use crate::error::{FormatError, Result};
+
+/// A sparse tensor in coordinate form, stored as a structure of arrays.
+///
+/// `indices[m][k]` is the 0-based mode-`m` index of nonzero `k` and
+/// `values[k]` its value. Nonzero counts are `usize` (64-bit on every
+/// supported target): FROSTT's largest tensors exceed 2^32 nonzeros.
+/// Dimensions are `u32`, which holds every FROSTT tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SparseTensor {
+    dims: Vec<u32>,
+    indices: Vec<Vec<u32>>,
+    values: Vec<f32>,
+}
+
+impl SparseTensor {
+    /// Builds a tensor, checking that every mode has `values.len()` indices,
+    /// that every index is below its dimension and every value is finite.
+    ///
+    /// Cost: one pass over the nonzeros (parallel).
+    pub fn new(dims: Vec<u32>, indices: Vec<Vec<u32>>, values: Vec<f32>) -> Result<Self> {
+        if dims.is_empty() {
+            return Err(FormatError::Invalid(
+                "a tensor needs at least one mode".into(),
+            ));
+        }
+        if indices.len() != dims.len() {
+            return Err(FormatError::Invalid(format!(
+                "{} dimensions but {} index arrays",
+                dims.len(),
+                indices.len()
+            )));
+        }
+        for (mode, (idx, &dim)) in indices.iter().zip(&dims).enumerate() {
+            if idx.len() != values.len() {
+                return Err(FormatError::Invalid(format!(
+                    "mode {mode} has {} indices but there are {} values",
+                    idx.len(),
+                    values.len()
+                )));
+            }
+            if let Some((k, &i)) = idx.par_iter().enumerate().find_any(|&(_, &i)| i >= dim) {
+                return Err(FormatError::Invalid(format!(
+                    "nonzero {k}: mode-{mode} index {i} is not below the dimension {dim}"
+                )));
+            }
+        }
+        if let Some((k, v)) = values
+            .par_iter()
+            .enumerate()
+            .find_any(|(_, v)| !v.is_finite())
+        {
+            return Err(FormatError::Invalid(format!(
+                "nonzero {k}: value {v} is not finite"
+            )));
+        }
+        Ok(SparseTensor {
+            dims,
+            indices,
+            values,
+        })
+    }
+
+    /// Number of modes (the tensor's order).
+    pub fn nmodes(&self) -> usize {
+        self.dims.len()
+    }
+
+    /// Number of stored nonzeros.
+    pub fn nnz(&self) -> usize {
+        self.values.len()
+    }
+
+    pub fn dims(&self) -> &[u32] {
+        &self.dims
+    }
+
+    /// The index arrays, one per mode.
+    pub fn indices(&self) -> &[Vec<u32>] {
+        &self.indices
+    }
+
+    /// The mode-`mode` index of every nonzero.
+    pub fn mode_indices(&self, mode: usize) -> &[u32] {
+        &self.indices[mode]
+    }
+
+    pub fn values(&self) -> &[f32] {
+        &self.values
+    }
+
+    /// Gives the arrays back: `(dims, indices, values)`.
+    pub fn into_parts(self) -> (Vec<u32>, Vec<Vec<u32>>, Vec<f32>) {
+        (self.dims, self.indices, self.values)
+    }
+
+    /// Squared Frobenius norm, summed in f64.
+    pub fn norm_sq(&self) -> f64 {
+        self.values
+            .par_iter()
+            .map(|&v| f64::from(v) * f64::from(v))
+            .sum()
+    }
+
+    /// Number of cells, `prod(dims)`, as f64 (it overflows every integer type
+    /// for the large FROSTT tensors).
+    pub fn cells(&self) -> f64 {
+        self.dims.iter().map(|&d| f64::from(d)).product()
+    }
+
+    /// Fraction of cells that hold a nonzero.
+    pub fn density(&self) -> f64 {
+        self.nnz() as f64 / self.cells()
+    }
+
+    /// The permutation that sorts the nonzeros lexicographically by the
+    /// modes in `order` (first entry most significant). Stable.
+    ///
+    /// Cost: O(nnz log nnz) comparisons, parallel.
+    pub fn sort_permutation(&self, order: &[usize]) -> Vec<usize> {
+        let mut perm: Vec<usize> = (0..self.nnz()).collect();
+        let cols: Vec<&[u32]> = order.iter().map(|&m| self.indices[m].as_slice()).collect();
+        perm.par_sort_by(|&a, &b| {
+            for col in &cols {
+                match col[a].cmp(&col[b]) {
+                    std::cmp::Ordering::Equal => continue,
+                    other => return other,
+                }
+            }
+            std::cmp::Ordering::Equal
+        });
+        perm
+    }
+
+    /// Reorders the nonzeros by `perm` (nonzero `k` of the result is nonzero
+    /// `perm[k]` of the input). `perm` must be a permutation of `0..nnz`.
+    pub fn permute(&mut self, perm: &[usize]) {
+        assert_eq!(perm.len(), self.nnz(), "permutation length must equal nnz");
+        for idx in &mut self.indices {
+            *idx = perm.par_iter().map(|&p| idx[p]).collect();
+        }
+        self.values = perm.par_iter().map(|&p| self.values[p]).collect();
+    }
+
+    /// Sorts the nonzeros lexicographically by the modes in `order`, which
+    /// must name distinct modes. Modes left out keep their relative order.
+    pub fn sort_by_modes(&mut self, order: &[usize]) -> Result<()> {
+        let mut seen = vec![false; self.nmodes()];
+        for &m in order {
+            if m >= self.nmodes() || std::mem::replace(&mut seen[m], true) {
+                return Err(FormatError::Argument(format!(
+                    "sort order {order:?} must name distinct modes below {}",
+                    self.nmodes()
+                )));
+            }
+        }
+        let perm = self.sort_permutation(order);
+        self.permute(&perm);
+        Ok(())
+    }
+
+    /// Sorts by all modes in their natural order and sums nonzeros that share
+    /// a coordinate. Returns how many nonzeros were merged away.
+    pub fn coalesce(&mut self) -> usize {
+        let order: Vec<usize> = (0..self.nmodes()).collect();
+        let perm = self.sort_permutation(&order);
+        self.permute(&perm);
+        let nnz = self.nnz();
+        if nnz == 0 {
+            return 0;
+        }
+        let same = |a: usize, b: usize| self.indices.iter().all(|idx| idx[a] == idx[b]);
+        // keep[k]: nonzero k starts a new coordinate.
+        let keep: Vec<bool> = (0..nnz).map(|k| k == 0 || !same(k - 1, k)).collect();
+        let merged = keep.iter().filter(|&&k| !k).count();
+        if merged == 0 {
+            return 0;
+        }
+        let mut values = Vec::with_capacity(nnz - merged);
+        for (&v, &starts) in self.values.iter().zip(&keep) {
+            match values.last_mut() {
+                Some(last) if !starts => *last += v,
+                _ => values.push(v),
+            }
+        }
+        for idx in &mut self.indices {
+            let mut kept = Vec::with_capacity(nnz - merged);
+            kept.extend(idx.iter().zip(&keep).filter(|(_, k)| **k).map(|(i, _)| *i));
+            *idx = kept;
+        }
+        self.values = values;
+        merged
+    }
+
+    /// Nonzeros per index of `mode` (the slice degrees), length `dims[mode]`.
+    pub fn mode_counts(&self, mode: usize) -> Vec<u64> {
+        let dim = self.dims[mode] as usize;
+        self.indices[mode]
+            .par_chunks(1 << 20)
+            .fold(
+                || vec![0u64; dim],
+                |mut counts, chunk| {
+                    for &i in chunk {
+                        counts[i as usize] += 1;
+                    }
+                    counts
+                },
+            )
+            .reduce(
+                || vec![0u64; dim],
+                |mut a, b| {
+                    a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                    a
+                },
+            )
+    }
+
+    /// Per-mode statistics (slice degrees, empty slices, hottest index).
+    pub fn stats(&self) -> TensorStats {
+        let modes = (0..self.nmodes())
+            .map(|mode| {
+                let counts = self.mode_counts(mode);
+                let nonempty: Vec<u64> = counts.iter().copied().filter(|&c| c > 0).collect();
+                let (argmax, &max) = counts
+                    .iter()
+                    .enumerate()
+                    .max_by_key(|&(_, c)| *c)
+                    .unwrap_or((0, &0));
+                ModeStats {
+                    dim: self.dims[mode],
+                    nonempty_slices: nonempty.len() as u64,
+                    empty_slices: counts.len() as u64 - nonempty.len() as u64,
+                    degree_min: nonempty.iter().copied().min().unwrap_or(0),
+                    degree_mean: if nonempty.is_empty() {
+                        0.0
+                    } else {
+                        self.nnz() as f64 / nonempty.len() as f64
+                    },
+                    degree_max: max,
+                    hottest_index: argmax as u32,
+                }
+            })
+            .collect();
+        TensorStats {
+            nnz: self.nnz() as u64,
+            density: self.density(),
+            norm: self.norm_sq().sqrt(),
+            modes,
+        }
+    }
+}
+
+/// Summary statistics of a tensor, as printed by `kruskal info`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorStats {
+    pub nnz: u64,
+    pub density: f64,
+    /// Frobenius norm.
+    pub norm: f64,
+    pub modes: Vec<ModeStats>,
+}
+
+/// Statistics of one mode: how the nonzeros spread over its indices.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModeStats {
+    pub dim: u32,
+    /// Indices that hold at least one nonzero.
+    pub nonempty_slices: u64,
+    pub empty_slices: u64,
+    /// Fewest nonzeros of a non-empty slice.
+    pub degree_min: u64,
+    /// Mean nonzeros per non-empty slice.
+    pub degree_mean: f64,
+    /// Most nonzeros of one slice.
+    pub degree_max: u64,
+    /// The index that holds `degree_max` nonzeros.
+    pub hottest_index: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> SparseTensor {
+        SparseTensor::new(
+            vec![3, 2, 2],
+            vec![vec![2, 0, 2, 1], vec![1, 0, 1, 1], vec![0, 1, 0, 0]],
+            vec![1.0, 2.0, 3.0, 4.0],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn new_rejects_out_of_range_index() {
+        let err = SparseTensor::new(vec![2, 2], vec![vec![0, 2], vec![0, 1]], vec![1.0, 1.0]);
+        assert!(err.unwrap_err().to_string().contains("mode-0 index 2"));
+    }
+
+    #[test]
+    fn new_rejects_length_mismatch_and_nan() {
+        assert!(SparseTensor::new(vec![2, 2], vec![vec![0], vec![0, 1]], vec![1.0, 1.0]).is_err());
+        assert!(SparseTensor::new(vec![2], vec![vec![0]], vec![f32::NAN]).is_err());
+        assert!(SparseTensor::new(vec![], vec![], vec![]).is_err());
+    }
+
+    #[test]
+    fn coalesce_sums_duplicates_and_sorts() {
+        let mut t = small();
+        assert_eq!(t.coalesce(), 1);
+        assert_eq!(t.nnz(), 3);
+        assert_eq!(t.mode_indices(0), &[0, 1, 2]);
+        assert_eq!(t.values(), &[2.0, 4.0, 4.0]);
+    }
+
+    #[test]
+    fn sort_by_second_mode_is_stable() {
+        let mut t = small();
+        t.sort_by_modes(&[1]).unwrap();
+        assert_eq!(t.mode_indices(1), &[0, 1, 1, 1]);
+        assert_eq!(t.values(), &[2.0, 1.0, 3.0, 4.0]);
+        assert!(t.sort_by_modes(&[0, 0]).is_err());
+        assert!(t.sort_by_modes(&[3]).is_err());
+    }
+
+    #[test]
+    fn stats_count_slices() {
+        let s = small().stats();
+        assert_eq!(s.nnz, 4);
+        assert_eq!(s.modes[0].degree_max, 2);
+        assert_eq!(s.modes[0].hottest_index, 2);
+        assert_eq!(s.modes[0].empty_slices, 0);
+        assert_eq!(s.modes[2].degree_min, 1);
+        assert!((s.density - 4.0 / 12.0).abs() < 1e-12);
+        assert!((s.norm - 30f64.sqrt()).abs() < 1e-12);
+    }
+}

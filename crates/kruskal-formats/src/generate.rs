@@ -1,0 +1,479 @@
+//! Synthetic tensors: power-law tensors shaped like the FROSTT collection, and
+//! planted low-rank tensors whose true factors are known.
+//!
+//! Every generator is seeded and deterministic: the same spec gives the same
+//! tensor on any machine and with any number of threads (nonzeros are drawn
+//! in fixed-size blocks, each from its own stream derived from the seed).
+
+use ndarray::Array2;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Normal, Zipf};
+use rayon::prelude::*;
+
+use crate::coo::SparseTensor;
+use crate::error::{FormatError, Result};
+
+/// Nonzeros drawn from one random stream; fixed so that output does not
+/// depend on the thread count.
+const BLOCK_NNZ: usize = 1 << 16;
+
+/// The Zipf exponent used when none is given (FROSTT tensors' hot modes are
+/// close to it).
+pub const DEFAULT_EXPONENT: f64 = 1.1;
+
+/// A power-law tensor: in each mode, index `perm[r - 1]` where `r` follows a
+/// bounded Zipf law `P(r) ~ r^-s` over `1..=dim` and `perm` is a seeded
+/// random permutation of the mode's indices (so hot indices are scattered,
+/// as in real data). Values are uniform in `[0, 1)`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PowerLawSpec {
+    pub dims: Vec<u32>,
+    pub nnz: usize,
+    /// One Zipf exponent per mode (`s >= 0`; 0 gives uniform indices).
+    pub exponents: Vec<f64>,
+    pub seed: u64,
+}
+
+impl PowerLawSpec {
+    /// A spec with exponent [`DEFAULT_EXPONENT`] in every mode and seed 1.
+    pub fn new(dims: Vec<u32>, nnz: usize) -> Self {
+        let exponents = vec![DEFAULT_EXPONENT; dims.len()];
+        PowerLawSpec {
+            dims,
+            nnz,
+            exponents,
+            seed: 1,
+        }
+    }
+
+    /// The spec of a FROSTT-shaped preset with its real nonzero count.
+    pub fn like(preset: &Preset) -> Self {
+        PowerLawSpec::new(preset.dims.to_vec(), preset.nnz as usize)
+    }
+
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    pub fn with_nnz(mut self, nnz: usize) -> Self {
+        self.nnz = nnz;
+        self
+    }
+}
+
+/// Stream seeds: one per (purpose, mode, block), mixed so that neighbouring
+/// blocks get unrelated streams.
+fn stream_seed(seed: u64, purpose: u64, mode: u64, block: u64) -> u64 {
+    let mut x = seed ^ purpose.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x ^= mode.wrapping_mul(0xBF58_476D_1CE4_E5B9).rotate_left(17);
+    x ^= block.wrapping_mul(0x94D0_49BB_1331_11EB).rotate_left(41);
+    // splitmix64 finalizer
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+fn check_dims(dims: &[u32]) -> Result<()> {
+    if dims.len() < 2 {
+        return Err(FormatError::Argument(format!(
+            "a generated tensor needs at least 2 modes, got {}",
+            dims.len()
+        )));
+    }
+    if let Some(m) = dims.iter().position(|&d| d == 0) {
+        return Err(FormatError::Argument(format!("dimension of mode {m} is 0")));
+    }
+    Ok(())
+}
+
+/// Generates a power-law tensor. Duplicate coordinates are kept (the tensor
+/// has exactly `spec.nnz` stored nonzeros; call [`SparseTensor::coalesce`] to
+/// merge them).
+///
+/// Cost: O(nnz * nmodes) random draws, parallel; memory 4 bytes per index
+/// plus 4 per value, and one permutation per mode (4 bytes per index).
+pub fn power_law(spec: &PowerLawSpec) -> Result<SparseTensor> {
+    check_dims(&spec.dims)?;
+    if spec.nnz == 0 {
+        return Err(FormatError::Argument(
+            "nonzero count must be positive".into(),
+        ));
+    }
+    if spec.exponents.len() != spec.dims.len() {
+        return Err(FormatError::Argument(format!(
+            "{} exponents for {} modes",
+            spec.exponents.len(),
+            spec.dims.len()
+        )));
+    }
+    if let Some(s) = spec
+        .exponents
+        .iter()
+        .find(|s| !(s.is_finite() && **s >= 0.0))
+    {
+        return Err(FormatError::Argument(format!(
+            "Zipf exponent {s} must be finite and >= 0"
+        )));
+    }
+
+    let mut indices = Vec::with_capacity(spec.dims.len());
+    for (mode, (&dim, &s)) in spec.dims.iter().zip(&spec.exponents).enumerate() {
+        let mut perm: Vec<u32> = (0..dim).collect();
+        perm.shuffle(&mut ChaCha8Rng::seed_from_u64(stream_seed(
+            spec.seed,
+            1,
+            mode as u64,
+            0,
+        )));
+        let zipf = Zipf::new(f64::from(dim), s)
+            .map_err(|e| FormatError::Argument(format!("mode {mode}: {e}")))?;
+        let mut idx = vec![0u32; spec.nnz];
+        idx.par_chunks_mut(BLOCK_NNZ)
+            .enumerate()
+            .for_each(|(b, out)| {
+                let mut rng =
+                    ChaCha8Rng::seed_from_u64(stream_seed(spec.seed, 2, mode as u64, b as u64));
+                for slot in out.iter_mut() {
+                    // Zipf yields a rank in [1, dim] as a float.
+                    let rank = zipf.sample(&mut rng) as u64;
+                    let rank = rank.clamp(1, u64::from(dim)) as usize;
+                    *slot = perm[rank - 1];
+                }
+            });
+        indices.push(idx);
+    }
+    let mut values = vec![0f32; spec.nnz];
+    values
+        .par_chunks_mut(BLOCK_NNZ)
+        .enumerate()
+        .for_each(|(b, out)| {
+            let mut rng = ChaCha8Rng::seed_from_u64(stream_seed(spec.seed, 3, 0, b as u64));
+            for v in out.iter_mut() {
+                *v = rng.random::<f32>();
+            }
+        });
+    SparseTensor::new(spec.dims.clone(), indices, values)
+}
+
+/// A FROSTT tensor's shape, for `--like NAME`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Preset {
+    pub name: &'static str,
+    pub dims: &'static [u32],
+    /// The real tensor's nonzero count.
+    pub nnz: u64,
+}
+
+/// The FROSTT shapes the generators imitate (see the project's FROSTT notes).
+pub const PRESETS: &[Preset] = &[
+    Preset {
+        name: "nell-2",
+        dims: &[12_092, 9_184, 28_818],
+        nnz: 76_879_419,
+    },
+    Preset {
+        name: "nell-1",
+        dims: &[2_902_330, 2_143_368, 25_495_389],
+        nnz: 143_599_552,
+    },
+    Preset {
+        name: "delicious-4d",
+        dims: &[532_924, 17_262_471, 2_480_308, 1_443],
+        nnz: 140_126_181,
+    },
+    Preset {
+        name: "flickr-4d",
+        dims: &[319_686, 28_153_045, 1_607_191, 731],
+        nnz: 112_890_310,
+    },
+    Preset {
+        name: "enron",
+        dims: &[6_066, 5_699, 244_268, 1_176],
+        nnz: 54_202_099,
+    },
+    Preset {
+        name: "vast-5d",
+        dims: &[165_427, 11_374, 2, 100, 89],
+        nnz: 26_021_945,
+    },
+    Preset {
+        name: "nips",
+        dims: &[2_482, 2_862, 14_036, 17],
+        nnz: 3_101_609,
+    },
+    Preset {
+        name: "uber",
+        dims: &[183, 24, 1_140, 1_717],
+        nnz: 3_309_490,
+    },
+    Preset {
+        name: "chicago-crime",
+        dims: &[6_186, 24, 77, 32],
+        nnz: 5_330_673,
+    },
+    Preset {
+        name: "amazon",
+        dims: &[4_821_207, 1_774_269, 1_805_187],
+        nnz: 1_741_809_018,
+    },
+    Preset {
+        name: "patents",
+        dims: &[46, 239_172, 239_172],
+        nnz: 3_596_640_708,
+    },
+    Preset {
+        name: "reddit",
+        dims: &[8_211_298, 176_962, 8_116_559],
+        nnz: 4_687_474_081,
+    },
+];
+
+/// Looks a preset up by name (case-insensitive).
+pub fn preset(name: &str) -> Result<&'static Preset> {
+    PRESETS
+        .iter()
+        .find(|p| p.name.eq_ignore_ascii_case(name))
+        .ok_or_else(|| {
+            let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
+            FormatError::Argument(format!(
+                "unknown preset '{name}'; known: {}",
+                names.join(", ")
+            ))
+        })
+}
+
+/// A planted low-rank tensor: the exact sum of `rank` sparse rank-one
+/// components, plus optional noise on the stored values.
+///
+/// Component `r` is nonzero only on a random support of `s_m` indices in each
+/// mode `m`, so the tensor is sparse *and* exactly of rank `rank`: sampling
+/// random cells of a dense low-rank model instead would make every unsampled
+/// cell a zero the model does not predict, and no rank-R fit could be good.
+/// The support sizes are chosen so that the tensor has about `nnz` nonzeros
+/// (fewer where supports overlap: coinciding cells are summed).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlantedSpec {
+    pub dims: Vec<u32>,
+    pub rank: usize,
+    pub nnz: usize,
+    /// Relative Gaussian noise: each value `x` becomes `x * (1 + noise * e)`,
+    /// `e ~ N(0, 1)`.
+    pub noise: f64,
+    pub seed: u64,
+}
+
+/// A planted tensor and the factors it was built from.
+#[derive(Clone, Debug)]
+pub struct Planted {
+    pub tensor: SparseTensor,
+    /// Component weights (all 1: the factors carry the scale).
+    pub lambda: Vec<f64>,
+    /// One `dims[m] x rank` matrix per mode; zero outside each support.
+    pub factors: Vec<Array2<f32>>,
+}
+
+/// Support sizes per mode whose product is about `per_component`, each at
+/// most the mode's dimension.
+fn support_sizes(dims: &[u32], per_component: f64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..dims.len()).collect();
+    order.sort_by_key(|&m| dims[m]);
+    let mut sizes = vec![1usize; dims.len()];
+    let mut remaining = per_component.max(1.0);
+    for (k, &m) in order.iter().enumerate() {
+        let modes_left = (dims.len() - k) as f64;
+        let want = remaining.powf(1.0 / modes_left).round().max(1.0);
+        let size = (want as usize).min(dims[m] as usize);
+        sizes[m] = size;
+        remaining /= size as f64;
+    }
+    sizes
+}
+
+/// Generates a planted low-rank tensor (see [`PlantedSpec`]).
+///
+/// Cost: O(nnz * nmodes) plus a sort to merge overlapping cells.
+pub fn planted(spec: &PlantedSpec) -> Result<Planted> {
+    check_dims(&spec.dims)?;
+    if spec.rank == 0 || spec.nnz == 0 {
+        return Err(FormatError::Argument(
+            "rank and nonzero count must be positive".into(),
+        ));
+    }
+    if !(spec.noise.is_finite() && spec.noise >= 0.0) {
+        return Err(FormatError::Argument(format!(
+            "noise {} must be finite and >= 0",
+            spec.noise
+        )));
+    }
+    let nmodes = spec.dims.len();
+    let sizes = support_sizes(&spec.dims, spec.nnz as f64 / spec.rank as f64);
+    let mut rng = ChaCha8Rng::seed_from_u64(stream_seed(spec.seed, 4, 0, 0));
+
+    let mut factors: Vec<Array2<f32>> = spec
+        .dims
+        .iter()
+        .map(|&d| Array2::zeros((d as usize, spec.rank)))
+        .collect();
+    // supports[r][m]: the indices where component r is nonzero in mode m.
+    let mut supports = vec![Vec::with_capacity(nmodes); spec.rank];
+    for (r, support) in supports.iter_mut().enumerate() {
+        for (m, factor) in factors.iter_mut().enumerate() {
+            let picked = rand::seq::index::sample(&mut rng, spec.dims[m] as usize, sizes[m]);
+            let mut idx: Vec<u32> = picked.iter().map(|i| i as u32).collect();
+            idx.sort_unstable();
+            for &i in &idx {
+                factor[[i as usize, r]] = rng.random_range(0.5f32..1.5);
+            }
+            support.push(idx);
+        }
+    }
+
+    let per_component: usize = sizes.iter().product();
+    let total = per_component * spec.rank;
+    let mut indices = vec![Vec::with_capacity(total); nmodes];
+    let mut values = Vec::with_capacity(total);
+    let mut pos = vec![0usize; nmodes];
+    for (r, support) in supports.iter().enumerate() {
+        // Walk the Cartesian product of the supports like an odometer.
+        pos.iter_mut().for_each(|p| *p = 0);
+        loop {
+            let mut v = 1f32;
+            for m in 0..nmodes {
+                let i = support[m][pos[m]];
+                indices[m].push(i);
+                v *= factors[m][[i as usize, r]];
+            }
+            values.push(v);
+            let mut m = nmodes;
+            loop {
+                if m == 0 {
+                    break;
+                }
+                m -= 1;
+                pos[m] += 1;
+                if pos[m] < support[m].len() {
+                    break;
+                }
+                pos[m] = 0;
+            }
+            if pos.iter().all(|&p| p == 0) {
+                break;
+            }
+        }
+    }
+    if spec.noise > 0.0 {
+        let normal = Normal::new(0.0, spec.noise)
+            .map_err(|e| FormatError::Argument(format!("noise: {e}")))?;
+        for v in &mut values {
+            *v *= (1.0 + normal.sample(&mut rng)) as f32;
+        }
+    }
+    let mut tensor = SparseTensor::new(spec.dims.clone(), indices, values)?;
+    tensor.coalesce();
+    Ok(Planted {
+        tensor,
+        lambda: vec![1.0; spec.rank],
+        factors,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn power_law_is_deterministic_and_in_range() {
+        let spec = PowerLawSpec::new(vec![100, 50, 7, 3], 200_000).with_seed(9);
+        let a = power_law(&spec).unwrap();
+        let b = power_law(&spec).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.nnz(), 200_000);
+        let c = power_law(&spec.clone().with_seed(10)).unwrap();
+        assert_ne!(a, c);
+        assert!(a.values().iter().all(|&v| (0.0..1.0).contains(&v)));
+    }
+
+    #[test]
+    fn power_law_is_skewed_like_zipf() {
+        // With s = 1.1 over 10,000 indices the top rank has probability
+        // 1 / H(10000, 1.1) ~ 0.15; with s = 0 indices are uniform.
+        let mut spec = PowerLawSpec::new(vec![10_000, 10_000], 400_000);
+        spec.exponents = vec![1.1, 0.0];
+        let t = power_law(&spec).unwrap();
+        let stats = t.stats();
+        let hot0 = stats.modes[0].degree_max as f64 / t.nnz() as f64;
+        let hot1 = stats.modes[1].degree_max as f64 / t.nnz() as f64;
+        assert!((0.12..0.19).contains(&hot0), "hottest share {hot0}");
+        assert!(hot1 < 0.001, "uniform mode hottest share {hot1}");
+    }
+
+    #[test]
+    fn power_law_rejects_bad_specs() {
+        assert!(power_law(&PowerLawSpec::new(vec![10], 10)).is_err());
+        assert!(power_law(&PowerLawSpec::new(vec![10, 0], 10)).is_err());
+        assert!(power_law(&PowerLawSpec::new(vec![10, 10], 0)).is_err());
+        let mut bad = PowerLawSpec::new(vec![10, 10], 10);
+        bad.exponents = vec![1.0, f64::NAN];
+        assert!(power_law(&bad).is_err());
+    }
+
+    #[test]
+    fn presets_are_found_by_name() {
+        let p = preset("NELL-2").unwrap();
+        assert_eq!(p.dims, &[12_092, 9_184, 28_818]);
+        assert!(preset("nell-3").unwrap_err().to_string().contains("nell-2"));
+        let spec = PowerLawSpec::like(preset("vast-5d").unwrap()).with_nnz(1000);
+        assert_eq!(power_law(&spec).unwrap().nmodes(), 5);
+    }
+
+    #[test]
+    fn planted_tensor_equals_its_model() {
+        let spec = PlantedSpec {
+            dims: vec![40, 30, 20],
+            rank: 3,
+            nnz: 3_000,
+            noise: 0.0,
+            seed: 5,
+        };
+        let p = planted(&spec).unwrap();
+        let t = &p.tensor;
+        assert!(t.nnz() > 1_000 && t.nnz() <= 3_000, "nnz {}", t.nnz());
+        // Every stored value equals the model's value at that cell.
+        for k in 0..t.nnz() {
+            let model: f32 = (0..spec.rank)
+                .map(|r| {
+                    (0..3)
+                        .map(|m| p.factors[m][[t.mode_indices(m)[k] as usize, r]])
+                        .product::<f32>()
+                })
+                .sum();
+            assert!((model - t.values()[k]).abs() <= 1e-5 * model.abs());
+        }
+        // The model has no mass outside the stored cells: compare norms.
+        let model_norm_sq: f64 = (0..spec.rank)
+            .flat_map(|a| (0..spec.rank).map(move |b| (a, b)))
+            .map(|(a, b)| {
+                (0..3)
+                    .map(|m| {
+                        let f = &p.factors[m];
+                        (0..f.nrows())
+                            .map(|i| f64::from(f[[i, a]]) * f64::from(f[[i, b]]))
+                            .sum::<f64>()
+                    })
+                    .product::<f64>()
+            })
+            .sum();
+        assert!((model_norm_sq - t.norm_sq()).abs() <= 1e-4 * model_norm_sq);
+    }
+
+    #[test]
+    fn support_sizes_respect_small_modes() {
+        let sizes = support_sizes(&[2, 1000, 1000], 5000.0);
+        assert_eq!(sizes[0], 2);
+        let product: usize = sizes.iter().product();
+        assert!((4000..=6000).contains(&product), "{sizes:?}");
+    }
+}

@@ -1,0 +1,376 @@
+//! Format-independent reading and writing: pick the format of a file, read
+//! it with the right reader, and write files atomically.
+//!
+//! Readers decide the format from the file's content (gzip magic, kruskal's
+//! binary magic, else text), so a misnamed file still reads right. Writers
+//! decide it from the extension, which is the user's stated intent.
+
+use std::fmt;
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::binary;
+use crate::coo::SparseTensor;
+use crate::error::{FormatError, Result};
+use crate::tns;
+
+/// A progress callback: `progress(bytes_done, bytes_total)`, where
+/// `bytes_total` is the size of the file on disk and `bytes_done` counts
+/// bytes of that file consumed so far (compressed bytes for `.tns.gz`).
+pub type ProgressFn = dyn Fn(u64, u64) + Send + Sync;
+
+/// How to read a tensor file. `ReadOptions::default()` reads a FROSTT text
+/// file with 1-based indices and a value column, inferring the dimensions.
+#[derive(Clone, Default)]
+pub struct ReadOptions {
+    /// Text indices start at 0 instead of FROSTT's 1.
+    pub zero_based: bool,
+    /// Every text column is an index and every value is 1 (a "pattern"
+    /// tensor, such as a knowledge graph's list of facts).
+    pub pattern: bool,
+    /// The dimensions the tensor must have. Without it they are inferred as
+    /// the largest index of each mode plus one. An index beyond a given
+    /// dimension is an error, as is a different number of modes.
+    pub dims: Option<Vec<u32>>,
+    /// Accept a text file whose value column looks like one more index
+    /// column (see [`crate::tns`]); without it such a file is refused, as it
+    /// is most likely a pattern file read without `pattern`.
+    pub allow_index_like_values: bool,
+    /// Called now and then while reading, and once at the end.
+    pub progress: Option<Arc<ProgressFn>>,
+}
+
+impl fmt::Debug for ReadOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadOptions")
+            .field("zero_based", &self.zero_based)
+            .field("pattern", &self.pattern)
+            .field("dims", &self.dims)
+            .field("allow_index_like_values", &self.allow_index_like_values)
+            .field("progress", &self.progress.as_ref().map(|_| "<callback>"))
+            .finish()
+    }
+}
+
+impl ReadOptions {
+    pub(crate) fn report(&self, done: u64, total: u64) {
+        if let Some(progress) = &self.progress {
+            progress(done, total);
+        }
+    }
+}
+
+/// The on-disk formats this crate reads and writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FileKind {
+    /// FROSTT text, one nonzero per line (`.tns`).
+    Tns,
+    /// Gzip-compressed FROSTT text (`.tns.gz`, or any `.gz`).
+    TnsGz,
+    /// kruskal's binary format (`.ktns`), see [`crate::binary`].
+    Binary,
+}
+
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
+const ACCEPTED_EXTENSIONS: &str = ".tns, .tns.gz (or .gz) and .ktns";
+
+impl FileKind {
+    /// The kind named by the file's extension: `.tns`, `.tns.gz` or `.gz`,
+    /// `.ktns` (case-insensitive). Anything else is an error that lists the
+    /// accepted extensions.
+    pub fn from_path(path: &Path) -> Result<FileKind> {
+        let ext = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(str::to_ascii_lowercase);
+        match ext.as_deref() {
+            Some("tns") => Ok(FileKind::Tns),
+            Some("gz") => Ok(FileKind::TnsGz),
+            Some("ktns") => Ok(FileKind::Binary),
+            _ => Err(FormatError::file(
+                path,
+                format!("unknown tensor file extension: expected one of {ACCEPTED_EXTENSIONS}"),
+            )),
+        }
+    }
+
+    /// The kind of an existing file, from its first bytes: gzip magic
+    /// `1f 8b` is [`FileKind::TnsGz`], kruskal's binary magic is
+    /// [`FileKind::Binary`], anything else (including a file too short to
+    /// hold a magic) is [`FileKind::Tns`].
+    pub fn sniff(path: &Path) -> Result<FileKind> {
+        let mut file = File::open(path).map_err(|e| FormatError::io(path, e))?;
+        let mut head = [0u8; 8];
+        let mut len = 0;
+        // A short read is not the end of the file; keep reading until the
+        // magic is complete or the file ends.
+        while len < head.len() {
+            match file.read(&mut head[len..]) {
+                Ok(0) => break,
+                Ok(n) => len += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(FormatError::io(path, e)),
+            }
+        }
+        Ok(Self::from_magic(&head[..len]))
+    }
+
+    pub(crate) fn from_magic(head: &[u8]) -> FileKind {
+        if head.starts_with(&binary::MAGIC) {
+            FileKind::Binary
+        } else if head.starts_with(&GZIP_MAGIC) {
+            FileKind::TnsGz
+        } else {
+            FileKind::Tns
+        }
+    }
+}
+
+/// Reads a tensor in any supported format, chosen by the file's content (not
+/// its name). Text options in `opts` apply to `.tns`/`.tns.gz`; for a binary
+/// file, `opts.dims`, when given, must equal the stored dimensions.
+pub fn read_tensor(path: &Path, opts: &ReadOptions) -> Result<SparseTensor> {
+    match FileKind::sniff(path)? {
+        FileKind::Tns | FileKind::TnsGz => tns::read_tns(path, opts),
+        FileKind::Binary => {
+            let t = binary::read_binary(path)?;
+            if let Some(dims) = &opts.dims {
+                if dims.as_slice() != t.dims() {
+                    return Err(FormatError::file(
+                        path,
+                        format!(
+                            "the file's dimensions {:?} differ from the requested {:?}",
+                            t.dims(),
+                            dims
+                        ),
+                    ));
+                }
+            }
+            let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+            opts.report(size, size);
+            Ok(t)
+        }
+    }
+}
+
+/// Writes a tensor in the format named by the extension of `path` (see
+/// [`FileKind::from_path`]). The file appears complete or not at all: it is
+/// written to a temporary file beside it and renamed over `path`.
+pub fn write_tensor(path: &Path, t: &SparseTensor) -> Result<()> {
+    match FileKind::from_path(path)? {
+        FileKind::Tns => tns::write_tns(path, t, false),
+        FileKind::TnsGz => tns::write_tns(path, t, true),
+        FileKind::Binary => binary::write_binary(path, t),
+    }
+}
+
+/// Buffer of the writer handed to `write_atomically`'s callback.
+const WRITE_BUFFER: usize = 1 << 20;
+
+/// Writes `path` through a temporary file in the same directory that is
+/// flushed, synced and then renamed over `path`, so readers never see a
+/// partial file and a failed write leaves the old file (or none) in place.
+///
+/// `write` gets a buffered writer. If it, or any later step, fails, the
+/// temporary file is removed and nothing is created under `path`.
+pub(crate) fn write_atomically<F>(path: &Path, write: F) -> Result<()>
+where
+    F: FnOnce(&mut dyn Write) -> Result<()>,
+{
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| FormatError::file(path, "not a file name"))?;
+    let mut prefix = std::ffi::OsString::from(".");
+    prefix.push(name);
+    prefix.push(".");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".tmp");
+    // tempfile creates files readable by the owner only; ask for the usual
+    // 0666 (less the umask, which open(2) applies) as a plain create would.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    let mut tmp = builder
+        .tempfile_in(dir)
+        .map_err(|e| FormatError::io(path, e))?;
+    {
+        let mut w = BufWriter::with_capacity(WRITE_BUFFER, tmp.as_file_mut());
+        write(&mut w)?;
+        w.flush().map_err(|e| FormatError::io(path, e))?;
+    }
+    tmp.as_file()
+        .sync_all()
+        .map_err(|e| FormatError::io(path, e))?;
+    // On failure the PersistError owns the temporary file and removes it when
+    // dropped.
+    tmp.persist(path)
+        .map_err(|e| FormatError::io(path, e.error))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> SparseTensor {
+        SparseTensor::new(
+            vec![3, 2, 4],
+            vec![vec![2, 0, 1], vec![1, 0, 1], vec![3, 1, 0]],
+            vec![1.5, -2.0, 3.25],
+        )
+        .unwrap()
+    }
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn kind_from_extension() {
+        assert_eq!(
+            FileKind::from_path(Path::new("a/b.tns")).unwrap(),
+            FileKind::Tns
+        );
+        assert_eq!(
+            FileKind::from_path(Path::new("b.tns.gz")).unwrap(),
+            FileKind::TnsGz
+        );
+        assert_eq!(
+            FileKind::from_path(Path::new("b.GZ")).unwrap(),
+            FileKind::TnsGz
+        );
+        assert_eq!(
+            FileKind::from_path(Path::new("b.ktns")).unwrap(),
+            FileKind::Binary
+        );
+        let err = FileKind::from_path(Path::new("b.csv"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(".tns") && err.contains(".ktns") && err.contains(".tns.gz"),
+            "{err}"
+        );
+        assert!(FileKind::from_path(Path::new("noext")).is_err());
+    }
+
+    #[test]
+    fn misnamed_files_are_sniffed_by_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = small();
+        for (written, misnamed, kind) in [
+            ("a.ktns", "a.tns", FileKind::Binary),
+            ("b.tns.gz", "b.tns", FileKind::TnsGz),
+            ("c.tns", "c.ktns", FileKind::Tns),
+        ] {
+            let src = dir.path().join(written);
+            write_tensor(&src, &t).unwrap();
+            let dst = dir.path().join(misnamed);
+            std::fs::rename(&src, &dst).unwrap();
+            assert_eq!(FileKind::sniff(&dst).unwrap(), kind);
+            assert_eq!(read_tensor(&dst, &ReadOptions::default()).unwrap(), t);
+        }
+    }
+
+    #[test]
+    fn write_tensor_refuses_unknown_extension() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = write_tensor(&dir.path().join("x.txt"), &small()).unwrap_err();
+        assert!(err.to_string().contains(".ktns"), "{err}");
+        assert!(entries(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn binary_dims_are_checked_against_options() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.ktns");
+        write_tensor(&p, &small()).unwrap();
+        let opts = ReadOptions {
+            dims: Some(vec![3, 2, 5]),
+            ..ReadOptions::default()
+        };
+        let err = read_tensor(&p, &opts).unwrap_err().to_string();
+        assert!(err.contains("differ"), "{err}");
+    }
+
+    #[test]
+    fn failed_write_leaves_nothing_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("out.tns");
+        let err = write_atomically(&target, |w| {
+            w.write_all(b"1 1 1.0\n")
+                .map_err(|e| FormatError::io("x", e))?;
+            Err(FormatError::Argument("writer failed".into()))
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("writer failed"));
+        assert!(entries(dir.path()).is_empty(), "{:?}", entries(dir.path()));
+
+        // The target directory does not exist.
+        let missing = dir.path().join("no/such/dir/out.ktns");
+        assert!(write_tensor(&missing, &small()).is_err());
+        assert!(entries(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn failed_write_keeps_the_old_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("out.tns");
+        std::fs::write(&target, b"old").unwrap();
+        let res = write_atomically(&target, |_| Err(FormatError::Argument("no".into())));
+        assert!(res.is_err());
+        assert_eq!(std::fs::read(&target).unwrap(), b"old");
+        assert_eq!(entries(dir.path()), vec!["out.tns".to_string()]);
+    }
+
+    #[test]
+    fn written_file_replaces_the_old_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("out.tns");
+        std::fs::write(&target, b"old").unwrap();
+        write_atomically(&target, |w| {
+            w.write_all(b"new").map_err(|e| FormatError::io("x", e))
+        })
+        .unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"new");
+        assert_eq!(entries(dir.path()), vec!["out.tns".to_string()]);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn written_file_is_not_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("out.tns");
+        write_tensor(&target, &small()).unwrap();
+        let mode = std::fs::metadata(&target).unwrap().permissions().mode();
+        // Whatever the umask, the owner can read and write.
+        assert_eq!(mode & 0o600, 0o600);
+    }
+
+    #[test]
+    fn debug_skips_the_callback() {
+        let opts = ReadOptions {
+            progress: Some(Arc::new(|_, _| {})),
+            ..ReadOptions::default()
+        };
+        let s = format!("{opts:?}");
+        assert!(
+            s.contains("<callback>") && s.contains("zero_based: false"),
+            "{s}"
+        );
+    }
+}

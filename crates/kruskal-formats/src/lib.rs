@@ -1,0 +1,27 @@
+//! Sparse tensor formats for kruskal.
+//!
+//! The canonical form is [`SparseTensor`], a COO tensor stored as a structure
+//! of arrays (u32 indices per mode, f32 values). This crate reads and writes
+//! it as FROSTT text (`.tns`, `.tns.gz`) and as kruskal's binary format
+//! (`.ktns`, memory-mapped), and generates synthetic tensors shaped like the
+//! FROSTT collection. It contains no GPU code.
+//!
+//! ```
+//! use kruskal_formats::{generate, SparseTensor};
+//!
+//! let t: SparseTensor = generate::power_law(&generate::PowerLawSpec::new(vec![50, 40, 30], 1_000)).unwrap();
+//! assert_eq!(t.nmodes(), 3);
+//! let stats = t.stats();
+//! assert!(stats.modes[0].degree_max >= 1);
+//! ```
+
+pub mod binary;
+pub mod coo;
+pub mod error;
+pub mod generate;
+pub mod io;
+pub mod tns;
+
+pub use coo::{ModeStats, SparseTensor, TensorStats};
+pub use error::{FormatError, Result};
+pub use io::{FileKind, ReadOptions, read_tensor, write_tensor};
