@@ -1,0 +1,94 @@
+//! CPU kernels for kruskal: the f64 reference MTTKRP used to verify every
+//! other kernel, and a fast parallel f32 MTTKRP (the CPU backend).
+//!
+//! MTTKRP (matricized tensor times Khatri-Rao product) for output mode `d`
+//! computes `M(i_d, :) += val * prod_{w != d} Y_w(i_w, :)` over all nonzeros;
+//! it is most of the time of a CPD-ALS iteration.
+//!
+//! ```
+//! use kruskal_cpu::{mttkrp_reference, relative_error, CpuMttkrp};
+//! use kruskal_formats::generate::{power_law, PowerLawSpec};
+//! use ndarray::Array2;
+//!
+//! let t = power_law(&PowerLawSpec::new(vec![30, 20, 10], 2_000)).unwrap();
+//! let rank = 8;
+//! let factors: Vec<Array2<f32>> = t.dims().iter()
+//!     .map(|&d| Array2::from_elem((d as usize, rank), 0.5))
+//!     .collect();
+//! let engine = CpuMttkrp::new(&t);
+//! let mut out = Array2::zeros((30, rank));
+//! engine.mttkrp(0, &factors, &mut out).unwrap();
+//! let views: Vec<_> = factors.iter().map(|f| f.view()).collect();
+//! let exact = mttkrp_reference(&t, &views, 0).unwrap();
+//! assert!(relative_error(out.view(), exact.view()) < 1e-6);
+//! ```
+
+pub mod mttkrp;
+pub mod reference;
+
+pub use mttkrp::{CpuMttkrp, ModePlan};
+pub use reference::{mttkrp_reference, relative_error};
+
+use kruskal_formats::SparseTensor;
+use ndarray::ArrayView2;
+
+/// Errors of the CPU kernels: only shape mismatches between a tensor and the
+/// matrices given with it.
+#[derive(Debug, thiserror::Error)]
+pub enum CpuError {
+    #[error("shape mismatch: {0}")]
+    Shape(String),
+}
+
+pub type Result<T, E = CpuError> = std::result::Result<T, E>;
+
+/// Checks that there is one `dims[w] x rank` factor per mode (rank >= 1) and
+/// that `mode` exists; returns the rank.
+pub(crate) fn check_factors(
+    tensor: &SparseTensor,
+    factors: &[ArrayView2<'_, f32>],
+    mode: usize,
+) -> Result<usize> {
+    check_factor_shapes(tensor.dims(), factors.iter().map(|f| f.dim()), mode)
+}
+
+pub(crate) fn check_factor_shapes(
+    dims: &[u32],
+    shapes: impl ExactSizeIterator<Item = (usize, usize)>,
+    mode: usize,
+) -> Result<usize> {
+    if shapes.len() != dims.len() {
+        return Err(CpuError::Shape(format!(
+            "{} factor matrices for a {}-mode tensor",
+            shapes.len(),
+            dims.len()
+        )));
+    }
+    if mode >= dims.len() {
+        return Err(CpuError::Shape(format!(
+            "mode {mode} of a {}-mode tensor",
+            dims.len()
+        )));
+    }
+    let mut rank = None;
+    for (w, ((rows, cols), &dim)) in shapes.zip(dims).enumerate() {
+        if rows != dim as usize {
+            return Err(CpuError::Shape(format!(
+                "factor {w} has {rows} rows, the tensor's mode {w} has dimension {dim}"
+            )));
+        }
+        match rank {
+            None => rank = Some(cols),
+            Some(r) if r != cols => {
+                return Err(CpuError::Shape(format!(
+                    "factor {w} has {cols} columns, factor 0 has {r}"
+                )));
+            }
+            _ => {}
+        }
+    }
+    match rank {
+        Some(r) if r > 0 => Ok(r),
+        _ => Err(CpuError::Shape("rank must be at least 1".into())),
+    }
+}
