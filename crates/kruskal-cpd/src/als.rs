@@ -1,0 +1,454 @@
+//! The CPD-ALS driver, generic over the [`Backend`].
+//!
+//! For each iteration and each mode n:
+//! 1. `M = MTTKRP(X, n)`
+//! 2. `V = hadamard(G_w for w != n)`, `G_w = A_w^T A_w`
+//! 3. `A_n = M V^{-1}` (Cholesky in f64; `V^+` when V is singular)
+//! 4. normalize the columns into lambda: 2-norms on the first iteration,
+//!    `max(1, max |a|)` afterwards (the convention of the Tensor Toolbox and
+//!    pyttb's `cp_als`), then `G_n = A_n^T A_n`.
+//!
+//! The fit is `1 - sqrt(|X|^2 + |model|^2 - 2 <X, model>) / |X|` with
+//! `|model|^2 = lambda^T (hadamard of all G) lambda` and `<X, model>` from
+//! the last mode's MTTKRP. The run stops when the fit changes by less than
+//! `tol` (from the second iteration on) or after `max_iters`.
+
+use std::ops::ControlFlow;
+use std::time::Instant;
+
+use ndarray::Array2;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::backend::Backend;
+use crate::dense::{SolveKind, hadamard_except, solve_matrix};
+use crate::error::{CpdError, Result};
+use crate::model::{IterationStats, KruskalModel};
+
+/// Default iteration limit.
+pub const DEFAULT_MAX_ITERS: usize = 50;
+/// Default tolerance on the change of the fit.
+pub const DEFAULT_TOL: f64 = 1e-5;
+
+/// Where the factors start.
+#[derive(Clone, Debug)]
+pub enum Init {
+    /// Uniform in [0, 1), from a seeded generator (the same seed gives the
+    /// same factors on every machine).
+    Random { seed: u64 },
+    /// Given factors, one `dims[m] x rank` matrix per mode.
+    Given(Vec<Array2<f32>>),
+}
+
+/// Options of a CPD-ALS run.
+#[derive(Clone, Debug)]
+pub struct CpdOptions {
+    pub rank: usize,
+    pub max_iters: usize,
+    pub tol: f64,
+    pub init: Init,
+}
+
+impl CpdOptions {
+    /// Rank `rank`, [`DEFAULT_MAX_ITERS`], [`DEFAULT_TOL`], random init with
+    /// seed 1.
+    pub fn new(rank: usize) -> Self {
+        CpdOptions {
+            rank,
+            max_iters: DEFAULT_MAX_ITERS,
+            tol: DEFAULT_TOL,
+            init: Init::Random { seed: 1 },
+        }
+    }
+}
+
+/// Seeded uniform random factors, `dims[m] x rank` each.
+pub fn random_factors(dims: &[u32], rank: usize, seed: u64) -> Vec<Array2<f32>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    dims.iter()
+        .map(|&d| Array2::from_shape_simple_fn((d as usize, rank), || rng.random::<f32>()))
+        .collect()
+}
+
+/// Checks one `dims[m] x rank` matrix per mode, all of one rank >= 1.
+pub(crate) fn check_factor_shapes(dims: &[u32], factors: &[Array2<f32>]) -> Result<usize> {
+    if factors.len() != dims.len() {
+        return Err(CpdError::Shape(format!(
+            "{} factor matrices for a {}-mode tensor",
+            factors.len(),
+            dims.len()
+        )));
+    }
+    let rank = factors[0].ncols();
+    for (m, (f, &d)) in factors.iter().zip(dims).enumerate() {
+        if f.nrows() != d as usize || f.ncols() != rank {
+            return Err(CpdError::Shape(format!(
+                "factor of mode {} is {} x {}, expected {d} x {rank}",
+                m + 1,
+                f.nrows(),
+                f.ncols()
+            )));
+        }
+        if f.iter().any(|x| !x.is_finite()) {
+            return Err(CpdError::Shape(format!(
+                "factor of mode {} has a value that is not finite",
+                m + 1
+            )));
+        }
+    }
+    if rank == 0 {
+        return Err(CpdError::Shape("factors have no columns".into()));
+    }
+    Ok(rank)
+}
+
+/// Runs CPD-ALS without progress reports. See [`cpd_als_with`].
+pub fn cpd_als(backend: &mut dyn Backend, opts: &CpdOptions) -> Result<KruskalModel> {
+    cpd_als_with(backend, opts, &mut |_| ControlFlow::Continue(()))
+}
+
+/// Runs CPD-ALS, calling `on_iteration` after every iteration; returning
+/// `ControlFlow::Break` stops the run after that iteration (the model so far
+/// is returned with `interrupted` set).
+pub fn cpd_als_with(
+    backend: &mut dyn Backend,
+    opts: &CpdOptions,
+    on_iteration: &mut dyn FnMut(&IterationStats) -> ControlFlow<()>,
+) -> Result<KruskalModel> {
+    if opts.rank == 0 {
+        return Err(CpdError::Option("rank must be at least 1".into()));
+    }
+    if !(opts.tol.is_finite() && opts.tol >= 0.0) {
+        return Err(CpdError::Option(format!(
+            "tolerance {} must be finite and >= 0",
+            opts.tol
+        )));
+    }
+    let dims = backend.dims().to_vec();
+    let nmodes = dims.len();
+    let rank = opts.rank;
+    let initial = match &opts.init {
+        Init::Random { seed } => random_factors(&dims, rank, *seed),
+        Init::Given(factors) => {
+            let given_rank = check_factor_shapes(&dims, factors)?;
+            if given_rank != rank {
+                return Err(CpdError::Shape(format!(
+                    "initial factors have rank {given_rank}, the run asks for rank {rank}"
+                )));
+            }
+            factors.clone()
+        }
+    };
+    backend.load_factors(&initial)?;
+    drop(initial);
+    let mut grams = (0..nmodes)
+        .map(|m| backend.gram(m))
+        .collect::<Result<Vec<_>>>()?;
+
+    let norm_x_sq = backend.tensor_norm_sq();
+    let norm_x = norm_x_sq.sqrt();
+    let mut lambda = vec![1f64; rank];
+    let mut fit_old = 0f64;
+    let mut iterations = Vec::new();
+    let mut converged = false;
+    let mut interrupted = false;
+    let mut pseudo_inverse_solves = 0;
+
+    for iter in 0..opts.max_iters {
+        let mut mttkrp_s = 0f64;
+        let start = Instant::now();
+        for mode in 0..nmodes {
+            let t = Instant::now();
+            backend.mttkrp(mode)?;
+            mttkrp_s += t.elapsed().as_secs_f64();
+
+            let v = hadamard_except(&grams, Some(mode));
+            let (w, kind) = solve_matrix(&v);
+            if kind == SolveKind::PseudoInverse {
+                pseudo_inverse_solves += 1;
+            }
+            let norms = backend.solve_update(mode, &w)?;
+            lambda = if iter == 0 {
+                norms.two
+            } else {
+                norms.max_abs.iter().map(|&x| x.max(1.0)).collect()
+            };
+            // A zero column stays zero (its weight is 0) rather than NaN.
+            let divisors: Vec<f64> = lambda
+                .iter()
+                .map(|&l| if l > 0.0 { l } else { 1.0 })
+                .collect();
+            grams[mode] = backend.scale_and_gram(mode, &divisors)?;
+        }
+        let last = nmodes - 1;
+        let inner: f64 = backend
+            .inner_products(last)?
+            .iter()
+            .zip(&lambda)
+            .map(|(ip, l)| ip * l)
+            .sum();
+        let all = hadamard_except(&grams, None);
+        let model_sq: f64 = (0..rank)
+            .map(|a| {
+                (0..rank)
+                    .map(|b| lambda[a] * all[[a, b]] * lambda[b])
+                    .sum::<f64>()
+            })
+            .sum();
+        let residual = (norm_x_sq + model_sq - 2.0 * inner).max(0.0).sqrt();
+        let fit = if norm_x > 0.0 {
+            1.0 - residual / norm_x
+        } else {
+            0.0
+        };
+        let delta = fit - fit_old;
+        fit_old = fit;
+        let total = start.elapsed().as_secs_f64();
+        let stats = IterationStats {
+            iteration: iter + 1,
+            fit,
+            delta,
+            mttkrp_s,
+            other_s: (total - mttkrp_s).max(0.0),
+        };
+        let flow = on_iteration(&stats);
+        iterations.push(stats);
+        if !fit.is_finite() {
+            return Err(CpdError::Backend(format!(
+                "the fit became {fit} at iteration {}: the factors diverged",
+                iter + 1
+            )));
+        }
+        if iter > 0 && delta.abs() < opts.tol {
+            converged = true;
+            break;
+        }
+        if flow.is_break() {
+            interrupted = true;
+            break;
+        }
+    }
+
+    let factors = backend.factors()?;
+    let (lambda, factors) = arrange(lambda, factors);
+    Ok(KruskalModel {
+        lambda,
+        factors,
+        iterations,
+        converged,
+        pseudo_inverse_solves,
+        interrupted,
+    })
+}
+
+/// Normalizes every column to unit 2-norm (the norms go into lambda), sorts
+/// the components by weight (largest first) and fixes signs: in every mode
+/// but the last, the entry of largest magnitude of each column is made
+/// positive; the last mode takes the product of the flipped signs.
+pub fn arrange(
+    mut lambda: Vec<f64>,
+    mut factors: Vec<Array2<f32>>,
+) -> (Vec<f64>, Vec<Array2<f32>>) {
+    let rank = lambda.len();
+    let nmodes = factors.len();
+    for f in factors.iter_mut() {
+        for (r, mut col) in f.columns_mut().into_iter().enumerate() {
+            let norm = col
+                .iter()
+                .map(|&x| f64::from(x).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            if norm > 0.0 {
+                col.mapv_inplace(|x| (f64::from(x) / norm) as f32);
+            }
+            lambda[r] *= norm;
+        }
+    }
+    for r in 0..rank {
+        let mut sign = 1f32;
+        for (m, f) in factors.iter_mut().enumerate() {
+            let mut col = f.column_mut(r);
+            if m + 1 < nmodes {
+                let big = col
+                    .iter()
+                    .copied()
+                    .fold(0f32, |a, x| if x.abs() > a.abs() { x } else { a });
+                if big < 0.0 {
+                    col.mapv_inplace(|x| -x);
+                    sign = -sign;
+                }
+            } else if sign < 0.0 {
+                col.mapv_inplace(|x| -x);
+            }
+        }
+    }
+    let mut order: Vec<usize> = (0..rank).collect();
+    order.sort_by(|&a, &b| lambda[b].total_cmp(&lambda[a]));
+    let lambda = order.iter().map(|&r| lambda[r]).collect();
+    let factors = factors
+        .iter()
+        .map(|f| Array2::from_shape_fn(f.dim(), |(i, j)| f[[i, order[j]]]))
+        .collect();
+    (lambda, factors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::CpuBackend;
+    use crate::score::factor_match_score;
+    use kruskal_formats::SparseTensor;
+    use kruskal_formats::generate::{PlantedSpec, PowerLawSpec, planted, power_law};
+
+    fn planted_tensor(nmodes: usize, rank: usize, seed: u64) -> kruskal_formats::generate::Planted {
+        let dims: Vec<u32> = (0..nmodes).map(|m| 40 + 13 * m as u32).collect();
+        planted(&PlantedSpec {
+            dims,
+            rank,
+            nnz: 4_000 * rank,
+            noise: 0.0,
+            seed,
+        })
+        .unwrap()
+    }
+
+    fn run(t: &SparseTensor, opts: &CpdOptions) -> KruskalModel {
+        cpd_als(&mut CpuBackend::new(t), opts).unwrap()
+    }
+
+    #[test]
+    fn recovers_planted_factors_in_three_to_five_modes() {
+        for (nmodes, rank) in [(3, 4), (4, 3), (5, 2)] {
+            let p = planted_tensor(nmodes, rank, 11);
+            let mut opts = CpdOptions::new(rank);
+            opts.max_iters = 200;
+            opts.tol = 1e-9;
+            let model = run(&p.tensor, &opts);
+            let fms = factor_match_score(&model.lambda, &model.factors, &p.lambda, &p.factors);
+            assert!(model.fit() > 0.999, "{nmodes} modes: fit {}", model.fit());
+            assert!(fms > 0.99, "{nmodes} modes: factor match {fms}");
+        }
+    }
+
+    #[test]
+    fn fit_never_decreases_on_a_planted_tensor() {
+        let mut p = planted_tensor(3, 5, 3);
+        // Noise keeps the fit below 1 so every iteration has work to do.
+        p = {
+            let spec = PlantedSpec {
+                dims: p.tensor.dims().to_vec(),
+                rank: 5,
+                nnz: 20_000,
+                noise: 0.1,
+                seed: 3,
+            };
+            planted(&spec).unwrap()
+        };
+        let mut opts = CpdOptions::new(5);
+        opts.max_iters = 40;
+        opts.tol = 0.0;
+        let model = run(&p.tensor, &opts);
+        assert_eq!(model.iterations.len(), 40);
+        for w in model.iterations.windows(2) {
+            assert!(
+                w[1].fit >= w[0].fit - 1e-6,
+                "fit fell from {} to {} at iteration {}",
+                w[0].fit,
+                w[1].fit,
+                w[1].iteration
+            );
+        }
+    }
+
+    #[test]
+    fn same_seed_gives_identical_results() {
+        let t = power_law(&PowerLawSpec::new(vec![50, 40, 30, 20], 5_000)).unwrap();
+        let mut opts = CpdOptions::new(4);
+        opts.max_iters = 8;
+        opts.init = Init::Random { seed: 42 };
+        let a = run(&t, &opts);
+        let b = run(&t, &opts);
+        assert_eq!(a.lambda, b.lambda);
+        assert_eq!(a.factors, b.factors);
+        let fits = |m: &KruskalModel| m.iterations.iter().map(|s| s.fit).collect::<Vec<_>>();
+        assert_eq!(fits(&a), fits(&b));
+        opts.init = Init::Random { seed: 43 };
+        assert_ne!(run(&t, &opts).factors, a.factors);
+    }
+
+    #[test]
+    fn given_initial_factors_are_used() {
+        let t = power_law(&PowerLawSpec::new(vec![30, 20, 10], 2_000)).unwrap();
+        let init = random_factors(t.dims(), 3, 9);
+        let mut given = CpdOptions::new(3);
+        given.max_iters = 5;
+        given.init = Init::Given(init);
+        let mut seeded = given.clone();
+        seeded.init = Init::Random { seed: 9 };
+        assert_eq!(run(&t, &given).factors, run(&t, &seeded).factors);
+        given.init = Init::Given(random_factors(t.dims(), 2, 9));
+        let err = cpd_als(&mut CpuBackend::new(&t), &given).unwrap_err();
+        assert!(err.to_string().contains("rank 2"), "{err}");
+    }
+
+    #[test]
+    fn rank_above_a_dimension_uses_the_pseudo_inverse() {
+        // Mode 3 has 2 indices: its Gram has rank <= 2 < 4, so every other
+        // mode's V = hadamard(...) may be singular; the run must stay finite.
+        let t = power_law(&PowerLawSpec::new(vec![30, 25, 2], 3_000)).unwrap();
+        let mut opts = CpdOptions::new(4);
+        opts.max_iters = 10;
+        let model = run(&t, &opts);
+        assert!(model.fit().is_finite() && model.fit() > 0.0);
+        assert!(model.lambda.iter().all(|l| l.is_finite()));
+        let t = power_law(&PowerLawSpec::new(vec![3, 2, 2], 50)).unwrap();
+        let mut opts = CpdOptions::new(8);
+        opts.max_iters = 5;
+        let model = run(&t, &opts);
+        assert!(model.pseudo_inverse_solves > 0);
+        assert!(model.fit().is_finite());
+    }
+
+    #[test]
+    fn stopping_rules() {
+        let p = planted_tensor(3, 2, 5);
+        let mut opts = CpdOptions::new(2);
+        opts.max_iters = 3;
+        opts.tol = 0.0;
+        let model = run(&p.tensor, &opts);
+        assert_eq!(model.iterations.len(), 3);
+        assert!(!model.converged);
+        opts.max_iters = 500;
+        opts.tol = 1e-4;
+        let model = run(&p.tensor, &opts);
+        assert!(model.converged && model.iterations.len() < 500);
+        let mut stop_after_two = |s: &IterationStats| {
+            if s.iteration == 2 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        };
+        opts.tol = 0.0;
+        let model =
+            cpd_als_with(&mut CpuBackend::new(&p.tensor), &opts, &mut stop_after_two).unwrap();
+        assert!(model.interrupted && model.iterations.len() == 2);
+        opts.rank = 0;
+        assert!(cpd_als(&mut CpuBackend::new(&p.tensor), &opts).is_err());
+    }
+
+    #[test]
+    fn arrange_normalizes_sorts_and_fixes_signs() {
+        let f = vec![
+            ndarray::arr2(&[[-2.0f32, 1.0], [0.0, 1.0]]),
+            ndarray::arr2(&[[3.0f32, 0.0], [4.0, 2.0]]),
+        ];
+        let (lambda, factors) = arrange(vec![1.0, 10.0], f);
+        // Component 2 (weight 10 * sqrt(2) * 2) comes first.
+        assert!((lambda[0] - 10.0 * 2f64.sqrt() * 2.0).abs() < 1e-9);
+        assert!((lambda[1] - 2.0 * 5.0).abs() < 1e-9);
+        // Mode 1's largest entry is made positive; mode 2 takes the sign.
+        assert_eq!(factors[0][[0, 1]], 1.0);
+        assert!((factors[1][[1, 1]] + 0.8).abs() < 1e-6);
+    }
+}

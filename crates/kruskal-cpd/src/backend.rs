@@ -1,0 +1,275 @@
+//! The `Backend` trait: what CPD-ALS asks of the hardware, and its CPU
+//! implementation.
+//!
+//! The trait is cut so that large arrays never have to leave a backend: the
+//! driver in `als.rs` only sends and receives R x R matrices and length-R
+//! vectors. A GPU backend keeps the tensor, factors and MTTKRP output on the
+//! device; the CPU backend keeps them in host memory.
+
+use kruskal_cpu::CpuMttkrp;
+use kruskal_formats::SparseTensor;
+use ndarray::Array2;
+use rayon::prelude::*;
+
+use crate::error::{CpdError, Result};
+
+/// Rows handled by one task of the dense row-wise kernels.
+const ROWS_PER_TASK: usize = 4096;
+
+/// Per-column norms of a freshly solved factor, for lambda.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ColumnNorms {
+    /// 2-norms.
+    pub two: Vec<f64>,
+    /// Largest absolute values.
+    pub max_abs: Vec<f64>,
+}
+
+/// The operations of one CPD-ALS iteration.
+///
+/// Contract: `load_factors` comes first; `solve_update(n)` uses the MTTKRP
+/// output of the last `mttkrp(n)`; `inner_products(n)` uses the MTTKRP of
+/// the last `mttkrp(n)` and the current factor `n`.
+pub trait Backend {
+    /// A short description for logs ("cpu, 16 threads").
+    fn describe(&self) -> String;
+    fn dims(&self) -> &[u32];
+    /// Squared Frobenius norm of the tensor.
+    fn tensor_norm_sq(&self) -> f64;
+    /// Sets every factor (`dims[m] x rank`).
+    fn load_factors(&mut self, factors: &[Array2<f32>]) -> Result<()>;
+    /// `A_m^T A_m` in f64.
+    fn gram(&mut self, mode: usize) -> Result<Array2<f64>>;
+    /// `M = MTTKRP(X, mode)` with the current factors, kept by the backend.
+    fn mttkrp(&mut self, mode: usize) -> Result<()>;
+    /// `A_mode = M W` (W: rank x rank); returns the new columns' norms.
+    fn solve_update(&mut self, mode: usize, w: &Array2<f64>) -> Result<ColumnNorms>;
+    /// Divides column r of `A_mode` by `divisors[r]`; returns its new Gram.
+    fn scale_and_gram(&mut self, mode: usize, divisors: &[f64]) -> Result<Array2<f64>>;
+    /// `sum_i M(i, r) A_mode(i, r)` for every r.
+    fn inner_products(&mut self, mode: usize) -> Result<Vec<f64>>;
+    /// Copies the factors out.
+    fn factors(&mut self) -> Result<Vec<Array2<f32>>>;
+}
+
+/// The CPU backend: [`CpuMttkrp`] plus rayon row-parallel dense kernels.
+pub struct CpuBackend {
+    engine: CpuMttkrp,
+    norm_sq: f64,
+    factors: Vec<Array2<f32>>,
+    /// MTTKRP output, one per mode (allocated on first use).
+    mttkrp_out: Vec<Option<Array2<f32>>>,
+}
+
+impl CpuBackend {
+    /// Prepares the tensor (one sorted copy per mode).
+    pub fn new(tensor: &SparseTensor) -> Self {
+        CpuBackend {
+            engine: CpuMttkrp::new(tensor),
+            norm_sq: tensor.norm_sq(),
+            factors: Vec::new(),
+            mttkrp_out: vec![None; tensor.nmodes()],
+        }
+    }
+
+    /// Bytes held for the tensor's per-mode copies.
+    pub fn tensor_bytes(&self) -> usize {
+        self.engine.bytes()
+    }
+
+    fn rank(&self) -> usize {
+        self.factors.first().map_or(0, |f| f.ncols())
+    }
+
+    fn output(&self, mode: usize) -> Result<&Array2<f32>> {
+        self.mttkrp_out
+            .get(mode)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| CpdError::Backend(format!("no MTTKRP computed for mode {mode}")))
+    }
+}
+
+/// Elementwise sum of two equal-length vectors (the rayon reductions).
+fn add_vecs(mut a: Vec<f64>, b: Vec<f64>) -> Vec<f64> {
+    a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+    a
+}
+
+/// The row-major storage of a factor-shaped matrix.
+fn rows_of(a: &Array2<f32>) -> &[f32] {
+    a.as_slice().expect("factors are kept in standard layout")
+}
+
+/// Gram `A^T A` of a row-major matrix in f64, parallel over row blocks.
+/// Cost: rows * rank^2 multiply-adds.
+fn gram_of(a: &Array2<f32>) -> Array2<f64> {
+    let rank = a.ncols();
+    if rank == 0 {
+        return Array2::zeros((0, 0));
+    }
+    let g = rows_of(a)
+        .par_chunks(ROWS_PER_TASK * rank)
+        .map(|block| {
+            let mut g = vec![0f64; rank * rank];
+            let mut row64 = vec![0f64; rank];
+            for row in block.chunks_exact(rank) {
+                row64
+                    .iter_mut()
+                    .zip(row)
+                    .for_each(|(d, &s)| *d = f64::from(s));
+                for (i, &x) in row64.iter().enumerate() {
+                    let gi = &mut g[i * rank..(i + 1) * rank];
+                    gi.iter_mut().zip(&row64).for_each(|(d, &y)| *d += x * y);
+                }
+            }
+            g
+        })
+        .reduce(|| vec![0f64; rank * rank], add_vecs);
+    Array2::from_shape_vec((rank, rank), g).expect("rank * rank entries")
+}
+
+impl Backend for CpuBackend {
+    fn describe(&self) -> String {
+        format!("cpu, {} threads", rayon::current_num_threads())
+    }
+
+    fn dims(&self) -> &[u32] {
+        self.engine.dims()
+    }
+
+    fn tensor_norm_sq(&self) -> f64 {
+        self.norm_sq
+    }
+
+    fn load_factors(&mut self, factors: &[Array2<f32>]) -> Result<()> {
+        crate::check_factor_shapes(self.dims(), factors)?;
+        self.factors = factors
+            .iter()
+            .map(|f| f.as_standard_layout().into_owned())
+            .collect();
+        Ok(())
+    }
+
+    fn gram(&mut self, mode: usize) -> Result<Array2<f64>> {
+        Ok(gram_of(&self.factors[mode]))
+    }
+
+    fn mttkrp(&mut self, mode: usize) -> Result<()> {
+        let rank = self.rank();
+        let mut out = match self.mttkrp_out[mode].take() {
+            Some(out) => out,
+            None => Array2::zeros((self.dims()[mode] as usize, rank)),
+        };
+        self.engine
+            .mttkrp(mode, &self.factors, &mut out)
+            .map_err(|e| CpdError::Backend(e.to_string()))?;
+        self.mttkrp_out[mode] = Some(out);
+        Ok(())
+    }
+
+    fn solve_update(&mut self, mode: usize, w: &Array2<f64>) -> Result<ColumnNorms> {
+        let rank = self.rank();
+        let m = self
+            .mttkrp_out
+            .get(mode)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| CpdError::Backend(format!("no MTTKRP computed for mode {mode}")))?;
+        let w = w.as_standard_layout();
+        let w = w.as_slice().expect("standard layout");
+        let m = rows_of(m);
+        let a = self.factors[mode]
+            .as_slice_mut()
+            .expect("factors are kept in standard layout");
+        let (sumsq, maxabs) = a
+            .par_chunks_mut(ROWS_PER_TASK * rank)
+            .zip(m.par_chunks(ROWS_PER_TASK * rank))
+            .map(|(a_block, m_block)| {
+                let mut sumsq = vec![0f64; rank];
+                let mut maxabs = vec![0f64; rank];
+                let mut acc = vec![0f64; rank];
+                for (a_row, m_row) in a_block
+                    .chunks_exact_mut(rank)
+                    .zip(m_block.chunks_exact(rank))
+                {
+                    acc.fill(0.0);
+                    for (&mk, wk) in m_row.iter().zip(w.chunks_exact(rank)) {
+                        let mk = f64::from(mk);
+                        acc.iter_mut().zip(wk).for_each(|(a, &x)| *a += mk * x);
+                    }
+                    for (r, (dst, &x)) in a_row.iter_mut().zip(&acc).enumerate() {
+                        let x32 = x as f32;
+                        *dst = x32;
+                        let x = f64::from(x32);
+                        sumsq[r] += x * x;
+                        maxabs[r] = maxabs[r].max(x.abs());
+                    }
+                }
+                (sumsq, maxabs)
+            })
+            .reduce(
+                || (vec![0f64; rank], vec![0f64; rank]),
+                |(s, mut m), (s2, m2)| {
+                    m.iter_mut().zip(&m2).for_each(|(a, b)| *a = a.max(*b));
+                    (add_vecs(s, s2), m)
+                },
+            );
+        Ok(ColumnNorms {
+            two: sumsq.into_iter().map(f64::sqrt).collect(),
+            max_abs: maxabs,
+        })
+    }
+
+    fn scale_and_gram(&mut self, mode: usize, divisors: &[f64]) -> Result<Array2<f64>> {
+        let inv: Vec<f32> = divisors.iter().map(|&d| (1.0 / d) as f32).collect();
+        let a = self.factors[mode]
+            .as_slice_mut()
+            .expect("factors are kept in standard layout");
+        a.par_chunks_mut(ROWS_PER_TASK * inv.len())
+            .for_each(|block| {
+                for row in block.chunks_exact_mut(inv.len()) {
+                    row.iter_mut().zip(&inv).for_each(|(x, &s)| *x *= s);
+                }
+            });
+        self.gram(mode)
+    }
+
+    fn inner_products(&mut self, mode: usize) -> Result<Vec<f64>> {
+        let rank = self.rank();
+        let m = self.output(mode)?;
+        let a = rows_of(&self.factors[mode]);
+        Ok(a.par_chunks(ROWS_PER_TASK * rank)
+            .zip(rows_of(m).par_chunks(ROWS_PER_TASK * rank))
+            .map(|(a, m)| {
+                let mut s = vec![0f64; rank];
+                for (a_row, m_row) in a.chunks_exact(rank).zip(m.chunks_exact(rank)) {
+                    for ((acc, &x), &y) in s.iter_mut().zip(a_row).zip(m_row) {
+                        *acc += f64::from(x) * f64::from(y);
+                    }
+                }
+                s
+            })
+            .reduce(|| vec![0f64; rank], add_vecs))
+    }
+
+    fn factors(&mut self) -> Result<Vec<Array2<f32>>> {
+        Ok(self.factors.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gram_matches_matrix_product() {
+        let a = Array2::from_shape_fn((5000, 3), |(i, j)| ((i * 7 + j * 3) % 11) as f32 - 5.0);
+        let g = gram_of(&a);
+        let a64 = a.mapv(f64::from);
+        let expect = a64.t().dot(&a64);
+        assert!(
+            g.iter()
+                .zip(expect.iter())
+                .all(|(x, y)| (x - y).abs() < 1e-9)
+        );
+    }
+}

@@ -1,0 +1,33 @@
+//! The one error type of this crate.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CpdError {
+    /// Options that cannot work (rank 0, negative tolerance, ...).
+    #[error("invalid option: {0}")]
+    Option(String),
+
+    /// Factor matrices whose shapes do not fit the tensor or each other.
+    #[error("shape mismatch: {0}")]
+    Shape(String),
+
+    /// A failure reported by the backend (CPU or GPU).
+    #[error("backend: {0}")]
+    Backend(String),
+
+    /// Reading or writing a model file.
+    #[error("{path}: {message}")]
+    File { path: PathBuf, message: String },
+}
+
+impl CpdError {
+    pub(crate) fn file(path: impl Into<PathBuf>, message: impl ToString) -> Self {
+        CpdError::File {
+            path: path.into(),
+            message: message.to_string(),
+        }
+    }
+}
+
+pub type Result<T, E = CpdError> = std::result::Result<T, E>;

@@ -1,0 +1,29 @@
+//! CP decomposition by alternating least squares (CPD-ALS) for sparse
+//! tensors, over a [`Backend`] trait so the same driver runs on the CPU, one
+//! GPU or several.
+//!
+//! ```
+//! use kruskal_cpd::{cpd_als, CpdOptions, CpuBackend};
+//! use kruskal_formats::generate::{planted, PlantedSpec};
+//!
+//! let p = planted(&PlantedSpec { dims: vec![60, 50, 40], rank: 3, nnz: 6_000, noise: 0.0, seed: 2 }).unwrap();
+//! let mut backend = CpuBackend::new(&p.tensor);
+//! let mut opts = CpdOptions::new(3);
+//! opts.max_iters = 100;
+//! let model = cpd_als(&mut backend, &opts).unwrap();
+//! assert!(model.fit() > 0.99);
+//! ```
+
+pub mod als;
+pub mod backend;
+pub mod dense;
+pub mod error;
+pub mod model;
+pub mod score;
+
+pub(crate) use als::check_factor_shapes;
+pub use als::{CpdOptions, Init, arrange, cpd_als, cpd_als_with, random_factors};
+pub use backend::{Backend, ColumnNorms, CpuBackend};
+pub use error::{CpdError, Result};
+pub use model::{IterationStats, KruskalModel, load_factors};
+pub use score::factor_match_score;

@@ -1,0 +1,263 @@
+//! The result of a decomposition ([`KruskalModel`]) and its files.
+//!
+//! A model directory holds `lambda.npy` (f64, length R) and `mode-<n>.npy`
+//! (f32, `dims[n-1] x R`) for n = 1..N: modes are numbered from 1 in file
+//! names, as in FROSTT's `mode-<n>-*.map` files. numpy reads them with
+//! `np.load`.
+
+use std::fs;
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+
+use ndarray::{Array1, Array2};
+use ndarray_npy::{ReadNpyExt, WriteNpyExt};
+use serde::Serialize;
+
+use crate::error::{CpdError, Result};
+
+/// Time and fit of one ALS iteration.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct IterationStats {
+    /// 1-based iteration number.
+    pub iteration: usize,
+    pub fit: f64,
+    /// Change of the fit since the previous iteration.
+    pub delta: f64,
+    /// Seconds in MTTKRP (all modes).
+    pub mttkrp_s: f64,
+    /// Seconds in everything else (solves, normalization, Grams, fit).
+    pub other_s: f64,
+}
+
+/// A CP model `sum_r lambda_r a_r^(1) o ... o a_r^(N)` and how it was found.
+#[derive(Clone, Debug)]
+pub struct KruskalModel {
+    /// Component weights, largest first.
+    pub lambda: Vec<f64>,
+    /// One `dims[m] x rank` matrix per mode, columns of unit 2-norm.
+    pub factors: Vec<Array2<f32>>,
+    /// One entry per iteration run.
+    pub iterations: Vec<IterationStats>,
+    /// The fit changed less than the tolerance before the iteration limit.
+    pub converged: bool,
+    /// Mode updates whose R x R system was singular (solved by the
+    /// pseudo-inverse instead of Cholesky).
+    pub pseudo_inverse_solves: usize,
+    /// Set when the run was stopped on request before converging.
+    pub interrupted: bool,
+}
+
+impl KruskalModel {
+    pub fn rank(&self) -> usize {
+        self.lambda.len()
+    }
+
+    /// The fit of the last iteration (0 when none ran).
+    pub fn fit(&self) -> f64 {
+        self.iterations.last().map_or(0.0, |s| s.fit)
+    }
+
+    /// Writes `lambda.npy` and `mode-<n>.npy` into `dir` (created if needed).
+    ///
+    /// All files are first written under temporary names and renamed only
+    /// when every one was written, so a failure leaves no model file behind
+    /// (and never a half-written one).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        fs::create_dir_all(dir).map_err(|e| CpdError::file(dir, e))?;
+        // Refuse up front what would make a rename fail half way.
+        let names: Vec<String> = std::iter::once("lambda.npy".to_string())
+            .chain((1..=self.factors.len()).map(|m| format!("mode-{m}.npy")))
+            .collect();
+        for name in &names {
+            let target = dir.join(name);
+            if target.is_dir() {
+                return Err(CpdError::file(
+                    &target,
+                    "is a directory; cannot write the model there",
+                ));
+            }
+        }
+        let mut staged: Vec<(tempfile::NamedTempFile, PathBuf)> = Vec::new();
+        let stage = |name: String, write: &dyn Fn(&mut BufWriter<&fs::File>) -> Result<()>| {
+            let target = dir.join(name);
+            let tmp = tempfile::Builder::new()
+                .prefix(".kruskal-")
+                .suffix(".tmp")
+                .tempfile_in(dir)
+                .map_err(|e| CpdError::file(&target, e))?;
+            {
+                let mut w = BufWriter::new(tmp.as_file());
+                write(&mut w)?;
+                use std::io::Write;
+                w.flush().map_err(|e| CpdError::file(&target, e))?;
+            }
+            Ok::<_, CpdError>((tmp, target))
+        };
+        let lambda = Array1::from(self.lambda.clone());
+        let lambda_path = dir.join("lambda.npy");
+        staged.push(stage("lambda.npy".into(), &|w| {
+            lambda
+                .write_npy(w)
+                .map_err(|e| CpdError::file(&lambda_path, e))
+        })?);
+        for (m, factor) in self.factors.iter().enumerate() {
+            let name = format!("mode-{}.npy", m + 1);
+            let path = dir.join(&name);
+            staged.push(stage(name, &|w| {
+                factor.write_npy(w).map_err(|e| CpdError::file(&path, e))
+            })?);
+        }
+        for (tmp, target) in staged {
+            tmp.as_file()
+                .sync_all()
+                .map_err(|e| CpdError::file(&target, e))?;
+            tmp.persist(&target)
+                .map_err(|e| CpdError::file(&target, e.error))?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads an `.npy` matrix of f32 or f64 as f32.
+fn read_matrix(path: &Path) -> Result<Array2<f32>> {
+    let open = || fs::File::open(path).map_err(|e| CpdError::file(path, e));
+    match Array2::<f32>::read_npy(open()?) {
+        Ok(a) => Ok(a),
+        Err(first) => match Array2::<f64>::read_npy(open()?) {
+            Ok(a) => Ok(a.mapv(|x| x as f32)),
+            Err(_) => Err(CpdError::file(
+                path,
+                format!("not a 2-d float32/float64 .npy matrix ({first})"),
+            )),
+        },
+    }
+}
+
+/// Reads starting factors from a model directory: `mode-1.npy` ..
+/// `mode-<nmodes>.npy`, and `lambda.npy` if present, whose weights are
+/// multiplied into the first mode's factor (ALS recomputes that factor first,
+/// so they do not change the iterations; they keep the given model whole).
+pub fn load_factors(dir: &Path, nmodes: usize) -> Result<Vec<Array2<f32>>> {
+    let mut factors = Vec::with_capacity(nmodes);
+    for m in 1..=nmodes {
+        let path = dir.join(format!("mode-{m}.npy"));
+        if !path.exists() {
+            return Err(CpdError::file(
+                &path,
+                format!("missing: a {nmodes}-mode tensor needs mode-1.npy .. mode-{nmodes}.npy"),
+            ));
+        }
+        factors.push(read_matrix(&path)?);
+    }
+    let lambda_path = dir.join("lambda.npy");
+    if lambda_path.exists() {
+        let file = fs::File::open(&lambda_path).map_err(|e| CpdError::file(&lambda_path, e))?;
+        let lambda = match Array1::<f64>::read_npy(file) {
+            Ok(l) => l,
+            Err(_) => {
+                let file =
+                    fs::File::open(&lambda_path).map_err(|e| CpdError::file(&lambda_path, e))?;
+                Array1::<f32>::read_npy(file)
+                    .map_err(|e| {
+                        CpdError::file(&lambda_path, format!("not a 1-d float .npy vector ({e})"))
+                    })?
+                    .mapv(f64::from)
+            }
+        };
+        let rank = factors.first().map_or(0, |f| f.ncols());
+        if lambda.len() != rank {
+            return Err(CpdError::file(
+                &lambda_path,
+                format!(
+                    "has {} weights, the factors have {rank} columns",
+                    lambda.len()
+                ),
+            ));
+        }
+        if let Some(first) = factors.first_mut() {
+            for (mut col, &l) in first.columns_mut().into_iter().zip(lambda.iter()) {
+                col.mapv_inplace(|x| (f64::from(x) * l) as f32);
+            }
+        }
+    }
+    Ok(factors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model() -> KruskalModel {
+        KruskalModel {
+            lambda: vec![2.0, 1.0],
+            factors: vec![
+                Array2::from_shape_fn((3, 2), |(i, j)| (i + j) as f32),
+                Array2::from_shape_fn((4, 2), |(i, j)| (i * j) as f32),
+                Array2::from_shape_fn((2, 2), |(i, j)| i as f32 - j as f32),
+            ],
+            iterations: vec![],
+            converged: true,
+            pseudo_inverse_solves: 0,
+            interrupted: false,
+        }
+    }
+
+    #[test]
+    fn save_and_load_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = model();
+        m.save(dir.path()).unwrap();
+        let mut names: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["lambda.npy", "mode-1.npy", "mode-2.npy", "mode-3.npy"]
+        );
+        let loaded = load_factors(dir.path(), 3).unwrap();
+        // lambda is folded into mode 1.
+        assert_eq!(loaded[0][[2, 0]], 2.0 * 2.0);
+        assert_eq!(loaded[0][[2, 1]], 3.0);
+        assert_eq!(loaded[1], m.factors[1]);
+    }
+
+    #[test]
+    fn load_reports_missing_and_mismatched_files() {
+        let dir = tempfile::tempdir().unwrap();
+        model().save(dir.path()).unwrap();
+        let err = load_factors(dir.path(), 4).unwrap_err().to_string();
+        assert!(
+            err.contains("mode-4.npy") && err.contains("missing"),
+            "{err}"
+        );
+        Array1::from(vec![1.0f64; 5])
+            .write_npy(fs::File::create(dir.path().join("lambda.npy")).unwrap())
+            .unwrap();
+        let err = load_factors(dir.path(), 3).unwrap_err().to_string();
+        assert!(err.contains("5 weights"), "{err}");
+        fs::write(dir.path().join("mode-2.npy"), b"not numpy").unwrap();
+        let err = load_factors(dir.path(), 3).unwrap_err().to_string();
+        assert!(
+            err.contains("mode-2.npy") && err.contains(".npy matrix"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn failed_save_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory where mode-2.npy should go: the save must fail before
+        // writing anything.
+        fs::create_dir(dir.path().join("mode-2.npy")).unwrap();
+        fs::write(dir.path().join("mode-2.npy").join("x"), b"x").unwrap();
+        assert!(model().save(dir.path()).is_err());
+        let leftovers: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n != "mode-2.npy")
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+}
