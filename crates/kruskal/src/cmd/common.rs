@@ -1,0 +1,217 @@
+//! Options and helpers shared by several subcommands: where the tensor comes
+//! from, progress bars, thread count, number formatting.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use kruskal_formats::generate::{PowerLawSpec, power_law, preset};
+use kruskal_formats::{ReadOptions, SparseTensor, read_tensor};
+
+/// How to read a tensor file.
+#[derive(Args, Clone, Debug, Default)]
+pub struct ReadArgs {
+    /// Text indices start at 0 (FROSTT files start at 1).
+    #[arg(long)]
+    pub zero_based: bool,
+    /// Every column is an index and every value is 1 (files with no value
+    /// column, e.g. knowledge-graph facts).
+    #[arg(long)]
+    pub pattern: bool,
+    /// Read the last column as values even when it looks like an index.
+    #[arg(long)]
+    pub values_are_data: bool,
+}
+
+impl ReadArgs {
+    pub fn options(&self) -> ReadOptions {
+        ReadOptions {
+            zero_based: self.zero_based,
+            pattern: self.pattern,
+            allow_index_like_values: self.values_are_data,
+            ..ReadOptions::default()
+        }
+    }
+}
+
+/// A tensor from a file, or generated in memory with `--like`.
+#[derive(Args, Clone, Debug, Default)]
+pub struct InputArgs {
+    /// Tensor file: FROSTT text (.tns, .tns.gz) or kruskal binary (.ktns).
+    pub file: Option<PathBuf>,
+    /// Instead of a file, generate a power-law tensor shaped like a FROSTT
+    /// tensor (nell-2, nell-1, delicious-4d, flickr-4d, enron, vast-5d, ...).
+    #[arg(long, value_name = "NAME", conflicts_with = "file")]
+    pub like: Option<String>,
+    /// Nonzeros of the generated tensor (default: the real tensor's count).
+    #[arg(long, requires = "like", value_parser = parse_count)]
+    pub nnz: Option<usize>,
+    /// Seed of the generated tensor.
+    #[arg(long, default_value_t = 1, requires = "like")]
+    pub gen_seed: u64,
+    #[command(flatten)]
+    pub read: ReadArgs,
+}
+
+/// A loaded tensor and where it came from.
+pub struct Loaded {
+    pub tensor: SparseTensor,
+    pub source: String,
+    pub load_s: f64,
+}
+
+impl InputArgs {
+    pub fn load(&self) -> Result<Loaded> {
+        let start = Instant::now();
+        if let Some(name) = &self.like {
+            let p = preset(name)?;
+            let mut spec = PowerLawSpec::like(p).with_seed(self.gen_seed);
+            if let Some(nnz) = self.nnz {
+                spec = spec.with_nnz(nnz);
+            }
+            let bar = spinner(&format!("generating {} nonzeros like {}", spec.nnz, p.name));
+            let tensor = power_law(&spec)?;
+            bar.finish_and_clear();
+            return Ok(Loaded {
+                tensor,
+                source: format!("generated like {} (seed {})", p.name, self.gen_seed),
+                load_s: start.elapsed().as_secs_f64(),
+            });
+        }
+        let path = self
+            .file
+            .as_deref()
+            .context("give a tensor FILE, or --like NAME to generate one")?;
+        let tensor = load_file(path, &self.read)?;
+        Ok(Loaded {
+            tensor,
+            source: path.display().to_string(),
+            load_s: start.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+/// Reads a tensor file with a byte-progress bar on a terminal.
+pub fn load_file(path: &Path, read: &ReadArgs) -> Result<SparseTensor> {
+    let mut opts = read.options();
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .expect("valid template")
+        .progress_chars("=> "),
+    );
+    bar.set_message(format!("reading {}", path.display()));
+    let b = bar.clone();
+    opts.progress = Some(Arc::new(move |done, total| {
+        b.set_length(total);
+        b.set_position(done);
+    }));
+    let tensor = read_tensor(path, &opts);
+    bar.finish_and_clear();
+    Ok(tensor?)
+}
+
+/// A spinner on stderr when it is a terminal (hidden otherwise).
+pub fn spinner(message: &str) -> ProgressBar {
+    let bar = ProgressBar::new_spinner();
+    bar.set_message(message.to_string());
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
+}
+
+/// Sets the size of rayon's global pool (0: one thread per core).
+pub fn set_threads(threads: usize) -> Result<()> {
+    if threads > 0 {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build_global()
+            .context("could not set the thread count")?;
+    }
+    Ok(())
+}
+
+/// Parses a count such as `1000000`, `1_000_000`, `2.5M`, `10k` or `1G`.
+pub fn parse_count(text: &str) -> Result<usize, String> {
+    let t = text.trim().replace('_', "");
+    let (num, mult) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 1e3),
+        Some('m' | 'M') => (&t[..t.len() - 1], 1e6),
+        Some('g' | 'G' | 'b' | 'B') => (&t[..t.len() - 1], 1e9),
+        _ => (t.as_str(), 1.0),
+    };
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("'{text}' is not a count (e.g. 1000000, 2.5M, 10k)"))?;
+    let n = value * mult;
+    if !(1.0..1.8e19).contains(&n) {
+        return Err(format!("'{text}' must be a positive count"));
+    }
+    Ok(n.round() as usize)
+}
+
+/// Parses a comma-separated list of positive dimensions.
+pub fn parse_dims(text: &str) -> Result<Vec<u32>> {
+    let dims: Vec<u32> = text
+        .split([',', 'x'])
+        .map(|d| {
+            d.trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|&d| d > 0)
+                .with_context(|| format!("'{d}' in '{text}' is not a positive dimension"))
+        })
+        .collect::<Result<_>>()?;
+    if dims.len() < 2 {
+        bail!("--dims needs at least 2 dimensions, e.g. 1000,800,600");
+    }
+    Ok(dims)
+}
+
+/// `12,092 x 9,184 x 28,818`.
+pub fn dims_text(dims: &[u32]) -> String {
+    dims.iter()
+        .map(|&d| thousands(u64::from(d)))
+        .collect::<Vec<_>>()
+        .join(" x ")
+}
+
+/// `76,879,419`.
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (k, c) in s.chars().enumerate() {
+        if k > 0 && (s.len() - k) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_parse_with_suffixes() {
+        assert_eq!(parse_count("2.5M"), Ok(2_500_000));
+        assert_eq!(parse_count("10k"), Ok(10_000));
+        assert_eq!(parse_count("1_000"), Ok(1_000));
+        assert!(parse_count("0").is_err());
+        assert!(parse_count("lots").is_err());
+    }
+
+    #[test]
+    fn dims_parse_and_print() {
+        assert_eq!(parse_dims("10,20x30").unwrap(), vec![10, 20, 30]);
+        assert!(parse_dims("10").is_err());
+        assert!(parse_dims("10,0").is_err());
+        assert_eq!(dims_text(&[12_092, 9]), "12,092 x 9");
+        assert_eq!(thousands(1_000_000), "1,000,000");
+    }
+}

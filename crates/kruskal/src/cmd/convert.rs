@@ -1,0 +1,70 @@
+//! `kruskal convert`: between FROSTT text (.tns, .tns.gz) and kruskal's
+//! binary format (.ktns), reporting read and write throughput.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use kruskal_formats::write_tensor;
+
+use super::common::{ReadArgs, load_file, spinner, thousands};
+
+#[derive(Args, Debug)]
+pub struct ConvertArgs {
+    /// Input tensor (.tns, .tns.gz or .ktns).
+    pub input: PathBuf,
+    /// Output tensor; its extension picks the format (.tns, .tns.gz, .ktns).
+    pub output: PathBuf,
+    /// Sum nonzeros that share a coordinate before writing.
+    #[arg(long)]
+    pub coalesce: bool,
+    #[command(flatten)]
+    pub read: ReadArgs,
+}
+
+fn size(path: &std::path::Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+pub fn run(args: ConvertArgs) -> Result<()> {
+    if args.input == args.output {
+        bail!(
+            "input and output are the same file: {}",
+            args.input.display()
+        );
+    }
+    let start = Instant::now();
+    let mut t = load_file(&args.input, &args.read)?;
+    let read_s = start.elapsed().as_secs_f64();
+    let in_bytes = size(&args.input);
+    println!(
+        "read   {} ({:.1} MB) in {:.2} s: {:.0} MB/s, {:.1} M nonzeros/s",
+        args.input.display(),
+        in_bytes as f64 / 1e6,
+        read_s,
+        in_bytes as f64 / 1e6 / read_s,
+        t.nnz() as f64 / 1e6 / read_s
+    );
+    if args.coalesce {
+        let merged = t.coalesce();
+        println!("merged {} duplicate nonzeros", thousands(merged as u64));
+    }
+    let start = Instant::now();
+    let bar = spinner(&format!("writing {}", args.output.display()));
+    let written = write_tensor(&args.output, &t);
+    bar.finish_and_clear();
+    written?;
+    let write_s = start.elapsed().as_secs_f64();
+    let out_bytes = size(&args.output);
+    println!(
+        "wrote  {} ({:.1} MB) in {:.2} s: {:.0} MB/s; {} modes, {} nonzeros",
+        args.output.display(),
+        out_bytes as f64 / 1e6,
+        write_s,
+        out_bytes as f64 / 1e6 / write_s,
+        t.nmodes(),
+        thousands(t.nnz() as u64)
+    );
+    Ok(())
+}

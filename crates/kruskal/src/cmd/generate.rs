@@ -1,0 +1,131 @@
+//! `kruskal gen`: write a synthetic tensor: power-law (optionally shaped like
+//! a FROSTT tensor) or planted low-rank with its true factors.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use kruskal_cpd::KruskalModel;
+use kruskal_formats::generate::{PRESETS, PlantedSpec, PowerLawSpec, planted, power_law, preset};
+use kruskal_formats::write_tensor;
+
+use super::common::{dims_text, parse_count, parse_dims, spinner, thousands};
+
+#[derive(Args, Debug)]
+pub struct GenArgs {
+    /// Output file; its extension picks the format (.tns, .tns.gz, .ktns).
+    #[arg(required_unless_present = "list")]
+    pub output: Option<PathBuf>,
+    /// Shape of a FROSTT tensor (see --list).
+    #[arg(long, value_name = "NAME", conflicts_with = "dims")]
+    pub like: Option<String>,
+    /// Dimensions, e.g. 1000,800,600.
+    #[arg(long)]
+    pub dims: Option<String>,
+    /// Nonzeros (default: the preset's real count; required with --dims).
+    #[arg(long, value_parser = parse_count)]
+    pub nnz: Option<usize>,
+    /// Zipf exponent of every mode, or one per mode (e.g. 1.1,0.5,1.1).
+    #[arg(long, default_value = "1.1")]
+    pub exponent: String,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Sum nonzeros that landed on the same coordinate.
+    #[arg(long)]
+    pub coalesce: bool,
+    /// Generate a planted tensor of this rank instead of a power-law one.
+    #[arg(long, value_name = "RANK")]
+    pub planted: Option<usize>,
+    /// Relative noise on the planted tensor's values.
+    #[arg(long, default_value_t = 0.0, requires = "planted")]
+    pub noise: f64,
+    /// Write the planted factors (lambda.npy, mode-<n>.npy) into DIR.
+    #[arg(long, value_name = "DIR", requires = "planted")]
+    pub factors: Option<PathBuf>,
+    /// List the FROSTT shapes --like knows.
+    #[arg(long)]
+    pub list: bool,
+}
+
+pub fn run(args: GenArgs) -> Result<()> {
+    if args.list {
+        println!("{:<15} {:>40} {:>16}", "name", "dims", "nonzeros");
+        for p in PRESETS {
+            println!(
+                "{:<15} {:>40} {:>16}",
+                p.name,
+                dims_text(p.dims),
+                thousands(p.nnz)
+            );
+        }
+        return Ok(());
+    }
+    let output = args.output.clone().context("give an output file")?;
+    let (dims, default_nnz) = match (&args.like, &args.dims) {
+        (Some(name), _) => {
+            let p = preset(name)?;
+            (p.dims.to_vec(), Some(p.nnz as usize))
+        }
+        (None, Some(d)) => (parse_dims(d)?, None),
+        (None, None) => bail!("give --like NAME or --dims D1,D2,..."),
+    };
+    let nnz = args.nnz.or(default_nnz).context("give --nnz with --dims")?;
+    let start = Instant::now();
+    let bar = spinner(&format!("generating {} nonzeros", thousands(nnz as u64)));
+    let (mut tensor, truth) = if let Some(rank) = args.planted {
+        let p = planted(&PlantedSpec {
+            dims: dims.clone(),
+            rank,
+            nnz,
+            noise: args.noise,
+            seed: args.seed,
+        })?;
+        (p.tensor, Some((p.lambda, p.factors)))
+    } else {
+        let exponents: Vec<f64> = args
+            .exponent
+            .split(',')
+            .map(|s| s.trim().parse::<f64>())
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("--exponent '{}' is not a number list", args.exponent))?;
+        let exponents = match exponents.len() {
+            1 => vec![exponents[0]; dims.len()],
+            n if n == dims.len() => exponents,
+            n => bail!("--exponent has {n} values for {} modes", dims.len()),
+        };
+        let mut spec = PowerLawSpec::new(dims.clone(), nnz).with_seed(args.seed);
+        spec.exponents = exponents;
+        (power_law(&spec)?, None)
+    };
+    let merged = if args.coalesce { tensor.coalesce() } else { 0 };
+    bar.set_message(format!("writing {}", output.display()));
+    write_tensor(&output, &tensor)?;
+    bar.finish_and_clear();
+    println!(
+        "wrote {}: {} modes, {}, {} nonzeros{} in {:.2} s",
+        output.display(),
+        tensor.nmodes(),
+        dims_text(tensor.dims()),
+        thousands(tensor.nnz() as u64),
+        if args.coalesce {
+            format!(" ({} duplicates merged)", thousands(merged as u64))
+        } else {
+            String::new()
+        },
+        start.elapsed().as_secs_f64()
+    );
+    if let (Some(dir), Some((lambda, factors))) = (&args.factors, truth) {
+        KruskalModel {
+            lambda,
+            factors,
+            iterations: Vec::new(),
+            converged: true,
+            pseudo_inverse_solves: 0,
+            interrupted: false,
+        }
+        .save(dir)?;
+        println!("wrote the planted factors to {}", dir.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,21 @@
+//! kruskal: CP decomposition of large sparse tensors.
+//!
+//! This crate is the `kruskal` program and a facade over the library crates,
+//! so a user can depend on one crate:
+//!
+//! - [`formats`]: the COO tensor, `.tns`/`.tns.gz`/`.ktns` I/O, generators;
+//! - [`cpu`]: the CPU MTTKRP kernels and the f64 reference;
+//! - [`cpd`]: CPD-ALS over a backend, the model and its files.
+//!
+//! ```
+//! use kruskal::cpd::{cpd_als, CpdOptions, CpuBackend};
+//! use kruskal::formats::generate::{planted, PlantedSpec};
+//!
+//! let p = planted(&PlantedSpec { dims: vec![40, 30, 20], rank: 2, nnz: 2_000, noise: 0.0, seed: 1 }).unwrap();
+//! let model = cpd_als(&mut CpuBackend::new(&p.tensor), &CpdOptions::new(2)).unwrap();
+//! assert_eq!(model.factors.len(), 3);
+//! ```
+
+pub use kruskal_cpd as cpd;
+pub use kruskal_cpu as cpu;
+pub use kruskal_formats as formats;

@@ -1,0 +1,50 @@
+//! The `kruskal` program: a thin layer that parses options and calls the
+//! library crates (one module per subcommand under `cmd/`).
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+
+/// CP decomposition of large sparse tensors.
+#[derive(Parser, Debug)]
+#[command(name = "kruskal", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Decompose a tensor by CPD-ALS (or try it on a planted tensor: --demo).
+    Cpd(cmd::cpd::CpdArgs),
+    /// Time the MTTKRP of each mode.
+    Mttkrp(cmd::mttkrp::MttkrpArgs),
+    /// Show a tensor's shape and per-mode statistics.
+    Info(cmd::info::InfoArgs),
+    /// Convert between .tns, .tns.gz and the binary .ktns format.
+    Convert(cmd::convert::ConvertArgs),
+    /// Generate a synthetic tensor (power-law or planted low-rank).
+    Gen(cmd::generate::GenArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Cpd(a) => cmd::cpd::run(a),
+        Command::Mttkrp(a) => cmd::mttkrp::run(a),
+        Command::Info(a) => cmd::info::run(a),
+        Command::Convert(a) => cmd::convert::run(a),
+        Command::Gen(a) => cmd::generate::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the outermost context first, then its causes.
+            let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
+            eprintln!("kruskal: error: {}", chain.join(": "));
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,258 @@
+//! End-to-end tests of the `kruskal` program: real files in, real files out,
+//! exit codes and one-line errors.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn kruskal(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kruskal"))
+        .args(args)
+        .output()
+        .expect("the kruskal binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The shared test tensors (beside the repository); `None` with a note when
+/// this checkout has none.
+fn data(name: &str) -> Option<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data");
+    if dir.is_dir() {
+        Some(dir.join(name))
+    } else {
+        eprintln!(
+            "note: {} not found; skipping the part that needs {name}",
+            dir.display()
+        );
+        None
+    }
+}
+
+/// Asserts a failed run: non-zero exit, one error line, no panic.
+fn assert_clean_failure(o: &Output, needle: &str) {
+    let err = stderr(o);
+    assert!(!o.status.success(), "expected failure, got success: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(lines.len(), 1, "want one error line, got: {err}");
+    assert!(err.contains(needle), "'{needle}' not in: {err}");
+}
+
+#[test]
+fn demo_reaches_the_planted_fit() {
+    let o = kruskal(&["cpd", "--demo", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(v["fit"].as_f64().unwrap() >= 0.99, "{v}");
+    assert!(v["factor_match_score"].as_f64().unwrap() >= 0.95, "{v}");
+    assert!(v["iterations"].as_array().unwrap().len() >= 2);
+}
+
+#[test]
+fn cpd_writes_numpy_files_and_restarts_from_them() {
+    let Some(file) = data("splatt-med.tns") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("model");
+    let o = kruskal(&[
+        "cpd",
+        file.to_str().unwrap(),
+        "--rank",
+        "5",
+        "--iters",
+        "5",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("its =   5"), "{}", stdout(&o));
+    for name in ["lambda.npy", "mode-1.npy", "mode-2.npy", "mode-3.npy"] {
+        let bytes = std::fs::read(out.join(name)).unwrap();
+        assert_eq!(&bytes[..6], b"\x93NUMPY", "{name} is not .npy");
+    }
+    // Restarting from the model continues where it stopped: the first fit
+    // is at least the last fit of the first run (minus rounding).
+    let first: serde_json::Value = {
+        let o = kruskal(&[
+            "cpd",
+            file.to_str().unwrap(),
+            "--rank",
+            "5",
+            "--iters",
+            "5",
+            "--json",
+        ]);
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    let o = kruskal(&[
+        "cpd",
+        file.to_str().unwrap(),
+        "--iters",
+        "2",
+        "--init",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let second: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(second["rank"], 5);
+    let last_fit = first["fit"].as_f64().unwrap();
+    let restart_fit = second["iterations"][0]["fit"].as_f64().unwrap();
+    assert!(restart_fit >= last_fit - 1e-4, "{restart_fit} < {last_fit}");
+}
+
+#[test]
+fn bad_lines_give_one_line_errors_with_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.tns");
+    std::fs::write(&path, "1 1 1 1.0\n2 2 2 2.0\n3 x 3 1.0\n").unwrap();
+    let o = kruskal(&["info", path.to_str().unwrap()]);
+    assert_clean_failure(&o, "bad.tns:3");
+    std::fs::write(&path, "1 1 1 1.0\n0 2 2 2.0\n").unwrap();
+    let o = kruskal(&["cpd", path.to_str().unwrap(), "--rank", "2"]);
+    assert_clean_failure(&o, "--zero-based");
+    let o = kruskal(&["info", dir.path().join("missing.tns").to_str().unwrap()]);
+    assert_clean_failure(&o, "missing.tns");
+}
+
+#[test]
+fn pattern_files_need_the_pattern_flag() {
+    let Some(file) = data("kg-jf17k-4mode-novalues.tns") else {
+        return;
+    };
+    let o = kruskal(&["info", file.to_str().unwrap()]);
+    assert_clean_failure(&o, "--pattern");
+    let o = kruskal(&["info", file.to_str().unwrap(), "--pattern", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["nmodes"], 4);
+    assert_eq!(v["nnz"], 34_544);
+}
+
+#[test]
+fn convert_round_trips_through_binary_and_gzip() {
+    let dir = tempfile::tempdir().unwrap();
+    let tns = dir.path().join("t.tns");
+    let o = kruskal(&[
+        "gen",
+        tns.to_str().unwrap(),
+        "--like",
+        "enron",
+        "--nnz",
+        "5000",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bin = dir.path().join("t.ktns");
+    let gz = dir.path().join("t.tns.gz");
+    for (from, to) in [(&tns, &bin), (&bin, &gz)] {
+        let o = kruskal(&["convert", from.to_str().unwrap(), to.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(stdout(&o).contains("MB/s"));
+    }
+    let info = |p: &Path| -> serde_json::Value {
+        serde_json::from_str(&stdout(&kruskal(&["info", p.to_str().unwrap(), "--json"]))).unwrap()
+    };
+    let (a, b) = (info(&tns), info(&gz));
+    assert_eq!(a["dims"], b["dims"]);
+    assert_eq!(a["nnz"], 5000);
+    assert_eq!(a["norm"], b["norm"]);
+}
+
+#[test]
+fn planted_gen_writes_its_factors() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("p.ktns");
+    let f = dir.path().join("truth");
+    let o = kruskal(&[
+        "gen",
+        t.to_str().unwrap(),
+        "--dims",
+        "50,40,30",
+        "--nnz",
+        "3000",
+        "--planted",
+        "3",
+        "--factors",
+        f.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(f.join("mode-3.npy").exists() && f.join("lambda.npy").exists());
+    // Starting from the true factors, the first iteration already fits.
+    let o = kruskal(&[
+        "cpd",
+        t.to_str().unwrap(),
+        "--init",
+        f.to_str().unwrap(),
+        "--iters",
+        "1",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(v["fit"].as_f64().unwrap() > 0.999, "{v}");
+}
+
+#[test]
+fn mttkrp_verifies_against_the_reference() {
+    let o = kruskal(&[
+        "mttkrp", "--like", "vast-5d", "--nnz", "20000", "--rank", "7", "--repeat", "2",
+        "--verify", "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let modes = v["modes"].as_array().unwrap();
+    assert_eq!(modes.len(), 5);
+    for m in modes {
+        assert!(m["relative_error"].as_f64().unwrap() < 1e-5, "{m}");
+        assert!(m["median_ms"].as_f64().unwrap() > 0.0);
+    }
+    let o = kruskal(&["mttkrp", "--like", "nell-2", "--nnz", "100", "--mode", "4"]);
+    assert_clean_failure(&o, "--mode");
+}
+
+#[test]
+fn failed_output_leaves_no_model_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("model");
+    std::fs::create_dir_all(out.join("mode-2.npy")).unwrap();
+    let o = kruskal(&[
+        "cpd",
+        "--like",
+        "nell-2",
+        "--nnz",
+        "2000",
+        "--rank",
+        "2",
+        "--iters",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_clean_failure(&o, "mode-2.npy");
+    let names: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(names, ["mode-2.npy"]);
+}
+
+#[test]
+fn gen_lists_presets_and_rejects_unknown_ones() {
+    let o = kruskal(&["gen", "--list"]);
+    assert!(stdout(&o).contains("delicious-4d"));
+    let dir = tempfile::tempdir().unwrap();
+    let o = kruskal(&[
+        "gen",
+        dir.path().join("x.tns").to_str().unwrap(),
+        "--like",
+        "nell-9",
+    ]);
+    assert_clean_failure(&o, "unknown preset");
+    assert!(!dir.path().join("x.tns").exists());
+}
