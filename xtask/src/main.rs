@@ -1,0 +1,97 @@
+//! Development tasks, run as `cargo xtask <task>` (an alias in
+//! `.cargo/config.toml`).
+//!
+//! - `bundle [DIR]`: build the release `kruskal` binary and the release test
+//!   executables and copy them into DIR (default `gpu-run/`, ignored by git),
+//!   ready to be carried to a machine without a Rust toolchain (the GPU
+//!   machines) and run there. Prints what to run on the other side.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("bundle") => bundle(Path::new(args.get(1).map_or("gpu-run", String::as_str))),
+        _ => {
+            eprintln!("usage: cargo xtask bundle [DIR]");
+            eprintln!("  bundle   build release binaries and test executables into DIR (gpu-run/)");
+            bail!("unknown or missing task");
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask sits in the workspace root")
+        .to_path_buf()
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(workspace_root());
+    c
+}
+
+fn bundle(dir: &Path) -> Result<()> {
+    let dir = workspace_root().join(dir);
+    let status = cargo()
+        .args(["build", "--release", "-p", "kruskal"])
+        .status()
+        .context("running cargo build")?;
+    if !status.success() {
+        bail!("cargo build failed");
+    }
+    // The test executables: cargo lists them in its JSON messages.
+    let out = cargo()
+        .args([
+            "test",
+            "--release",
+            "--workspace",
+            "--no-run",
+            "--message-format=json",
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the test executables failed");
+    }
+    fs::create_dir_all(dir.join("tests"))?;
+    let mut tests = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let is_test = msg["profile"]["test"].as_bool() == Some(true);
+        if let (true, Some(exe)) = (is_test, msg["executable"].as_str()) {
+            let name = Path::new(exe)
+                .file_name()
+                .context("executable has a name")?;
+            fs::copy(exe, dir.join("tests").join(name))?;
+            tests.push(name.to_string_lossy().into_owned());
+        }
+    }
+    let bin = workspace_root().join("target/release/kruskal");
+    fs::copy(&bin, dir.join("kruskal")).with_context(|| format!("copying {}", bin.display()))?;
+    let bytes: u64 = fs::read_dir(dir.join("tests"))?
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum::<u64>()
+        + fs::metadata(dir.join("kruskal"))?.len();
+    println!(
+        "bundled kruskal and {} test executables into {} ({:.1} MiB)",
+        tests.len(),
+        dir.display(),
+        bytes as f64 / (1 << 20) as f64
+    );
+    println!(
+        "run there: for t in {}/tests/*; do $t --include-ignored; done",
+        dir.display()
+    );
+    Ok(())
+}
