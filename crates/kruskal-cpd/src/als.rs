@@ -19,6 +19,7 @@ use std::time::Instant;
 use ndarray::Array2;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
 
 use crate::backend::Backend;
 use crate::dense::{SolveKind, hadamard_except, solve_matrix};
@@ -62,11 +63,27 @@ impl CpdOptions {
     }
 }
 
-/// Seeded uniform random factors, `dims[m] x rank` each.
+/// Random numbers drawn from one stream when initializing factors: fixed
+/// so the factors do not depend on the thread count.
+const RANDOM_BLOCK: usize = 1 << 16;
+
+/// Seeded uniform random factors in [0, 1), `dims[m] x rank` each. Drawn in
+/// parallel, in fixed blocks with one ChaCha stream per (mode, block): the
+/// same seed gives the same factors on any machine and thread count.
 pub fn random_factors(dims: &[u32], rank: usize, seed: u64) -> Vec<Array2<f32>> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     dims.iter()
-        .map(|&d| Array2::from_shape_simple_fn((d as usize, rank), || rng.random::<f32>()))
+        .enumerate()
+        .map(|(mode, &dim)| {
+            let mut data = vec![0f32; dim as usize * rank];
+            data.par_chunks_mut(RANDOM_BLOCK)
+                .enumerate()
+                .for_each(|(block, chunk)| {
+                    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+                    rng.set_stream(((mode as u64) << 40) | block as u64);
+                    chunk.iter_mut().for_each(|x| *x = rng.random::<f32>());
+                });
+            Array2::from_shape_vec((dim as usize, rank), data).expect("dim * rank entries")
+        })
         .collect()
 }
 
@@ -89,7 +106,11 @@ pub(crate) fn check_factor_shapes(dims: &[u32], factors: &[Array2<f32>]) -> Resu
                 f.ncols()
             )));
         }
-        if f.iter().any(|x| !x.is_finite()) {
+        let finite = match f.as_slice() {
+            Some(data) => data.par_iter().all(|x| x.is_finite()),
+            None => f.iter().all(|x| x.is_finite()),
+        };
+        if !finite {
             return Err(CpdError::Shape(format!(
                 "factor of mode {} has a value that is not finite",
                 m + 1
@@ -139,8 +160,7 @@ pub fn cpd_als_with(
             factors.clone()
         }
     };
-    backend.load_factors(&initial)?;
-    drop(initial);
+    backend.load_factors(initial)?;
     let mut grams = (0..nmodes)
         .map(|m| backend.gram(m))
         .collect::<Result<Vec<_>>>()?;
@@ -229,7 +249,7 @@ pub fn cpd_als_with(
         }
     }
 
-    let factors = backend.factors()?;
+    let factors = backend.take_factors()?;
     let (lambda, factors) = arrange(lambda, factors);
     Ok(KruskalModel {
         lambda,
@@ -241,54 +261,83 @@ pub fn cpd_als_with(
     })
 }
 
+/// Per-column statistics of a factor: sum of squares, and the entry of
+/// largest magnitude (with its sign). One parallel pass over the rows.
+fn column_stats(data: &[f32], rank: usize) -> (Vec<f64>, Vec<f32>) {
+    data.par_chunks(RANDOM_BLOCK.max(rank) / rank * rank)
+        .map(|block| {
+            let mut sumsq = vec![0f64; rank];
+            let mut big = vec![0f32; rank];
+            for row in block.chunks_exact(rank) {
+                for (r, &x) in row.iter().enumerate() {
+                    sumsq[r] += f64::from(x) * f64::from(x);
+                    if x.abs() > big[r].abs() {
+                        big[r] = x;
+                    }
+                }
+            }
+            (sumsq, big)
+        })
+        .reduce(
+            || (vec![0f64; rank], vec![0f32; rank]),
+            |(mut s, mut b), (s2, b2)| {
+                s.iter_mut().zip(&s2).for_each(|(x, y)| *x += y);
+                b.iter_mut()
+                    .zip(&b2)
+                    .for_each(|(x, &y)| *x = if y.abs() > x.abs() { y } else { *x });
+                (s, b)
+            },
+        )
+}
+
 /// Normalizes every column to unit 2-norm (the norms go into lambda), sorts
 /// the components by weight (largest first) and fixes signs: in every mode
 /// but the last, the entry of largest magnitude of each column is made
 /// positive; the last mode takes the product of the flipped signs.
-pub fn arrange(
-    mut lambda: Vec<f64>,
-    mut factors: Vec<Array2<f32>>,
-) -> (Vec<f64>, Vec<Array2<f32>>) {
+///
+/// Cost: two parallel passes over every factor.
+pub fn arrange(mut lambda: Vec<f64>, factors: Vec<Array2<f32>>) -> (Vec<f64>, Vec<Array2<f32>>) {
     let rank = lambda.len();
     let nmodes = factors.len();
-    for f in factors.iter_mut() {
-        for (r, mut col) in f.columns_mut().into_iter().enumerate() {
-            let norm = col
-                .iter()
-                .map(|&x| f64::from(x).powi(2))
-                .sum::<f64>()
-                .sqrt();
-            if norm > 0.0 {
-                col.mapv_inplace(|x| (f64::from(x) / norm) as f32);
-            }
+    let mut factors: Vec<Array2<f32>> = factors
+        .into_iter()
+        .map(|f| f.as_standard_layout().into_owned())
+        .collect();
+    // scale[m][r]: what column r of mode m is multiplied by.
+    let mut scale = vec![vec![1f32; rank]; nmodes];
+    let mut sign = vec![1f32; rank];
+    for (m, f) in factors.iter().enumerate() {
+        let (sumsq, big) = column_stats(f.as_slice().expect("standard layout"), rank);
+        for r in 0..rank {
+            let norm = sumsq[r].sqrt();
             lambda[r] *= norm;
+            let mut s = if norm > 0.0 { (1.0 / norm) as f32 } else { 1.0 };
+            if m + 1 < nmodes && big[r] < 0.0 {
+                s = -s;
+                sign[r] = -sign[r];
+            }
+            scale[m][r] = s;
         }
     }
-    for r in 0..rank {
-        let mut sign = 1f32;
-        for (m, f) in factors.iter_mut().enumerate() {
-            let mut col = f.column_mut(r);
-            if m + 1 < nmodes {
-                let big = col
-                    .iter()
-                    .copied()
-                    .fold(0f32, |a, x| if x.abs() > a.abs() { x } else { a });
-                if big < 0.0 {
-                    col.mapv_inplace(|x| -x);
-                    sign = -sign;
-                }
-            } else if sign < 0.0 {
-                col.mapv_inplace(|x| -x);
-            }
-        }
+    if let Some(last) = scale.last_mut() {
+        last.iter_mut().zip(&sign).for_each(|(s, &g)| *s *= g);
     }
     let mut order: Vec<usize> = (0..rank).collect();
     order.sort_by(|&a, &b| lambda[b].total_cmp(&lambda[a]));
+    for (f, scale) in factors.iter_mut().zip(&scale) {
+        let data = f.as_slice_mut().expect("standard layout");
+        data.par_chunks_mut(RANDOM_BLOCK.max(rank) / rank * rank)
+            .for_each(|block| {
+                let mut old = vec![0f32; rank];
+                for row in block.chunks_exact_mut(rank) {
+                    old.copy_from_slice(row);
+                    for (dst, &r) in row.iter_mut().zip(&order) {
+                        *dst = old[r] * scale[r];
+                    }
+                }
+            });
+    }
     let lambda = order.iter().map(|&r| lambda[r]).collect();
-    let factors = factors
-        .iter()
-        .map(|f| Array2::from_shape_fn(f.dim(), |(i, j)| f[[i, order[j]]]))
-        .collect();
     (lambda, factors)
 }
 

@@ -6,6 +6,8 @@
 //! vectors. A GPU backend keeps the tensor, factors and MTTKRP output on the
 //! device; the CPU backend keeps them in host memory.
 
+use faer::linalg::matmul::matmul;
+use faer::{Accum, MatMut, MatRef, Par};
 use kruskal_cpu::CpuMttkrp;
 use kruskal_formats::SparseTensor;
 use ndarray::Array2;
@@ -36,8 +38,8 @@ pub trait Backend {
     fn dims(&self) -> &[u32];
     /// Squared Frobenius norm of the tensor.
     fn tensor_norm_sq(&self) -> f64;
-    /// Sets every factor (`dims[m] x rank`).
-    fn load_factors(&mut self, factors: &[Array2<f32>]) -> Result<()>;
+    /// Takes every factor (`dims[m] x rank`).
+    fn load_factors(&mut self, factors: Vec<Array2<f32>>) -> Result<()>;
     /// `A_m^T A_m` in f64.
     fn gram(&mut self, mode: usize) -> Result<Array2<f64>>;
     /// `M = MTTKRP(X, mode)` with the current factors, kept by the backend.
@@ -48,8 +50,9 @@ pub trait Backend {
     fn scale_and_gram(&mut self, mode: usize, divisors: &[f64]) -> Result<Array2<f64>>;
     /// `sum_i M(i, r) A_mode(i, r)` for every r.
     fn inner_products(&mut self, mode: usize) -> Result<Vec<f64>>;
-    /// Copies the factors out.
-    fn factors(&mut self) -> Result<Vec<Array2<f32>>>;
+    /// Hands the factors back (the backend needs `load_factors` again
+    /// before further use).
+    fn take_factors(&mut self) -> Result<Vec<Array2<f32>>>;
 }
 
 /// The CPU backend: [`CpuMttkrp`] plus rayon row-parallel dense kernels.
@@ -100,8 +103,14 @@ fn rows_of(a: &Array2<f32>) -> &[f32] {
     a.as_slice().expect("factors are kept in standard layout")
 }
 
-/// Gram `A^T A` of a row-major matrix in f64, parallel over row blocks.
-/// Cost: rows * rank^2 multiply-adds.
+/// A block of f32 rows widened to f64 (the dense kernels run in f64).
+fn widen(block: &[f32]) -> Vec<f64> {
+    block.iter().map(|&x| f64::from(x)).collect()
+}
+
+/// Gram `A^T A` of a row-major matrix in f64: per row block a faer matrix
+/// product (blocked and vectorized), blocks in parallel, partial Grams
+/// summed. Cost: rows * rank^2 multiply-adds.
 fn gram_of(a: &Array2<f32>) -> Array2<f64> {
     let rank = a.ncols();
     if rank == 0 {
@@ -110,18 +119,18 @@ fn gram_of(a: &Array2<f32>) -> Array2<f64> {
     let g = rows_of(a)
         .par_chunks(ROWS_PER_TASK * rank)
         .map(|block| {
+            let rows = block.len() / rank;
+            let wide = widen(block);
+            let x = MatRef::from_row_major_slice(&wide, rows, rank);
             let mut g = vec![0f64; rank * rank];
-            let mut row64 = vec![0f64; rank];
-            for row in block.chunks_exact(rank) {
-                row64
-                    .iter_mut()
-                    .zip(row)
-                    .for_each(|(d, &s)| *d = f64::from(s));
-                for (i, &x) in row64.iter().enumerate() {
-                    let gi = &mut g[i * rank..(i + 1) * rank];
-                    gi.iter_mut().zip(&row64).for_each(|(d, &y)| *d += x * y);
-                }
-            }
+            matmul(
+                MatMut::from_row_major_slice_mut(&mut g, rank, rank),
+                Accum::Replace,
+                x.transpose(),
+                x,
+                1.0,
+                Par::Seq,
+            );
             g
         })
         .reduce(|| vec![0f64; rank * rank], add_vecs);
@@ -141,11 +150,19 @@ impl Backend for CpuBackend {
         self.norm_sq
     }
 
-    fn load_factors(&mut self, factors: &[Array2<f32>]) -> Result<()> {
-        crate::check_factor_shapes(self.dims(), factors)?;
+    fn load_factors(&mut self, factors: Vec<Array2<f32>>) -> Result<()> {
+        crate::check_factor_shapes(self.dims(), &factors)?;
+        // Moved, not copied: at tens of millions of rows a copy of the
+        // factors costs seconds. Only a non-standard layout is rewritten.
         self.factors = factors
-            .iter()
-            .map(|f| f.as_standard_layout().into_owned())
+            .into_iter()
+            .map(|f| {
+                if f.is_standard_layout() {
+                    f
+                } else {
+                    f.as_standard_layout().into_owned()
+                }
+            })
             .collect();
         Ok(())
     }
@@ -180,23 +197,26 @@ impl Backend for CpuBackend {
         let a = self.factors[mode]
             .as_slice_mut()
             .expect("factors are kept in standard layout");
+        let w = MatRef::from_row_major_slice(w, rank, rank);
         let (sumsq, maxabs) = a
             .par_chunks_mut(ROWS_PER_TASK * rank)
             .zip(m.par_chunks(ROWS_PER_TASK * rank))
             .map(|(a_block, m_block)| {
+                let rows = m_block.len() / rank;
+                let wide = widen(m_block);
+                let mut out = vec![0f64; rows * rank];
+                matmul(
+                    MatMut::from_row_major_slice_mut(&mut out, rows, rank),
+                    Accum::Replace,
+                    MatRef::from_row_major_slice(&wide, rows, rank),
+                    w,
+                    1.0,
+                    Par::Seq,
+                );
                 let mut sumsq = vec![0f64; rank];
                 let mut maxabs = vec![0f64; rank];
-                let mut acc = vec![0f64; rank];
-                for (a_row, m_row) in a_block
-                    .chunks_exact_mut(rank)
-                    .zip(m_block.chunks_exact(rank))
-                {
-                    acc.fill(0.0);
-                    for (&mk, wk) in m_row.iter().zip(w.chunks_exact(rank)) {
-                        let mk = f64::from(mk);
-                        acc.iter_mut().zip(wk).for_each(|(a, &x)| *a += mk * x);
-                    }
-                    for (r, (dst, &x)) in a_row.iter_mut().zip(&acc).enumerate() {
+                for (a_row, o_row) in a_block.chunks_exact_mut(rank).zip(out.chunks_exact(rank)) {
+                    for (r, (dst, &x)) in a_row.iter_mut().zip(o_row).enumerate() {
                         let x32 = x as f32;
                         *dst = x32;
                         let x = f64::from(x32);
@@ -251,8 +271,8 @@ impl Backend for CpuBackend {
             .reduce(|| vec![0f64; rank], add_vecs))
     }
 
-    fn factors(&mut self) -> Result<Vec<Array2<f32>>> {
-        Ok(self.factors.clone())
+    fn take_factors(&mut self) -> Result<Vec<Array2<f32>>> {
+        Ok(std::mem::take(&mut self.factors))
     }
 }
 
