@@ -29,7 +29,21 @@ enum Command {
     Gen(cmd::generate::GenArgs),
 }
 
+/// Rust ignores SIGPIPE, so printing into a closed pipe (`kruskal info X |
+/// head -1`) would panic. Restoring the default action makes the program end
+/// quietly when its reader goes away, as other Unix tools do.
+#[cfg(unix)]
+fn restore_sigpipe() {
+    // SAFETY: called first in main, before any other thread exists; setting
+    // a signal's disposition to its default has no other precondition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    #[cfg(unix)]
+    restore_sigpipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Cpd(a) => cmd::cpd::run(a),

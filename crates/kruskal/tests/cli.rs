@@ -52,6 +52,14 @@ fn demo_reaches_the_planted_fit() {
     assert!(v["fit"].as_f64().unwrap() >= 0.99, "{v}");
     assert!(v["factor_match_score"].as_f64().unwrap() >= 0.95, "{v}");
     assert!(v["iterations"].as_array().unwrap().len() >= 2);
+    // Three random starts by default; the kept model is the best of them.
+    let starts = v["starts"].as_array().unwrap();
+    assert_eq!(starts.len(), 3);
+    let best = starts
+        .iter()
+        .map(|s| s["fit"].as_f64().unwrap())
+        .fold(f64::MIN, f64::max);
+    assert_eq!(v["fit"].as_f64().unwrap(), best);
 }
 
 #[test]

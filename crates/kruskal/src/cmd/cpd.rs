@@ -37,6 +37,11 @@ pub struct CpdArgs {
     /// Seed of the random initial factors.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Run from this many random starts (seeds SEED, SEED+1, ...) and keep
+    /// the model with the best fit: ALS from one start can stop in a local
+    /// minimum. Default 1, or 3 with --demo.
+    #[arg(long, conflicts_with = "init")]
+    pub starts: Option<usize>,
     /// Start from the factors in DIR (mode-1.npy .. mode-N.npy, optional
     /// lambda.npy), e.g. the output of an earlier run.
     #[arg(long, value_name = "DIR")]
@@ -142,13 +147,87 @@ pub fn run(args: CpdArgs) -> Result<()> {
         );
     }
 
+    let starts = args.starts.unwrap_or(if args.demo { 3 } else { 1 });
+    if starts == 0 {
+        bail!("--starts must be at least 1");
+    }
+    let start = Instant::now();
+    let mut runs: Vec<(u64, KruskalModel)> = Vec::with_capacity(starts);
+    for k in 0..starts {
+        let seed = args.seed + k as u64;
+        let mut opts = opts.clone();
+        if starts > 1 {
+            opts.init = Init::Random { seed };
+            if !args.json {
+                println!("start {} of {starts} (seed {seed})", k + 1);
+            }
+        }
+        let model = run_one(&mut backend, &opts, args.json)?;
+        runs.push((seed, model));
+    }
+    let cpd_s = start.elapsed().as_secs_f64();
+    let summaries: Vec<_> = runs
+        .iter()
+        .map(|(seed, m)| json!({"seed": seed, "fit": m.fit(), "iterations": m.iterations.len()}))
+        .collect();
+    if starts > 1 && !args.json {
+        for (seed, m) in &runs {
+            println!(
+                "start seed {seed}: fit {:.6} after {} iterations",
+                m.fit(),
+                m.iterations.len()
+            );
+        }
+    }
+    let (_, model) = runs
+        .into_iter()
+        .max_by(|a, b| a.1.fit().total_cmp(&b.1.fit()))
+        .expect("at least one start");
+
+    let fms = truth
+        .as_ref()
+        .map(|p| factor_match_score(&model.lambda, &model.factors, &p.lambda, &p.factors));
+    if let Some(dir) = &args.out {
+        model
+            .save(dir)
+            .with_context(|| format!("writing the model to {}", dir.display()))?;
+    }
+
+    if args.json {
+        print_json(
+            &loaded,
+            &model,
+            rank,
+            prep_s,
+            cpd_s,
+            fms,
+            &summaries,
+            args.out.as_ref(),
+        )?;
+    } else {
+        print_summary(&model, cpd_s, starts, fms, args.out.as_ref());
+    }
+    if let Some(fms) = fms {
+        if model.fit() < 0.99 || fms < 0.95 {
+            bail!(
+                "the demo did not recover the planted tensor (fit {:.4}, factor match {:.4})",
+                model.fit(),
+                fms
+            );
+        }
+    }
+    Ok(())
+}
+
+/// One CPD run with a progress bar and, unless `json`, a line per
+/// iteration.
+fn run_one(backend: &mut CpuBackend, opts: &CpdOptions, json: bool) -> Result<KruskalModel> {
     let bar = ProgressBar::new(opts.max_iters as u64);
     bar.set_style(
         ProgressStyle::with_template("iterating [{bar:30}] {pos}/{len} {msg}")
             .expect("valid template")
             .progress_chars("=> "),
     );
-    let json = args.json;
     let mut report = |s: &IterationStats| {
         bar.set_position(s.iteration as u64);
         bar.set_message(format!("fit {:.6}", s.fit));
@@ -165,38 +244,18 @@ pub fn run(args: CpdArgs) -> Result<()> {
         }
         ControlFlow::Continue(())
     };
-    let start = Instant::now();
-    let model = cpd_als_with(&mut backend, &opts, &mut report)?;
-    let cpd_s = start.elapsed().as_secs_f64();
+    let model = cpd_als_with(backend, opts, &mut report);
     bar.finish_and_clear();
-
-    let fms = truth
-        .as_ref()
-        .map(|p| factor_match_score(&model.lambda, &model.factors, &p.lambda, &p.factors));
-    if let Some(dir) = &args.out {
-        model
-            .save(dir)
-            .with_context(|| format!("writing the model to {}", dir.display()))?;
-    }
-
-    if args.json {
-        print_json(&loaded, &model, rank, prep_s, cpd_s, fms, args.out.as_ref())?;
-    } else {
-        print_summary(&model, cpd_s, fms, args.out.as_ref());
-    }
-    if let Some(fms) = fms {
-        if model.fit() < 0.99 || fms < 0.95 {
-            bail!(
-                "the demo did not recover the planted tensor (fit {:.4}, factor match {:.4})",
-                model.fit(),
-                fms
-            );
-        }
-    }
-    Ok(())
+    Ok(model?)
 }
 
-fn print_summary(model: &KruskalModel, cpd_s: f64, fms: Option<f64>, out: Option<&PathBuf>) {
+fn print_summary(
+    model: &KruskalModel,
+    cpd_s: f64,
+    starts: usize,
+    fms: Option<f64>,
+    out: Option<&PathBuf>,
+) {
     let its = model.iterations.len();
     let mttkrp: f64 = model.iterations.iter().map(|s| s.mttkrp_s).sum();
     let other: f64 = model.iterations.iter().map(|s| s.other_s).sum();
@@ -211,13 +270,17 @@ fn print_summary(model: &KruskalModel, cpd_s: f64, fms: Option<f64>, out: Option
         "final fit  {:.6} after {its} iterations ({how})",
         model.fit()
     );
+    if starts > 1 {
+        println!("time       {cpd_s:.3} s for {starts} starts; the kept run:");
+    }
+    let run_s = mttkrp + other;
     println!(
         "time       {:.3} s: MTTKRP {:.3} s ({:.0}%), other {:.3} s, {:.4} s per iteration",
-        cpd_s,
+        if starts > 1 { run_s } else { cpd_s },
         mttkrp,
-        100.0 * mttkrp / (mttkrp + other).max(f64::MIN_POSITIVE),
+        100.0 * mttkrp / run_s.max(f64::MIN_POSITIVE),
         other,
-        cpd_s / its.max(1) as f64
+        run_s / its.max(1) as f64
     );
     if model.pseudo_inverse_solves > 0 {
         println!(
@@ -259,6 +322,7 @@ fn print_json(
     prep_s: f64,
     cpd_s: f64,
     fms: Option<f64>,
+    starts: &[serde_json::Value],
     out: Option<&PathBuf>,
 ) -> Result<()> {
     let t = &loaded.tensor;
@@ -279,6 +343,7 @@ fn print_json(
         "interrupted": model.interrupted,
         "pseudo_inverse_solves": model.pseudo_inverse_solves,
         "iterations": model.iterations,
+        "starts": starts,
         "lambda": model.lambda,
         "factor_match_score": fms,
         "out": out.map(|p| p.display().to_string()),
