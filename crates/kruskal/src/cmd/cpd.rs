@@ -197,7 +197,6 @@ pub fn run(args: CpdArgs) -> Result<()> {
         print_json(
             &loaded,
             &model,
-            rank,
             prep_s,
             cpd_s,
             fms,
@@ -318,7 +317,6 @@ fn print_summary(
 fn print_json(
     loaded: &Loaded,
     model: &KruskalModel,
-    rank: usize,
     prep_s: f64,
     cpd_s: f64,
     fms: Option<f64>,
@@ -335,7 +333,7 @@ fn print_json(
         },
         "backend": "cpu",
         "threads": rayon::current_num_threads(),
-        "rank": rank,
+        "rank": model.rank(),
         "prepare_s": prep_s,
         "cpd_s": cpd_s,
         "fit": model.fit(),
