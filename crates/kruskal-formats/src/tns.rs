@@ -23,18 +23,23 @@
 //!
 //! # How it reads fast
 //!
-//! A reader thread reads the file (decompressing `.gz` with a multi-member
-//! gzip decoder) into blocks of 1-8 MiB (sized so every thread gets work)
-//! cut at line ends. Batches of blocks, one per worker thread, are parsed in
-//! parallel by a hand-written byte parser into per-block column vectors,
-//! which are appended in file order while the next batch is parsed and the
-//! reader fills the one after. Each block reports its line count, so error
-//! line numbers are global, and the first error in file order is the one
-//! reported. Memory is the output plus about three batches of blocks, whose
-//! buffers are reused. Plain files are read with ordinary reads rather than
-//! a memory map: a mapped file that another process truncates faults the
-//! reader (and mapping needs `unsafe`), while the copy costs little next to
-//! parsing.
+//! A plain file is cut into byte ranges of up to 2 MiB (sized so that every
+//! thread gets work and every batch is full). Batches of ranges, one per
+//! worker thread, are read with positional reads and parsed by the same
+//! threads, with a hand-written byte parser, into per-block column vectors.
+//! A range's block is the lines that start in it: it begins after the first
+//! newline at or after the byte before the range, and ends at the first
+//! newline at or after the range's last byte, so every line is parsed once
+//! and no thread reads the whole file. A `.gz` file is decompressed (as
+//! multi-member gzip) by one reader thread into blocks cut at line ends,
+//! filling the next batch while one is parsed. Each parsed batch is copied
+//! into place in the output, in parallel, while the next batch is parsed.
+//! Each block reports its line count, so error line numbers are global, and
+//! the first error in file order is the one reported. Memory is the output
+//! plus about three batches of blocks, whose buffers are reused. Plain files
+//! are read with ordinary reads rather than a memory map: a mapped file that
+//! another process truncates faults the reader (and mapping needs `unsafe`),
+//! while the copy costs little next to parsing.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -53,11 +58,20 @@ use crate::coo::SparseTensor;
 use crate::error::{FormatError, Result};
 use crate::io::{FileKind, ReadOptions, write_atomically};
 
-/// Most bytes of text parsed as one unit of parallel work.
+/// Most bytes of decompressed text parsed as one unit of parallel work.
 const MAX_BLOCK_SIZE: usize = 8 << 20;
 
 /// Fewest bytes per unit of work; smaller blocks cost more than they share.
 const MIN_BLOCK_SIZE: usize = 1 << 20;
+
+/// Most bytes per unit of work of a plain file: its threads read their
+/// blocks themselves, and a smaller block is still in the core's cache when
+/// it is parsed.
+const MAX_PLAIN_BLOCK: u64 = 2 << 20;
+
+/// Fewest bytes per unit of work of a plain file, whose blocks may be cut
+/// below [`MIN_BLOCK_SIZE`] so that every batch is full.
+const MIN_PLAIN_BLOCK: u64 = 64 << 10;
 
 /// The longest line accepted; a longer one means the file is not a tensor
 /// (and bounds the memory a newline-free file can make the reader use).
@@ -110,39 +124,93 @@ pub(crate) fn read_tns_with(
     if total == 0 {
         return Err(FormatError::file(path, "the file is empty: no nonzeros"));
     }
+    let threads = rayon::current_num_threads().max(1);
+    let batch = threads.clamp(1, MAX_BATCH);
+    let columns = if kind == FileKind::TnsGz {
+        read_gzip(path, file, total, block_size, threads, batch, opts)?
+    } else {
+        // A range is no longer than the longest line, so only a block's last
+        // line can be too long (see `PlainFile::load_into`).
+        let block = match block_size {
+            Some(b) => (b as u64).clamp(1, MAX_LINE as u64),
+            None => plain_block_size(total, threads, batch),
+        };
+        let plain = PlainFile {
+            path,
+            file,
+            total,
+            block,
+        };
+        let mut feed = Feed::Plain {
+            file: &plain,
+            next: 0,
+            bufs: Vec::new(),
+        };
+        parse_batches(path, &mut feed, batch, total, opts)?
+    };
+    opts.report(total, total);
+    columns.into_tensor(path, opts)
+}
+
+/// The block size for a plain file: about four blocks per thread, 1-2 MiB
+/// each, then cut so that the blocks fill whole batches (one block per
+/// thread): a short last batch would leave most threads idle.
+fn plain_block_size(total: u64, threads: usize, batch: usize) -> u64 {
+    let target = (total / (4 * threads as u64)).clamp(MIN_BLOCK_SIZE as u64, MAX_PLAIN_BLOCK);
+    let blocks = total.div_ceil(target).next_multiple_of(batch as u64);
+    total.div_ceil(blocks).max(MIN_PLAIN_BLOCK)
+}
+
+/// Reads a gzip-compressed file: one thread decompresses into blocks, which
+/// are parsed in parallel batches.
+fn read_gzip(
+    path: &Path,
+    file: File,
+    total: u64,
+    block_size: Option<usize>,
+    threads: usize,
+    batch: usize,
+    opts: &ReadOptions,
+) -> Result<Columns> {
     let consumed = Arc::new(AtomicU64::new(0));
     let counting = CountingReader {
         inner: file,
         count: Arc::clone(&consumed),
     };
-    let gzip = kind == FileKind::TnsGz;
-    let source: Box<dyn Read + Send> = if gzip {
-        Box::new(MultiGzDecoder::new(BufReader::with_capacity(
-            1 << 18,
-            counting,
-        )))
-    } else {
-        Box::new(counting)
-    };
+    let source: Box<dyn Read + Send> = Box::new(MultiGzDecoder::new(BufReader::with_capacity(
+        1 << 18,
+        counting,
+    )));
     // Give every thread about four blocks, so that smaller files are parsed
     // in parallel too and batches pipeline (gzip text is typically 3-5
     // times the file).
-    let threads = rayon::current_num_threads().max(1) as u64;
-    let text_estimate = if gzip { total.saturating_mul(4) } else { total };
-    let block_size = block_size.unwrap_or_else(|| {
-        (text_estimate / (4 * threads)).clamp(MIN_BLOCK_SIZE as u64, MAX_BLOCK_SIZE as u64) as usize
-    });
-    let columns = read_columns(
-        path,
-        source,
-        gzip,
-        block_size.max(1),
-        total,
-        &consumed,
-        opts,
-    )?;
-    opts.report(total, total);
-    columns.into_tensor(path, opts)
+    let block_size = block_size
+        .unwrap_or_else(|| {
+            (total.saturating_mul(4) / (4 * threads as u64))
+                .clamp(MIN_BLOCK_SIZE as u64, MAX_BLOCK_SIZE as u64) as usize
+        })
+        .max(1);
+    let consumed: &AtomicU64 = &consumed;
+    std::thread::scope(|scope| {
+        // The channel holds one more batch, so reading overlaps parsing.
+        let (tx, rx) = sync_channel(batch);
+        let (free_tx, free_rx) = channel();
+        let reader =
+            scope.spawn(move || produce_blocks(path, source, block_size, consumed, tx, free_rx));
+        let mut feed = Feed::Gzip {
+            rx,
+            free: free_tx,
+            consumed,
+            ended: false,
+        };
+        let result = parse_batches(path, &mut feed, batch, total, opts);
+        // With the receiver gone, the reader stops at its next send.
+        drop(feed);
+        match reader.join() {
+            Ok(()) => result,
+            Err(_) => Err(FormatError::file(path, "the reader thread failed")),
+        }
+    })
 }
 
 /// Counts the bytes read from the file on disk, for progress reports.
@@ -159,7 +227,7 @@ impl Read for CountingReader {
     }
 }
 
-/// What the reader thread sends to the parser.
+/// What the gzip reader thread sends to the parser.
 enum Msg {
     Block(Block),
     /// A line longer than [`MAX_LINE`] starts right after the blocks sent.
@@ -168,19 +236,304 @@ enum Msg {
     Fail(FormatError),
 }
 
+/// Why reading stops after a block's text.
+enum Stop {
+    /// The next line is longer than [`MAX_LINE`].
+    LineTooLong,
+    /// Reading failed.
+    Fail(FormatError),
+}
+
+impl Stop {
+    /// The error, for a stop after global line `line - 1`.
+    fn into_error(self, path: &Path, line: u64) -> FormatError {
+        match self {
+            Stop::LineTooLong => FormatError::parse(
+                path,
+                line,
+                format!(
+                    "line longer than {} MiB: this is not a .tns text file",
+                    MAX_LINE >> 20
+                ),
+            ),
+            Stop::Fail(e) => e,
+        }
+    }
+}
+
 /// Whole lines of text (the last block of the file may lack a final
-/// newline). The buffer goes back to the reader for reuse.
+/// newline). The buffer goes back to its reader for reuse.
 struct Block {
     buf: Vec<u8>,
-    /// The text is `buf[..len]`; the rest is spare room.
-    len: usize,
-    /// Bytes of the file on disk consumed once this block was read.
+    /// The text is `buf[start..end]`.
+    start: usize,
+    end: usize,
+    /// How far into the file on disk reading has got with this block.
     file_pos: u64,
+    /// Set when reading stops after this block's text.
+    stop: Option<Stop>,
 }
 
 impl Block {
     fn text(&self) -> &[u8] {
-        &self.buf[..self.len]
+        &self.buf[self.start..self.end]
+    }
+
+    /// A block of no text after which reading stops.
+    fn stopped(stop: Stop, file_pos: u64) -> Block {
+        Block {
+            buf: Vec::new(),
+            start: 0,
+            end: 0,
+            file_pos,
+            stop: Some(stop),
+        }
+    }
+}
+
+/// A plain text file cut into byte ranges of `block` bytes, read in
+/// parallel with positional reads.
+///
+/// Range `k` is `[k * block, (k + 1) * block)`, and its block is the lines
+/// that start in it: from the first line start in the range (byte 0, or
+/// after a newline at or after the byte before the range) to the end of
+/// the line holding the range's last byte. So every line is in exactly one
+/// block, whatever the block size.
+struct PlainFile<'a> {
+    path: &'a Path,
+    file: File,
+    total: u64,
+    block: u64,
+}
+
+impl PlainFile<'_> {
+    fn blocks(&self) -> u64 {
+        self.total.div_ceil(self.block)
+    }
+
+    /// The end of range `index` in the file.
+    fn range_end(&self, index: u64) -> u64 {
+        index
+            .saturating_add(1)
+            .saturating_mul(self.block)
+            .min(self.total)
+    }
+
+    /// Reads block `index` into `buf`.
+    fn load(&self, index: u64, mut buf: Vec<u8>) -> Block {
+        let file_pos = self.range_end(index);
+        match self.load_into(index, &mut buf) {
+            Ok((start, end, too_long)) => Block {
+                buf,
+                start,
+                end,
+                file_pos,
+                stop: too_long.then_some(Stop::LineTooLong),
+            },
+            Err(e) => {
+                let mut block = Block::stopped(Stop::Fail(FormatError::io(self.path, e)), file_pos);
+                block.buf = buf;
+                block
+            }
+        }
+    }
+
+    /// Reads block `index` into `buf`; returns where its text is in `buf`,
+    /// and whether a line longer than [`MAX_LINE`] follows that text.
+    fn load_into(&self, index: u64, buf: &mut Vec<u8>) -> std::io::Result<(usize, usize, bool)> {
+        let start_pos = index.saturating_mul(self.block);
+        let end_pos = self.range_end(index);
+        // The buffer starts at `lo`: the byte before the range (which says
+        // whether a line starts at the range's first byte), or the file's
+        // start. It holds the range and a little past it, usually enough
+        // to finish the last line.
+        let lo = start_pos.saturating_sub(1);
+        let extra = self.block.clamp(64, 16 << 10);
+        let mut hi = end_pos.saturating_add(extra).min(self.total);
+        self.read(buf, 0, lo, hi)?;
+        // Buffer index of the range's last byte; every offset in the buffer
+        // is below `MAX_LINE` plus two blocks, so it fits in usize.
+        let last_byte = (end_pos - 1 - lo) as usize;
+        let start = if start_pos == 0 {
+            if buf[..(hi - lo) as usize].starts_with(UTF8_BOM) {
+                UTF8_BOM.len()
+            } else {
+                0
+            }
+        } else {
+            match buf[..last_byte].iter().position(|&c| c == b'\n') {
+                Some(p) => p + 1,
+                // No line starts in this range.
+                None => return Ok((0, 0, false)),
+            }
+        };
+        // The last line that starts in the range.
+        let last_line = buf[..last_byte]
+            .iter()
+            .rposition(|&c| c == b'\n')
+            .map_or(start, |p| (p + 1).max(start));
+        let mut from = last_byte;
+        loop {
+            let len = (hi - lo) as usize;
+            if let Some(p) = buf[from..len].iter().position(|&c| c == b'\n') {
+                let newline = from + p;
+                return Ok(if newline - last_line > MAX_LINE {
+                    (start, last_line, true)
+                } else {
+                    (start, newline + 1, false)
+                });
+            }
+            if len - last_line > MAX_LINE {
+                return Ok((start, last_line, true));
+            }
+            if hi == self.total {
+                // The last line of the file, without a newline.
+                return Ok((start, len, false));
+            }
+            // Read on, doubling, up to the first byte past the longest line.
+            from = len;
+            let limit = lo + (last_line + MAX_LINE + 1) as u64;
+            let grow = ((len - last_line) as u64).max(extra);
+            let next = hi.saturating_add(grow).min(limit).min(self.total);
+            self.read(buf, len, hi, next)?;
+            hi = next;
+        }
+    }
+
+    /// Reads the file's bytes `[from, to)` into `buf[at..]`, growing `buf`
+    /// as needed (buffers are reused at their full length, so only growth
+    /// is zero-filled).
+    fn read(&self, buf: &mut Vec<u8>, at: usize, from: u64, to: u64) -> std::io::Result<()> {
+        let end = at + (to - from) as usize;
+        if buf.is_empty() {
+            // Zeroed allocation: pages are mapped as the read fills them.
+            *buf = vec![0; end];
+        } else if buf.len() < end {
+            buf.resize(end, 0);
+        }
+        read_exact_at(self.path, &self.file, &mut buf[at..end], from)
+    }
+}
+
+/// Fills `buf` from `offset` without moving a shared file position, so
+/// threads can read different parts of one file at once.
+#[cfg(unix)]
+fn read_exact_at(_path: &Path, file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    file.read_exact_at(buf, offset)
+}
+
+/// Fills `buf` from `offset` through a handle of its own (the portable way
+/// to read several parts of a file at once).
+#[cfg(not(unix))]
+fn read_exact_at(path: &Path, _file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = File::open(path)?;
+    f.seek(SeekFrom::Start(offset))?;
+    f.read_exact(buf)
+}
+
+/// One unit of parallel work: a block to read, or one already read.
+enum Job<'a> {
+    Ready(Block),
+    Range {
+        file: &'a PlainFile<'a>,
+        index: u64,
+        buf: Vec<u8>,
+    },
+}
+
+impl Job<'_> {
+    fn load(self) -> Block {
+        match self {
+            Job::Ready(block) => block,
+            Job::Range { file, index, buf } => file.load(index, buf),
+        }
+    }
+
+    /// How far into the file on disk reading has got once this is read.
+    fn file_pos(&self) -> u64 {
+        match self {
+            Job::Ready(block) => block.file_pos,
+            Job::Range { file, index, .. } => file.range_end(*index),
+        }
+    }
+}
+
+/// Where the blocks come from.
+enum Feed<'a> {
+    /// Ranges of a plain file, read by the parsing threads.
+    Plain {
+        file: &'a PlainFile<'a>,
+        /// The next range to hand out.
+        next: u64,
+        /// Buffers to reuse.
+        bufs: Vec<Vec<u8>>,
+    },
+    /// Blocks from the gzip reader thread.
+    Gzip {
+        rx: Receiver<Msg>,
+        /// Buffers back to the reader thread, for reuse.
+        free: Sender<Vec<u8>>,
+        consumed: &'a AtomicU64,
+        ended: bool,
+    },
+}
+
+impl<'a> Feed<'a> {
+    /// Up to `n` jobs in file order; none at the end.
+    fn next_jobs(&mut self, n: usize) -> Vec<Job<'a>> {
+        match self {
+            Feed::Plain { file, next, bufs } => {
+                let file: &'a PlainFile<'a> = file;
+                let end = next.saturating_add(n as u64).min(file.blocks());
+                let jobs = (*next..end)
+                    .map(|index| Job::Range {
+                        file,
+                        index,
+                        buf: bufs.pop().unwrap_or_default(),
+                    })
+                    .collect();
+                *next = end;
+                jobs
+            }
+            Feed::Gzip {
+                rx,
+                consumed,
+                ended,
+                ..
+            } => {
+                let mut jobs = Vec::with_capacity(n);
+                while !*ended && jobs.len() < n {
+                    let stop = match rx.recv() {
+                        Ok(Msg::Block(b)) => {
+                            jobs.push(Job::Ready(b));
+                            continue;
+                        }
+                        Ok(Msg::LineTooLong) => Some(Stop::LineTooLong),
+                        Ok(Msg::Fail(e)) => Some(Stop::Fail(e)),
+                        Err(_) => None,
+                    };
+                    if let Some(stop) = stop {
+                        let pos = consumed.load(Ordering::Relaxed);
+                        jobs.push(Job::Ready(Block::stopped(stop, pos)));
+                    }
+                    *ended = true;
+                }
+                jobs
+            }
+        }
+    }
+
+    /// Takes back a block's buffer for reuse.
+    fn recycle(&mut self, buf: Vec<u8>) {
+        match self {
+            Feed::Plain { bufs, .. } => bufs.push(buf),
+            // The reader may have stopped; then the buffer is just dropped.
+            Feed::Gzip { free, .. } => {
+                let _ = free.send(buf);
+            }
+        }
     }
 }
 
@@ -209,13 +562,13 @@ fn fill(
     Ok(filled)
 }
 
-/// Reads `source` into blocks of at least `block_size` bytes (unless the
-/// file ends) cut after a newline, and sends them in order, taking buffers
-/// back from `free`. Stops when the receiver hangs up.
+/// Reads decompressed text from `source` into blocks of at least
+/// `block_size` bytes (unless the text ends) cut after a newline, and sends
+/// them in order, taking buffers back from `free`. Stops when the receiver
+/// hangs up.
 fn produce_blocks(
     path: &Path,
     mut source: Box<dyn Read + Send>,
-    gzip: bool,
     block_size: usize,
     consumed: &AtomicU64,
     tx: SyncSender<Msg>,
@@ -242,14 +595,10 @@ fn produce_blocks(
         let mut len = match fill(&mut source, &mut buf, start, want) {
             Ok(end) => end,
             Err(e) => {
-                let err = if gzip {
-                    FormatError::file(
-                        path,
-                        format!("the gzip stream is truncated or corrupt: {e}"),
-                    )
-                } else {
-                    FormatError::io(path, e)
-                };
+                let err = FormatError::file(
+                    path,
+                    format!("the gzip stream is truncated or corrupt: {e}"),
+                );
                 let _ = tx.send(Msg::Fail(err));
                 return;
             }
@@ -281,8 +630,10 @@ fn produce_blocks(
         }
         let block = Block {
             buf,
-            len,
+            start: 0,
+            end: len,
             file_pos: consumed.load(Ordering::Relaxed),
+            stop: None,
         };
         if len > 0 && tx.send(Msg::Block(block)).is_err() {
             return;
@@ -430,42 +781,16 @@ fn index_like(values: &[f32]) -> Option<String> {
     ))
 }
 
-/// Receives blocks, parses them in parallel batches and concatenates the
+/// Parses the blocks of `feed` in parallel batches and concatenates their
 /// columns in file order.
-fn read_columns(
+fn parse_batches(
     path: &Path,
-    source: Box<dyn Read + Send>,
-    gzip: bool,
-    block_size: usize,
-    total: u64,
-    consumed: &AtomicU64,
-    opts: &ReadOptions,
-) -> Result<Columns> {
-    let batch = rayon::current_num_threads().clamp(1, MAX_BATCH);
-    std::thread::scope(|scope| {
-        // The channel holds one more batch, so reading overlaps parsing.
-        let (tx, rx) = sync_channel(batch);
-        let (free_tx, free_rx) = channel();
-        let reader = scope
-            .spawn(move || produce_blocks(path, source, gzip, block_size, consumed, tx, free_rx));
-        let result = parse_blocks(path, rx, free_tx, batch, total, opts);
-        // The receiver is gone, so the reader stops at its next send.
-        match reader.join() {
-            Ok(()) => result,
-            Err(_) => Err(FormatError::file(path, "the reader thread failed")),
-        }
-    })
-}
-
-fn parse_blocks(
-    path: &Path,
-    rx: Receiver<Msg>,
-    free: Sender<Vec<u8>>,
+    feed: &mut Feed,
     batch: usize,
     total: u64,
     opts: &ReadOptions,
 ) -> Result<Columns> {
-    let mut out = Columns::default();
+    let mut out = Output::default();
     let mut layout: Option<Layout> = None;
     // Lines in the blocks already appended (or skipped before the first
     // data line).
@@ -476,50 +801,53 @@ fn parse_blocks(
     // file it reaches. Appending it overlaps parsing the next batch.
     let mut pending: Option<(Vec<ParsedBlock>, u64)> = None;
     loop {
-        let mut blocks: Vec<Block> = Vec::with_capacity(batch);
-        let mut stop: Option<Msg> = None;
-        let mut ended = false;
-        while blocks.len() < batch {
-            match rx.recv() {
-                Ok(Msg::Block(b)) => blocks.push(b),
-                Ok(other) => {
-                    stop = Some(other);
-                    break;
-                }
-                Err(_) => {
-                    ended = true;
-                    break;
-                }
+        let mut jobs = feed.next_jobs(batch);
+        let Some(reach) = jobs.last().map(Job::file_pos) else {
+            if let Some((p, pos)) = pending.take() {
+                append_batch(path, &mut out, p, pos, total, &mut lines_before, &mut spare)?;
             }
-        }
+            return Ok(out.finish());
+        };
 
         if layout.is_none() {
+            // Read the batch first, to find the first data line in it.
             // Nothing was parsed yet, so `lines_before` is exact here.
+            let mut blocks: Vec<Block> = jobs.into_par_iter().map(Job::load).collect();
             let mut line = lines_before;
-            for b in &blocks {
+            for b in &mut blocks {
                 if let Some((local, ncols)) = first_data_line(b.text()) {
                     layout = Some(make_layout(path, ncols, line + local, opts)?);
                     break;
                 }
                 line += count_lines(b.text());
+                if let Some(stop) = b.stop.take() {
+                    return Err(stop.into_error(path, line + 1));
+                }
             }
             if layout.is_none() {
                 lines_before = line;
             }
+            jobs = blocks.into_iter().map(Job::Ready).collect();
         }
-        let jobs: Option<Vec<(&[u8], Columns)>> = layout.as_ref().map(|layout| {
-            blocks
-                .iter()
-                .map(|b| {
-                    let cols = spare
-                        .pop()
-                        .unwrap_or_else(|| Columns::with_capacity(layout.nmodes, opts.pattern, 0));
-                    (b.text(), cols)
-                })
-                .collect()
-        });
+        let Some(layout) = layout.as_ref() else {
+            // Only comments and blank lines so far.
+            for job in jobs {
+                if let Job::Ready(b) = job {
+                    feed.recycle(b.buf);
+                }
+            }
+            continue;
+        };
+        let cols: Vec<Columns> = jobs
+            .iter()
+            .map(|_| {
+                spare
+                    .pop()
+                    .unwrap_or_else(|| Columns::with_capacity(layout.nmodes, opts.pattern, 0))
+            })
+            .collect();
         let previous = pending.take();
-        let (appended, parsed) = rayon::join(
+        let (appended, mut parsed) = rayon::join(
             || -> Result<Option<u64>> {
                 match previous {
                     Some((p, pos)) => {
@@ -530,99 +858,115 @@ fn parse_blocks(
                 }
             },
             || {
-                let layout = layout.as_ref()?;
-                let parsed: Vec<ParsedBlock> = jobs?
-                    .into_par_iter()
-                    .map(|(b, cols)| parse_block(b, layout, cols))
-                    .collect();
-                Some(parsed)
+                jobs.into_par_iter()
+                    .zip(cols)
+                    .map(|(job, cols)| {
+                        let block = job.load();
+                        let mut parsed = parse_block(block.text(), layout, cols);
+                        parsed.stop = block.stop;
+                        parsed.buf = block.buf;
+                        parsed
+                    })
+                    .collect::<Vec<ParsedBlock>>()
             },
         );
         if let Some(pos) = appended? {
             opts.report(pos.min(total), total);
         }
-        let reach = blocks.last().map_or(0, |b| b.file_pos);
-        if let Some(parsed) = parsed {
+        for p in &mut parsed {
+            feed.recycle(std::mem::take(&mut p.buf));
+        }
+        let failed = parsed.iter().any(|p| p.error.is_some() || p.stop.is_some());
+        if failed {
+            // Appending returns the first error in file order; reading on
+            // would be wasted.
+            append_batch(
+                path,
+                &mut out,
+                parsed,
+                reach,
+                total,
+                &mut lines_before,
+                &mut spare,
+            )?;
+        } else {
             pending = Some((parsed, reach));
-        }
-        for b in blocks {
-            // The reader may have stopped; then the buffer is just dropped.
-            let _ = free.send(b.buf);
-        }
-
-        if stop.is_some() || ended {
-            if let Some((p, pos)) = pending.take() {
-                append_batch(path, &mut out, p, pos, total, &mut lines_before, &mut spare)?;
-            }
-            return match stop {
-                Some(Msg::Fail(e)) => Err(e),
-                Some(Msg::LineTooLong) => Err(FormatError::parse(
-                    path,
-                    lines_before + 1,
-                    format!(
-                        "line longer than {} MiB: this is not a .tns text file",
-                        MAX_LINE >> 20
-                    ),
-                )),
-                _ => Ok(out),
-            };
         }
     }
 }
 
 /// Appends a parsed batch to `out` in file order, or returns the first bad
-/// line in it with its global line number.
+/// line in it with its global line number (or the stop after it).
 fn append_batch(
     path: &Path,
-    out: &mut Columns,
-    parsed: Vec<ParsedBlock>,
+    out: &mut Output,
+    mut parsed: Vec<ParsedBlock>,
     file_pos: u64,
     total: u64,
     lines_before: &mut u64,
     spare: &mut Vec<Columns>,
 ) -> Result<()> {
-    for block in &parsed {
-        if let Some((line, msg)) = &block.error {
-            return Err(FormatError::parse(path, *lines_before + line, msg.clone()));
+    for block in &mut parsed {
+        if let Some((line, msg)) = block.error.take() {
+            return Err(FormatError::parse(path, *lines_before + line, msg));
         }
         *lines_before += block.lines;
+        if let Some(stop) = block.stop.take() {
+            return Err(stop.into_error(path, *lines_before + 1));
+        }
     }
     let Some(first) = parsed.first() else {
         return Ok(());
     };
-    if out.indices.is_empty() {
-        out.indices = vec![Vec::new(); first.cols.indices.len()];
-        out.max = vec![0; first.cols.indices.len()];
-        out.has_values = first.cols.has_values;
+    let cols = &mut out.cols;
+    if cols.indices.is_empty() {
+        cols.indices = vec![Vec::new(); first.cols.indices.len()];
+        cols.max = vec![0; first.cols.indices.len()];
+        cols.has_values = first.cols.has_values;
     }
-    let batch_nnz: usize = parsed.iter().map(|b| b.cols.nnz()).sum();
-    if out.nnz() == 0 && file_pos > 0 {
-        // Size the output once from the density of nonzeros so far, so that
-        // it is not regrown (and copied) many times.
-        let estimate = (batch_nnz as f64 * total as f64 / file_pos as f64 * 1.02) as usize;
-        out.reserve(estimate.max(batch_nnz));
-    } else {
-        out.reserve(batch_nnz);
+    let start = out.len;
+    let end = start + parsed.iter().map(|b| b.cols.nnz()).sum::<usize>();
+    if end > out.room {
+        // Size the output from the density of nonzeros so far, so that it
+        // is rarely regrown (and copied).
+        let estimate = (end as f64 * total as f64 / file_pos.max(1) as f64 * 1.02) as usize;
+        out.grow(estimate.max(end));
     }
-    let cols: Vec<&Columns> = parsed.iter().map(|b| &b.cols).collect();
-    let (indices, values) = (&mut out.indices, &mut out.values);
+    // Copy the blocks into place, in parallel over blocks and columns.
+    let mut indices: Vec<(&mut [u32], &[u32])> = Vec::new();
+    let mut values: Vec<(&mut [f32], &[f32])> = Vec::new();
+    for (m, dst) in out.cols.indices.iter_mut().enumerate() {
+        let mut rest = &mut dst[start..end];
+        for b in &parsed {
+            let (here, after) = rest.split_at_mut(b.cols.indices[m].len());
+            indices.push((here, &b.cols.indices[m]));
+            rest = after;
+        }
+    }
+    if out.cols.has_values {
+        let mut rest = &mut out.cols.values[start..end];
+        for b in &parsed {
+            let (here, after) = rest.split_at_mut(b.cols.values.len());
+            values.push((here, &b.cols.values));
+            rest = after;
+        }
+    }
     rayon::join(
         || {
-            indices.par_iter_mut().enumerate().for_each(|(m, dst)| {
-                for c in &cols {
-                    dst.extend_from_slice(&c.indices[m]);
-                }
-            })
+            indices
+                .into_par_iter()
+                .for_each(|(dst, src)| dst.copy_from_slice(src))
         },
         || {
-            for c in &cols {
-                values.extend_from_slice(&c.values);
-            }
+            values
+                .into_par_iter()
+                .for_each(|(dst, src)| dst.copy_from_slice(src))
         },
     );
-    for c in &cols {
-        for (m, &b) in out.max.iter_mut().zip(&c.max) {
-            *m = (*m).max(b);
+    out.len = end;
+    for b in &parsed {
+        for (m, &x) in out.cols.max.iter_mut().zip(&b.cols.max) {
+            *m = (*m).max(x);
         }
     }
     for mut block in parsed {
@@ -630,6 +974,52 @@ fn append_batch(
         spare.push(block.cols);
     }
     Ok(())
+}
+
+/// The columns of the whole file, sized ahead and filled in place.
+#[derive(Default)]
+struct Output {
+    /// Every column holds `room` entries, of which the first `len` are
+    /// filled.
+    cols: Columns,
+    len: usize,
+    room: usize,
+}
+
+impl Output {
+    /// Makes room for `room` nonzeros. A new column is allocated zeroed,
+    /// which for a large one costs nothing until its pages are filled (in
+    /// parallel, by the copies into place).
+    fn grow(&mut self, room: usize) {
+        let has_values = self.cols.has_values;
+        let values = has_values.then_some(&mut self.cols.values);
+        for col in self.cols.indices.iter_mut() {
+            grow_zeroed(col, room);
+        }
+        if let Some(v) = values {
+            grow_zeroed(v, room);
+        }
+        self.room = room;
+    }
+
+    /// The filled columns.
+    fn finish(mut self) -> Columns {
+        for col in &mut self.cols.indices {
+            col.truncate(self.len);
+            col.shrink_to_fit();
+        }
+        self.cols.values.truncate(self.len);
+        self.cols.values.shrink_to_fit();
+        self.cols
+    }
+}
+
+fn grow_zeroed<T: Copy + Default>(v: &mut Vec<T>, len: usize) {
+    if v.is_empty() {
+        *v = vec![T::default(); len];
+    } else {
+        v.resize(len, T::default());
+    }
 }
 
 /// Checks the first data line's shape against the options.
@@ -725,6 +1115,10 @@ struct ParsedBlock {
     lines: u64,
     /// The first bad line, numbered from 1 within the block, and why.
     error: Option<(u64, String)>,
+    /// Set when reading stopped after the block's text.
+    stop: Option<Stop>,
+    /// The block's buffer, until it goes back for reuse.
+    buf: Vec<u8>,
 }
 
 /// Parses block `b` into `cols` (empty, perhaps with capacity from an
@@ -754,6 +1148,8 @@ fn parse_block(b: &[u8], layout: &Layout, mut cols: Columns) -> ParsedBlock {
                 cols,
                 lines: line,
                 error: Some((line, msg)),
+                stop: None,
+                buf: Vec::new(),
             };
         }
     }
@@ -761,6 +1157,8 @@ fn parse_block(b: &[u8], layout: &Layout, mut cols: Columns) -> ParsedBlock {
         cols,
         lines: line,
         error: None,
+        stop: None,
+        buf: Vec::new(),
     }
 }
 
@@ -915,9 +1313,14 @@ fn to_index(v: u64, tok: &[u8], col: usize, layout: &Layout) -> std::result::Res
 /// Powers of ten exactly representable in f32.
 const POW10_F32: [f32; 11] = [1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10];
 
-/// Parses a value: plain decimals with few digits take an exact fast path
-/// (an integer below 2^24 divided by an exact power of ten is one correctly
-/// rounded f32 operation); anything else goes to the standard parser.
+/// Powers of ten exactly representable in f64.
+const POW10_F64: [f64; 23] = [
+    1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15, 1e16,
+    1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+];
+
+/// Parses a value: plain decimals with at most 17 digits take an exact fast
+/// path (see [`fast_value`]); anything else goes to the standard parser.
 #[inline]
 fn parse_value(tok: &[u8]) -> std::result::Result<f32, String> {
     if let Some(v) = fast_value(tok) {
@@ -964,10 +1367,29 @@ fn fast_value(tok: &[u8]) -> Option<f32> {
         }
     }
     let frac = frac.unwrap_or(0);
-    if ndigits == 0 || mantissa >= 1 << 24 || frac >= POW10_F32.len() {
+    if ndigits == 0 {
         return None;
     }
-    let v = mantissa as f32 / POW10_F32[frac];
+    let v = if mantissa < 1 << 24 && frac < POW10_F32.len() {
+        // Both are exact f32s: one correctly rounded f32 division.
+        mantissa as f32 / POW10_F32[frac]
+    } else if mantissa < 1 << 53 && frac < POW10_F64.len() {
+        // Both are exact f64s, so `q` is the quotient correctly rounded to
+        // f64. Every boundary between f32 roundings (a midpoint between
+        // neighbouring f32s, 25 significant bits) is an f64, and rounding
+        // is monotonic, so `q` and the exact quotient round to the same f32
+        // unless `q` lies on a boundary: then the quotient may have been
+        // just off it, and the standard parser decides. (`q` is 0 or
+        // between 1e-22 and 2^53, normal as an f32, so the 29 low bits of
+        // its significand are the ones rounding to f32 drops.)
+        let q = mantissa as f64 / POW10_F64[frac];
+        if q.to_bits() & ((1 << 29) - 1) == 1 << 28 {
+            return None;
+        }
+        q as f32
+    } else {
+        return None;
+    };
     Some(if neg { -v } else { v })
 }
 
@@ -1160,6 +1582,50 @@ mod tests {
                 want.to_bits(),
                 "{s}"
             );
+        }
+    }
+
+    #[test]
+    fn fast_value_agrees_with_std_on_many_values() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let check = |s: &str| {
+            let want: f32 = s.parse().unwrap();
+            let got = parse_value(s.as_bytes()).unwrap();
+            assert_eq!(got.to_bits(), want.to_bits(), "{s}");
+        };
+        for _ in 0..200_000 {
+            // Random digit strings with a random point.
+            let n = rng.random_range(1..=18);
+            let mut s: String = (0..n)
+                .map(|_| char::from(b'0' + rng.random_range(0..10u8)))
+                .collect();
+            if rng.random_bool(0.8) {
+                s.insert(rng.random_range(0..=n), '.');
+            }
+            check(&s);
+            // f32s as the writer prints them.
+            let x = f32::from_bits(rng.random_range(0x2000_0000..0x5f00_0000u32));
+            check(&x.to_string());
+            check(&format!("-{x}"));
+        }
+        // Decimals near the midpoints between neighbouring f32s, where
+        // rounding twice could go wrong.
+        for _ in 0..20_000 {
+            let a = f32::from_bits(rng.random_range(0x3000_0000..0x5a00_0000u32));
+            let b = f32::from_bits(a.to_bits() + 1);
+            let mid = (f64::from(a) + f64::from(b)) / 2.0;
+            for prec in 0..=22 {
+                check(&format!("{mid:.prec$}"));
+            }
+        }
+        for s in [
+            "16777217",
+            "16777217.00000001",
+            "1.000000059604645",
+            "33554435",
+        ] {
+            check(s);
         }
     }
 
@@ -1564,6 +2030,212 @@ mod tests {
                 assert!(message.contains("expected 3 columns (as on line 1) but found 4"));
             }
             other => panic!("{other}"),
+        }
+    }
+
+    /// The read with every block size from 1 to 64 bytes (and a few more),
+    /// on 1 to 3 threads, against a read in one block: same tensor, or the
+    /// same error.
+    fn check_every_block_size(
+        p: &Path,
+        opts: &ReadOptions,
+    ) -> std::result::Result<SparseTensor, String> {
+        let want = read_tns_with(p, opts, Some(1 << 20)).map_err(|e| e.to_string());
+        for threads in 1..=3 {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                for block in (1..=64).chain([65, 97, 128, 1000]) {
+                    let got = read_tns_with(p, opts, Some(block)).map_err(|e| e.to_string());
+                    assert_eq!(got, want, "block size {block}, {threads} threads");
+                }
+            });
+        }
+        want
+    }
+
+    /// Comments, blank lines, CRLF, tabs, trailing blanks, a BOM, and no
+    /// final newline.
+    const AWKWARD: &str = "\u{feff}# header\r\n\r\n  # indented\n1 1 4\r\n2\t3   -1.5e-3\n\
+                           \t  3 2 4.000000  \n\n# mid\r\n1 2 +.5\r\n2 1 7.\n\
+                           10 20 3\n\r\n3 3 1E2";
+
+    #[test]
+    fn every_block_size_reads_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = write_file(dir.path(), "a.tns", AWKWARD.as_bytes());
+        let t = check_every_block_size(&p, &ReadOptions::default()).unwrap();
+        assert_eq!(t.mode_indices(0), &[0, 1, 2, 0, 1, 9, 2]);
+        assert_eq!(t.values(), &[4.0, -1.5e-3, 4.0, 0.5, 7.0, 3.0, 100.0]);
+
+        // With a final newline, with LF only, without the BOM, and with a
+        // BOM before a data line.
+        for text in [
+            format!("{AWKWARD}\n"),
+            format!("{AWKWARD}\r\n"),
+            AWKWARD.replace("\r\n", "\n"),
+            AWKWARD.trim_start_matches('\u{feff}').to_string(),
+            "\u{feff}1 1 1.5\n2 2 2.5".to_string(),
+            "\u{feff}1 1 1.5".to_string(),
+            "1 1 1.5".to_string(),
+            "1 1 1.5\n".to_string(),
+        ] {
+            let p = write_file(dir.path(), "b.tns", text.as_bytes());
+            assert!(
+                check_every_block_size(&p, &ReadOptions::default()).is_ok(),
+                "{text:?}"
+            );
+        }
+
+        // Pattern reads.
+        let p = write_file(dir.path(), "p.tns", b"# x\n1 2\r\n\n3 4\n5 6");
+        let opts = ReadOptions {
+            pattern: true,
+            ..ReadOptions::default()
+        };
+        let t = check_every_block_size(&p, &opts).unwrap();
+        assert_eq!(t.mode_indices(1), &[1, 3, 5]);
+    }
+
+    #[test]
+    fn every_block_size_reports_the_same_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let lines: Vec<&str> = AWKWARD.split('\n').collect();
+        let mut cases = Vec::new();
+        // A bad line at each place, and a second bad line after it that
+        // must not win.
+        for bad in 0..lines.len() {
+            let mut l = lines.clone();
+            l[bad] = "1 x 1\r";
+            let mut text = l.join("\n");
+            text.push_str("\n1 2 3 4\n");
+            cases.push((text, bad as u64 + 1));
+        }
+        // A bad last line without a newline, and a short last line.
+        cases.push((format!("{AWKWARD}\n1 1 z"), lines.len() as u64 + 1));
+        cases.push((format!("{AWKWARD}\n1 1"), lines.len() as u64 + 1));
+        // The first data line is bad (the layout comes from it).
+        cases.push(("# c\n\n7\n1 1 1\n".to_string(), 3));
+        for (text, line) in cases {
+            let p = write_file(dir.path(), "bad.tns", text.as_bytes());
+            let err = check_every_block_size(&p, &ReadOptions::default()).unwrap_err();
+            assert!(
+                err.contains(&format!("bad.tns:{line}: ")),
+                "{text:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn tiny_and_blank_files() {
+        let dir = tempfile::tempdir().unwrap();
+        for text in [
+            &b"\n"[..],
+            b"\r\n",
+            b" ",
+            b"#",
+            b"# x\n\n",
+            b"\xEF\xBB\xBF",
+            b"\xEF\xBB\xBF\n",
+        ] {
+            let p = write_file(dir.path(), "blank.tns", text);
+            let err = check_every_block_size(&p, &ReadOptions::default()).unwrap_err();
+            assert!(err.contains("no nonzeros"), "{text:?}: {err}");
+        }
+        // A BOM is only skipped at the start of the file.
+        let p = write_file(dir.path(), "bom.tns", b"1 1 1\n\xEF\xBB\xBF2 2 2\n");
+        let err = check_every_block_size(&p, &ReadOptions::default()).unwrap_err();
+        assert!(err.contains("bom.tns:2: "), "{err}");
+        let p = write_file(dir.path(), "one.tns", b"1 2 3");
+        let t = check_every_block_size(&p, &ReadOptions::default()).unwrap();
+        assert_eq!((t.dims(), t.values()), (&[1u32, 2][..], &[3.0f32][..]));
+    }
+
+    #[test]
+    fn plain_progress_reaches_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let text: String = (1..=2000)
+            .map(|i| format!("{i} {} 1.5\n", i % 7 + 1))
+            .collect();
+        let p = write_file(dir.path(), "p.tns", text.as_bytes());
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&calls);
+        let opts = ReadOptions {
+            progress: Some(Arc::new(move |d, t| sink.lock().unwrap().push((d, t)))),
+            ..ReadOptions::default()
+        };
+        assert_eq!(read_tns_with(&p, &opts, Some(1000)).unwrap().nnz(), 2000);
+        let size = text.len() as u64;
+        let calls = calls.lock().unwrap();
+        assert!(calls.len() >= 2, "{calls:?}");
+        assert!(calls.windows(2).all(|w| w[0].0 <= w[1].0));
+        assert!(calls.iter().all(|&(d, t)| t == size && d <= size));
+        assert_eq!(*calls.last().unwrap(), (size, size));
+    }
+
+    #[test]
+    fn plain_block_sizes_fill_batches() {
+        for threads in [1, 2, 3, 4, 16, 64] {
+            let batch = threads.clamp(1, MAX_BATCH);
+            for total in [1u64, 1000, 5 << 20, 100 << 20, 527_000_000, 10 << 30] {
+                let block = plain_block_size(total, threads, batch);
+                assert!(
+                    (MIN_PLAIN_BLOCK..=MAX_PLAIN_BLOCK).contains(&block),
+                    "{total} {threads}: {block}"
+                );
+                let blocks = total.div_ceil(block);
+                if total >= (MIN_PLAIN_BLOCK + 1) * batch as u64 {
+                    assert_eq!(blocks % batch as u64, 0, "{total} {threads}: {block}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn lines_longer_than_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let long = |n: usize, end: &str| {
+            let mut v = b"# c\n1 1 1.0\n".to_vec();
+            v.resize(v.len() + n, b'7');
+            v.extend_from_slice(end.as_bytes());
+            v
+        };
+        let too_long = format!("line longer than {} MiB", MAX_LINE >> 20);
+        // Too long, with or without a line after it; as the first line;
+        // and the last line without a newline.
+        let mut first = vec![b'1'; MAX_LINE + 1];
+        first.extend_from_slice(b"\n1 1 1\n");
+        for (name, text, line) in [
+            ("a.tns", long(MAX_LINE + 1, "\n1 1 1.0\n"), 3),
+            ("b.tns", long(MAX_LINE + 1, ""), 3),
+            ("c.tns", first, 1),
+        ] {
+            let p = write_file(dir.path(), name, &text);
+            for block in [None, Some(1000), Some(MAX_LINE), Some(usize::MAX)] {
+                match read_tns_with(&p, &ReadOptions::default(), block).unwrap_err() {
+                    FormatError::Parse {
+                        line: l, message, ..
+                    } => {
+                        assert_eq!(l, line, "{name} {block:?}");
+                        assert!(message.contains(&too_long), "{message}");
+                    }
+                    other => panic!("{other}"),
+                }
+            }
+            std::fs::remove_file(&p).unwrap();
+        }
+        // The longest line is read (and is not an index).
+        let p = write_file(dir.path(), "d.tns", &long(MAX_LINE, "\n"));
+        for block in [None, Some(1000)] {
+            let err = read_tns_with(&p, &ReadOptions::default(), block)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(":3: expected 3 columns (as on line 2) but found 1"),
+                "{err}"
+            );
         }
     }
 
