@@ -62,3 +62,15 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// clap checks option definitions only when they are parsed; this
+    /// checks every subcommand's at once.
+    #[test]
+    fn command_line_definition_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
+}

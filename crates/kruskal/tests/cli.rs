@@ -264,3 +264,22 @@ fn gen_lists_presets_and_rejects_unknown_ones() {
     assert_clean_failure(&o, "unknown preset");
     assert!(!dir.path().join("x.tns").exists());
 }
+
+#[test]
+fn given_dims_are_used_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.tns");
+    std::fs::write(&path, "1 2 3 1.5\n4 1 1 2.0\n").unwrap();
+    let o = kruskal(&[
+        "info",
+        path.to_str().unwrap(),
+        "--dims",
+        "10,20,30",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["dims"], serde_json::json!([10, 20, 30]));
+    let o = kruskal(&["info", path.to_str().unwrap(), "--dims", "3,20,30"]);
+    assert_clean_failure(&o, "t.tns:2");
+}

@@ -24,7 +24,15 @@ pub struct ReadArgs {
     /// Read the last column as values even when it looks like an index.
     #[arg(long)]
     pub values_are_data: bool,
+    /// The tensor's dimensions, e.g. 1000,800,600 (default: the largest
+    /// index of each mode); an index beyond them is an error.
+    #[arg(long, value_name = "D1,D2,...", value_parser = parse_dims_arg)]
+    pub dims: Option<Dims>,
 }
+
+/// A `--dims` list (a newtype so clap takes it as one value).
+#[derive(Clone, Debug)]
+pub struct Dims(pub Vec<u32>);
 
 impl ReadArgs {
     pub fn options(&self) -> ReadOptions {
@@ -32,9 +40,14 @@ impl ReadArgs {
             zero_based: self.zero_based,
             pattern: self.pattern,
             allow_index_like_values: self.values_are_data,
+            dims: self.dims.as_ref().map(|d| d.0.clone()),
             ..ReadOptions::default()
         }
     }
+}
+
+fn parse_dims_arg(text: &str) -> Result<Dims, String> {
+    parse_dims(text).map(Dims).map_err(|e| e.to_string())
 }
 
 /// A tensor from a file, or generated in memory with `--like`.
