@@ -278,8 +278,12 @@ fn column_stats(data: &[f32], rank: usize) -> (Vec<f64>, Vec<f32>) {
             }
             (sumsq, big)
         })
-        .reduce(
-            || (vec![0f64; rank], vec![0f32; rank]),
+        // Partials combined in block order: the result must not depend on
+        // how rayon split the work.
+        .collect::<Vec<_>>()
+        .into_iter()
+        .fold(
+            (vec![0f64; rank], vec![0f32; rank]),
             |(mut s, mut b), (s2, b2)| {
                 s.iter_mut().zip(&s2).for_each(|(x, y)| *x += y);
                 b.iter_mut()
@@ -422,6 +426,27 @@ mod tests {
         assert_eq!(fits(&a), fits(&b));
         opts.init = Init::Random { seed: 43 };
         assert_ne!(run(&t, &opts).factors, a.factors);
+    }
+
+    #[test]
+    fn results_do_not_depend_on_the_thread_count() {
+        // Many 4096-row blocks per factor and many 65536-value chunks, so
+        // every reduction has partials to combine.
+        let t = power_law(&PowerLawSpec::new(vec![40_000, 30_000, 20_000], 300_000)).unwrap();
+        let mut opts = CpdOptions::new(7);
+        opts.max_iters = 6;
+        let run_on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| run(&t, &opts))
+        };
+        let (a, b) = (run_on(1), run_on(3));
+        assert_eq!(a.lambda, b.lambda);
+        assert_eq!(a.factors, b.factors);
+        let fits = |m: &KruskalModel| m.iterations.iter().map(|s| s.fit).collect::<Vec<_>>();
+        assert_eq!(fits(&a), fits(&b));
     }
 
     #[test]

@@ -92,7 +92,12 @@ impl CpuBackend {
     }
 }
 
-/// Elementwise sum of two equal-length vectors (the rayon reductions).
+/// Elementwise sum of two equal-length vectors.
+///
+/// Every floating-point reduction here collects one partial per block, in
+/// block order, and adds them sequentially: rayon's `reduce` combines in an
+/// order set by work stealing, and f64 addition is not associative, so runs
+/// with the same seed would differ in their last bits.
 fn add_vecs(mut a: Vec<f64>, b: Vec<f64>) -> Vec<f64> {
     a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
     a
@@ -133,7 +138,9 @@ fn gram_of(a: &Array2<f32>) -> Array2<f64> {
             );
             g
         })
-        .reduce(|| vec![0f64; rank * rank], add_vecs);
+        .collect::<Vec<_>>()
+        .into_iter()
+        .fold(vec![0f64; rank * rank], add_vecs);
     Array2::from_shape_vec((rank, rank), g).expect("rank * rank entries")
 }
 
@@ -226,8 +233,10 @@ impl Backend for CpuBackend {
                 }
                 (sumsq, maxabs)
             })
-            .reduce(
-                || (vec![0f64; rank], vec![0f64; rank]),
+            .collect::<Vec<_>>()
+            .into_iter()
+            .fold(
+                (vec![0f64; rank], vec![0f64; rank]),
                 |(s, mut m), (s2, m2)| {
                     m.iter_mut().zip(&m2).for_each(|(a, b)| *a = a.max(*b));
                     (add_vecs(s, s2), m)
@@ -268,7 +277,9 @@ impl Backend for CpuBackend {
                 }
                 s
             })
-            .reduce(|| vec![0f64; rank], add_vecs))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .fold(vec![0f64; rank], add_vecs))
     }
 
     fn take_factors(&mut self) -> Result<Vec<Array2<f32>>> {
@@ -279,6 +290,27 @@ impl Backend for CpuBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gram_is_summed_in_a_fixed_order() {
+        // Block Grams 1e16, 1, 1 (blocks of 4096 rows): see the norm test in
+        // kruskal-formats; any order but left to right gives 1e16 + 2.
+        let mut a = Array2::<f32>::zeros((3 * ROWS_PER_TASK, 1));
+        a[[0, 0]] = 1e8;
+        a[[ROWS_PER_TASK, 0]] = 1.0;
+        a[[2 * ROWS_PER_TASK, 0]] = 1.0;
+        for threads in [1, 2, 3, 4] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            assert_eq!(
+                pool.install(|| gram_of(&a))[[0, 0]],
+                1e16,
+                "{threads} threads"
+            );
+        }
+    }
 
     #[test]
     fn gram_matches_matrix_product() {

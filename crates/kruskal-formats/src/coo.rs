@@ -98,12 +98,15 @@ impl SparseTensor {
         (self.dims, self.indices, self.values)
     }
 
-    /// Squared Frobenius norm, summed in f64.
+    /// Squared Frobenius norm, summed in f64 in a fixed order (chunk sums
+    /// added in chunk order), so the result does not depend on threads.
     pub fn norm_sq(&self) -> f64 {
-        self.values
-            .par_iter()
-            .map(|&v| f64::from(v) * f64::from(v))
-            .sum()
+        let partials: Vec<f64> = self
+            .values
+            .par_chunks(1 << 16)
+            .map(|c| c.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>())
+            .collect();
+        partials.iter().sum()
     }
 
     /// Number of cells, `prod(dims)`, as f64 (it overflows every integer type
@@ -324,6 +327,26 @@ mod tests {
         assert_eq!(t.values(), &[2.0, 1.0, 3.0, 4.0]);
         assert!(t.sort_by_modes(&[0, 0]).is_err());
         assert!(t.sort_by_modes(&[3]).is_err());
+    }
+
+    #[test]
+    fn norm_is_summed_in_a_fixed_order() {
+        // Chunk sums 1e16, 1, 1 (chunks of 65536 values): added left to
+        // right each 1 is lost to rounding (ulp of 1e16 is 2); any other
+        // grouping, such as 1e16 + (1 + 1), gives 1e16 + 2.
+        let n = 3 << 16;
+        let mut values = vec![0f32; n];
+        values[0] = 1e8;
+        values[1 << 16] = 1.0;
+        values[2 << 16] = 1.0;
+        let t = SparseTensor::new(vec![n as u32], vec![(0..n as u32).collect()], values).unwrap();
+        for threads in [1, 2, 3, 4] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            assert_eq!(pool.install(|| t.norm_sq()), 1e16, "{threads} threads");
+        }
     }
 
     #[test]
