@@ -5,6 +5,10 @@
 //!   executables and copy them into DIR (default `gpu-run/`, ignored by git),
 //!   ready to be carried to a machine without a Rust toolchain (the GPU
 //!   machines) and run there. Prints what to run on the other side.
+//!
+//! The bundle is built without debug information, in its own target folder
+//! (`target/bundle`, so ordinary release builds keep their cache), because
+//! what is carried to the GPU machine is limited to 64 MiB.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -31,27 +35,44 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// What may be carried to the GPU machine.
+const CARRY_LIMIT_BYTES: u64 = 64 << 20;
+
 fn cargo() -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.current_dir(workspace_root());
     c
 }
 
+/// Cargo for the bundle: stripped release builds in `target/bundle`.
+fn bundle_cargo() -> Command {
+    let mut c = cargo();
+    c.env("CARGO_PROFILE_RELEASE_DEBUG", "false")
+        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
+        .env("CARGO_TARGET_DIR", workspace_root().join("target/bundle"));
+    c
+}
+
 fn bundle(dir: &Path) -> Result<()> {
     let dir = workspace_root().join(dir);
-    let status = cargo()
+    let status = bundle_cargo()
         .args(["build", "--release", "-p", "kruskal"])
         .status()
         .context("running cargo build")?;
     if !status.success() {
         bail!("cargo build failed");
     }
-    // The test executables: cargo lists them in its JSON messages.
-    let out = cargo()
+    // The test executables: cargo lists them in its JSON messages. The
+    // development tools (xtask, the benchmark crate) have none worth carrying.
+    let out = bundle_cargo()
         .args([
             "test",
             "--release",
             "--workspace",
+            "--exclude",
+            "xtask",
+            "--exclude",
+            "kruskal-benches",
             "--no-run",
             "--message-format=json",
         ])
@@ -76,7 +97,7 @@ fn bundle(dir: &Path) -> Result<()> {
             tests.push(name.to_string_lossy().into_owned());
         }
     }
-    let bin = workspace_root().join("target/release/kruskal");
+    let bin = workspace_root().join("target/bundle/release/kruskal");
     fs::copy(&bin, dir.join("kruskal")).with_context(|| format!("copying {}", bin.display()))?;
     let bytes: u64 = fs::read_dir(dir.join("tests"))?
         .filter_map(|e| e.ok()?.metadata().ok())
@@ -89,9 +110,17 @@ fn bundle(dir: &Path) -> Result<()> {
         dir.display(),
         bytes as f64 / (1 << 20) as f64
     );
+    let rel = dir.strip_prefix(workspace_root()).unwrap_or(&dir).display();
     println!(
-        "run there: for t in {}/tests/*; do $t --include-ignored; done",
-        dir.display()
+        "run there (from the repository root): for t in {rel}/tests/*; do \
+         KRUSKAL_BIN={rel}/kruskal KRUSKAL_TEST_DATA=shared/data $t --include-ignored; done"
     );
+    if bytes > CARRY_LIMIT_BYTES {
+        bail!(
+            "the bundle is {:.1} MiB, more than the {} MiB that can be carried",
+            bytes as f64 / (1 << 20) as f64,
+            CARRY_LIMIT_BYTES >> 20
+        );
+    }
     Ok(())
 }

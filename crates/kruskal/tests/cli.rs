@@ -4,8 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// The program under test: `KRUSKAL_BIN` when set (test executables carried
+/// to another machine, see `cargo xtask bundle`), else the one cargo built.
 fn kruskal(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kruskal"))
+    let bin = std::env::var_os("KRUSKAL_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kruskal")));
+    Command::new(bin)
         .args(args)
         .output()
         .expect("the kruskal binary runs")
@@ -19,10 +24,12 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// The shared test tensors (beside the repository); `None` with a note when
-/// this checkout has none.
+/// The shared test tensors (beside the repository, or `KRUSKAL_TEST_DATA`);
+/// `None` with a note when there are none.
 fn data(name: &str) -> Option<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data");
+    let dir = std::env::var_os("KRUSKAL_TEST_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"));
     if dir.is_dir() {
         Some(dir.join(name))
     } else {
