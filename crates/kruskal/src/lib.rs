@@ -19,3 +19,8 @@
 pub use kruskal_cpd as cpd;
 pub use kruskal_cpu as cpu;
 pub use kruskal_formats as formats;
+
+/// The README's examples, compiled as doc tests so they stay true.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
