@@ -41,7 +41,7 @@ use rayon::prelude::*;
 
 use crate::coo::SparseTensor;
 use crate::error::{FormatError, Result};
-use crate::io::write_atomically;
+use crate::io::{read_at, write_atomically};
 
 /// The first eight bytes of every `.ktns` file.
 pub const MAGIC: [u8; 8] = *b"KRUSKAL\0";
@@ -340,24 +340,6 @@ fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
         }
     }
     Ok(got)
-}
-
-/// Fills `buf` from `offset` without moving a shared file position, so
-/// threads can read different parts of one file at once.
-#[cfg(unix)]
-fn read_at(_path: &Path, file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-    use std::os::unix::fs::FileExt;
-    file.read_exact_at(buf, offset)
-}
-
-/// Fills `buf` from `offset` through a handle of its own (the portable way
-/// to read several parts of a file at once).
-#[cfg(not(unix))]
-fn read_at(path: &Path, _file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-    use std::io::{Seek, SeekFrom};
-    let mut f = File::open(path)?;
-    f.seek(SeekFrom::Start(offset))?;
-    f.read_exact(buf)
 }
 
 #[cfg(test)]

@@ -217,6 +217,34 @@ where
     Ok(())
 }
 
+/// Fills `buf` from `offset` without moving a shared file position, so
+/// threads can read different parts of one file at once.
+#[cfg(unix)]
+pub(crate) fn read_at(
+    _path: &Path,
+    file: &File,
+    buf: &mut [u8],
+    offset: u64,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    file.read_exact_at(buf, offset)
+}
+
+/// Fills `buf` from `offset` through a handle of its own (the portable way
+/// to read several parts of a file at once).
+#[cfg(not(unix))]
+pub(crate) fn read_at(
+    path: &Path,
+    _file: &File,
+    buf: &mut [u8],
+    offset: u64,
+) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = File::open(path)?;
+    f.seek(SeekFrom::Start(offset))?;
+    f.read_exact(buf)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -56,7 +56,7 @@ use rayon::prelude::*;
 
 use crate::coo::SparseTensor;
 use crate::error::{FormatError, Result};
-use crate::io::{FileKind, ReadOptions, write_atomically};
+use crate::io::{FileKind, ReadOptions, read_at, write_atomically};
 
 /// Most bytes of decompressed text parsed as one unit of parallel work.
 const MAX_BLOCK_SIZE: usize = 8 << 20;
@@ -411,26 +411,8 @@ impl PlainFile<'_> {
         } else if buf.len() < end {
             buf.resize(end, 0);
         }
-        read_exact_at(self.path, &self.file, &mut buf[at..end], from)
+        read_at(self.path, &self.file, &mut buf[at..end], from)
     }
-}
-
-/// Fills `buf` from `offset` without moving a shared file position, so
-/// threads can read different parts of one file at once.
-#[cfg(unix)]
-fn read_exact_at(_path: &Path, file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-    use std::os::unix::fs::FileExt;
-    file.read_exact_at(buf, offset)
-}
-
-/// Fills `buf` from `offset` through a handle of its own (the portable way
-/// to read several parts of a file at once).
-#[cfg(not(unix))]
-fn read_exact_at(path: &Path, _file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-    use std::io::{Seek, SeekFrom};
-    let mut f = File::open(path)?;
-    f.seek(SeekFrom::Start(offset))?;
-    f.read_exact(buf)
 }
 
 /// One unit of parallel work: a block to read, or one already read.
