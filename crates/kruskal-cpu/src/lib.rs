@@ -23,21 +23,86 @@
 //! assert!(relative_error(out.view(), exact.view()) < 1e-6);
 //! ```
 
+pub mod fcoo;
+pub mod flycoo;
+pub mod hicoo;
 pub mod mttkrp;
 pub mod reference;
+pub mod spttm;
 
 pub use mttkrp::{CpuMttkrp, ModePlan};
 pub use reference::{mttkrp_reference, relative_error};
 
-use kruskal_formats::SparseTensor;
-use ndarray::ArrayView2;
+use kruskal_formats::{FormatError, SparseTensor};
+use ndarray::{Array2, ArrayView2};
 
-/// Errors of the CPU kernels: only shape mismatches between a tensor and the
-/// matrices given with it.
+/// Errors of the CPU kernels: shape mismatches between a tensor and the
+/// matrices given with it, and formats that cannot hold a tensor.
 #[derive(Debug, thiserror::Error)]
 pub enum CpuError {
     #[error("shape mismatch: {0}")]
     Shape(String),
+
+    #[error(transparent)]
+    Format(#[from] FormatError),
+}
+
+/// One MTTKRP engine per storage format, behind one interface so the CPU
+/// backend, `kruskal mttkrp` and the benchmarks can use any of them.
+///
+/// `mttkrp` takes `&mut self` because some formats carry state from one
+/// mode to the next (FLYCOO keeps the tensor in the order of the mode it
+/// will compute next).
+pub trait MttkrpEngine: Send {
+    /// Short name, as `--kernel` spells it.
+    fn name(&self) -> &'static str;
+
+    /// The dimensions of the tensor the engine was built for.
+    fn dims(&self) -> &[u32];
+
+    /// Bytes of tensor data the engine holds (all modes).
+    fn bytes(&self) -> usize;
+
+    /// Computes the MTTKRP for output `mode` into `out` (overwritten).
+    ///
+    /// `factors[w]` is `dims[w] x rank` for every mode and `out` is
+    /// `dims[mode] x rank`, all in standard (row-major, contiguous) layout.
+    fn mttkrp(&mut self, mode: usize, factors: &[Array2<f32>], out: &mut Array2<f32>)
+    -> Result<()>;
+}
+
+/// An MTTKRP's operands as row-major slices: the rank, one slice per
+/// factor, and the output.
+pub(crate) type MttkrpSlices<'f, 'o> = (usize, Vec<&'f [f32]>, &'o mut [f32]);
+
+/// Checks factor and output shapes for an MTTKRP on `mode` and returns the
+/// rank, the factors as row-major slices and the output as a row-major slice.
+pub(crate) fn mttkrp_slices<'f, 'o>(
+    dims: &[u32],
+    mode: usize,
+    factors: &'f [Array2<f32>],
+    out: &'o mut Array2<f32>,
+) -> Result<MttkrpSlices<'f, 'o>> {
+    let rank = check_factor_shapes(dims, factors.iter().map(|f| f.dim()), mode)?;
+    if out.dim() != (dims[mode] as usize, rank) {
+        return Err(CpuError::Shape(format!(
+            "output is {:?}, expected ({}, {rank})",
+            out.dim(),
+            dims[mode]
+        )));
+    }
+    let slices = factors
+        .iter()
+        .enumerate()
+        .map(|(w, f)| {
+            f.as_slice()
+                .ok_or_else(|| CpuError::Shape(format!("factor {w} is not in standard layout")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let out = out
+        .as_slice_mut()
+        .ok_or_else(|| CpuError::Shape("output is not in standard layout".into()))?;
+    Ok((rank, slices, out))
 }
 
 pub type Result<T, E = CpuError> = std::result::Result<T, E>;
@@ -51,6 +116,9 @@ pub(crate) fn check_factors(
 ) -> Result<usize> {
     check_factor_shapes(tensor.dims(), factors.iter().map(|f| f.dim()), mode)
 }
+
+#[cfg(test)]
+pub(crate) mod testutil;
 
 pub(crate) fn check_factor_shapes(
     dims: &[u32],

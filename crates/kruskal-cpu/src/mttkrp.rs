@@ -21,7 +21,7 @@ use kruskal_formats::SparseTensor;
 use ndarray::Array2;
 use rayon::prelude::*;
 
-use crate::{CpuError, Result, check_factor_shapes};
+use crate::{MttkrpEngine, Result, mttkrp_slices};
 
 /// Target nonzeros per chunk. Small enough for load balance through work
 /// stealing, large enough that the per-chunk overhead (two partial rows) is
@@ -276,27 +276,9 @@ impl CpuMttkrp {
         factors: &[Array2<f32>],
         out: &mut Array2<f32>,
     ) -> Result<()> {
-        let rank = check_factor_shapes(&self.dims, factors.iter().map(|f| f.dim()), mode)?;
-        if out.dim() != (self.dims[mode] as usize, rank) {
-            return Err(CpuError::Shape(format!(
-                "output is {:?}, expected ({}, {rank})",
-                out.dim(),
-                self.dims[mode]
-            )));
-        }
+        let (rank, factors, out_slice) = mttkrp_slices(&self.dims, mode, factors, out)?;
         let plan = &self.plans[mode];
-        let other: Vec<&[f32]> = plan
-            .other_modes
-            .iter()
-            .map(|&w| {
-                factors[w]
-                    .as_slice()
-                    .ok_or_else(|| CpuError::Shape(format!("factor {w} is not in standard layout")))
-            })
-            .collect::<Result<_>>()?;
-        let out_slice = out
-            .as_slice_mut()
-            .ok_or_else(|| CpuError::Shape("output is not in standard layout".into()))?;
+        let other: Vec<&[f32]> = plan.other_modes.iter().map(|&w| factors[w]).collect();
         if plan.chunks.is_empty() {
             out_slice.fill(0.0);
             return Ok(());
@@ -304,7 +286,7 @@ impl CpuMttkrp {
 
         // Hand each chunk the output rows it owns.
         let mut pieces = Vec::with_capacity(plan.chunks.len());
-        let mut rest = out_slice;
+        let mut rest = &mut *out_slice;
         for chunk in &plan.chunks {
             let (mine, tail) = rest.split_at_mut((chunk.row_hi - chunk.row_lo) * rank);
             pieces.push((chunk, mine));
@@ -317,7 +299,6 @@ impl CpuMttkrp {
             .collect();
 
         // Fix-up: sum the pieces of each split row in chunk order.
-        let out_slice = out.as_slice_mut().expect("checked above");
         let mut pending: Option<Partial> = None;
         for p in partials.into_iter().flatten() {
             match &mut pending {
@@ -335,6 +316,29 @@ impl CpuMttkrp {
             store_row(out_slice, rank, &done);
         }
         Ok(())
+    }
+}
+
+impl MttkrpEngine for CpuMttkrp {
+    fn name(&self) -> &'static str {
+        "sorted"
+    }
+
+    fn dims(&self) -> &[u32] {
+        &self.dims
+    }
+
+    fn bytes(&self) -> usize {
+        CpuMttkrp::bytes(self)
+    }
+
+    fn mttkrp(
+        &mut self,
+        mode: usize,
+        factors: &[Array2<f32>],
+        out: &mut Array2<f32>,
+    ) -> Result<()> {
+        CpuMttkrp::mttkrp(self, mode, factors, out)
     }
 }
 
@@ -488,34 +492,13 @@ fn run_chunk_any(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{mttkrp_reference, relative_error};
+    use crate::testutil::{check_engine, factors_for, shared_tensors};
     use kruskal_formats::generate::{PowerLawSpec, power_law};
     use proptest::prelude::*;
 
-    fn factors_for(dims: &[u32], rank: usize, seed: u64) -> Vec<Array2<f32>> {
-        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
-        dims.iter()
-            .map(|&d| {
-                Array2::from_shape_fn((d as usize, rank), |_| {
-                    x = x
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    ((x >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-                })
-            })
-            .collect()
-    }
-
     fn check_all_modes(t: &SparseTensor, engine: &CpuMttkrp, rank: usize) {
-        let factors = factors_for(t.dims(), rank, 7);
-        let views: Vec<_> = factors.iter().map(|f| f.view()).collect();
-        for mode in 0..t.nmodes() {
-            let mut out = Array2::from_elem((t.dims()[mode] as usize, rank), f32::NAN);
-            engine.mttkrp(mode, &factors, &mut out).unwrap();
-            let exact = mttkrp_reference(t, &views, mode).unwrap();
-            let err = relative_error(out.view(), exact.view());
-            assert!(err < 1e-6, "mode {mode} rank {rank}: error {err}");
-        }
+        let modes: Vec<usize> = (0..t.nmodes()).collect();
+        check_engine(t, &mut engine.clone(), rank, &modes, 1e-6);
     }
 
     #[test]
@@ -532,6 +515,15 @@ mod tests {
             );
         }
         check_all_modes(&t, &engine, 16);
+    }
+
+    #[test]
+    fn equals_reference_on_shared_tensors() {
+        let tensors = shared_tensors();
+        assert!(!tensors.is_empty(), "no shared test tensors found");
+        for (_, t) in &tensors {
+            check_all_modes(t, &CpuMttkrp::with_chunk_nnz(t, 500), 16);
+        }
     }
 
     #[test]

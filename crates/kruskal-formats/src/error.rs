@@ -33,6 +33,14 @@ pub enum FormatError {
     /// A generator or other option was given a value it cannot use.
     #[error("invalid argument: {0}")]
     Argument(String),
+
+    /// A storage format cannot hold this tensor with its index widths
+    /// (a dimension, nonzero count or block coordinate too large for them).
+    #[error("{format} cannot hold this tensor: {message}")]
+    Capacity {
+        format: &'static str,
+        message: String,
+    },
 }
 
 impl FormatError {

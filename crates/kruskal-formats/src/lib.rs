@@ -18,7 +18,10 @@
 pub mod binary;
 pub mod coo;
 pub mod error;
+pub mod fcoo;
+pub mod flycoo;
 pub mod generate;
+pub mod hicoo;
 pub mod io;
 pub mod tns;
 

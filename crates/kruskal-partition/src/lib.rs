@@ -1,0 +1,1 @@
+//! Load-balanced partitioning for kruskal (in progress).
