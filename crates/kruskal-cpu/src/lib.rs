@@ -45,6 +45,9 @@ pub enum CpuError {
 
     #[error(transparent)]
     Format(#[from] FormatError),
+
+    #[error(transparent)]
+    Partition(#[from] kruskal_partition::PartitionError),
 }
 
 /// One MTTKRP engine per storage format, behind one interface so the CPU

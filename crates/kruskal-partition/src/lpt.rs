@@ -1,0 +1,214 @@
+//! Greedy LPT and cyclic assignment of weighted units to partitions.
+//!
+//! FLYCOO-GPU (Algorithm 1) sorts the output indices of a mode by their
+//! nonzero counts, largest first, and gives each to the least-loaded of
+//! kappa partitions. That is Graham's LPT rule: the largest load is at most
+//! 4/3 of the optimum (more precisely `4/3 - 1/(3 kappa)`). The paper's text
+//! also describes a cyclic variant (round-robin over the same order), kept
+//! here for comparison.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use rayon::prelude::*;
+
+/// The partition of every unit and the resulting loads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Assignment {
+    /// `part_of[u]`: the partition unit `u` went to.
+    pub part_of: Vec<u32>,
+    /// `loads[p]`: the total weight of partition `p`.
+    pub loads: Vec<u64>,
+}
+
+impl Assignment {
+    /// The largest load (the makespan).
+    pub fn max_load(&self) -> u64 {
+        self.loads.iter().copied().max().unwrap_or(0)
+    }
+
+    pub fn balance(&self) -> Balance {
+        Balance::of(&self.loads)
+    }
+}
+
+/// How a policy orders units before assigning them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Policy {
+    /// Greedy LPT: each unit, largest first, to the least-loaded partition.
+    #[default]
+    Lpt,
+    /// Round-robin over the units, largest first.
+    Cyclic,
+}
+
+impl Policy {
+    pub fn assign(self, weights: &[u64], kappa: usize) -> Assignment {
+        match self {
+            Policy::Lpt => lpt(weights, kappa),
+            Policy::Cyclic => cyclic(weights, kappa),
+        }
+    }
+}
+
+/// Unit ids ordered by weight, largest first; equal weights by id, so the
+/// order (and every assignment built on it) is fully determined.
+fn by_weight_desc(weights: &[u64]) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..weights.len() as u32).collect();
+    order.par_sort_unstable_by_key(|&u| (Reverse(weights[u as usize]), u));
+    order
+}
+
+/// Greedy LPT over `weights` into `kappa` partitions (`kappa >= 1`; 0 is
+/// treated as 1). Ties between equally loaded partitions go to the lowest
+/// partition id.
+///
+/// Cost: a parallel sort of the units, then O(units log kappa).
+pub fn lpt(weights: &[u64], kappa: usize) -> Assignment {
+    let kappa = kappa.max(1);
+    let mut part_of = vec![0u32; weights.len()];
+    let mut loads = vec![0u64; kappa];
+    let mut heap: BinaryHeap<Reverse<(u64, u32)>> =
+        (0..kappa as u32).map(|p| Reverse((0, p))).collect();
+    for u in by_weight_desc(weights) {
+        let Reverse((load, p)) = heap.pop().expect("the heap holds kappa >= 1 entries");
+        let load = load + weights[u as usize];
+        part_of[u as usize] = p;
+        loads[p as usize] = load;
+        heap.push(Reverse((load, p)));
+    }
+    Assignment { part_of, loads }
+}
+
+/// Cyclic assignment over the LPT order: the k-th largest unit goes to
+/// partition `k mod kappa`.
+pub fn cyclic(weights: &[u64], kappa: usize) -> Assignment {
+    let kappa = kappa.max(1);
+    let mut part_of = vec![0u32; weights.len()];
+    let mut loads = vec![0u64; kappa];
+    for (k, u) in by_weight_desc(weights).into_iter().enumerate() {
+        let p = k % kappa;
+        part_of[u as usize] = p as u32;
+        loads[p] += weights[u as usize];
+    }
+    Assignment { part_of, loads }
+}
+
+/// The optimal makespan, by exhaustive search (branch and bound). Only for
+/// small inputs (tests check LPT against it); exponential in `weights.len()`.
+pub fn optimal_makespan(weights: &[u64], kappa: usize) -> u64 {
+    let kappa = kappa.max(1);
+    let mut w: Vec<u64> = weights.to_vec();
+    w.sort_unstable_by(|a, b| b.cmp(a));
+    let mut best = lpt(&w, kappa).max_load();
+    let mut loads = vec![0u64; kappa];
+    fn search(w: &[u64], k: usize, loads: &mut [u64], best: &mut u64) {
+        if k == w.len() {
+            *best = (*best).min(loads.iter().copied().max().unwrap_or(0));
+            return;
+        }
+        for p in 0..loads.len() {
+            // Partitions with equal loads are interchangeable: try one.
+            if loads[..p].contains(&loads[p]) || loads[p] + w[k] >= *best {
+                continue;
+            }
+            loads[p] += w[k];
+            search(w, k + 1, loads, best);
+            loads[p] -= w[k];
+        }
+    }
+    search(&w, 0, &mut loads, &mut best);
+    best
+}
+
+/// Load balance of a set of partitions (or GPUs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Balance {
+    pub parts: usize,
+    pub min: u64,
+    pub max: u64,
+    pub mean: f64,
+}
+
+impl Balance {
+    pub fn of(loads: &[u64]) -> Balance {
+        let total: u64 = loads.iter().sum();
+        Balance {
+            parts: loads.len(),
+            min: loads.iter().copied().min().unwrap_or(0),
+            max: loads.iter().copied().max().unwrap_or(0),
+            mean: if loads.is_empty() {
+                0.0
+            } else {
+                total as f64 / loads.len() as f64
+            },
+        }
+    }
+
+    /// Largest load over the mean load: 1.0 is perfect balance, and the
+    /// slowdown of a parallel step against perfect balance.
+    pub fn max_over_mean(&self) -> f64 {
+        if self.mean > 0.0 {
+            self.max as f64 / self.mean
+        } else {
+            1.0
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn lpt_places_largest_first_on_least_loaded() {
+        let a = lpt(&[5, 4, 3, 3, 3], 2);
+        // 5 -> p0, 4 -> p1, 3 -> p1 (4 < 5), 3 -> p0 (5 < 7), 3 -> p0 or p1 (8 vs 7) -> p1.
+        assert_eq!(a.part_of, vec![0, 1, 1, 0, 1]);
+        assert_eq!(a.loads, vec![8, 10]);
+        assert_eq!(optimal_makespan(&[5, 4, 3, 3, 3], 2), 9);
+    }
+
+    #[test]
+    fn cyclic_goes_round_robin_in_size_order() {
+        let a = cyclic(&[1, 9, 5, 7], 2);
+        // Order 9, 7, 5, 1 -> p0, p1, p0, p1.
+        assert_eq!(a.part_of, vec![1, 0, 0, 1]);
+        assert_eq!(a.loads, vec![14, 8]);
+    }
+
+    #[test]
+    fn more_partitions_than_units_and_empty_input() {
+        let a = lpt(&[3, 1], 4);
+        assert_eq!(a.loads, vec![3, 1, 0, 0]);
+        let e = lpt(&[], 3);
+        assert!(e.part_of.is_empty());
+        assert_eq!(e.max_load(), 0);
+        assert_eq!(Balance::of(&e.loads).max_over_mean(), 1.0);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn lpt_is_within_four_thirds_of_optimal_and_beats_cyclic(
+            weights in proptest::collection::vec(1u64..100, 1..11),
+            kappa in 1usize..5,
+        ) {
+            let a = lpt(&weights, kappa);
+            let opt = optimal_makespan(&weights, kappa);
+            // Every unit is placed once: loads add up.
+            prop_assert_eq!(a.loads.iter().sum::<u64>(), weights.iter().sum::<u64>());
+            prop_assert!(a.part_of.iter().all(|&p| (p as usize) < kappa));
+            let recomputed = a.part_of.iter().zip(&weights).fold(vec![0u64; kappa], |mut l, (&p, &w)| {
+                l[p as usize] += w;
+                l
+            });
+            prop_assert_eq!(&recomputed, &a.loads);
+            // Graham: LPT <= (4/3 - 1/(3 kappa)) OPT, in integers.
+            prop_assert!(3 * kappa as u64 * a.max_load() <= (4 * kappa as u64 - 1) * opt,
+                "lpt {} opt {}", a.max_load(), opt);
+            prop_assert!(a.max_load() <= cyclic(&weights, kappa).max_load());
+        }
+    }
+}
