@@ -1,5 +1,5 @@
 //! MTTKRP on F-COO, following the F-COO GPU algorithm (segmented reduction)
-//! on the CPU, and the block-walking code it shares with [`crate::spttm`].
+//! on the CPU, and the block-walking code it shares with [`mod@crate::spttm`].
 //!
 //! An [`Fcoo`] keeps the nonzeros of one operation sorted so that each
 //! output row is a contiguous *segment*, marked by a bit flag on its last

@@ -7,7 +7,7 @@
 //!
 //! [`spttm`] takes an [`Fcoo::for_ttm`] of mode `n`, whose segments are the
 //! fibers in lexicographic order, and runs the same segmented block
-//! reduction as the F-COO MTTKRP ([`crate::fcoo`]): blocks of
+//! reduction as the F-COO MTTKRP ([`mod@crate::fcoo`]): blocks of
 //! `threadlen * BLOCK_THREADS` nonzeros in parallel, fibers wholly inside a
 //! block written directly, fibers crossing a block edge summed from
 //! partials in block order. Each nonzero adds `val * U(k, :)` (an f32
