@@ -30,8 +30,10 @@ pub mod mttkrp;
 pub mod reference;
 pub mod spttm;
 
+pub use fcoo::FcooMttkrp;
 pub use mttkrp::{CpuMttkrp, ModePlan};
 pub use reference::{mttkrp_reference, relative_error};
+pub use spttm::{SemiSparse, spttm, spttm_reference};
 
 use kruskal_formats::{FormatError, SparseTensor};
 use ndarray::{Array2, ArrayView2};
