@@ -30,6 +30,7 @@ pub mod mttkrp;
 pub mod reference;
 pub mod spttm;
 
+pub use hicoo::HicooMttkrp;
 pub use mttkrp::{CpuMttkrp, ModePlan};
 pub use reference::{mttkrp_reference, relative_error};
 
