@@ -31,6 +31,7 @@ pub mod reference;
 pub mod spttm;
 
 pub use fcoo::FcooMttkrp;
+pub use hicoo::HicooMttkrp;
 pub use mttkrp::{CpuMttkrp, ModePlan};
 pub use reference::{mttkrp_reference, relative_error};
 pub use spttm::{SemiSparse, spttm, spttm_reference};

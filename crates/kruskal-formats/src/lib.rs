@@ -28,4 +28,5 @@ pub mod tns;
 pub use coo::{ModeStats, SparseTensor, TensorStats};
 pub use error::{FormatError, Result};
 pub use fcoo::{Fcoo, FcooOp};
+pub use hicoo::Hicoo;
 pub use io::{FileKind, ReadOptions, read_tensor, write_tensor};
