@@ -8,7 +8,7 @@
 
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
-use kruskal_cpu::CpuMttkrp;
+use kruskal_cpu::{CpuKernel, CpuMttkrp, MttkrpEngine};
 use kruskal_formats::SparseTensor;
 use ndarray::Array2;
 use rayon::prelude::*;
@@ -55,9 +55,10 @@ pub trait Backend {
     fn take_factors(&mut self) -> Result<Vec<Array2<f32>>>;
 }
 
-/// The CPU backend: [`CpuMttkrp`] plus rayon row-parallel dense kernels.
+/// The CPU backend: an MTTKRP engine (by default [`CpuMttkrp`]) plus rayon
+/// row-parallel dense kernels.
 pub struct CpuBackend {
-    engine: CpuMttkrp,
+    engine: Box<dyn MttkrpEngine>,
     norm_sq: f64,
     factors: Vec<Array2<f32>>,
     /// MTTKRP output, one per mode (allocated on first use).
@@ -65,14 +66,32 @@ pub struct CpuBackend {
 }
 
 impl CpuBackend {
-    /// Prepares the tensor (one sorted copy per mode).
+    /// Prepares the tensor for the default engine (one sorted copy per
+    /// mode).
     pub fn new(tensor: &SparseTensor) -> Self {
+        Self::with_engine(tensor, Box::new(CpuMttkrp::new(tensor)))
+    }
+
+    /// Prepares the tensor for the engine `kernel` names.
+    pub fn with_kernel(tensor: &SparseTensor, kernel: CpuKernel) -> Result<Self> {
+        let engine = kernel
+            .build(tensor)
+            .map_err(|e| CpdError::Backend(e.to_string()))?;
+        Ok(Self::with_engine(tensor, engine))
+    }
+
+    fn with_engine(tensor: &SparseTensor, engine: Box<dyn MttkrpEngine>) -> Self {
         CpuBackend {
-            engine: CpuMttkrp::new(tensor),
+            engine,
             norm_sq: tensor.norm_sq(),
             factors: Vec::new(),
             mttkrp_out: vec![None; tensor.nmodes()],
         }
+    }
+
+    /// The MTTKRP engine's name (`sorted`, `fcoo`, `flycoo`, `hicoo`).
+    pub fn kernel_name(&self) -> &'static str {
+        self.engine.name()
     }
 
     /// Bytes held for the tensor's per-mode copies.
@@ -146,7 +165,11 @@ fn gram_of(a: &Array2<f32>) -> Array2<f64> {
 
 impl Backend for CpuBackend {
     fn describe(&self) -> String {
-        format!("cpu, {} threads", rayon::current_num_threads())
+        format!(
+            "cpu, {} threads, {} kernel",
+            rayon::current_num_threads(),
+            self.engine.name()
+        )
     }
 
     fn dims(&self) -> &[u32] {

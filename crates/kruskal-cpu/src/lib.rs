@@ -26,12 +26,15 @@
 pub mod fcoo;
 pub mod flycoo;
 pub mod hicoo;
+pub mod kernel;
 pub mod mttkrp;
 pub mod reference;
 pub mod spttm;
 
 pub use fcoo::FcooMttkrp;
+pub use flycoo::FlycooMttkrp;
 pub use hicoo::HicooMttkrp;
+pub use kernel::CpuKernel;
 pub use mttkrp::{CpuMttkrp, ModePlan};
 pub use reference::{mttkrp_reference, relative_error};
 pub use spttm::{SemiSparse, spttm, spttm_reference};
@@ -45,6 +48,9 @@ use ndarray::{Array2, ArrayView2};
 pub enum CpuError {
     #[error("shape mismatch: {0}")]
     Shape(String),
+
+    #[error("invalid argument: {0}")]
+    Argument(String),
 
     #[error(transparent)]
     Format(#[from] FormatError),

@@ -18,6 +18,7 @@
 //! bit-identical for any number of threads.
 
 use kruskal_formats::SparseTensor;
+use kruskal_partition::layout::sort_by_two;
 use ndarray::Array2;
 use rayon::prelude::*;
 
@@ -72,25 +73,6 @@ impl Chunk {
     fn tail_shared(&self, seg_ptr: &[usize]) -> bool {
         seg_ptr[self.seg_hi + 1] > self.nnz_hi
     }
-}
-
-/// The permutation that sorts nonzeros by `primary`, then `secondary`, then
-/// position (so the order is fully determined): one parallel sort of packed
-/// 128-bit keys (32 + 32 bits of indices, 64 of position), which scales with
-/// cores where a counting sort would not.
-///
-/// Cost: O(nnz log nnz) / threads; 16 bytes per nonzero of scratch.
-fn sort_by_two(primary: &[u32], secondary: &[u32]) -> Vec<usize> {
-    let mut keys: Vec<u128> = primary
-        .par_iter()
-        .zip(secondary)
-        .enumerate()
-        .map(|(k, (&p, &s))| (u128::from(p) << 96) | (u128::from(s) << 64) | k as u128)
-        .collect();
-    keys.par_sort_unstable();
-    keys.into_par_iter()
-        .map(|key| key as u64 as usize)
-        .collect()
 }
 
 impl ModePlan {

@@ -27,7 +27,7 @@
 //! `8 (kappa + 1)` bytes per mode. Remap ids are 32-bit, so at most
 //! `u32::MAX` nonzeros.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use rayon::prelude::*;
 
@@ -216,19 +216,28 @@ pub fn invert_permutation(perm: &[u32]) -> Vec<u32> {
     inv.into_par_iter().map(AtomicU32::into_inner).collect()
 }
 
+/// Checks in parallel that `pos` is a permutation of `0..nnz`: one bit per
+/// position, set with an atomic OR, so a repeat is seen by whichever thread
+/// sets the bit second.
 fn check_permutation(pos: &[u32], nnz: usize) -> std::result::Result<(), String> {
     if pos.len() != nnz {
         return Err(format!("{} entries for {nnz} nonzeros", pos.len()));
     }
-    let mut seen = vec![false; nnz];
-    for &p in pos {
-        match seen.get_mut(p as usize) {
-            Some(s) if !*s => *s = true,
-            Some(_) => return Err(format!("position {p} used twice")),
-            None => return Err(format!("position {p} beyond {nnz} nonzeros")),
+    let bits: Vec<AtomicU64> = (0..nnz.div_ceil(64))
+        .into_par_iter()
+        .map(|_| AtomicU64::new(0))
+        .collect();
+    pos.par_iter().try_for_each(|&p| {
+        let p = p as usize;
+        if p >= nnz {
+            return Err(format!("position {p} beyond {nnz} nonzeros"));
         }
-    }
-    Ok(())
+        let bit = 1u64 << (p % 64);
+        if bits[p / 64].fetch_or(bit, Ordering::Relaxed) & bit != 0 {
+            return Err(format!("position {p} used twice"));
+        }
+        Ok(())
+    })
 }
 
 fn check_mode(m: &FlycooMode, nnz: usize) -> std::result::Result<(), String> {

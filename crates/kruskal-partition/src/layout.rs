@@ -86,6 +86,22 @@ pub fn secondary_mode(dims: &[u32], mode: usize) -> usize {
         .unwrap_or(mode)
 }
 
+/// The units of work of a mode with the given row nonzero counts: each
+/// nonempty row whole, or, if heavier than `threshold`, its pieces (near
+/// equal, the first ones one larger). The same units [`ModeLayout`] builds,
+/// without sorting the tensor: enough to predict the balance.
+pub fn unit_weights(counts: &[u64], threshold: u64) -> Vec<u64> {
+    let threshold = threshold.max(1);
+    counts
+        .iter()
+        .filter(|&&c| c > 0)
+        .flat_map(|&c| {
+            let pieces = c.div_ceil(threshold);
+            (0..pieces).map(move |k| c / pieces + u64::from(k < c % pieces))
+        })
+        .collect()
+}
+
 /// A unit of work: a whole row or a piece of a split row, as a range of the
 /// sorted order.
 #[derive(Clone, Copy, Debug)]
@@ -494,12 +510,9 @@ mod tests {
         ) {
             let t = tensor(vec![9, 7, 5], nnz, exponent, seed);
             let l = ModeLayout::new(&t, 0, &LayoutOptions::new(kappa)).unwrap();
-            let units: Vec<u64> = t.mode_counts(0).into_iter().filter(|&c| c > 0)
-                .flat_map(|c| {
-                    let pieces = c.div_ceil(l.threshold());
-                    (0..pieces).map(move |k| c / pieces + u64::from(k < c % pieces))
-                })
-                .collect();
+            let units = unit_weights(&t.mode_counts(0), l.threshold());
+            // The prediction from counts alone matches the built layout.
+            prop_assert_eq!(crate::lpt::lpt(&units, kappa).balance().max, l.balance().max);
             prop_assume!(units.len() <= 10);
             let opt = optimal_makespan(&units, kappa);
             let piece = units.iter().copied().max().unwrap();
