@@ -4,7 +4,9 @@
 //! so a user can depend on one crate:
 //!
 //! - [`formats`]: the COO tensor, `.tns`/`.tns.gz`/`.ktns` I/O, generators;
-//! - [`cpu`]: the CPU MTTKRP kernels and the f64 reference;
+//! - [`partition`]: greedy LPT, heavy-row splitting, FLYCOO layouts, AMPED
+//!   shard plans;
+//! - [`cpu`]: the CPU MTTKRP kernels (one per format) and the f64 reference;
 //! - [`cpd`]: CPD-ALS over a backend, the model and its files.
 //!
 //! ```
@@ -19,6 +21,7 @@
 pub use kruskal_cpd as cpd;
 pub use kruskal_cpu as cpu;
 pub use kruskal_formats as formats;
+pub use kruskal_partition as partition;
 
 /// The README's examples, compiled as doc tests so they stay true.
 #[doc = include_str!("../../../README.md")]

@@ -290,3 +290,77 @@ fn given_dims_are_used_and_checked() {
     let o = kruskal(&["info", path.to_str().unwrap(), "--dims", "3,20,30"]);
     assert_clean_failure(&o, "t.tns:2");
 }
+
+#[test]
+fn every_kernel_agrees_with_the_reference_and_cpd_accepts_each() {
+    let o = kruskal(&[
+        "mttkrp", "--like", "enron", "--nnz", "20000", "--rank", "7", "--repeat", "1", "--kernel",
+        "all", "--verify", "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let runs = v["runs"].as_array().unwrap();
+    let names: Vec<&str> = runs.iter().map(|r| r["kernel"].as_str().unwrap()).collect();
+    assert_eq!(names, ["sorted", "fcoo", "flycoo", "hicoo"]);
+    for r in runs {
+        let modes = r["modes"].as_array().unwrap();
+        assert_eq!(modes.len(), 4);
+        for m in modes {
+            assert!(m["relative_error"].as_f64().unwrap() < 1e-5, "{r}");
+        }
+    }
+    // The same CPD, iteration by iteration, whatever the engine.
+    let fits = |kernel: &str| -> Vec<f64> {
+        let o = kruskal(&[
+            "cpd", "--like", "nips", "--nnz", "20000", "--rank", "4", "--iters", "5", "--tol", "0",
+            "--kernel", kernel, "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(v["kernel"], kernel);
+        v["iterations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["fit"].as_f64().unwrap())
+            .collect()
+    };
+    let base = fits("sorted");
+    for kernel in ["fcoo", "flycoo", "hicoo"] {
+        for (a, b) in base.iter().zip(fits(kernel)) {
+            assert!((a - b).abs() < 1e-5, "{kernel}: fit {b} vs {a}");
+        }
+    }
+    assert_clean_failure(
+        &kruskal(&["cpd", "--demo", "--kernel", "csf"]),
+        "unknown CPU kernel",
+    );
+}
+
+#[test]
+fn info_reports_partition_and_gpu_balance() {
+    let o = kruskal(&[
+        "info", "--like", "nell-2", "--nnz", "200000", "--kappa", "64", "--gpus", "2", "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    for p in v["partitions"].as_array().unwrap() {
+        let lpt = p["lpt_max_over_mean"].as_f64().unwrap();
+        // Splitting heavy rows balances what whole rows cannot.
+        assert!(lpt < 1.1, "{p}");
+        assert!(
+            p["whole_rows_lpt_max_over_mean"].as_f64().unwrap() > 2.0 * lpt,
+            "{p}"
+        );
+        assert!(p["cyclic_max_over_mean"].as_f64().unwrap() >= lpt, "{p}");
+    }
+    let gpus = v["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 3);
+    for g in gpus {
+        assert!(g["gpu_max_over_mean"].as_f64().unwrap() < 1.05, "{g}");
+    }
+    assert_clean_failure(
+        &kruskal(&["info", "--like", "nips", "--kappa", "0"]),
+        "at least 1",
+    );
+}

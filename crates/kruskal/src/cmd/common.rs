@@ -138,6 +138,12 @@ pub fn spinner(message: &str) -> ProgressBar {
 }
 
 /// Sets the size of rayon's global pool (0: one thread per core).
+/// Parses `--kernel` for the CPU (clap value parser).
+pub fn parse_cpu_kernel(text: &str) -> Result<kruskal_cpu::CpuKernel, String> {
+    text.parse()
+        .map_err(|e: kruskal_cpu::CpuError| e.to_string())
+}
+
 pub fn set_threads(threads: usize) -> Result<()> {
     if threads > 0 {
         rayon::ThreadPoolBuilder::new()

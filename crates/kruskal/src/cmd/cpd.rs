@@ -15,7 +15,9 @@ use kruskal_cpd::{
 use kruskal_formats::generate::{PlantedSpec, planted};
 use serde_json::json;
 
-use super::common::{InputArgs, Loaded, dims_text, set_threads, thousands};
+use kruskal_cpu::CpuKernel;
+
+use super::common::{InputArgs, Loaded, dims_text, parse_cpu_kernel, set_threads, thousands};
 
 #[derive(Args, Debug)]
 pub struct CpdArgs {
@@ -49,6 +51,10 @@ pub struct CpdArgs {
     /// Write lambda.npy and mode-<n>.npy (numpy format) into DIR.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// MTTKRP engine: auto, sorted, fcoo, flycoo or hicoo (auto picks the
+    /// fastest on the CPU; see docs/formats.md).
+    #[arg(long, default_value = "auto", value_parser = parse_cpu_kernel)]
+    pub kernel: CpuKernel,
     /// Worker threads (default: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -133,12 +139,13 @@ pub fn run(args: CpdArgs) -> Result<()> {
         );
     }
     let prep = Instant::now();
-    let mut backend = CpuBackend::new(tensor);
+    let mut backend = CpuBackend::with_kernel(tensor, args.kernel)?;
     let prep_s = prep.elapsed().as_secs_f64();
     if !args.json {
         println!(
-            "backend    cpu, {} threads (prepared in {:.2} s)",
+            "backend    cpu, {} threads, {} kernel (prepared in {:.2} s)",
             rayon::current_num_threads(),
+            backend.kernel_name(),
             prep_s
         );
         println!(
@@ -197,7 +204,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
         print_json(
             &loaded,
             &model,
-            prep_s,
+            (backend.kernel_name(), prep_s),
             cpd_s,
             fms,
             &summaries,
@@ -317,7 +324,7 @@ fn print_summary(
 fn print_json(
     loaded: &Loaded,
     model: &KruskalModel,
-    prep_s: f64,
+    (kernel, prep_s): (&str, f64),
     cpd_s: f64,
     fms: Option<f64>,
     starts: &[serde_json::Value],
@@ -332,6 +339,7 @@ fn print_json(
             "load_s": loaded.load_s,
         },
         "backend": "cpu",
+        "kernel": kernel,
         "threads": rayon::current_num_threads(),
         "rank": model.rank(),
         "prepare_s": prep_s,

@@ -5,6 +5,9 @@ use anyhow::{Result, bail};
 use clap::Args;
 use serde_json::json;
 
+use kruskal_partition::layout::unit_weights;
+use kruskal_partition::{Balance, ShardOptions, ShardPlan, cyclic, lpt};
+
 use super::common::{InputArgs, dims_text, thousands};
 
 #[derive(Args, Debug)]
@@ -14,6 +17,17 @@ pub struct InfoArgs {
     /// Also sum duplicate coordinates and report how many there were.
     #[arg(long)]
     pub duplicates: bool,
+    /// Report how evenly each mode's output rows spread over K partitions
+    /// (FLYCOO thread blocks): greedy LPT with heavy rows split, against
+    /// cyclic assignment and LPT on whole rows.
+    #[arg(long, value_name = "K")]
+    pub kappa: Option<usize>,
+    /// Report the AMPED plan over M GPUs: nonzeros per GPU and per ISP.
+    #[arg(long, value_name = "M")]
+    pub gpus: Option<usize>,
+    /// ISPs per GPU for --gpus (a few per SM; 528 = 4 x 132 SMs of an H100).
+    #[arg(long, default_value_t = 528)]
+    pub isps: usize,
     #[arg(long)]
     pub json: bool,
 }
@@ -29,7 +43,20 @@ pub fn run(args: InfoArgs) -> Result<()> {
     } else {
         None
     };
+    if args.kappa == Some(0) || args.gpus == Some(0) || args.isps == 0 {
+        bail!("--kappa, --gpus and --isps must be at least 1");
+    }
     let s = t.stats();
+    let partitions: Vec<PartitionReport> = match args.kappa {
+        Some(kappa) => (0..t.nmodes())
+            .map(|m| PartitionReport::new(&t.mode_counts(m), kappa))
+            .collect(),
+        None => Vec::new(),
+    };
+    let shards: Vec<ShardPlan> = match args.gpus {
+        Some(gpus) => ShardPlan::for_all_modes(&t, &ShardOptions::new(gpus, args.isps))?,
+        None => Vec::new(),
+    };
     let bytes = t.nnz() * (4 * t.nmodes() + 4);
     if args.json {
         let modes: Vec<_> = s
@@ -50,6 +77,8 @@ pub fn run(args: InfoArgs) -> Result<()> {
             "source": loaded.source, "nmodes": t.nmodes(), "dims": t.dims(), "nnz": s.nnz,
             "density": s.density, "norm": s.norm, "coo_bytes": bytes,
             "duplicates_merged": duplicates, "load_s": loaded.load_s, "modes": modes,
+            "partitions": partitions.iter().enumerate().map(|(m, p)| p.json(m)).collect::<Vec<_>>(),
+            "gpus": shards.iter().map(shard_json).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
@@ -88,5 +117,95 @@ pub fn run(args: InfoArgs) -> Result<()> {
             ms.hottest_index + 1
         );
     }
+    if let Some(kappa) = args.kappa {
+        println!();
+        println!(
+            "partitions: {kappa} (largest / mean nonzeros per partition; rows above nnz/{kappa} split)"
+        );
+        println!(
+            "{:>5} {:>12} {:>10} {:>12} {:>12} {:>12}",
+            "mode", "threshold", "split rows", "LPT", "cyclic", "LPT whole"
+        );
+        for (m, p) in partitions.iter().enumerate() {
+            println!(
+                "{:>5} {:>12} {:>10} {:>12.3} {:>12.3} {:>12.3}",
+                m + 1,
+                thousands(p.threshold),
+                thousands(p.split_rows),
+                p.lpt.max_over_mean(),
+                p.cyclic.max_over_mean(),
+                p.whole.max_over_mean()
+            );
+        }
+    }
+    if let Some(gpus) = args.gpus {
+        println!();
+        println!(
+            "GPUs: {gpus}, {} ISPs each (largest / mean nonzeros)",
+            args.isps
+        );
+        println!(
+            "{:>5} {:>14} {:>14} {:>10} {:>10} {:>14}",
+            "mode", "largest shard", "smallest", "per GPU", "per ISP", "shared rows"
+        );
+        for plan in &shards {
+            let g = plan.gpu_balance();
+            println!(
+                "{:>5} {:>14} {:>14} {:>10.3} {:>10.3} {:>14}",
+                plan.mode() + 1,
+                thousands(g.max),
+                thousands(g.min),
+                g.max_over_mean(),
+                plan.isp_balance().max_over_mean(),
+                thousands(plan.layout().shared().len() as u64)
+            );
+        }
+    }
     Ok(())
+}
+
+/// Predicted balance of one mode over kappa partitions, from its row counts.
+struct PartitionReport {
+    threshold: u64,
+    split_rows: u64,
+    lpt: Balance,
+    cyclic: Balance,
+    whole: Balance,
+}
+
+impl PartitionReport {
+    fn new(counts: &[u64], kappa: usize) -> Self {
+        let nnz: u64 = counts.iter().sum();
+        let threshold = nnz.div_ceil(kappa as u64).max(1);
+        let units = unit_weights(counts, threshold);
+        let whole = unit_weights(counts, u64::MAX);
+        PartitionReport {
+            threshold,
+            split_rows: counts.iter().filter(|&&c| c > threshold).count() as u64,
+            lpt: lpt(&units, kappa).balance(),
+            cyclic: cyclic(&units, kappa).balance(),
+            whole: lpt(&whole, kappa).balance(),
+        }
+    }
+
+    fn json(&self, mode: usize) -> serde_json::Value {
+        json!({
+            "mode": mode + 1, "threshold": self.threshold, "split_rows": self.split_rows,
+            "lpt_max_over_mean": self.lpt.max_over_mean(),
+            "cyclic_max_over_mean": self.cyclic.max_over_mean(),
+            "whole_rows_lpt_max_over_mean": self.whole.max_over_mean(),
+            "lpt_max": self.lpt.max, "mean": self.lpt.mean,
+        })
+    }
+}
+
+fn shard_json(plan: &ShardPlan) -> serde_json::Value {
+    let g = plan.gpu_balance();
+    json!({
+        "mode": plan.mode() + 1, "gpus": plan.gpus(),
+        "largest_shard": g.max, "smallest_shard": g.min,
+        "gpu_max_over_mean": g.max_over_mean(),
+        "isp_max_over_mean": plan.isp_balance().max_over_mean(),
+        "shared_rows_pieces": plan.layout().shared().len(),
+    })
 }
