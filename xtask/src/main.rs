@@ -1,8 +1,10 @@
 //! Development tasks, run as `cargo xtask <task>` (an alias in
 //! `.cargo/config.toml`).
 //!
-//! - `bundle [DIR]`: build the release `kruskal` binary and the release test
-//!   executables and copy them into DIR (default `gpu-run/`, ignored by git),
+//! - `bundle [DIR]`: build the release `kruskal` binary, the release test
+//!   executables and the criterion benchmarks (`DIR/benches/NAME`, run as
+//!   `NAME --bench [FILTER]`) and copy them into DIR (default `gpu-run/`,
+//!   ignored by git),
 //!   ready to be carried to a machine without a Rust toolchain (the GPU
 //!   machines) and run there. Prints what to run on the other side.
 //!
@@ -97,15 +99,45 @@ fn bundle(dir: &Path) -> Result<()> {
             tests.push(name.to_string_lossy().into_owned());
         }
     }
+    // The criterion benchmarks, run there as `BENCH --bench [FILTER]`.
+    let out = bundle_cargo()
+        .args([
+            "bench",
+            "-p",
+            "kruskal-benches",
+            "--no-run",
+            "--message-format=json",
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo bench --no-run")?;
+    if !out.status.success() {
+        bail!("building the benchmarks failed");
+    }
+    fs::create_dir_all(dir.join("benches"))?;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let is_bench = msg["target"]["kind"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|x| x == "bench"));
+        if let (true, Some(exe)) = (is_bench, msg["executable"].as_str()) {
+            let name = msg["target"]["name"].as_str().context("bench has a name")?;
+            fs::copy(exe, dir.join("benches").join(name))?;
+        }
+    }
     let bin = workspace_root().join("target/bundle/release/kruskal");
     fs::copy(&bin, dir.join("kruskal")).with_context(|| format!("copying {}", bin.display()))?;
-    let bytes: u64 = fs::read_dir(dir.join("tests"))?
-        .filter_map(|e| e.ok()?.metadata().ok())
-        .map(|m| m.len())
-        .sum::<u64>()
-        + fs::metadata(dir.join("kruskal"))?.len();
+    let mut bytes = fs::metadata(dir.join("kruskal"))?.len();
+    for sub in ["tests", "benches"] {
+        bytes += fs::read_dir(dir.join(sub))?
+            .filter_map(|e| e.ok()?.metadata().ok())
+            .map(|m| m.len())
+            .sum::<u64>();
+    }
     println!(
-        "bundled kruskal and {} test executables into {} ({:.1} MiB)",
+        "bundled kruskal, {} test executables and the benchmarks into {} ({:.1} MiB)",
         tests.len(),
         dir.display(),
         bytes as f64 / (1 << 20) as f64
