@@ -84,6 +84,13 @@ fn bundle(dir: &Path) -> Result<()> {
     if !out.status.success() {
         bail!("building the test executables failed");
     }
+    // Start from empty folders: executables of an earlier bundle carry
+    // other hashes in their names and would run again, stale.
+    for sub in ["tests", "benches"] {
+        if dir.join(sub).exists() {
+            fs::remove_dir_all(dir.join(sub))?;
+        }
+    }
     fs::create_dir_all(dir.join("tests"))?;
     let mut tests = Vec::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
