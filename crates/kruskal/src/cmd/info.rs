@@ -25,6 +25,10 @@ pub struct InfoArgs {
     /// Report the AMPED plan over M GPUs: nonzeros per GPU and per ISP.
     #[arg(long, value_name = "M")]
     pub gpus: Option<usize>,
+    /// Show the CUDA GPUs (name, SMs, memory, L2, shared memory per block)
+    /// or why none can be used.
+    #[arg(long)]
+    pub gpu: bool,
     /// ISPs per GPU for --gpus (a few per SM; 528 = 4 x 132 SMs of an H100).
     #[arg(long, default_value_t = 528)]
     pub isps: usize,
@@ -33,8 +37,16 @@ pub struct InfoArgs {
 }
 
 pub fn run(args: InfoArgs) -> Result<()> {
-    if args.input.file.is_none() && args.input.like.is_none() {
-        bail!("give a tensor FILE (or --like NAME)");
+    let no_tensor = args.input.file.is_none() && args.input.like.is_none();
+    if args.gpu {
+        print_gpus(args.json)?;
+        if no_tensor {
+            return Ok(());
+        }
+        println!();
+    }
+    if no_tensor {
+        bail!("give a tensor FILE (or --like NAME), or --gpu");
     }
     let loaded = args.input.load()?;
     let mut t = loaded.tensor;
@@ -208,4 +220,52 @@ fn shard_json(plan: &ShardPlan) -> serde_json::Value {
         "isp_max_over_mean": plan.isp_balance().max_over_mean(),
         "shared_rows_pieces": plan.layout().shared().len(),
     })
+}
+
+/// Prints every CUDA GPU's properties; an error (with the reason) if the
+/// driver or NVRTC cannot be loaded or there is no GPU.
+fn print_gpus(as_json: bool) -> Result<()> {
+    let count = kruskal_device::Gpu::count()?;
+    if count == 0 {
+        bail!("the CUDA driver reports no GPU; use --backend cpu");
+    }
+    let mut all = Vec::new();
+    for ordinal in 0..count {
+        let gpu = kruskal_device::Gpu::open(ordinal)?;
+        let p = gpu.properties();
+        if as_json {
+            all.push(json!({
+                "ordinal": p.ordinal, "name": p.name, "arch": p.arch(), "sms": p.sms,
+                "total_bytes": p.total_bytes, "free_bytes": p.free_bytes, "l2_bytes": p.l2_bytes,
+                "shared_per_block": p.shared_per_block,
+                "shared_per_block_optin": p.shared_per_block_optin,
+                "max_threads_per_block": p.max_threads_per_block,
+                "driver_version": p.driver_version,
+            }));
+        } else {
+            let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+            println!(
+                "gpu {}     {} ({}), driver CUDA {}.{}",
+                p.ordinal,
+                p.name,
+                p.arch(),
+                p.driver_version / 1000,
+                p.driver_version % 1000 / 10
+            );
+            println!(
+                "          {} SMs, {:.1} GiB ({:.1} GiB free), L2 {:.1} MiB, shared memory {} KiB per block ({} KiB opt-in), {} threads per block",
+                p.sms,
+                gib(p.total_bytes),
+                gib(p.free_bytes),
+                p.l2_bytes as f64 / (1 << 20) as f64,
+                p.shared_per_block / 1024,
+                p.shared_per_block_optin / 1024,
+                p.max_threads_per_block
+            );
+        }
+    }
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&json!({ "gpus": all }))?);
+    }
+    Ok(())
 }

@@ -1,0 +1,319 @@
+//! `coo_atomic`: the COO MTTKRP baseline on the GPU, and the device-resident
+//! factor matrices every engine shares.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use kruskal_formats::SparseTensor;
+use ndarray::Array2;
+
+use crate::{DeviceError, Gpu, Result, driver};
+
+/// Every factor matrix on the device: rows of all modes concatenated in one
+/// buffer (`rank` floats each), and each mode's first row.
+pub struct DeviceFactors {
+    dims: Vec<u32>,
+    rank: usize,
+    data: CudaSlice<f32>,
+    row_offset: CudaSlice<u64>,
+}
+
+impl DeviceFactors {
+    /// Uploads `factors` (`dims[w] x rank`, standard layout).
+    pub fn upload(gpu: &Gpu, factors: &[Array2<f32>]) -> Result<Self> {
+        let rank = factors.first().map_or(0, |f| f.ncols());
+        if rank == 0 || factors.iter().any(|f| f.ncols() != rank) {
+            return Err(DeviceError::Shape(
+                "factors need one common rank >= 1".into(),
+            ));
+        }
+        let dims: Vec<u32> = factors.iter().map(|f| f.nrows() as u32).collect();
+        let mut offsets = Vec::with_capacity(dims.len());
+        let mut host = Vec::with_capacity(dims.iter().map(|&d| d as usize).sum::<usize>() * rank);
+        for f in factors {
+            offsets.push((host.len() / rank) as u64);
+            match f.as_slice() {
+                Some(s) => host.extend_from_slice(s),
+                None => host.extend(f.iter().copied()),
+            }
+        }
+        gpu.ensure_free("the factor matrices", host.len() * 4)?;
+        let stream = gpu.stream();
+        Ok(DeviceFactors {
+            dims,
+            rank,
+            data: stream
+                .clone_htod(&host)
+                .map_err(driver("uploading factors"))?,
+            row_offset: stream
+                .clone_htod(&offsets)
+                .map_err(driver("uploading factor offsets"))?,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn dims(&self) -> &[u32] {
+        &self.dims
+    }
+}
+
+/// The COO tensor on the device and the `coo_atomic` kernel.
+pub struct CooAtomic {
+    gpu: Arc<Gpu>,
+    dims: Vec<u32>,
+    nnz: usize,
+    /// NMODES x nnz, mode-major.
+    idx: CudaSlice<u32>,
+    vals: CudaSlice<f32>,
+    /// f64 row sums of the largest mode, reused across calls.
+    sums: Option<CudaSlice<f64>>,
+}
+
+/// Threads per block of `coo_atomic` (8 warps, one nonzero per warp).
+const BLOCK: u32 = 256;
+
+impl CooAtomic {
+    /// Bytes the tensor takes on the device.
+    pub fn device_bytes(tensor: &SparseTensor) -> usize {
+        tensor.nnz() * (4 * tensor.nmodes() + 4)
+    }
+
+    /// Uploads `tensor` (checked against free memory first).
+    pub fn new(gpu: Arc<Gpu>, tensor: &SparseTensor) -> Result<Self> {
+        gpu.ensure_free("the COO tensor", Self::device_bytes(tensor))?;
+        let mut idx = Vec::with_capacity(tensor.nnz() * tensor.nmodes());
+        for m in 0..tensor.nmodes() {
+            idx.extend_from_slice(tensor.mode_indices(m));
+        }
+        let stream = gpu.stream();
+        let idx = stream
+            .clone_htod(&idx)
+            .map_err(driver("uploading indices"))?;
+        let vals = stream
+            .clone_htod(tensor.values())
+            .map_err(driver("uploading values"))?;
+        Ok(CooAtomic {
+            dims: tensor.dims().to_vec(),
+            nnz: tensor.nnz(),
+            idx,
+            vals,
+            sums: None,
+            gpu,
+        })
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    pub fn dims(&self) -> &[u32] {
+        &self.dims
+    }
+
+    /// `out = MTTKRP(mode)` on the device; `out` holds `dims[mode] x rank`
+    /// floats. Asynchronous on the GPU's stream.
+    pub fn mttkrp(
+        &mut self,
+        mode: usize,
+        factors: &DeviceFactors,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let n = self.dims.len();
+        if factors.dims() != self.dims.as_slice() || mode >= n {
+            return Err(DeviceError::Shape(format!(
+                "factors of dims {:?} (or mode {mode}) for a tensor of dims {:?}",
+                factors.dims(),
+                self.dims
+            )));
+        }
+        let rank = factors.rank();
+        if out.len() != self.dims[mode] as usize * rank {
+            return Err(DeviceError::Shape(format!(
+                "output holds {} floats, mode {mode} needs {}",
+                out.len(),
+                self.dims[mode] as usize * rank
+            )));
+        }
+        let f = self.gpu.kernels().function(
+            self.gpu.context(),
+            "mttkrp_coo.cu",
+            "mttkrp_coo_atomic",
+            &[("NMODES", n as i64), ("RANK", rank as i64)],
+        )?;
+        let store = self.gpu.kernels().function(
+            self.gpu.context(),
+            "mttkrp_coo.cu",
+            "store_f32",
+            &[("NMODES", n as i64), ("RANK", rank as i64)],
+        )?;
+        let stream = self.gpu.stream().clone();
+        let len = out.len();
+        if self.sums.as_ref().is_none_or(|s| s.len() < len) {
+            self.sums = None;
+            self.gpu.ensure_free("the f64 row sums", len * 8)?;
+            self.sums = Some(
+                stream
+                    .alloc_zeros::<f64>(len)
+                    .map_err(driver("allocating row sums"))?,
+            );
+        }
+        let all_sums = self.sums.as_mut().expect("allocated above");
+        let mut sums = all_sums.slice_mut(..len);
+        stream
+            .memset_zeros(&mut sums)
+            .map_err(driver("zeroing the row sums"))?;
+        let warps_per_block = u64::from(BLOCK) / 32;
+        let blocks = (self.nnz as u64)
+            .div_ceil(warps_per_block)
+            .min(self.gpu.properties().sms as u64 * 64)
+            .max(1) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let nnz = self.nnz as u64;
+        let mode = mode as i32;
+        let mut launch = stream.launch_builder(&f);
+        launch
+            .arg(&self.idx)
+            .arg(&self.vals)
+            .arg(&factors.data)
+            .arg(&factors.row_offset)
+            .arg(&mut sums)
+            .arg(&nnz)
+            .arg(&mode);
+        // SAFETY: the kernel reads idx[0 .. NMODES * nnz) and vals[0 .. nnz),
+        // both uploaded with exactly those lengths; every index is below its
+        // mode's dimension (SparseTensor checks it), so factor rows
+        // row_offset[w] + idx lie inside `data` (the dims match, checked
+        // above) and sum rows inside `sums` (dims[mode] * rank long).
+        if self.nnz > 0 {
+            unsafe { launch.launch(cfg) }.map_err(driver("launching mttkrp_coo_atomic"))?;
+        }
+        let n_out = len as u64;
+        let store_cfg = LaunchConfig {
+            grid_dim: (n_out.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = stream.launch_builder(&store);
+        launch.arg(&mut sums).arg(out).arg(&n_out);
+        // SAFETY: `sums` and `out` both hold n_out elements.
+        unsafe { launch.launch(store_cfg) }.map_err(driver("launching store_f32"))?;
+        Ok(())
+    }
+
+    /// Host-to-host convenience (tests, `kruskal check`): uploads the
+    /// factors, runs mode `mode` and copies the result into `out`.
+    pub fn mttkrp_host(
+        &mut self,
+        mode: usize,
+        factors: &[Array2<f32>],
+        out: &mut Array2<f32>,
+    ) -> Result<()> {
+        let dev = DeviceFactors::upload(&self.gpu, factors)?;
+        let stream = self.gpu.stream().clone();
+        let mut d_out = stream
+            .alloc_zeros::<f32>(out.len())
+            .map_err(driver("allocating the output"))?;
+        self.mttkrp(mode, &dev, &mut d_out)?;
+        let host = stream
+            .clone_dtoh(&d_out)
+            .map_err(driver("downloading the output"))?;
+        let shape = out.dim();
+        *out =
+            Array2::from_shape_vec(shape, host).map_err(|e| DeviceError::Shape(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Times `repeat` runs of mode `mode` with CUDA events after one
+    /// warm-up; returns milliseconds per run.
+    pub fn time(
+        &mut self,
+        mode: usize,
+        factors: &DeviceFactors,
+        repeat: usize,
+    ) -> Result<Vec<f32>> {
+        let stream = self.gpu.stream().clone();
+        let mut out = stream
+            .alloc_zeros::<f32>(self.dims[mode] as usize * factors.rank())
+            .map_err(driver("allocating the output"))?;
+        self.mttkrp(mode, factors, &mut out)?;
+        let (start, end) = (self.gpu.timing_event()?, self.gpu.timing_event()?);
+        (0..repeat)
+            .map(|_| {
+                start
+                    .record(&stream)
+                    .map_err(driver("recording an event"))?;
+                self.mttkrp(mode, factors, &mut out)?;
+                end.record(&stream).map_err(driver("recording an event"))?;
+                end.synchronize()
+                    .map_err(driver("waiting for the kernel"))?;
+                start.elapsed_ms(&end).map_err(driver("reading an event"))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kruskal_cpu::{mttkrp_reference, relative_error};
+    use kruskal_formats::generate::{PowerLawSpec, power_law};
+
+    fn factors(dims: &[u32], rank: usize, seed: u64) -> Vec<Array2<f32>> {
+        let mut x = seed | 1;
+        dims.iter()
+            .map(|&d| {
+                Array2::from_shape_fn((d as usize, rank), |_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn coo_atomic_equals_the_f64_reference() {
+        let gpu = Gpu::open(0).expect("a GPU");
+        for (nmodes, exponent) in [(3, 1.1), (4, 0.8), (5, 1.3), (6, 0.5)] {
+            let dims: Vec<u32> = (0..nmodes).map(|m| 50 + 37 * m as u32).collect();
+            let mut spec = PowerLawSpec::new(dims, 30_000).with_seed(nmodes as u64);
+            spec.exponents = vec![exponent; nmodes];
+            let t = power_law(&spec).unwrap();
+            let mut engine = CooAtomic::new(gpu.clone(), &t).unwrap();
+            for rank in [1, 7, 16, 32, 64, 100] {
+                let f = factors(t.dims(), rank, rank as u64);
+                let views: Vec<_> = f.iter().map(|a| a.view()).collect();
+                for mode in 0..nmodes {
+                    let mut out = Array2::from_elem((t.dims()[mode] as usize, rank), f32::NAN);
+                    engine.mttkrp_host(mode, &f, &mut out).unwrap();
+                    let exact = mttkrp_reference(&t, &views, mode).unwrap();
+                    let err = relative_error(out.view(), exact.view());
+                    assert!(err < 1e-5, "{nmodes} modes rank {rank} mode {mode}: {err}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn no_gpu_is_an_error_not_a_panic() {
+        // On a machine with a GPU this opens it; without one it must be a
+        // typed error that suggests the CPU backend.
+        match Gpu::open(0) {
+            Ok(gpu) => assert!(gpu.properties().sms > 0),
+            Err(e) => assert!(e.to_string().contains("--backend cpu"), "{e}"),
+        }
+        assert!(matches!(
+            Gpu::open(usize::MAX),
+            Err(DeviceError::NoDevice { .. } | DeviceError::MissingLibrary { .. })
+        ));
+    }
+}

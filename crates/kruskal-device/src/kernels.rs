@@ -1,0 +1,196 @@
+//! The CUDA sources and their run-time compilation.
+//!
+//! Sources live in `kernels/` at the repository root and are embedded with
+//! `include_str!`. NVRTC compiles them for the device's architecture with
+//! `-DNMODES`, `-DRANK` and whatever launch-shape defines a kernel takes.
+//! Compiled PTX is cached in memory (per [`KernelCache`]) and on disk under
+//! the user's cache directory (`KRUSKAL_CACHE_DIR` overrides it), keyed by a
+//! SHA-256 of the source, the options and the driver version, so a new
+//! driver or an edited kernel never picks up stale PTX.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaFunction};
+use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
+use sha2::{Digest, Sha256};
+
+use crate::{DeviceError, Result, driver};
+
+/// The shared header, pasted in place of `#include "common.cuh"` (NVRTC
+/// is given one source string).
+pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
+
+/// Every kernel source file: (file name, text).
+pub const SOURCES: &[(&str, &str)] = &[(
+    "mttkrp_coo.cu",
+    include_str!("../../../kernels/mttkrp_coo.cu"),
+)];
+
+/// The complete source of `file`, header included.
+pub fn source(file: &str) -> Result<String> {
+    let (_, text) = SOURCES
+        .iter()
+        .find(|(name, _)| *name == file)
+        .ok_or_else(|| DeviceError::Shape(format!("no kernel source named {file}")))?;
+    Ok(text.replace("#include \"common.cuh\"", COMMON))
+}
+
+/// NVRTC options for `defines` on `arch`, in a fixed order.
+pub fn options(arch: &str, defines: &[(&str, i64)]) -> Vec<String> {
+    let mut opts = vec![
+        format!("--gpu-architecture={arch}"),
+        "-std=c++17".to_string(),
+    ];
+    opts.extend(defines.iter().map(|(k, v)| format!("-D{k}={v}")));
+    opts
+}
+
+/// Compiles `file` to PTX (no GPU needed, only NVRTC).
+pub fn compile(file: &str, arch: &str, defines: &[(&str, i64)]) -> Result<String> {
+    crate::probe::check_libraries()?;
+    let src = source(file)?;
+    let opts = CompileOptions {
+        options: options(arch, defines),
+        name: Some(file.to_string()),
+        ..Default::default()
+    };
+    match compile_ptx_with_opts(&src, opts) {
+        Ok(ptx) => Ok(ptx.to_src()),
+        Err(CompileError::CompileError { log, options, .. }) => Err(DeviceError::Compile {
+            kernel: file.to_string(),
+            options: options.join(" "),
+            log: log.to_string_lossy().into_owned(),
+        }),
+        Err(e) => Err(DeviceError::Compile {
+            kernel: file.to_string(),
+            options: options(arch, defines).join(" "),
+            log: e.to_string(),
+        }),
+    }
+}
+
+/// Compiled kernels of one device.
+pub struct KernelCache {
+    arch: String,
+    driver_version: i32,
+    disk: Option<PathBuf>,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+}
+
+impl KernelCache {
+    pub fn new(arch: String, driver_version: i32) -> Self {
+        let disk = std::env::var_os("KRUSKAL_CACHE_DIR")
+            .map(PathBuf::from)
+            .or_else(|| dirs::cache_dir().map(|d| d.join("kruskal")))
+            .map(|d| d.join("kernels"));
+        KernelCache {
+            arch,
+            driver_version,
+            disk,
+            functions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    /// The cache key of a compilation.
+    fn key(&self, file: &str, defines: &[(&str, i64)]) -> Result<String> {
+        let mut h = Sha256::new();
+        h.update(source(file)?.as_bytes());
+        h.update(options(&self.arch, defines).join("\n").as_bytes());
+        h.update(self.driver_version.to_le_bytes());
+        Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    }
+
+    /// PTX for `file` with `defines`: from disk if an identical compilation
+    /// was cached, else compiled and stored (a cache that cannot be written
+    /// only costs the next run a compile).
+    pub fn ptx(&self, file: &str, defines: &[(&str, i64)]) -> Result<String> {
+        let key = self.key(file, defines)?;
+        let path = self.disk.as_ref().map(|d| d.join(format!("{key}.ptx")));
+        if let Some(ptx) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+            return Ok(ptx);
+        }
+        let ptx = compile(file, &self.arch, defines)?;
+        if let Some(p) = &path {
+            let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+            let stored = p
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|_| std::fs::write(&tmp, &ptx))
+                .and_then(|_| std::fs::rename(&tmp, p));
+            if stored.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+        }
+        Ok(ptx)
+    }
+
+    /// The function `name` of `file` compiled with `defines`, loaded into
+    /// `ctx` (cached per process).
+    pub fn function(
+        &self,
+        ctx: &Arc<CudaContext>,
+        file: &str,
+        name: &str,
+        defines: &[(&str, i64)],
+    ) -> Result<CudaFunction> {
+        let key = format!("{}/{name}", self.key(file, defines)?);
+        if let Some(f) = self.functions.lock().expect("kernel cache lock").get(&key) {
+            return Ok(f.clone());
+        }
+        let ptx = self.ptx(file, defines)?;
+        let module = ctx
+            .load_module(Ptx::from_src(ptx))
+            .map_err(driver(format!("loading the PTX of {file}")))?;
+        let f = module
+            .load_function(name)
+            .map_err(driver(format!("finding {name} in {file}")))?;
+        self.functions
+            .lock()
+            .expect("kernel cache lock")
+            .insert(key, f.clone());
+        Ok(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_embed_the_header_and_options_carry_defines() {
+        let src = source("mttkrp_coo.cu").unwrap();
+        assert!(src.contains("COLS_PER_LANE") && !src.contains("#include \"common.cuh\""));
+        assert!(source("nope.cu").is_err());
+        let o = options("sm_90", &[("NMODES", 3), ("RANK", 32)]);
+        assert_eq!(
+            o,
+            [
+                "--gpu-architecture=sm_90",
+                "-std=c++17",
+                "-DNMODES=3",
+                "-DRANK=32"
+            ]
+        );
+    }
+
+    /// Needs NVRTC (a GPU machine, or the NVRTC wheel), not a GPU.
+    #[test]
+    #[ignore = "needs NVRTC"]
+    fn every_kernel_compiles_and_errors_show_the_log() {
+        for (file, _) in SOURCES {
+            for (n, r) in [(3, 1), (4, 32), (6, 100)] {
+                let ptx = compile(file, "sm_90", &[("NMODES", n), ("RANK", r)]).unwrap();
+                assert!(ptx.contains(".entry"), "{file}");
+            }
+        }
+        // Without RANK the header's #error fires, and the log says so.
+        let err = compile("mttkrp_coo.cu", "sm_90", &[("NMODES", 3)]).unwrap_err();
+        assert!(err.to_string().contains("RANK must be defined"), "{err}");
+    }
+}

@@ -1,0 +1,23 @@
+// Shared definitions of kruskal's MTTKRP kernels.
+//
+// Every kernel is compiled at run time by NVRTC with
+//   -DNMODES=<modes> -DRANK=<rank>
+// (and kernel-specific launch-shape defines), so loops over modes and rank
+// columns have compile-time bounds. RANK need not be a multiple of 32.
+
+#pragma once
+
+#ifndef NMODES
+#error "NMODES must be defined (-DNMODES=...)"
+#endif
+#ifndef RANK
+#error "RANK must be defined (-DRANK=...)"
+#endif
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define WARP 32
+
+// Rank columns one lane handles: lane, lane + 32, ...
+#define COLS_PER_LANE ((RANK + WARP - 1) / WARP)
