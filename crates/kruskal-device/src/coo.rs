@@ -7,15 +7,15 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kruskal_formats::SparseTensor;
 use ndarray::Array2;
 
-use crate::{DeviceError, Gpu, Result, driver};
+use crate::{DeviceError, Gpu, GpuMttkrp, Result, driver};
 
 /// Every factor matrix on the device: rows of all modes concatenated in one
 /// buffer (`rank` floats each), and each mode's first row.
 pub struct DeviceFactors {
     dims: Vec<u32>,
     rank: usize,
-    data: CudaSlice<f32>,
-    row_offset: CudaSlice<u64>,
+    pub(crate) data: CudaSlice<f32>,
+    pub(crate) row_offset: CudaSlice<u64>,
 }
 
 impl DeviceFactors {
@@ -206,56 +206,28 @@ impl CooAtomic {
         unsafe { launch.launch(store_cfg) }.map_err(driver("launching store_f32"))?;
         Ok(())
     }
+}
 
-    /// Host-to-host convenience (tests, `kruskal check`): uploads the
-    /// factors, runs mode `mode` and copies the result into `out`.
-    pub fn mttkrp_host(
-        &mut self,
-        mode: usize,
-        factors: &[Array2<f32>],
-        out: &mut Array2<f32>,
-    ) -> Result<()> {
-        let dev = DeviceFactors::upload(&self.gpu, factors)?;
-        let stream = self.gpu.stream().clone();
-        let mut d_out = stream
-            .alloc_zeros::<f32>(out.len())
-            .map_err(driver("allocating the output"))?;
-        self.mttkrp(mode, &dev, &mut d_out)?;
-        let host = stream
-            .clone_dtoh(&d_out)
-            .map_err(driver("downloading the output"))?;
-        let shape = out.dim();
-        *out =
-            Array2::from_shape_vec(shape, host).map_err(|e| DeviceError::Shape(e.to_string()))?;
-        Ok(())
+impl GpuMttkrp for CooAtomic {
+    fn name(&self) -> &'static str {
+        "coo"
     }
 
-    /// Times `repeat` runs of mode `mode` with CUDA events after one
-    /// warm-up; returns milliseconds per run.
-    pub fn time(
+    fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    fn dims(&self) -> &[u32] {
+        &self.dims
+    }
+
+    fn mttkrp(
         &mut self,
         mode: usize,
         factors: &DeviceFactors,
-        repeat: usize,
-    ) -> Result<Vec<f32>> {
-        let stream = self.gpu.stream().clone();
-        let mut out = stream
-            .alloc_zeros::<f32>(self.dims[mode] as usize * factors.rank())
-            .map_err(driver("allocating the output"))?;
-        self.mttkrp(mode, factors, &mut out)?;
-        let (start, end) = (self.gpu.timing_event()?, self.gpu.timing_event()?);
-        (0..repeat)
-            .map(|_| {
-                start
-                    .record(&stream)
-                    .map_err(driver("recording an event"))?;
-                self.mttkrp(mode, factors, &mut out)?;
-                end.record(&stream).map_err(driver("recording an event"))?;
-                end.synchronize()
-                    .map_err(driver("waiting for the kernel"))?;
-                start.elapsed_ms(&end).map_err(driver("reading an event"))
-            })
-            .collect()
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        CooAtomic::mttkrp(self, mode, factors, out)
     }
 }
 

@@ -23,10 +23,16 @@ use crate::{DeviceError, Result, driver};
 pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
 
 /// Every kernel source file: (file name, text).
-pub const SOURCES: &[(&str, &str)] = &[(
-    "mttkrp_coo.cu",
-    include_str!("../../../kernels/mttkrp_coo.cu"),
-)];
+pub const SOURCES: &[(&str, &str)] = &[
+    (
+        "mttkrp_coo.cu",
+        include_str!("../../../kernels/mttkrp_coo.cu"),
+    ),
+    (
+        "mttkrp_flycoo.cu",
+        include_str!("../../../kernels/mttkrp_flycoo.cu"),
+    ),
+];
 
 /// The complete source of `file`, header included.
 pub fn source(file: &str) -> Result<String> {
@@ -185,7 +191,8 @@ mod tests {
     fn every_kernel_compiles_and_errors_show_the_log() {
         for (file, _) in SOURCES {
             for (n, r) in [(3, 1), (4, 32), (6, 100)] {
-                let ptx = compile(file, "sm_90", &[("NMODES", n), ("RANK", r)]).unwrap();
+                let defines = [("NMODES", n), ("RANK", r), ("WARPS", 8)];
+                let ptx = compile(file, "sm_90", &defines).unwrap();
                 assert!(ptx.contains(".entry"), "{file}");
             }
         }

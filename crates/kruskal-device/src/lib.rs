@@ -10,7 +10,10 @@
 //!   compiled at run time by NVRTC for the device's architecture with
 //!   `-DNMODES`, `-DRANK` and launch-shape defines, cached in memory and on
 //!   disk.
-//! - [`coo`]: the `coo_atomic` MTTKRP engine (the COO baseline).
+//! - [`coo`]: the `coo_atomic` MTTKRP engine (the COO baseline) and the
+//!   device-resident factor matrices.
+//! - [`flycoo`]: the `flycoo` engine (one thread block per LPT partition,
+//!   dynamic remap in the same pass).
 //!
 //! This crate builds and its CPU-side tests run everywhere; everything that
 //! needs a GPU returns [`DeviceError`] when there is none.
@@ -24,11 +27,13 @@
 //! ```
 
 pub mod coo;
+pub mod flycoo;
 pub mod gpu;
 pub mod kernels;
 pub mod probe;
 
 pub use coo::CooAtomic;
+pub use flycoo::FlycooGpu;
 pub use gpu::{Gpu, GpuProperties};
 
 use cudarc::driver::DriverError;
@@ -77,6 +82,82 @@ pub enum DeviceError {
 }
 
 pub type Result<T, E = DeviceError> = std::result::Result<T, E>;
+
+/// One GPU MTTKRP engine, whatever its format.
+pub trait GpuMttkrp {
+    /// Short name, as `--kernel` spells it.
+    fn name(&self) -> &'static str;
+    fn gpu(&self) -> &std::sync::Arc<Gpu>;
+    fn dims(&self) -> &[u32];
+    /// `out = MTTKRP(mode)` on the device (asynchronous on the GPU's
+    /// stream); `out` holds `dims[mode] x rank` floats.
+    fn mttkrp(
+        &mut self,
+        mode: usize,
+        factors: &coo::DeviceFactors,
+        out: &mut cudarc::driver::CudaSlice<f32>,
+    ) -> Result<()>;
+
+    /// Host-to-host convenience (tests, `kruskal check`): uploads the
+    /// factors, runs `mode` and copies the result into `out`.
+    fn mttkrp_host(
+        &mut self,
+        mode: usize,
+        factors: &[ndarray::Array2<f32>],
+        out: &mut ndarray::Array2<f32>,
+    ) -> Result<()> {
+        let gpu = self.gpu().clone();
+        let dev = coo::DeviceFactors::upload(&gpu, factors)?;
+        let stream = gpu.stream().clone();
+        let mut d_out = stream
+            .alloc_zeros::<f32>(out.len())
+            .map_err(driver("allocating the output"))?;
+        self.mttkrp(mode, &dev, &mut d_out)?;
+        let host = stream
+            .clone_dtoh(&d_out)
+            .map_err(driver("downloading the output"))?;
+        *out = ndarray::Array2::from_shape_vec(out.dim(), host)
+            .map_err(|e| DeviceError::Shape(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Times `repeat` sweeps over `modes` in order (after one warm-up
+    /// sweep) with CUDA events; returns milliseconds per run, per mode.
+    fn time_sweeps(
+        &mut self,
+        factors: &coo::DeviceFactors,
+        modes: &[usize],
+        repeat: usize,
+    ) -> Result<Vec<Vec<f32>>> {
+        let gpu = self.gpu().clone();
+        let stream = gpu.stream().clone();
+        let mut outs = modes
+            .iter()
+            .map(|&m| {
+                stream
+                    .alloc_zeros::<f32>(self.dims()[m] as usize * factors.rank())
+                    .map_err(driver("allocating an output"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let (start, end) = (gpu.timing_event()?, gpu.timing_event()?);
+        let mut times = vec![Vec::with_capacity(repeat); modes.len()];
+        for sweep in 0..=repeat {
+            for (k, &mode) in modes.iter().enumerate() {
+                start
+                    .record(&stream)
+                    .map_err(driver("recording an event"))?;
+                self.mttkrp(mode, factors, &mut outs[k])?;
+                end.record(&stream).map_err(driver("recording an event"))?;
+                end.synchronize()
+                    .map_err(driver("waiting for the kernel"))?;
+                if sweep > 0 {
+                    times[k].push(start.elapsed_ms(&end).map_err(driver("reading an event"))?);
+                }
+            }
+        }
+        Ok(times)
+    }
+}
 
 /// Wraps a driver error with what was being done.
 pub(crate) fn driver(what: impl Into<String>) -> impl FnOnce(DriverError) -> DeviceError {

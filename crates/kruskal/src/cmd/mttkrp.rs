@@ -224,16 +224,23 @@ fn time_kernel(
 /// `--verify` checks each mode against the f64 reference.
 fn run_gpu(args: &MttkrpArgs, loaded: &super::common::Loaded, modes: &[usize]) -> Result<()> {
     use kruskal_device::coo::{CooAtomic, DeviceFactors};
-    if !matches!(args.kernel.as_str(), "auto" | "coo") {
-        bail!(
-            "the GPU backend has the kernel coo so far, not '{}'",
-            args.kernel
-        );
-    }
+    use kruskal_device::{FlycooGpu, GpuMttkrp};
     let t = &loaded.tensor;
     let gpu = kruskal_device::Gpu::open(0)?;
     let prep = Instant::now();
-    let mut engine = CooAtomic::new(gpu.clone(), t)?;
+    let mut engine: Box<dyn GpuMttkrp> = match args.kernel.as_str() {
+        "coo" => Box::new(CooAtomic::new(gpu.clone(), t)?),
+        "auto" | "flycoo" => {
+            // Four partitions (thread blocks) per SM.
+            let kappa = 4 * gpu.properties().sms;
+            let (f, _) = kruskal_partition::flycoo::build_flycoo(
+                t,
+                &kruskal_partition::layout::LayoutOptions::new(kappa),
+            )?;
+            Box::new(FlycooGpu::new(gpu.clone(), &f)?)
+        }
+        other => bail!("the GPU backend has the kernels flycoo and coo so far, not '{other}'"),
+    };
     let factors = random_factors(t.dims(), args.rank, 1);
     let dev_factors = DeviceFactors::upload(&gpu, &factors)?;
     gpu.stream().synchronize()?;
@@ -242,12 +249,13 @@ fn run_gpu(args: &MttkrpArgs, loaded: &super::common::Loaded, modes: &[usize]) -
     if !args.json {
         println!("tensor   {}", loaded.source);
         println!(
-            "         {}, {} nonzeros; rank {}; {} ({} SMs), coo kernel; uploaded in {:.2} s",
+            "         {}, {} nonzeros; rank {}; {} ({} SMs), {} kernel; prepared and uploaded in {:.2} s",
             dims_text(t.dims()),
             thousands(t.nnz() as u64),
             args.rank,
             p.name,
             p.sms,
+            engine.name(),
             prep_s
         );
         println!(
@@ -261,12 +269,9 @@ fn run_gpu(args: &MttkrpArgs, loaded: &super::common::Loaded, modes: &[usize]) -
     }
     let mut rows = Vec::new();
     let mut total_ms = 0.0;
-    for &mode in modes {
-        let mut times: Vec<f64> = engine
-            .time(mode, &dev_factors, args.repeat)?
-            .into_iter()
-            .map(f64::from)
-            .collect();
+    let sweeps = engine.time_sweeps(&dev_factors, modes, args.repeat)?;
+    for (k, &mode) in modes.iter().enumerate() {
+        let mut times: Vec<f64> = sweeps[k].iter().copied().map(f64::from).collect();
         let min_ms = times.iter().copied().fold(f64::INFINITY, f64::min);
         let ms = median(&mut times);
         total_ms += ms;
@@ -295,7 +300,7 @@ fn run_gpu(args: &MttkrpArgs, loaded: &super::common::Loaded, modes: &[usize]) -
     if args.json {
         let value = json!({
             "tensor": { "source": loaded.source, "dims": t.dims(), "nnz": t.nnz() },
-            "backend": "gpu", "kernel": "coo", "gpu": p.name, "rank": args.rank,
+            "backend": "gpu", "kernel": engine.name(), "gpu": p.name, "rank": args.rank,
             "repeat": args.repeat, "upload_s": prep_s, "modes": rows, "total_median_ms": total_ms,
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
