@@ -33,7 +33,7 @@ use kruskal_formats::{Fcoo, SparseTensor};
 use ndarray::Array2;
 use rayon::prelude::*;
 
-use crate::{MttkrpEngine, Result, mttkrp_slices};
+use crate::{MttkrpEngine, Result, mttkrp_slices, row_of};
 
 /// GPU threads per thread block; a block holds `threadlen * BLOCK_THREADS`
 /// nonzeros (4096 at the default `threadlen` of 8).
@@ -243,14 +243,6 @@ impl Reduction<'_> {
         }
         partials
     }
-}
-
-/// The row `i` of a row-major matrix with `R` columns.
-#[inline(always)]
-pub(crate) fn row_of<const R: usize>(matrix: &[f32], i: u32) -> &[f32; R] {
-    matrix[i as usize * R..]
-        .first_chunk::<R>()
-        .expect("indices are below the dimension, checked when the tensor was built")
 }
 
 /// The F-COO MTTKRP engine: one [`Fcoo::for_mttkrp`] per mode, built once

@@ -29,7 +29,7 @@ use kruskal_partition::layout::LayoutOptions;
 use ndarray::Array2;
 use rayon::prelude::*;
 
-use crate::{CpuError, MttkrpEngine, Result, mttkrp_slices};
+use crate::{CpuError, MttkrpEngine, Result, mttkrp_slices, row_of};
 
 /// The FLYCOO engine. See the module documentation.
 #[derive(Debug)]
@@ -394,14 +394,6 @@ impl Task<'_> {
         }
         partials
     }
-}
-
-/// The factor row `i` of a row-major matrix with `R` columns.
-#[inline(always)]
-fn row_of<const R: usize>(factor: &[f32], i: u32) -> &[f32; R] {
-    factor[i as usize * R..]
-        .first_chunk::<R>()
-        .expect("indices are below the dimension, checked when the tensor was built")
 }
 
 /// One partition for a rank known at compile time.

@@ -29,7 +29,7 @@ use kruskal_formats::{Hicoo, SparseTensor};
 use ndarray::Array2;
 use rayon::prelude::*;
 
-use crate::{MttkrpEngine, Result, mttkrp_slices};
+use crate::{MttkrpEngine, Result, mttkrp_slices, row_of};
 
 /// Groups are split into pieces of at least this many nonzeros: below it the
 /// cost of one more `2^b x rank` buffer is not repaid.
@@ -471,15 +471,6 @@ impl Kernel<'_> {
     }
 }
 
-/// The factor row at `offset` of a block row starting at `base`, for a
-/// rank known at compile time.
-#[inline(always)]
-fn row_of<const R: usize>(base: &[f32], offset: u8) -> &[f32; R] {
-    base[usize::from(offset) * R..]
-        .first_chunk::<R>()
-        .expect("block coordinates and offsets address rows below the dimension")
-}
-
 /// The first factor row of block coordinate `coord` (`2^b` rows a block).
 #[inline(always)]
 fn block_rows(factor: &[f32], coord: u32, b: u8, rank: usize) -> &[f32] {
@@ -559,8 +550,8 @@ fn accumulate_fixed<const R: usize>(kernel: &Kernel<'_>, piece: &Piece, acc: &mu
             for j in nz {
                 let sum = run.row(out_off[j], acc);
                 let v = values[j];
-                let a = row_of::<R>(ya, oa[j]);
-                let c = row_of::<R>(yb, ob[j]);
+                let a = row_of::<R>(ya, u32::from(oa[j]));
+                let c = row_of::<R>(yb, u32::from(ob[j]));
                 for r in 0..R {
                     sum[r] += f64::from(v * a[r] * c[r]);
                 }
@@ -583,7 +574,7 @@ fn accumulate_fixed<const R: usize>(kernel: &Kernel<'_>, piece: &Piece, acc: &mu
         for j in nz {
             let mut prod = [values[j]; R];
             for &(y, off) in &rows {
-                let y = row_of::<R>(y, off[j]);
+                let y = row_of::<R>(y, u32::from(off[j]));
                 for r in 0..R {
                     prod[r] *= y[r];
                 }

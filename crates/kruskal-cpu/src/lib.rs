@@ -132,6 +132,15 @@ pub(crate) fn check_factors(
 #[cfg(test)]
 pub(crate) mod testutil;
 
+/// The row `i` of a row-major matrix with `R` columns (every engine's
+/// factor-row gather for a rank known at compile time).
+#[inline(always)]
+pub(crate) fn row_of<const R: usize>(matrix: &[f32], i: u32) -> &[f32; R] {
+    matrix[i as usize * R..]
+        .first_chunk::<R>()
+        .expect("indices are below the dimension, checked when the tensor was built")
+}
+
 pub(crate) fn check_factor_shapes(
     dims: &[u32],
     shapes: impl ExactSizeIterator<Item = (usize, usize)>,

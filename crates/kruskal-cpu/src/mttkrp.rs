@@ -22,7 +22,7 @@ use kruskal_partition::layout::sort_by_two;
 use ndarray::Array2;
 use rayon::prelude::*;
 
-use crate::{MttkrpEngine, Result, mttkrp_slices};
+use crate::{MttkrpEngine, Result, mttkrp_slices, row_of};
 
 /// Target nonzeros per chunk. Small enough for load balance through work
 /// stealing, large enough that the per-chunk overhead (two partial rows) is
@@ -390,14 +390,6 @@ fn walk_chunk(
         }
     }
     partials
-}
-
-/// The factor row `i` of a row-major matrix with `R` columns.
-#[inline(always)]
-fn row_of<const R: usize>(factor: &[f32], i: u32) -> &[f32; R] {
-    factor[i as usize * R..]
-        .first_chunk::<R>()
-        .expect("indices are below the dimension, checked when the tensor was built")
 }
 
 /// [`run_chunk`] for a rank known at compile time.

@@ -19,8 +19,8 @@ use std::collections::BTreeMap;
 use kruskal_formats::{Fcoo, FcooOp, SparseTensor};
 use ndarray::{Array2, ArrayView2};
 
-use crate::fcoo::{Block, BlockPartials, Reduction, row_of};
-use crate::{CpuError, Result};
+use crate::fcoo::{Block, BlockPartials, Reduction};
+use crate::{CpuError, Result, row_of};
 
 /// A semi-sparse tensor: sparse in every mode but `dense_mode`, dense along
 /// it. The result of an SpTTM.

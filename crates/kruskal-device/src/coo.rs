@@ -60,6 +60,30 @@ impl DeviceFactors {
     }
 }
 
+/// Checks an MTTKRP's operands: factors for a tensor of `dims`, an existing
+/// `mode`, and an output of `dims[mode] x rank` floats. Returns the rank.
+pub(crate) fn check_operands(
+    dims: &[u32],
+    mode: usize,
+    factors: &DeviceFactors,
+    out_len: usize,
+) -> Result<usize> {
+    if factors.dims() != dims || mode >= dims.len() {
+        return Err(DeviceError::Shape(format!(
+            "factors of dims {:?} (or mode {mode}) for a tensor of dims {dims:?}",
+            factors.dims()
+        )));
+    }
+    let rank = factors.rank();
+    if out_len != dims[mode] as usize * rank {
+        return Err(DeviceError::Shape(format!(
+            "output holds {out_len} floats, mode {mode} needs {}",
+            dims[mode] as usize * rank
+        )));
+    }
+    Ok(rank)
+}
+
 /// The COO tensor on the device and the `coo_atomic` kernel.
 pub struct CooAtomic {
     gpu: Arc<Gpu>,
@@ -122,21 +146,7 @@ impl CooAtomic {
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let n = self.dims.len();
-        if factors.dims() != self.dims.as_slice() || mode >= n {
-            return Err(DeviceError::Shape(format!(
-                "factors of dims {:?} (or mode {mode}) for a tensor of dims {:?}",
-                factors.dims(),
-                self.dims
-            )));
-        }
-        let rank = factors.rank();
-        if out.len() != self.dims[mode] as usize * rank {
-            return Err(DeviceError::Shape(format!(
-                "output holds {} floats, mode {mode} needs {}",
-                out.len(),
-                self.dims[mode] as usize * rank
-            )));
-        }
+        let rank = check_operands(&self.dims, mode, factors, out.len())?;
         let f = self.gpu.kernels().function(
             self.gpu.context(),
             "mttkrp_coo.cu",
@@ -234,22 +244,9 @@ impl GpuMttkrp for CooAtomic {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::factors;
     use kruskal_cpu::{mttkrp_reference, relative_error};
     use kruskal_formats::generate::{PowerLawSpec, power_law};
-
-    fn factors(dims: &[u32], rank: usize, seed: u64) -> Vec<Array2<f32>> {
-        let mut x = seed | 1;
-        dims.iter()
-            .map(|&d| {
-                Array2::from_shape_fn((d as usize, rank), |_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-                })
-            })
-            .collect()
-    }
 
     #[test]
     #[ignore = "needs a CUDA GPU"]

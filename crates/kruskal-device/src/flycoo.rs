@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kruskal_formats::flycoo::Flycoo;
 
-use crate::coo::DeviceFactors;
+use crate::coo::{DeviceFactors, check_operands};
 use crate::{DeviceError, Gpu, GpuMttkrp, Result, driver};
 
 /// Warps per thread block (the paper's P).
@@ -171,24 +171,10 @@ impl FlycooGpu {
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let n = self.dims.len();
-        let rank = factors.rank();
-        if factors.dims() != self.dims.as_slice() || mode >= n {
-            return Err(DeviceError::Shape(format!(
-                "factors of dims {:?} (or mode {mode}) for a tensor of dims {:?}",
-                factors.dims(),
-                self.dims
-            )));
-        }
+        let rank = check_operands(&self.dims, mode, factors, out.len())?;
         if rank > MAX_RANK {
             return Err(DeviceError::Shape(format!(
                 "the flycoo kernel handles ranks up to {MAX_RANK}, not {rank}"
-            )));
-        }
-        if out.len() != self.dims[mode] as usize * rank {
-            return Err(DeviceError::Shape(format!(
-                "output holds {} floats, mode {mode} needs {}",
-                out.len(),
-                self.dims[mode] as usize * rank
             )));
         }
         if self.at != mode {
@@ -279,25 +265,12 @@ impl GpuMttkrp for FlycooGpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::factors;
     use kruskal_cpu::{mttkrp_reference, relative_error};
     use kruskal_formats::generate::{PowerLawSpec, power_law};
     use kruskal_partition::flycoo::build_flycoo;
     use kruskal_partition::layout::LayoutOptions;
     use ndarray::Array2;
-
-    fn factors(dims: &[u32], rank: usize, seed: u64) -> Vec<Array2<f32>> {
-        let mut x = seed | 1;
-        dims.iter()
-            .map(|&d| {
-                Array2::from_shape_fn((d as usize, rank), |_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-                })
-            })
-            .collect()
-    }
 
     #[test]
     #[ignore = "needs a CUDA GPU"]

@@ -145,7 +145,9 @@ impl KernelCache {
         name: &str,
         defines: &[(&str, i64)],
     ) -> Result<CudaFunction> {
-        let key = format!("{}/{name}", self.key(file, defines)?);
+        // Every launch looks its kernel up here: key the in-memory cache by
+        // the request itself, and hash the source only on a miss.
+        let key = format!("{file}/{name}/{}", options(&self.arch, defines).join(" "));
         if let Some(f) = self.functions.lock().expect("kernel cache lock").get(&key) {
             return Ok(f.clone());
         }

@@ -32,6 +32,9 @@ pub mod gpu;
 pub mod kernels;
 pub mod probe;
 
+#[cfg(test)]
+mod testutil;
+
 pub use coo::CooAtomic;
 pub use flycoo::FlycooGpu;
 pub use gpu::{Gpu, GpuProperties};
