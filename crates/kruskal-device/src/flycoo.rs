@@ -33,6 +33,7 @@ pub struct FlycooGpu {
     current: usize,
     at: usize,
     modes: Vec<ModeTables>,
+    deterministic: bool,
 }
 
 impl FlycooGpu {
@@ -98,11 +99,23 @@ impl FlycooGpu {
             current: 0,
             at: 0,
             modes,
+            deterministic: false,
         })
     }
 
     pub fn dims(&self) -> &[u32] {
         &self.dims
+    }
+
+    /// With `on`, pieces of split rows are summed through a scratch buffer
+    /// in a fixed order instead of by atomics: bit-identical results run
+    /// to run.
+    pub fn set_deterministic(&mut self, on: bool) {
+        self.deterministic = on;
+    }
+
+    pub fn deterministic(&self) -> bool {
+        self.deterministic
     }
 
     /// The mode whose layout the current copy is in.

@@ -22,23 +22,71 @@ use crate::{DeviceError, Result, driver};
 /// is given one source string).
 pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
 
-/// Every kernel source file: (file name, text).
-pub const SOURCES: &[(&str, &str)] = &[
-    (
-        "mttkrp_coo.cu",
-        include_str!("../../../kernels/mttkrp_coo.cu"),
-    ),
-    (
-        "mttkrp_flycoo.cu",
-        include_str!("../../../kernels/mttkrp_flycoo.cu"),
-    ),
+/// One kernel source file and the launch-shape defines its engine compiles
+/// it with (besides `NMODES` and `RANK`).
+pub struct KernelSource {
+    pub file: &'static str,
+    pub text: &'static str,
+    /// Each entry is one set of extra defines an engine uses.
+    pub variants: &'static [&'static [(&'static str, i64)]],
+}
+
+/// Every kernel source file.
+pub const SOURCES: &[KernelSource] = &[
+    KernelSource {
+        file: "mttkrp_coo.cu",
+        text: include_str!("../../../kernels/mttkrp_coo.cu"),
+        variants: &[&[]],
+    },
+    KernelSource {
+        file: "mttkrp_flycoo.cu",
+        text: include_str!("../../../kernels/mttkrp_flycoo.cu"),
+        variants: &[
+            &[("WARPS", crate::flycoo::WARPS as i64)],
+            &[("WARPS", crate::flycoo::WARPS as i64), ("DETERMINISTIC", 1)],
+        ],
+    },
 ];
+
+/// Mode counts and ranks every kernel is checked with (`cargo xtask
+/// kernels`, `kruskal check`).
+pub const CHECK_MODES: [i64; 4] = [3, 4, 5, 6];
+pub const CHECK_RANKS: [i64; 6] = [1, 7, 16, 32, 64, 100];
+
+/// One compilation: a source file and its complete defines.
+#[derive(Clone, Debug)]
+pub struct Specialization {
+    pub file: &'static str,
+    pub defines: Vec<(&'static str, i64)>,
+}
+
+/// Every specialization of every kernel over [`CHECK_MODES`] x
+/// [`CHECK_RANKS`] x each file's variants.
+pub fn catalog() -> Vec<Specialization> {
+    let mut all = Vec::new();
+    for src in SOURCES {
+        for &n in &CHECK_MODES {
+            for &r in &CHECK_RANKS {
+                for variant in src.variants {
+                    let mut defines = vec![("NMODES", n), ("RANK", r)];
+                    defines.extend_from_slice(variant);
+                    all.push(Specialization {
+                        file: src.file,
+                        defines,
+                    });
+                }
+            }
+        }
+    }
+    all
+}
 
 /// The complete source of `file`, header included.
 pub fn source(file: &str) -> Result<String> {
-    let (_, text) = SOURCES
+    let text = SOURCES
         .iter()
-        .find(|(name, _)| *name == file)
+        .find(|s| s.file == file)
+        .map(|s| s.text)
         .ok_or_else(|| DeviceError::Shape(format!("no kernel source named {file}")))?;
     Ok(text.replace("#include \"common.cuh\"", COMMON))
 }
@@ -55,7 +103,7 @@ pub fn options(arch: &str, defines: &[(&str, i64)]) -> Vec<String> {
 
 /// Compiles `file` to PTX (no GPU needed, only NVRTC).
 pub fn compile(file: &str, arch: &str, defines: &[(&str, i64)]) -> Result<String> {
-    crate::probe::check_libraries()?;
+    crate::probe::check_nvrtc()?;
     let src = source(file)?;
     let opts = CompileOptions {
         options: options(arch, defines),
@@ -191,12 +239,9 @@ mod tests {
     #[test]
     #[ignore = "needs NVRTC"]
     fn every_kernel_compiles_and_errors_show_the_log() {
-        for (file, _) in SOURCES {
-            for (n, r) in [(3, 1), (4, 32), (6, 100)] {
-                let defines = [("NMODES", n), ("RANK", r), ("WARPS", 8)];
-                let ptx = compile(file, "sm_90", &defines).unwrap();
-                assert!(ptx.contains(".entry"), "{file}");
-            }
+        for spec in catalog() {
+            let ptx = compile(spec.file, "sm_90", &spec.defines).unwrap();
+            assert!(ptx.contains(".entry"), "{spec:?}");
         }
         // Without RANK the header's #error fires, and the log says so.
         let err = compile("mttkrp_coo.cu", "sm_90", &[("NMODES", 3)]).unwrap_err();

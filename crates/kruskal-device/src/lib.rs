@@ -27,6 +27,7 @@
 //! ```
 
 pub mod coo;
+pub mod engine;
 pub mod flycoo;
 pub mod gpu;
 pub mod kernels;
@@ -36,6 +37,7 @@ pub mod probe;
 mod testutil;
 
 pub use coo::CooAtomic;
+pub use engine::{GpuKernel, GpuOptions, build_engine};
 pub use flycoo::FlycooGpu;
 pub use gpu::{Gpu, GpuProperties};
 
@@ -79,6 +81,13 @@ pub enum DeviceError {
         free: usize,
     },
 
+    /// The host format for an engine could not be built.
+    #[error("building {format} for the GPU: {message}")]
+    Prepare {
+        format: &'static str,
+        message: String,
+    },
+
     /// Operands of the wrong shape.
     #[error("shape mismatch: {0}")]
     Shape(String),
@@ -102,7 +111,9 @@ pub trait GpuMttkrp {
     ) -> Result<()>;
 
     /// Host-to-host convenience (tests, `kruskal check`): uploads the
-    /// factors, runs `mode` and copies the result into `out`.
+    /// factors and `out`'s current contents (fill it with NaN to see rows
+    /// an engine leaves unwritten), runs `mode` and copies the result back
+    /// into `out`.
     fn mttkrp_host(
         &mut self,
         mode: usize,
@@ -112,9 +123,11 @@ pub trait GpuMttkrp {
         let gpu = self.gpu().clone();
         let dev = coo::DeviceFactors::upload(&gpu, factors)?;
         let stream = gpu.stream().clone();
+        let initial: Vec<f32> = out.iter().copied().collect();
+        gpu.ensure_free("the output", initial.len() * 4)?;
         let mut d_out = stream
-            .alloc_zeros::<f32>(out.len())
-            .map_err(driver("allocating the output"))?;
+            .clone_htod(&initial)
+            .map_err(driver("uploading the output"))?;
         self.mttkrp(mode, &dev, &mut d_out)?;
         let host = stream
             .clone_dtoh(&d_out)

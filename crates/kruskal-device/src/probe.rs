@@ -31,19 +31,30 @@ fn try_load(lib: &'static str) -> Result<()> {
     })
 }
 
+type Probe = std::result::Result<(), (&'static str, Vec<String>)>;
+
+/// Checks `lib` once per process.
+fn check_once(lib: &'static str, cell: &'static OnceLock<Probe>) -> Result<()> {
+    cell.get_or_init(|| match try_load(lib) {
+        Err(DeviceError::MissingLibrary { library, tried }) => Err((library, tried)),
+        _ => Ok(()),
+    })
+    .clone()
+    .map_err(|(library, tried)| DeviceError::MissingLibrary { library, tried })
+}
+
+/// Checks once per process that NVRTC can be loaded (compiling kernels
+/// needs nothing else, not even a GPU).
+pub fn check_nvrtc() -> Result<()> {
+    static NVRTC: OnceLock<Probe> = OnceLock::new();
+    check_once("nvrtc", &NVRTC)
+}
+
 /// Checks once per process that the CUDA driver and NVRTC can be loaded.
 pub fn check_libraries() -> Result<()> {
-    static RESULT: OnceLock<std::result::Result<(), (&'static str, Vec<String>)>> = OnceLock::new();
-    let r = RESULT.get_or_init(|| {
-        for lib in ["cuda", "nvrtc"] {
-            if let Err(DeviceError::MissingLibrary { library, tried }) = try_load(lib) {
-                return Err((library, tried));
-            }
-        }
-        Ok(())
-    });
-    r.clone()
-        .map_err(|(library, tried)| DeviceError::MissingLibrary { library, tried })
+    static DRIVER: OnceLock<Probe> = OnceLock::new();
+    check_once("cuda", &DRIVER)?;
+    check_nvrtc()
 }
 
 #[cfg(test)]

@@ -37,6 +37,10 @@ pub struct MttkrpArgs {
     /// each one in turn.
     #[arg(long, default_value = "auto")]
     pub kernel: String,
+    /// GPU flycoo: sum pieces of split rows in a fixed order (bit-identical
+    /// results run to run) instead of by atomics.
+    #[arg(long)]
+    pub deterministic: bool,
     /// Also compare each mode with the f64 reference (slow on big tensors).
     #[arg(long)]
     pub verify: bool,
@@ -223,24 +227,17 @@ fn time_kernel(
 /// with CUDA events (median of `--repeat` after a warm-up), and with
 /// `--verify` checks each mode against the f64 reference.
 fn run_gpu(args: &MttkrpArgs, loaded: &super::common::Loaded, modes: &[usize]) -> Result<()> {
-    use kruskal_device::coo::{CooAtomic, DeviceFactors};
-    use kruskal_device::{FlycooGpu, GpuMttkrp};
+    use kruskal_device::coo::DeviceFactors;
+    use kruskal_device::{GpuKernel, GpuOptions, build_engine};
     let t = &loaded.tensor;
+    let kernel: GpuKernel = args.kernel.parse().map_err(anyhow::Error::msg)?;
     let gpu = kruskal_device::Gpu::open(0)?;
     let prep = Instant::now();
-    let mut engine: Box<dyn GpuMttkrp> = match args.kernel.as_str() {
-        "coo" => Box::new(CooAtomic::new(gpu.clone(), t)?),
-        "auto" | "flycoo" => {
-            // Four partitions (thread blocks) per SM.
-            let kappa = 4 * gpu.properties().sms;
-            let (f, _) = kruskal_partition::flycoo::build_flycoo(
-                t,
-                &kruskal_partition::layout::LayoutOptions::new(kappa),
-            )?;
-            Box::new(FlycooGpu::new(gpu.clone(), &f)?)
-        }
-        other => bail!("the GPU backend has the kernels flycoo and coo so far, not '{other}'"),
+    let opts = GpuOptions {
+        deterministic: args.deterministic,
+        ..GpuOptions::default()
     };
+    let mut engine = build_engine(kernel, gpu.clone(), t, &opts)?;
     let factors = random_factors(t.dims(), args.rank, 1);
     let dev_factors = DeviceFactors::upload(&gpu, &factors)?;
     gpu.stream().synchronize()?;

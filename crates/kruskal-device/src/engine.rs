@@ -1,0 +1,147 @@
+//! Building a GPU MTTKRP engine by name.
+//!
+//! [`GpuKernel`] names the engines as `--kernel` spells them and
+//! [`build_engine`] prepares the device-resident format of a host tensor for
+//! the chosen one. Every engine implements [`GpuMttkrp`].
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use kruskal_formats::SparseTensor;
+
+use crate::{DeviceError, Gpu, GpuMttkrp, Result};
+
+/// A GPU MTTKRP engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GpuKernel {
+    /// The engine kruskal picks (flycoo).
+    Auto,
+    /// COO with one f64 atomic per (nonzero, column): the baseline.
+    CooAtomic,
+    /// HiCOO blocks, one thread block each, atomics into the output.
+    Hicoo,
+    /// F-COO per mode: segmented scan, atomics only at block edges.
+    Fcoo,
+    /// FLYCOO: LPT partitions own their rows; dynamic remap.
+    Flycoo,
+}
+
+impl GpuKernel {
+    /// Every concrete engine, in the order tables list them.
+    pub const ENGINES: [GpuKernel; 4] = [
+        GpuKernel::CooAtomic,
+        GpuKernel::Hicoo,
+        GpuKernel::Fcoo,
+        GpuKernel::Flycoo,
+    ];
+
+    /// The name `--kernel` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuKernel::Auto => "auto",
+            GpuKernel::CooAtomic => "coo",
+            GpuKernel::Hicoo => "hicoo",
+            GpuKernel::Fcoo => "fcoo",
+            GpuKernel::Flycoo => "flycoo",
+        }
+    }
+
+    /// The engine `Auto` stands for.
+    pub fn resolve(self) -> GpuKernel {
+        match self {
+            GpuKernel::Auto => GpuKernel::Flycoo,
+            k => k,
+        }
+    }
+}
+
+impl std::fmt::Display for GpuKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for GpuKernel {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(GpuKernel::Auto),
+            "coo" | "coo_atomic" => Ok(GpuKernel::CooAtomic),
+            "hicoo" => Ok(GpuKernel::Hicoo),
+            "fcoo" => Ok(GpuKernel::Fcoo),
+            "flycoo" => Ok(GpuKernel::Flycoo),
+            other => Err(format!(
+                "unknown GPU kernel '{other}' (choose auto, coo, hicoo, fcoo or flycoo)"
+            )),
+        }
+    }
+}
+
+/// Knobs of the engines; `Default` gives kruskal's choices.
+#[derive(Clone, Debug, Default)]
+pub struct GpuOptions {
+    /// flycoo: LPT partitions (thread blocks) per mode; default 4 per SM.
+    pub kappa: Option<usize>,
+    /// flycoo: pieces of split rows combine through a scratch buffer summed
+    /// in a fixed order (bit-identical results run to run).
+    pub deterministic: bool,
+    /// fcoo: nonzeros per thread (a power of two from 1 to 256).
+    pub threadlen: Option<usize>,
+    /// hicoo: block width is `2^block_bits` (1 to 8).
+    pub block_bits: Option<u32>,
+}
+
+/// Builds `kernel`'s device-resident format of `t` on `gpu`.
+pub fn build_engine(
+    kernel: GpuKernel,
+    gpu: Arc<Gpu>,
+    t: &SparseTensor,
+    opts: &GpuOptions,
+) -> Result<Box<dyn GpuMttkrp>> {
+    Ok(match kernel.resolve() {
+        GpuKernel::CooAtomic => Box::new(crate::CooAtomic::new(gpu, t)?),
+        GpuKernel::Flycoo => {
+            let kappa = opts.kappa.unwrap_or(4 * gpu.properties().sms).max(1);
+            let (f, _) = kruskal_partition::flycoo::build_flycoo(
+                t,
+                &kruskal_partition::layout::LayoutOptions::new(kappa),
+            )
+            .map_err(|e| DeviceError::Prepare {
+                format: "FLYCOO",
+                message: e.to_string(),
+            })?;
+            let mut engine = crate::FlycooGpu::new(gpu, &f)?;
+            engine.set_deterministic(opts.deterministic);
+            Box::new(engine)
+        }
+        k @ (GpuKernel::Hicoo | GpuKernel::Fcoo) => {
+            return Err(DeviceError::Shape(format!(
+                "the {k} engine is not built yet"
+            )));
+        }
+        GpuKernel::Auto => unreachable!("resolved above"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for k in GpuKernel::ENGINES {
+            assert_eq!(k.name().parse::<GpuKernel>().unwrap(), k);
+        }
+        assert_eq!(
+            "auto".parse::<GpuKernel>().unwrap().resolve(),
+            GpuKernel::Flycoo
+        );
+        assert!(
+            "sorted"
+                .parse::<GpuKernel>()
+                .unwrap_err()
+                .contains("unknown GPU kernel")
+        );
+    }
+}
