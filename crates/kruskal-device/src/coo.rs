@@ -37,17 +37,11 @@ impl DeviceFactors {
                 None => host.extend(f.iter().copied()),
             }
         }
-        gpu.ensure_free("the factor matrices", host.len() * 4)?;
-        let stream = gpu.stream();
         Ok(DeviceFactors {
             dims,
             rank,
-            data: stream
-                .clone_htod(&host)
-                .map_err(driver("uploading factors"))?,
-            row_offset: stream
-                .clone_htod(&offsets)
-                .map_err(driver("uploading factor offsets"))?,
+            data: gpu.upload("the factor matrices", &host)?,
+            row_offset: gpu.upload("the factor offsets", &offsets)?,
         })
     }
 
@@ -112,13 +106,8 @@ impl CooAtomic {
         for m in 0..tensor.nmodes() {
             idx.extend_from_slice(tensor.mode_indices(m));
         }
-        let stream = gpu.stream();
-        let idx = stream
-            .clone_htod(&idx)
-            .map_err(driver("uploading indices"))?;
-        let vals = stream
-            .clone_htod(tensor.values())
-            .map_err(driver("uploading values"))?;
+        let idx = gpu.upload("the COO indices", &idx)?;
+        let vals = gpu.upload("the COO values", tensor.values())?;
         Ok(CooAtomic {
             dims: tensor.dims().to_vec(),
             nnz: tensor.nnz(),
@@ -163,12 +152,7 @@ impl CooAtomic {
         let len = out.len();
         if self.sums.as_ref().is_none_or(|s| s.len() < len) {
             self.sums = None;
-            self.gpu.ensure_free("the f64 row sums", len * 8)?;
-            self.sums = Some(
-                stream
-                    .alloc_zeros::<f64>(len)
-                    .map_err(driver("allocating row sums"))?,
-            );
+            self.sums = Some(self.gpu.alloc_zeros::<f64>("the f64 row sums", len)?);
         }
         let all_sums = self.sums.as_mut().expect("allocated above");
         let mut sums = all_sums.slice_mut(..len);

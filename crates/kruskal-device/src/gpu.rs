@@ -2,8 +2,11 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::sys::cudaError_enum;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaSlice, CudaStream, DeviceRepr, DriverError, ValidAsZeroBits,
+};
 
 use crate::kernels::KernelCache;
 use crate::probe::check_libraries;
@@ -140,6 +143,86 @@ impl Gpu {
         Ok(())
     }
 
+    /// Turns a failed allocation into [`DeviceError::OutOfMemory`] when the
+    /// driver says memory ran out (another process may have taken it after
+    /// [`Gpu::ensure_free`]), else into a driver error.
+    fn allocation_error(&self, what: &str, needed: usize, e: DriverError) -> DeviceError {
+        if e.0 == cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+            DeviceError::OutOfMemory {
+                what: what.to_string(),
+                needed,
+                free: self.free_bytes().unwrap_or(0),
+            }
+        } else {
+            DeviceError::Driver {
+                what: format!("allocating {what}"),
+                source: e,
+            }
+        }
+    }
+
+    /// `n` zeroed values of `T` on the device (at least one: the driver
+    /// refuses empty allocations), checked against free memory first.
+    pub fn alloc_zeros<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        what: &str,
+        n: usize,
+    ) -> Result<CudaSlice<T>> {
+        let needed = n.max(1) * std::mem::size_of::<T>();
+        self.ensure_free(what, needed)?;
+        self.stream
+            .alloc_zeros::<T>(n.max(1))
+            .map_err(|e| self.allocation_error(what, needed, e))
+    }
+
+    /// A device copy of `host` (a one-element zero buffer stands in for an
+    /// empty slice), checked against free memory first.
+    pub fn upload<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        what: &str,
+        host: &[T],
+    ) -> Result<CudaSlice<T>> {
+        if host.is_empty() {
+            return self.alloc_zeros(what, 1);
+        }
+        let needed = std::mem::size_of_val(host);
+        self.ensure_free(what, needed)?;
+        self.stream
+            .clone_htod(host)
+            .map_err(|e| self.allocation_error(what, needed, e))
+    }
+
+    /// Device-to-device copy bandwidth in bytes per second (bytes read plus
+    /// bytes written), the median of 5 timed copies of a 256 MiB buffer
+    /// (smaller when memory is short) after a warm-up: the denominator of
+    /// the bandwidth floor.
+    pub fn copy_bandwidth(&self) -> Result<f64> {
+        let free = self.free_bytes()?;
+        let bytes = (256usize << 20).min(free / 4).max(1 << 20);
+        let n = bytes / 4;
+        let src = self.alloc_zeros::<u32>("the bandwidth probe", n)?;
+        let mut dst = self.alloc_zeros::<u32>("the bandwidth probe", n)?;
+        let (start, end) = (self.timing_event()?, self.timing_event()?);
+        let mut ms = Vec::new();
+        for run in 0..6 {
+            start
+                .record(&self.stream)
+                .map_err(driver("recording an event"))?;
+            self.stream
+                .memcpy_dtod(&src, &mut dst)
+                .map_err(driver("copying on the device"))?;
+            end.record(&self.stream)
+                .map_err(driver("recording an event"))?;
+            end.synchronize().map_err(driver("waiting for a copy"))?;
+            if run > 0 {
+                ms.push(start.elapsed_ms(&end).map_err(driver("reading an event"))?);
+            }
+        }
+        ms.sort_by(f32::total_cmp);
+        let median_s = f64::from(ms[ms.len() / 2]) * 1e-3;
+        Ok(2.0 * (n * 4) as f64 / median_s)
+    }
+
     /// An event that can time (`CU_EVENT_DEFAULT`; the default flags of
     /// cudarc disable timing).
     pub fn timing_event(&self) -> Result<CudaEvent> {
@@ -159,4 +242,34 @@ fn driver_version() -> Result<i32> {
         .result()
         .map_err(driver("reading the driver version"))?;
     Ok(version)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn too_large_an_allocation_is_a_typed_error_and_the_gpu_stays_usable() {
+        let gpu = Gpu::open(0).expect("a GPU");
+        let p = gpu.properties();
+        assert!(p.sms > 0 && p.total_bytes > 0 && !p.name.is_empty());
+        let free = gpu.free_bytes().unwrap();
+        match gpu.alloc_zeros::<u8>("a test buffer", free + (1 << 30)) {
+            Err(DeviceError::OutOfMemory {
+                needed, free: f, ..
+            }) => {
+                assert_eq!(needed, free + (1 << 30));
+                assert!(f <= p.total_bytes);
+            }
+            Err(e) => panic!("expected OutOfMemory, got {e}"),
+            Ok(_) => panic!("allocated more than is free"),
+        }
+        // Small work still runs afterwards.
+        let host: Vec<u32> = (0..1000).collect();
+        let dev = gpu.upload("a test buffer", &host).unwrap();
+        assert_eq!(gpu.stream().clone_dtoh(&dev).unwrap(), host);
+        let bw = gpu.copy_bandwidth().unwrap();
+        assert!(bw > 1e11, "copy bandwidth {bw} bytes/s");
+    }
 }

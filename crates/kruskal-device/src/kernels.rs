@@ -70,6 +70,10 @@ pub fn catalog() -> Vec<Specialization> {
                 for variant in src.variants {
                     let mut defines = vec![("NMODES", n), ("RANK", r)];
                     defines.extend_from_slice(variant);
+                    if src.file == "mttkrp_flycoo.cu" {
+                        let stride = crate::flycoo::element_stride(n as usize);
+                        defines.push(("STRIDE", stride as i64));
+                    }
                     all.push(Specialization {
                         file: src.file,
                         defines,

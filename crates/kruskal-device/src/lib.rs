@@ -36,6 +36,15 @@ pub mod probe;
 #[cfg(test)]
 mod testutil;
 
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_floor_counts_the_tensor_once_and_every_factor_row_once() {
+        // 3 modes: 16 bytes per nonzero; (10 + 20 + 30) rows of 4 floats.
+        assert_eq!(super::floor_bytes(&[10, 20, 30], 1000, 4), 16_000 + 60 * 16);
+    }
+}
+
 pub use coo::CooAtomic;
 pub use engine::{GpuKernel, GpuOptions, build_engine};
 pub use flycoo::FlycooGpu;
@@ -124,10 +133,7 @@ pub trait GpuMttkrp {
         let dev = coo::DeviceFactors::upload(&gpu, factors)?;
         let stream = gpu.stream().clone();
         let initial: Vec<f32> = out.iter().copied().collect();
-        gpu.ensure_free("the output", initial.len() * 4)?;
-        let mut d_out = stream
-            .clone_htod(&initial)
-            .map_err(driver("uploading the output"))?;
+        let mut d_out = gpu.upload("the output", &initial)?;
         self.mttkrp(mode, &dev, &mut d_out)?;
         let host = stream
             .clone_dtoh(&d_out)
@@ -149,11 +155,7 @@ pub trait GpuMttkrp {
         let stream = gpu.stream().clone();
         let mut outs = modes
             .iter()
-            .map(|&m| {
-                stream
-                    .alloc_zeros::<f32>(self.dims()[m] as usize * factors.rank())
-                    .map_err(driver("allocating an output"))
-            })
+            .map(|&m| gpu.alloc_zeros::<f32>("an output", self.dims()[m] as usize * factors.rank()))
             .collect::<Result<Vec<_>>>()?;
         let (start, end) = (gpu.timing_event()?, gpu.timing_event()?);
         let mut times = vec![Vec::with_capacity(repeat); modes.len()];
@@ -173,6 +175,16 @@ pub trait GpuMttkrp {
         }
         Ok(times)
     }
+}
+
+/// The fewest bytes an MTTKRP of any mode must move: every nonzero's indices
+/// and value read once (4 bytes each), every input factor row read once and
+/// every output row written once (`rank` f32 each). Divided by the copy
+/// bandwidth ([`Gpu::copy_bandwidth`]) it is the time floor engines are
+/// compared with.
+pub fn floor_bytes(dims: &[u32], nnz: usize, rank: usize) -> usize {
+    let rows: usize = dims.iter().map(|&d| d as usize).sum();
+    nnz * 4 * (dims.len() + 1) + rows * rank * 4
 }
 
 /// Wraps a driver error with what was being done.
