@@ -7,7 +7,9 @@
 //! - [`partition`]: greedy LPT, heavy-row splitting, FLYCOO layouts, AMPED
 //!   shard plans;
 //! - [`cpu`]: the CPU MTTKRP kernels (one per format) and the f64 reference;
-//! - [`cpd`]: CPD-ALS over a backend, the model and its files.
+//! - [`cpd`]: CPD-ALS over a backend, the model and its files;
+//! - [`check`]: every MTTKRP engine against the f64 reference (`kruskal
+//!   check`).
 //!
 //! ```
 //! use kruskal::cpd::{cpd_als, CpdOptions, CpuBackend};
@@ -22,6 +24,8 @@ pub use kruskal_cpd as cpd;
 pub use kruskal_cpu as cpu;
 pub use kruskal_formats as formats;
 pub use kruskal_partition as partition;
+
+pub mod check;
 
 /// The README's examples, compiled as doc tests so they stay true.
 #[doc = include_str!("../../../README.md")]

@@ -27,6 +27,8 @@ enum Command {
     Convert(cmd::convert::ConvertArgs),
     /// Generate a synthetic tensor (power-law or planted low-rank).
     Gen(cmd::generate::GenArgs),
+    /// Check every MTTKRP engine against the f64 reference on this machine.
+    Check(cmd::check::CheckArgs),
 }
 
 /// Rust ignores SIGPIPE, so printing into a closed pipe (`kruskal info X |
@@ -51,6 +53,7 @@ fn main() -> ExitCode {
         Command::Info(a) => cmd::info::run(a),
         Command::Convert(a) => cmd::convert::run(a),
         Command::Gen(a) => cmd::generate::run(a),
+        Command::Check(a) => cmd::check::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

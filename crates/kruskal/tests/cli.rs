@@ -7,13 +7,18 @@ use std::process::{Command, Output};
 /// The program under test: `KRUSKAL_BIN` when set (test executables carried
 /// to another machine, see `cargo xtask bundle`), else the one cargo built.
 fn kruskal(args: &[&str]) -> Output {
+    kruskal_command(args)
+        .output()
+        .expect("the kruskal binary runs")
+}
+
+fn kruskal_command(args: &[&str]) -> Command {
     let bin = std::env::var_os("KRUSKAL_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kruskal")));
-    Command::new(bin)
-        .args(args)
-        .output()
-        .expect("the kruskal binary runs")
+    let mut c = Command::new(bin);
+    c.args(args);
+    c
 }
 
 fn stdout(o: &Output) -> String {
@@ -363,4 +368,43 @@ fn info_reports_partition_and_gpu_balance() {
         &kruskal(&["info", "--like", "nips", "--kappa", "0"]),
         "at least 1",
     );
+}
+
+#[test]
+fn check_prints_its_table_and_fails_cleanly_without_a_gpu() {
+    let o = kruskal_command(&["check", "--quick"])
+        .env_remove("KRUSKAL_TEST_DATA")
+        .output()
+        .expect("the kruskal binary runs");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for needle in [
+        "engine",
+        "worst error",
+        "cpu sorted",
+        "cpu hicoo",
+        "determinism",
+        "remap",
+        "--data DIR",
+    ] {
+        assert!(out.contains(needle), "'{needle}' not in: {out}");
+    }
+    assert!(!out.contains("FAIL"), "{out}");
+
+    let o = kruskal(&[
+        "check",
+        "--quick",
+        "--json",
+        "--data",
+        "/nonexistent/kruskal",
+    ]);
+    assert_clean_failure(&o, "not a folder");
+
+    // Where a GPU can be used, `check --gpu` is the ignored library test
+    // `gpu_engines_pass_every_case`; here only its absence is checked.
+    if kruskal(&["info", "--gpu"]).status.success() {
+        eprintln!("note: a GPU is present; skipping the no-GPU error of check --gpu");
+        return;
+    }
+    assert_clean_failure(&kruskal(&["check", "--gpu"]), "--backend cpu");
 }

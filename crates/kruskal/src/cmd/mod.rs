@@ -1,5 +1,6 @@
 //! One module per subcommand; `common` holds what they share.
 
+pub mod check;
 pub mod common;
 pub mod convert;
 pub mod cpd;
