@@ -7,6 +7,11 @@
 //!   ignored by git),
 //!   ready to be carried to a machine without a Rust toolchain (the GPU
 //!   machines) and run there. Prints what to run on the other side.
+//! - `kernels [--arch sm_80|sm_90]... [--ptxas PATH] [--jobs N] [--json]`:
+//!   compile every kernel specialization with NVRTC for each architecture
+//!   (default sm_80 and sm_90), assemble it with `ptxas -v` and print
+//!   registers, spills and shared memory per function; fails on any compile
+//!   error (see `kernels.rs` and `docs/kernels.md`).
 //!
 //! The bundle is built without debug information, in its own target folder
 //! (`target/bundle`, so ordinary release builds keep their cache), because
@@ -18,13 +23,20 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
+mod kernels;
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("bundle") => bundle(Path::new(args.get(1).map_or("gpu-run", String::as_str))),
+        Some("kernels") => kernels::kernels(&args[1..]),
         _ => {
             eprintln!("usage: cargo xtask bundle [DIR]");
+            eprintln!("       {}", kernels::USAGE);
             eprintln!("  bundle   build release binaries and test executables into DIR (gpu-run/)");
+            eprintln!(
+                "  kernels  compile every kernel specialization (NVRTC + ptxas -v) and report registers, spills, shared memory"
+            );
             bail!("unknown or missing task");
         }
     }
