@@ -12,6 +12,10 @@
 //!   disk.
 //! - [`coo`]: the `coo_atomic` MTTKRP engine (the COO baseline) and the
 //!   device-resident factor matrices.
+//! - [`fcoo`]: the `fcoo` engine (F-COO per mode, segmented reduction over
+//!   equal shares of nonzeros, atomics only for rows crossing block edges).
+//! - [`hicoo`]: the `hicoo` engine (one HiCOO copy, blocks grouped per
+//!   output mode, rows accumulated in shared memory).
 //! - [`flycoo`]: the `flycoo` engine (one thread block per LPT partition,
 //!   dynamic remap in the same pass).
 //!
@@ -28,8 +32,10 @@
 
 pub mod coo;
 pub mod engine;
+pub mod fcoo;
 pub mod flycoo;
 pub mod gpu;
+pub mod hicoo;
 pub mod kernels;
 pub mod probe;
 
@@ -38,8 +44,10 @@ mod testutil;
 
 pub use coo::CooAtomic;
 pub use engine::{GpuKernel, GpuOptions, build_engine};
+pub use fcoo::FcooGpu;
 pub use flycoo::FlycooGpu;
 pub use gpu::{Gpu, GpuProperties};
+pub use hicoo::HicooGpu;
 
 use cudarc::driver::DriverError;
 
@@ -173,6 +181,23 @@ pub trait GpuMttkrp {
         }
         Ok(times)
     }
+}
+
+/// Uploads `data`, padded to one element when empty (the driver refuses
+/// empty allocations; kernels never read the pad). Callers check free
+/// memory first.
+pub(crate) fn upload<T: cudarc::driver::DeviceRepr + Default + Clone>(
+    gpu: &Gpu,
+    data: &[T],
+    what: &str,
+) -> Result<cudarc::driver::CudaSlice<T>> {
+    let stream = gpu.stream();
+    let res = if data.is_empty() {
+        stream.clone_htod(&[T::default()][..])
+    } else {
+        stream.clone_htod(data)
+    };
+    res.map_err(driver(format!("uploading {what}")))
 }
 
 /// Wraps a driver error with what was being done.
