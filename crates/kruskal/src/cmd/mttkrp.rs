@@ -14,7 +14,7 @@ use super::common::{InputArgs, dims_text, parse_cpu_kernel, set_threads, thousan
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendChoice {
     Cpu,
-    /// The first CUDA GPU (kernel `coo`, the atomic COO baseline, for now).
+    /// The first CUDA GPU.
     Gpu,
 }
 
@@ -33,14 +33,22 @@ pub struct MttkrpArgs {
     pub repeat: usize,
     #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
     pub backend: BackendChoice,
-    /// MTTKRP engine: auto, sorted, fcoo, flycoo, hicoo, or `all` to time
-    /// each one in turn.
+    /// MTTKRP engine. CPU: auto, sorted, fcoo, flycoo, hicoo, or `all` to
+    /// time each one in turn. GPU: auto (flycoo), coo, fcoo, flycoo or
+    /// hicoo.
     #[arg(long, default_value = "auto")]
     pub kernel: String,
     /// GPU flycoo: sum pieces of split rows in a fixed order (bit-identical
     /// results run to run) instead of by atomics.
     #[arg(long)]
     pub deterministic: bool,
+    /// GPU fcoo: nonzeros per thread, a power of two from 1 to 256
+    /// (default 8).
+    #[arg(long)]
+    pub threadlen: Option<usize>,
+    /// GPU hicoo: blocks 2^b indices wide, b from 1 to 8 (default 7).
+    #[arg(long)]
+    pub block_bits: Option<u32>,
     /// Also compare each mode with the f64 reference (slow on big tensors).
     #[arg(long)]
     pub verify: bool,
@@ -235,6 +243,8 @@ fn run_gpu(args: &MttkrpArgs, loaded: &super::common::Loaded, modes: &[usize]) -
     let prep = Instant::now();
     let opts = GpuOptions {
         deterministic: args.deterministic,
+        threadlen: args.threadlen,
+        block_bits: args.block_bits,
         ..GpuOptions::default()
     };
     let mut engine = build_engine(kernel, gpu.clone(), t, &opts)?;
