@@ -7,7 +7,7 @@
 use std::str::FromStr;
 use std::sync::Arc;
 
-use kruskal_formats::SparseTensor;
+use kruskal_formats::{Hicoo, SparseTensor};
 
 use crate::{DeviceError, Gpu, GpuMttkrp, Result};
 
@@ -18,7 +18,8 @@ pub enum GpuKernel {
     Auto,
     /// COO with one f64 atomic per (nonzero, column): the baseline.
     CooAtomic,
-    /// HiCOO blocks, one thread block each, atomics into the output.
+    /// HiCOO blocks grouped per output mode, rows summed in shared memory;
+    /// atomics only for groups split between thread blocks.
     Hicoo,
     /// F-COO per mode: segmented scan, atomics only at block edges.
     Fcoo,
@@ -86,9 +87,11 @@ pub struct GpuOptions {
     /// flycoo: pieces of split rows combine through a scratch buffer summed
     /// in a fixed order (bit-identical results run to run).
     pub deterministic: bool,
-    /// fcoo: nonzeros per thread (a power of two from 1 to 256).
+    /// fcoo: nonzeros per thread (a power of two from 1 to 256; default
+    /// [`crate::fcoo::DEFAULT_THREADLEN`]).
     pub threadlen: Option<usize>,
-    /// hicoo: block width is `2^block_bits` (1 to 8).
+    /// hicoo: block width is `2^block_bits` (1 to 8; default
+    /// `Hicoo::DEFAULT_BLOCK_BITS`, 7).
     pub block_bits: Option<u32>,
 }
 
@@ -115,10 +118,19 @@ pub fn build_engine(
             engine.set_deterministic(opts.deterministic);
             Box::new(engine)
         }
-        k @ (GpuKernel::Hicoo | GpuKernel::Fcoo) => {
-            return Err(DeviceError::Shape(format!(
-                "the {k} engine is not built yet"
-            )));
+        GpuKernel::Fcoo => {
+            let threadlen = opts.threadlen.unwrap_or(crate::fcoo::DEFAULT_THREADLEN);
+            Box::new(crate::FcooGpu::new(gpu, t, threadlen)?)
+        }
+        GpuKernel::Hicoo => {
+            let bits = opts
+                .block_bits
+                .unwrap_or(u32::from(Hicoo::DEFAULT_BLOCK_BITS));
+            let bits = u8::try_from(bits).map_err(|_| DeviceError::Prepare {
+                format: "HiCOO",
+                message: format!("block bits {bits} must be from 1 to 8"),
+            })?;
+            Box::new(crate::HicooGpu::new(gpu, t, bits)?)
         }
         GpuKernel::Auto => unreachable!("resolved above"),
     })

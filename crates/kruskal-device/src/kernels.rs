@@ -39,6 +39,16 @@ pub const SOURCES: &[KernelSource] = &[
         variants: &[&[]],
     },
     KernelSource {
+        file: "mttkrp_fcoo.cu",
+        text: include_str!("../../../kernels/mttkrp_fcoo.cu"),
+        variants: &[&[("WARPS", crate::fcoo::WARPS as i64)]],
+    },
+    KernelSource {
+        file: "mttkrp_hicoo.cu",
+        text: include_str!("../../../kernels/mttkrp_hicoo.cu"),
+        variants: &[&[("WARPS", crate::hicoo::WARPS as i64)]],
+    },
+    KernelSource {
         file: "mttkrp_flycoo.cu",
         text: include_str!("../../../kernels/mttkrp_flycoo.cu"),
         variants: &[

@@ -12,6 +12,10 @@
 //!   disk.
 //! - [`coo`]: the `coo_atomic` MTTKRP engine (the COO baseline) and the
 //!   device-resident factor matrices.
+//! - [`fcoo`]: the `fcoo` engine (F-COO per mode, segmented reduction over
+//!   equal shares of nonzeros, atomics only for rows crossing block edges).
+//! - [`hicoo`]: the `hicoo` engine (one HiCOO copy, blocks grouped per
+//!   output mode, rows accumulated in shared memory).
 //! - [`flycoo`]: the `flycoo` engine (one thread block per LPT partition,
 //!   dynamic remap in the same pass).
 //!
@@ -28,8 +32,10 @@
 
 pub mod coo;
 pub mod engine;
+pub mod fcoo;
 pub mod flycoo;
 pub mod gpu;
+pub mod hicoo;
 pub mod kernels;
 pub mod probe;
 
@@ -47,8 +53,10 @@ mod tests {
 
 pub use coo::CooAtomic;
 pub use engine::{GpuKernel, GpuOptions, build_engine};
+pub use fcoo::FcooGpu;
 pub use flycoo::FlycooGpu;
 pub use gpu::{Gpu, GpuProperties};
+pub use hicoo::HicooGpu;
 
 use cudarc::driver::DriverError;
 
@@ -185,6 +193,17 @@ pub trait GpuMttkrp {
 pub fn floor_bytes(dims: &[u32], nnz: usize, rank: usize) -> usize {
     let rows: usize = dims.iter().map(|&d| d as usize).sum();
     nnz * 4 * (dims.len() + 1) + rows * rank * 4
+}
+
+/// Uploads `data`, padded to one element when empty (the driver refuses
+/// empty allocations; kernels never read the pad); a typed out-of-memory
+/// error when it does not fit ([`Gpu::upload`]).
+pub(crate) fn upload<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+    gpu: &Gpu,
+    data: &[T],
+    what: &str,
+) -> Result<cudarc::driver::CudaSlice<T>> {
+    gpu.upload(what, data)
 }
 
 /// Wraps a driver error with what was being done.

@@ -44,6 +44,13 @@ pub struct MttkrpArgs {
     /// GPU flycoo: LPT partitions (thread blocks) per mode (default 4 per SM).
     #[arg(long)]
     pub kappa: Option<usize>,
+    /// GPU fcoo: nonzeros per thread, a power of two from 1 to 256
+    /// (default 8).
+    #[arg(long)]
+    pub threadlen: Option<usize>,
+    /// GPU hicoo: blocks 2^b indices wide, b from 1 to 8 (default 7).
+    #[arg(long)]
+    pub block_bits: Option<u32>,
     /// Also compare each mode with the f64 reference (slow on big tensors).
     #[arg(long)]
     pub verify: bool,
@@ -298,7 +305,8 @@ fn time_gpu_kernel(
     let opts = GpuOptions {
         deterministic: args.deterministic,
         kappa: args.kappa,
-        ..GpuOptions::default()
+        threadlen: args.threadlen,
+        block_bits: args.block_bits,
     };
     let mut engine = build_engine(kernel, gpu.clone(), t, &opts)?;
     let dev_factors = DeviceFactors::upload(gpu, factors)?;

@@ -1,0 +1,769 @@
+//! The `fcoo` engine: F-COO on the GPU, one [`Fcoo::for_mttkrp`] per mode
+//! uploaded once, and a segmented reduction over the nonzeros (kernel
+//! `mttkrp_fcoo` in `kernels/mttkrp_fcoo.cu`, whose header states the
+//! thread mapping).
+//!
+//! Thread blocks take `threadlen * 32 * WARPS` consecutive nonzeros each,
+//! whatever the rows are, so a row holding a large part of the tensor is
+//! spread over many blocks. Segments (output rows) wholly inside a block are
+//! stored directly; only the at most one segment crossing each block edge
+//! is summed with f64 atomics into a small buffer of *edge slots*, which a
+//! second kernel stores as f32. The host numbers the slots and each
+//! block's first segment ([`BlockPlan`]).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use kruskal_formats::{Fcoo, FcooOp, SparseTensor};
+
+use crate::coo::{DeviceFactors, check_operands};
+use crate::{DeviceError, Gpu, GpuMttkrp, Result, driver, upload};
+
+/// Warps per thread block: a block holds `threadlen * 32 * WARPS`
+/// nonzeros (the CPU engine's `BLOCK_THREADS = 512` threads).
+pub const WARPS: u32 = 16;
+/// Nonzeros per thread by default: 8, one byte of bit flags, as in the paper.
+pub const DEFAULT_THREADLEN: usize = 8;
+/// No slot (the kernel's `NONE`).
+const NONE: u32 = u32::MAX;
+
+/// Width of the column tile one thread block computes for `rank` (the
+/// kernel's `TILE`: up to 4 columns per lane); `ceil(rank / tile)` tiles.
+pub fn column_tile(rank: usize) -> usize {
+    32 * rank.div_ceil(32).clamp(1, 4)
+}
+
+/// Nonzeros per thread block for `threadlen`.
+pub fn block_nnz(threadlen: usize) -> usize {
+    threadlen * 32 * WARPS as usize
+}
+
+/// The host-side tables of one mode: where each thread block's segments
+/// start, and the edge slots of segments crossing block edges.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockPlan {
+    /// `blocks + 1` entries: the segment of block `b`'s first nonzero (the
+    /// set bit flags before it); the last entry is the segment count.
+    pub block_seg: Vec<u32>,
+    /// `2 x blocks`: the edge slot of block `b`'s first segment (`2b`) if it
+    /// began in an earlier block, and of its last segment (`2b + 1`) if it
+    /// goes on in the next block; `u32::MAX` otherwise. A segment spanning
+    /// several edges has one slot.
+    pub edge_slot: Vec<u32>,
+    /// The output row of each edge slot.
+    pub edge_rows: Vec<u32>,
+}
+
+impl BlockPlan {
+    /// Plans `f` with blocks of `block_nnz` nonzeros (a multiple of 32).
+    ///
+    /// Cost: one popcount per bit-flag word and one pass over the blocks.
+    pub fn new(f: &Fcoo, block_nnz: usize) -> Self {
+        debug_assert!(block_nnz > 0 && block_nnz % 32 == 0);
+        let nnz = f.nnz();
+        let blocks = nnz.div_ceil(block_nnz);
+        let mut block_seg = Vec::with_capacity(blocks + 1);
+        let mut seg = 0u32;
+        block_seg.push(0);
+        for words in f.bit_flags().chunks(block_nnz / 32) {
+            // At most nnz <= u32::MAX segments (Fcoo checks the capacity).
+            seg += words.iter().map(|w| w.count_ones()).sum::<u32>();
+            block_seg.push(seg);
+        }
+        let mut edge_slot = vec![NONE; 2 * blocks];
+        let mut edge_rows = Vec::new();
+        let mut last_seg = None;
+        let rows = f.segment_idx().first();
+        for b in 1..blocks {
+            if f.ends_segment(b * block_nnz - 1) {
+                continue;
+            }
+            let s = block_seg[b];
+            if last_seg != Some(s) {
+                edge_rows.push(rows.map_or(s, |r| r[s as usize]));
+                last_seg = Some(s);
+            }
+            let slot = (edge_rows.len() - 1) as u32;
+            edge_slot[2 * (b - 1) + 1] = slot;
+            edge_slot[2 * b] = slot;
+        }
+        BlockPlan {
+            block_seg,
+            edge_slot,
+            edge_rows,
+        }
+    }
+
+    pub fn blocks(&self) -> usize {
+        self.block_seg.len() - 1
+    }
+
+    /// Number of edge slots (segments crossing a block edge).
+    pub fn slots(&self) -> usize {
+        self.edge_rows.len()
+    }
+
+    /// Bytes of the tables.
+    pub fn bytes(&self) -> usize {
+        4 * (self.block_seg.len() + self.edge_slot.len() + self.edge_rows.len())
+    }
+}
+
+/// One mode's F-COO and plan on the device.
+struct ModeTables {
+    nnz: usize,
+    blocks: usize,
+    slots: usize,
+    /// `(nmodes - 1) x nnz`, product modes in increasing order.
+    prod_idx: CudaSlice<u32>,
+    vals: CudaSlice<f32>,
+    bit_flags: CudaSlice<u32>,
+    start_flags: CudaSlice<u32>,
+    seg_rows: CudaSlice<u32>,
+    block_seg: CudaSlice<u32>,
+    edge_slot: CudaSlice<u32>,
+    edge_rows: CudaSlice<u32>,
+}
+
+impl ModeTables {
+    fn upload(gpu: &Gpu, f: &Fcoo, plan: &BlockPlan) -> Result<Self> {
+        gpu.ensure_free("an F-COO mode", FcooGpu::mode_bytes(f, plan))?;
+        let mut prod = Vec::with_capacity(f.nnz() * f.product_idx().len());
+        for idx in f.product_idx() {
+            prod.extend_from_slice(idx);
+        }
+        let seg_rows = f.segment_idx().first().map_or(&[][..], Vec::as_slice);
+        Ok(ModeTables {
+            nnz: f.nnz(),
+            blocks: plan.blocks(),
+            slots: plan.slots(),
+            prod_idx: upload(gpu, &prod, "F-COO indices")?,
+            vals: upload(gpu, f.values(), "F-COO values")?,
+            bit_flags: upload(gpu, f.bit_flags(), "F-COO bit flags")?,
+            start_flags: upload(gpu, f.start_flags(), "F-COO start flags")?,
+            seg_rows: upload(gpu, seg_rows, "F-COO segment rows")?,
+            block_seg: upload(gpu, &plan.block_seg, "F-COO block segments")?,
+            edge_slot: upload(gpu, &plan.edge_slot, "F-COO edge slots")?,
+            edge_rows: upload(gpu, &plan.edge_rows, "F-COO edge rows")?,
+        })
+    }
+}
+
+/// F-COO on one GPU: every mode's F-COO, resident.
+pub struct FcooGpu {
+    gpu: Arc<Gpu>,
+    dims: Vec<u32>,
+    threadlen: usize,
+    modes: Vec<ModeTables>,
+    resident_bytes: usize,
+    /// f64 sums of edge slots, sized for the largest call so far.
+    edge_sums: Option<CudaSlice<f64>>,
+}
+
+impl FcooGpu {
+    /// Bytes one mode's F-COO `f` and its [`BlockPlan`] take on the device.
+    pub fn device_bytes(f: &Fcoo) -> usize {
+        Self::mode_bytes(f, &BlockPlan::new(f, block_nnz(f.threadlen())))
+    }
+
+    fn mode_bytes(f: &Fcoo, plan: &BlockPlan) -> usize {
+        f.bytes() + plan.bytes()
+    }
+
+    /// Builds the F-COO of every mode with `threadlen` nonzeros per thread
+    /// (a power of two from 1 to 256) and uploads each, checked against
+    /// free memory first. One mode's host copy exists at a time.
+    pub fn new(gpu: Arc<Gpu>, tensor: &SparseTensor, threadlen: usize) -> Result<Self> {
+        let mut modes = Vec::with_capacity(tensor.nmodes());
+        let mut resident_bytes = 0;
+        for mode in 0..tensor.nmodes() {
+            let f =
+                Fcoo::for_mttkrp(tensor, mode, threadlen).map_err(|e| DeviceError::Prepare {
+                    format: "F-COO",
+                    message: e.to_string(),
+                })?;
+            let plan = BlockPlan::new(&f, block_nnz(threadlen));
+            resident_bytes += Self::mode_bytes(&f, &plan);
+            modes.push(ModeTables::upload(&gpu, &f, &plan)?);
+        }
+        Ok(FcooGpu {
+            gpu,
+            dims: tensor.dims().to_vec(),
+            threadlen,
+            modes,
+            resident_bytes,
+            edge_sums: None,
+        })
+    }
+
+    /// Uploads F-COOs already built: `fcoos[m]` must be the MTTKRP F-COO
+    /// of mode `m`, all of one tensor and one `threadlen`.
+    pub fn from_fcoos(gpu: Arc<Gpu>, fcoos: &[Fcoo]) -> Result<Self> {
+        let first = fcoos
+            .first()
+            .ok_or_else(|| DeviceError::Shape("no F-COO given".into()))?;
+        let (dims, threadlen) = (first.dims().to_vec(), first.threadlen());
+        let mut modes = Vec::with_capacity(fcoos.len());
+        let mut resident_bytes = 0;
+        for (m, f) in fcoos.iter().enumerate() {
+            if f.op() != (FcooOp::Mttkrp { mode: m })
+                || f.dims() != dims
+                || f.threadlen() != threadlen
+                || fcoos.len() != dims.len()
+            {
+                return Err(DeviceError::Shape(format!(
+                    "F-COO {m} is not the MTTKRP F-COO of mode {m} of one tensor and threadlen"
+                )));
+            }
+            let plan = BlockPlan::new(f, block_nnz(threadlen));
+            resident_bytes += Self::mode_bytes(f, &plan);
+            modes.push(ModeTables::upload(&gpu, f, &plan)?);
+        }
+        Ok(FcooGpu {
+            gpu,
+            dims,
+            threadlen,
+            modes,
+            resident_bytes,
+            edge_sums: None,
+        })
+    }
+
+    pub fn dims(&self) -> &[u32] {
+        &self.dims
+    }
+
+    pub fn threadlen(&self) -> usize {
+        self.threadlen
+    }
+
+    /// Bytes of every mode's tables on the device (not counting the edge
+    /// sums, `slots x rank` doubles allocated at the first call).
+    pub fn resident_bytes(&self) -> usize {
+        self.resident_bytes
+    }
+
+    /// `out = MTTKRP(mode)` on the device; `out` holds `dims[mode] x rank`
+    /// floats. Asynchronous on the GPU's stream.
+    pub fn mttkrp(
+        &mut self,
+        mode: usize,
+        factors: &DeviceFactors,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let n = self.dims.len();
+        let rank = check_operands(&self.dims, mode, factors, out.len())?;
+        let tiles = rank.div_ceil(column_tile(rank));
+        let defines = [
+            ("NMODES", n as i64),
+            ("RANK", rank as i64),
+            ("WARPS", i64::from(WARPS)),
+        ];
+        let ctx = self.gpu.context();
+        let main = self
+            .gpu
+            .kernels()
+            .function(ctx, "mttkrp_fcoo.cu", "mttkrp_fcoo", &defines)?;
+        let store =
+            self.gpu
+                .kernels()
+                .function(ctx, "mttkrp_fcoo.cu", "fcoo_store_edges", &defines)?;
+        let stream = self.gpu.stream().clone();
+        stream
+            .memset_zeros(out)
+            .map_err(driver("zeroing the output"))?;
+        let t = &self.modes[mode];
+        if t.nnz == 0 {
+            return Ok(());
+        }
+        let (blocks, tiles) = match (u32::try_from(t.blocks), u32::try_from(tiles)) {
+            (Ok(b), Ok(y)) if b <= i32::MAX as u32 && y <= 65_535 => (b, y),
+            _ => {
+                return Err(DeviceError::Shape(format!(
+                    "{} thread blocks x {tiles} column tiles exceed the launch grid",
+                    t.blocks
+                )));
+            }
+        };
+
+        let len = t.slots * rank;
+        if self.edge_sums.as_ref().is_none_or(|s| s.len() < len.max(1)) {
+            self.edge_sums = None;
+            self.gpu
+                .ensure_free("the F-COO edge sums", len.max(1) * 8)?;
+            self.edge_sums = Some(
+                stream
+                    .alloc_zeros::<f64>(len.max(1))
+                    .map_err(driver("allocating the F-COO edge sums"))?,
+            );
+        }
+        let all_sums = self.edge_sums.as_mut().expect("allocated above");
+        let mut sums = all_sums.slice_mut(..len.max(1));
+        stream
+            .memset_zeros(&mut sums)
+            .map_err(driver("zeroing the F-COO edge sums"))?;
+
+        let nnz = t.nnz as u64;
+        let threadlen = self.threadlen as u32;
+        let mode_i = mode as i32;
+        let mut launch = stream.launch_builder(&main);
+        launch
+            .arg(&t.prod_idx)
+            .arg(&t.vals)
+            .arg(&t.bit_flags)
+            .arg(&t.start_flags)
+            .arg(&t.seg_rows)
+            .arg(&t.block_seg)
+            .arg(&t.edge_slot)
+            .arg(&factors.data)
+            .arg(&factors.row_offset)
+            .arg(&mut *out)
+            .arg(&mut sums)
+            .arg(&nnz)
+            .arg(&threadlen)
+            .arg(&mode_i);
+        // SAFETY: block b reads nonzeros [b * block_nnz, (b + 1) * block_nnz)
+        // clipped to nnz, with blocks = ceil(nnz / block_nnz) for this
+        // threadlen: prod_idx holds (N - 1) x nnz indices and vals nnz
+        // values (uploaded from the same Fcoo), bit_flags ceil(nnz / 32)
+        // words and start_flags one bit per chunk of threadlen; block_seg has
+        // blocks + 1 entries and edge_slot 2 x blocks. Segment numbers are
+        // below the segment count, the length of seg_rows; edge slots are
+        // below `slots`, and `sums` holds slots x rank doubles. Every index
+        // is below its mode's dimension (SparseTensor checks it), and the
+        // factors' dims match (checked above), so factor rows lie in `data`
+        // and output rows in `out` (dims[mode] x rank, checked). Columns are
+        // guarded by `< RANK`; the shared slots hold 2 x WARPS x TILE
+        // doubles, TILE = column_tile(rank) (at most 32 KiB).
+        unsafe {
+            launch.launch(LaunchConfig {
+                grid_dim: (blocks, tiles, 1),
+                block_dim: (32, WARPS, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(driver("launching mttkrp_fcoo"))?;
+
+        if len > 0 {
+            let n_sums = len as u64;
+            let mut launch = stream.launch_builder(&store);
+            launch
+                .arg(&mut sums)
+                .arg(&t.edge_rows)
+                .arg(&mut *out)
+                .arg(&n_sums);
+            // SAFETY: sums holds slots x rank doubles, edge_rows `slots` rows,
+            // each an output row below dims[mode] (segment rows of the Fcoo),
+            // so out[row * rank + col] lies inside `out`.
+            unsafe {
+                launch.launch(LaunchConfig {
+                    grid_dim: (n_sums.div_ceil(256).min(65_535) as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(driver("launching fcoo_store_edges"))?;
+        }
+        Ok(())
+    }
+}
+
+impl GpuMttkrp for FcooGpu {
+    fn name(&self) -> &'static str {
+        "fcoo"
+    }
+
+    fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    fn dims(&self) -> &[u32] {
+        &self.dims
+    }
+
+    fn mttkrp(
+        &mut self,
+        mode: usize,
+        factors: &DeviceFactors,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        FcooGpu::mttkrp(self, mode, factors, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::factors;
+    use kruskal_cpu::{mttkrp_reference, relative_error};
+    use kruskal_formats::generate::{PowerLawSpec, power_law};
+    use ndarray::Array2;
+    use proptest::prelude::*;
+
+    /// The plan, derived nonzero by nonzero.
+    fn check_plan(f: &Fcoo, block: usize) {
+        let plan = BlockPlan::new(f, block);
+        let nnz = f.nnz();
+        let blocks = nnz.div_ceil(block);
+        assert_eq!(plan.blocks(), blocks);
+        assert_eq!(plan.edge_slot.len(), 2 * blocks);
+        assert_eq!(plan.block_seg[blocks] as usize, f.segments());
+        for b in 0..blocks {
+            assert_eq!(
+                plan.block_seg[b] as usize,
+                f.segment_of(b * block),
+                "block {b}"
+            );
+        }
+        // Every segment crossing a block edge has one slot, named by both
+        // blocks of every edge it crosses, holding its output row.
+        let mut seen = Vec::new();
+        for b in 0..blocks {
+            let head = b > 0 && !f.ends_segment(b * block - 1);
+            let hi = nnz.min((b + 1) * block);
+            let tail = hi < nnz && !f.ends_segment(hi - 1);
+            assert_eq!(plan.edge_slot[2 * b] != NONE, head, "block {b}");
+            assert_eq!(plan.edge_slot[2 * b + 1] != NONE, tail, "block {b}");
+            if tail {
+                let slot = plan.edge_slot[2 * b + 1];
+                assert_eq!(plan.edge_slot[2 * (b + 1)], slot);
+                let seg = f.segment_of(hi - 1);
+                assert_eq!(plan.edge_rows[slot as usize], f.segment_idx()[0][seg]);
+                if seen.last() != Some(&seg) {
+                    seen.push(seg);
+                }
+            }
+        }
+        assert_eq!(seen.len(), plan.slots());
+        assert!(plan.slots() < blocks.max(1));
+    }
+
+    #[test]
+    fn plan_of_a_hot_row_spanning_blocks() {
+        // Zipf 1.5 puts a large part of each mode in one row.
+        let mut spec = PowerLawSpec::new(vec![200, 150, 100], 50_000);
+        spec.exponents = vec![1.5; 3];
+        let t = power_law(&spec).unwrap();
+        for threadlen in [1, 8] {
+            for mode in 0..3 {
+                let f = Fcoo::for_mttkrp(&t, mode, threadlen).unwrap();
+                check_plan(&f, block_nnz(threadlen));
+                let plan = BlockPlan::new(&f, block_nnz(threadlen));
+                if threadlen == 1 {
+                    // The hot row crosses many edges but has one slot.
+                    let shared = plan.edge_slot.iter().filter(|&&s| s != NONE).count();
+                    assert!(shared > 2 * plan.slots(), "mode {mode}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn plan_of_an_empty_tensor_and_bytes() {
+        let t = SparseTensor::new(vec![3, 4, 5], vec![vec![], vec![], vec![]], vec![]).unwrap();
+        let f = Fcoo::for_mttkrp(&t, 1, 8).unwrap();
+        let plan = BlockPlan::new(&f, block_nnz(8));
+        assert_eq!(plan.blocks(), 0);
+        assert_eq!(plan.block_seg, vec![0]);
+        assert_eq!(plan.slots(), 0);
+        assert_eq!(FcooGpu::device_bytes(&f), 4);
+
+        let t = power_law(&PowerLawSpec::new(vec![50, 40, 30], 10_000)).unwrap();
+        let f = Fcoo::for_mttkrp(&t, 0, 1).unwrap();
+        let plan = BlockPlan::new(&f, block_nnz(1));
+        assert_eq!(
+            FcooGpu::device_bytes(&f),
+            f.bytes() + 4 * (plan.blocks() + 1 + 2 * plan.blocks() + plan.slots())
+        );
+    }
+
+    #[test]
+    fn column_tiles_cover_every_rank() {
+        assert_eq!(column_tile(1), 32);
+        assert_eq!(column_tile(32), 32);
+        assert_eq!(column_tile(33), 64);
+        assert_eq!(column_tile(100), 128);
+        assert_eq!(column_tile(256), 128);
+        for rank in 1..600 {
+            let tile = column_tile(rank);
+            assert!(tile * rank.div_ceil(tile) >= rank && tile <= 128);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        #[test]
+        fn plan_matches_the_flags(
+            nnz in 0usize..3_000,
+            rows in 1u32..40,
+            exponent in 0.0f64..1.6,
+            log_threadlen in 0u32..=3,
+            seed in any::<u64>(),
+        ) {
+            let mut spec = PowerLawSpec::new(vec![rows, 30, 20], nnz).with_seed(seed);
+            spec.exponents = vec![exponent; 3];
+            let t = power_law(&spec).unwrap();
+            let threadlen = 1 << log_threadlen;
+            let f = Fcoo::for_mttkrp(&t, 0, threadlen).unwrap();
+            // Small blocks, so that many edges are crossed.
+            for block in [32, 64, block_nnz(threadlen)] {
+                check_plan(&f, block);
+            }
+        }
+    }
+
+    /// `mttkrp_fcoo` and `fcoo_store_edges` step by step on the CPU (a
+    /// warp's lanes become a loop over all columns; warps run in order,
+    /// which the kernel's barrier makes equivalent): checks the plan and
+    /// the kernel's segment logic without a GPU. Rows the model never
+    /// writes stay NaN, where the engine's memset leaves 0; so a NaN row
+    /// must be a row without nonzeros.
+    fn model(f: &Fcoo, factors: &[Array2<f32>], mode: usize) -> Array2<f32> {
+        let rank = factors[0].ncols();
+        let warps = WARPS as usize;
+        let plan = BlockPlan::new(f, block_nnz(f.threadlen()));
+        let warp_nnz = f.threadlen() * 32;
+        let prod_modes: Vec<usize> = (0..f.nmodes()).filter(|&w| w != mode).collect();
+        let seg_rows = &f.segment_idx()[0];
+        let mut out = Array2::from_elem((f.dims()[mode] as usize, rank), f32::NAN);
+        let mut edge_sums = vec![0f64; plan.slots() * rank];
+        let flags = f.bit_flags();
+        for b in 0..plan.blocks() {
+            let mut slot_sum = vec![vec![0f64; rank]; 2 * warps];
+            let mut slot_seg = vec![NONE; 2 * warps];
+            let range = |w: usize| {
+                let lo = (b * warps + w) * warp_nnz;
+                (
+                    lo,
+                    if lo < f.nnz() {
+                        (lo + warp_nnz).min(f.nnz())
+                    } else {
+                        lo
+                    },
+                )
+            };
+            let warp_ends: Vec<u32> = (0..warps)
+                .map(|w| {
+                    let (lo, hi) = range(w);
+                    let words = (lo / 32..hi.div_ceil(32)).filter_map(|q| flags.get(q));
+                    words.map(|x| x.count_ones()).sum()
+                })
+                .collect();
+            for w in 0..warps {
+                let (w_lo, w_hi) = range(w);
+                if w_lo >= w_hi {
+                    continue;
+                }
+                let mut seg = plan.block_seg[b] + warp_ends[..w].iter().sum::<u32>();
+                let head_shared = f.start_flags()[w_lo / warp_nnz] & 1 == 0;
+                let mut acc = vec![0f64; rank];
+                let (mut first, mut open) = (true, false);
+                for g in (w_lo..w_hi).step_by(32) {
+                    let bits = flags[g / 32];
+                    for j in 0..(w_hi - g).min(32) {
+                        let k = g + j;
+                        for (r, a) in acc.iter_mut().enumerate() {
+                            let mut prod = f.values()[k];
+                            for (p, &m) in prod_modes.iter().enumerate() {
+                                prod *= factors[m][[f.product_idx()[p][k] as usize, r]];
+                            }
+                            *a += f64::from(prod);
+                        }
+                        open = (bits >> j) & 1 == 0;
+                        if open {
+                            continue;
+                        }
+                        if first && head_shared {
+                            slot_sum[2 * w].copy_from_slice(&acc);
+                            slot_seg[2 * w] = seg;
+                        } else {
+                            let row = seg_rows[seg as usize] as usize;
+                            for r in 0..rank {
+                                out[[row, r]] = acc[r] as f32;
+                            }
+                        }
+                        acc.fill(0.0);
+                        seg += 1;
+                        first = false;
+                    }
+                }
+                if open {
+                    let s = if first && head_shared {
+                        2 * w
+                    } else {
+                        2 * w + 1
+                    };
+                    slot_sum[s].copy_from_slice(&acc);
+                    slot_seg[s] = seg;
+                }
+            }
+            // Warp 0's combine.
+            let (head_slot, tail_slot) = (plan.edge_slot[2 * b], plan.edge_slot[2 * b + 1]);
+            let (head_seg, tail_seg) = (plan.block_seg[b], plan.block_seg[b + 1]);
+            let mut cur = NONE;
+            let mut sum = vec![0f64; rank];
+            for s in 0..=2 * warps {
+                let seg = if s < 2 * warps { slot_seg[s] } else { NONE };
+                if s < 2 * warps && seg == NONE {
+                    continue;
+                }
+                if seg != cur {
+                    if cur != NONE {
+                        let slot = if head_slot != NONE && cur == head_seg {
+                            head_slot
+                        } else if tail_slot != NONE && cur == tail_seg {
+                            tail_slot
+                        } else {
+                            NONE
+                        };
+                        if slot != NONE {
+                            let d = &mut edge_sums[slot as usize * rank..][..rank];
+                            d.iter_mut().zip(&sum).for_each(|(d, s)| *d += s);
+                        } else {
+                            let row = seg_rows[cur as usize] as usize;
+                            for r in 0..rank {
+                                out[[row, r]] = sum[r] as f32;
+                            }
+                        }
+                    }
+                    cur = seg;
+                    sum.fill(0.0);
+                }
+                if s == 2 * warps {
+                    break;
+                }
+                sum.iter_mut().zip(&slot_sum[s]).for_each(|(a, x)| *a += x);
+            }
+        }
+        for (slot, &row) in plan.edge_rows.iter().enumerate() {
+            for r in 0..rank {
+                out[[row as usize, r]] = edge_sums[slot * rank + r] as f32;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn kernel_model_equals_the_f64_reference() {
+        let mut spec = PowerLawSpec::new(vec![120, 90, 60], 30_000);
+        spec.exponents = vec![1.3; 3];
+        let hot = power_law(&spec).unwrap();
+        let mut spec = PowerLawSpec::new(vec![400, 30, 50, 20], 9_000).with_seed(5);
+        spec.exponents = vec![0.7; 4];
+        let cold = power_law(&spec).unwrap();
+        for (t, threadlens) in [(&hot, &[1usize, 2, 8][..]), (&cold, &[1, 4][..])] {
+            for &threadlen in threadlens {
+                for rank in [1, 5] {
+                    let fs = factors(t.dims(), rank, 7);
+                    let views: Vec<_> = fs.iter().map(|a| a.view()).collect();
+                    for mode in 0..t.nmodes() {
+                        let f = Fcoo::for_mttkrp(t, mode, threadlen).unwrap();
+                        let mut out = model(&f, &fs, mode);
+                        let exact = mttkrp_reference(t, &views, mode).unwrap();
+                        for (row, exact_row) in exact.rows().into_iter().enumerate() {
+                            if out[[row, 0]].is_nan() {
+                                assert!(exact_row.iter().all(|&x| x == 0.0), "row {row}");
+                                out.row_mut(row).fill(0.0);
+                            }
+                        }
+                        let err = relative_error(out.view(), exact.view());
+                        assert!(
+                            err < 1e-6,
+                            "threadlen {threadlen} rank {rank} mode {mode}: {err}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Power-law tensors whose hottest rows hold 10-40% of the nonzeros.
+    fn hot_tensors() -> Vec<SparseTensor> {
+        [(3, 1.1), (4, 0.8), (5, 1.3), (6, 0.6)]
+            .into_iter()
+            .map(|(nmodes, exponent)| {
+                let dims: Vec<u32> = (0..nmodes).map(|m| 50 + 37 * m as u32).collect();
+                let mut spec = PowerLawSpec::new(dims, 40_000).with_seed(nmodes as u64);
+                spec.exponents = vec![exponent; nmodes];
+                power_law(&spec).unwrap()
+            })
+            .collect()
+    }
+
+    fn check(engine: &mut FcooGpu, t: &SparseTensor, rank: usize, what: &str) {
+        let f = factors(t.dims(), rank, rank as u64);
+        let views: Vec<_> = f.iter().map(|a| a.view()).collect();
+        for mode in 0..t.nmodes() {
+            let mut out = Array2::from_elem((t.dims()[mode] as usize, rank), f32::NAN);
+            engine.mttkrp_host(mode, &f, &mut out).unwrap();
+            let exact = mttkrp_reference(t, &views, mode).unwrap();
+            let err = relative_error(out.view(), exact.view());
+            assert!(err < 1e-5, "{what} rank {rank} mode {mode}: {err}");
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn fcoo_equals_the_f64_reference() {
+        let gpu = Gpu::open(0).expect("a GPU");
+        for t in hot_tensors() {
+            let mut engine = FcooGpu::new(gpu.clone(), &t, DEFAULT_THREADLEN).unwrap();
+            for rank in [1, 7, 16, 32, 64, 100, 256, 300] {
+                check(&mut engine, &t, rank, &format!("{} modes", t.nmodes()));
+            }
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn fcoo_threadlens_and_edge_cases() {
+        let gpu = Gpu::open(0).expect("a GPU");
+        let tensors = hot_tensors();
+        for threadlen in [1, 2, 4, 16, 64, 256] {
+            for t in &tensors[..2] {
+                let mut engine = FcooGpu::new(gpu.clone(), t, threadlen).unwrap();
+                for rank in [7, 32] {
+                    check(&mut engine, t, rank, &format!("threadlen {threadlen}"));
+                }
+            }
+        }
+        // Empty rows (half of each mode unused), one- and two-mode tensors,
+        // and an empty tensor: unwritten rows must come back 0, not NaN.
+        let t = SparseTensor::new(
+            vec![6, 2, 2],
+            vec![vec![4, 4, 1], vec![0, 1, 1], vec![1, 1, 0]],
+            vec![1.0, 2.0, 3.0],
+        )
+        .unwrap();
+        let mut engine = FcooGpu::new(gpu.clone(), &t, 1).unwrap();
+        check(&mut engine, &t, 3, "small");
+        let t =
+            SparseTensor::new(vec![7], vec![vec![3, 1, 3, 6]], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
+        check(
+            &mut FcooGpu::new(gpu.clone(), &t, 1).unwrap(),
+            &t,
+            5,
+            "one mode",
+        );
+        let mut spec = PowerLawSpec::new(vec![90, 70], 5_000);
+        spec.exponents = vec![1.3; 2];
+        let t = power_law(&spec).unwrap();
+        check(
+            &mut FcooGpu::new(gpu.clone(), &t, 2).unwrap(),
+            &t,
+            33,
+            "two modes",
+        );
+        let t = SparseTensor::new(vec![3, 2, 4], vec![vec![], vec![], vec![]], vec![]).unwrap();
+        let mut engine = FcooGpu::new(gpu.clone(), &t, 8).unwrap();
+        let f = factors(t.dims(), 4, 1);
+        let mut out = Array2::from_elem((2, 4), f32::NAN);
+        engine.mttkrp_host(1, &f, &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 0.0));
+        // Bad threadlen is a typed error.
+        assert!(matches!(
+            FcooGpu::new(gpu, &t, 3),
+            Err(DeviceError::Prepare { .. })
+        ));
+    }
+}

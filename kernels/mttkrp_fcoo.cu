@@ -1,0 +1,240 @@
+// fcoo: MTTKRP on F-COO with a segmented reduction (F-COO, Liu et al.,
+// Cluster 2017, section IV-D; the CPU twin is kruskal-cpu's fcoo.rs).
+//
+// The F-COO of output mode `mode` lists the nonzeros sorted by output row;
+// each row is a *segment*, whose last nonzero has its bit flag set. Only
+// the NMODES - 1 product-mode indices and the value are stored per
+// nonzero; seg_rows[s] is the output row of segment s.
+//
+// Launch: gridDim = (thread blocks, column tiles), blockDim = (32, WARPS).
+// Thread block b takes nonzeros [b * WARPS * 32 * threadlen, +WARPS * 32 *
+// threadlen): threadlen nonzeros per thread as in the paper, but a warp's
+// 32 * threadlen nonzeros are walked 32 at a time by the whole warp, so
+// that every load is coalesced:
+//   - lane j loads nonzero g + j of the group (its product indices and
+//     value); the warp reads the group's one bit-flag word, finds segment
+//     ends with __ffs, and walks the nonzeros in order, sharing each one's
+//     indices and value by shuffles;
+//   - lane l computes rank columns tile * TILE + l + 32 c (c < TILE_CPL) of
+//     val * prod_{w != mode} Y_w(i_w, :): f32 products, gathered one
+//     coalesced factor row segment per product mode, added into f64
+//     accumulators (one per column) of the current segment.
+// A segment that ends inside the warp and began there (or at a chunk whose
+// start flag is set) is stored as f32 straight into its row: no atomics.
+// The warp's first segment, when the warp's start flag says it began in an
+// earlier warp, and its last, when it runs on past the warp, go to the
+// warp's two f64 slots in shared memory. After a barrier warp 0 adds the
+// slots in warp order (pieces of one segment are adjacent: deterministic)
+// and stores each such segment, unless it crosses an edge of the thread
+// block: then its sum goes to edge_sums[slot] with one f64 atomicAdd per
+// column (slots numbered on the host, one per crossing segment), and
+// fcoo_store_edges writes those rows afterwards. The output is zeroed
+// first, so rows without nonzeros are 0.
+// Reads per nonzero: NMODES - 1 indices and the value (4 B each), 1/8 B of
+// bit flags, and NMODES - 1 factor row segments of TILE floats. Writes: one
+// output row (TILE floats) per segment.
+//
+// Requires -DNMODES, -DRANK, -DWARPS.
+
+#include "common.cuh"
+
+#ifndef WARPS
+#error "WARPS must be defined (-DWARPS=...)"
+#endif
+
+#define NPROD (NMODES - 1)
+// Arrays of product modes need at least one element (one-mode tensors).
+#define NPROD_ARR (NPROD > 0 ? NPROD : 1)
+// Columns one lane handles in one column tile (at most 4: more would only
+// add registers), and the tile's width; gridDim.y = ceil(RANK / TILE).
+#define TILE_CPL (COLS_PER_LANE < 4 ? COLS_PER_LANE : 4)
+#define TILE (TILE_CPL * WARP)
+#define NONE 0xffffffffu
+#define FULL 0xffffffffu
+// Nonzeros whose factor rows are gathered before any is added.
+#define UNROLL 4
+
+extern "C" __global__ void __launch_bounds__(32 * WARPS) mttkrp_fcoo(
+    const u32* __restrict__ prod_idx,    // NPROD x nnz, product modes in increasing order
+    const float* __restrict__ vals,      // nnz
+    const u32* __restrict__ bit_flags,   // ceil(nnz / 32): bit set = last nonzero of its segment
+    const u32* __restrict__ start_flags, // ceil(chunks / 32): bit set = chunk starts a segment
+    const u32* __restrict__ seg_rows,    // segments: output row of each
+    const u32* __restrict__ block_seg,   // thread blocks + 1: segment of each block's first nonzero
+    const u32* __restrict__ edge_slot,   // 2 x thread blocks: slot of the head / tail segment, or NONE
+    const float* __restrict__ factors,
+    const u64* __restrict__ row_offset,
+    float* __restrict__ out,             // dims[mode] x RANK, zeroed by the caller
+    double* __restrict__ edge_sums,      // slots x RANK, zeroed by the caller
+    u64 nnz,
+    u32 threadlen,
+    int mode)
+{
+    __shared__ double slot_sum[2 * WARPS][TILE];
+    __shared__ u32 slot_seg[2 * WARPS];
+    __shared__ u32 warp_ends[WARPS];
+
+    const int lane = threadIdx.x;
+    const int warp = threadIdx.y;
+    const u64 warp_nnz = (u64)threadlen * WARP;
+    const u64 w_lo = (blockIdx.x * (u64)WARPS + warp) * warp_nnz;
+    const u64 w_hi = w_lo < nnz ? min(w_lo + warp_nnz, nnz) : w_lo;
+    const u32 col0 = blockIdx.y * TILE + lane;
+
+    // Segments ending in each warp's range, to number this warp's first
+    // segment. Bits past nnz are 0, so whole words can be counted.
+    u32 ends = 0;
+    for (u64 q = w_lo / 32 + lane; q < (w_hi + 31) / 32; q += WARP) ends += __popc(bit_flags[q]);
+#pragma unroll
+    for (int d = WARP / 2; d > 0; d /= 2) ends += __shfl_xor_sync(FULL, ends, d);
+    if (lane == 0) {
+        warp_ends[warp] = ends;
+        slot_seg[2 * warp] = NONE;
+        slot_seg[2 * warp + 1] = NONE;
+    }
+    __syncthreads();
+
+    if (w_lo < w_hi) {
+        u32 seg = block_seg[blockIdx.x];
+        for (int v = 0; v < warp; ++v) seg += warp_ends[v];
+        // The warp's first chunk is chunk w_lo / threadlen, bit 0 of its
+        // start-flag word: 0 means the first segment began in an earlier warp.
+        const bool head_shared = !(start_flags[w_lo / warp_nnz] & 1u);
+
+        // Factor rows of product mode p start at base[p]; lane l reads
+        // columns col[c] (clamped below RANK: lanes past RANK load a valid
+        // column and never store it, so no load is predicated).
+        const float* base[NPROD_ARR];
+#pragma unroll
+        for (int p = 0; p < NPROD; ++p) {
+            const int w = p < mode ? p : p + 1;
+            base[p] = factors + row_offset[w] * RANK;
+        }
+        u32 col[TILE_CPL];
+#pragma unroll
+        for (int c = 0; c < TILE_CPL; ++c) col[c] = min(col0 + c * WARP, (u32)RANK - 1);
+
+        double acc[TILE_CPL];
+#pragma unroll
+        for (int c = 0; c < TILE_CPL; ++c) acc[c] = 0.0;
+        bool first = true; // the current segment is the warp's first
+        bool open = false; // acc holds part of an unfinished segment
+
+        for (u64 g = w_lo; g < w_hi; g += WARP) {
+            const u32 n = (u32)min((u64)WARP, w_hi - g);
+            u32 idx[NPROD_ARR];
+            float val = 0.0f;
+#pragma unroll
+            for (int p = 0; p < NPROD_ARR; ++p) idx[p] = 0;
+            if ((u32)lane < n) {
+#pragma unroll
+                for (int p = 0; p < NPROD; ++p) idx[p] = prod_idx[(u64)p * nnz + g + lane];
+                val = vals[g + lane];
+            }
+            const u32 bits = bit_flags[g / 32];
+
+            for (u32 j = 0; j < n; j += UNROLL) {
+                // UNROLL nonzeros' products first (their gathers are
+                // independent), then added in order, closing segments at
+                // set flags. Past n a nonzero is repeated and not added.
+                float prod[UNROLL][TILE_CPL];
+#pragma unroll
+                for (int u = 0; u < UNROLL; ++u) {
+                    const u32 src = min(j + u, n - 1);
+                    const float v = __shfl_sync(FULL, val, src);
+#pragma unroll
+                    for (int c = 0; c < TILE_CPL; ++c) prod[u][c] = v;
+#pragma unroll
+                    for (int p = 0; p < NPROD; ++p) {
+                        const float* y = base[p] + (u64)__shfl_sync(FULL, idx[p], src) * RANK;
+#pragma unroll
+                        for (int c = 0; c < TILE_CPL; ++c) prod[u][c] *= __ldg(y + col[c]);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < UNROLL; ++u) {
+                    if (j + u >= n) break;
+#pragma unroll
+                    for (int c = 0; c < TILE_CPL; ++c) acc[c] += (double)prod[u][c];
+                    open = !((bits >> (j + u)) & 1u);
+                    if (open) continue;
+                    // Nonzero j + u ends segment `seg`.
+                    if (first && head_shared) {
+#pragma unroll
+                        for (int c = 0; c < TILE_CPL; ++c) slot_sum[2 * warp][lane + c * WARP] = acc[c];
+                        if (lane == 0) slot_seg[2 * warp] = seg;
+                    } else {
+                        float* o = out + (u64)seg_rows[seg] * RANK;
+#pragma unroll
+                        for (int c = 0; c < TILE_CPL; ++c)
+                            if (col0 + c * WARP < RANK) o[col0 + c * WARP] = (float)acc[c];
+                    }
+#pragma unroll
+                    for (int c = 0; c < TILE_CPL; ++c) acc[c] = 0.0;
+                    ++seg;
+                    first = false;
+                }
+            }
+        }
+        // The last segment runs on past the warp.
+        if (open) {
+            const int s = (first && head_shared) ? 2 * warp : 2 * warp + 1;
+#pragma unroll
+            for (int c = 0; c < TILE_CPL; ++c) slot_sum[s][lane + c * WARP] = acc[c];
+            if (lane == 0) slot_seg[s] = seg;
+        }
+    }
+    __syncthreads();
+
+    // Warp 0 adds the slots in order: equal neighbouring segment numbers
+    // are one segment split between warps.
+    if (warp == 0) {
+        const u32 head_slot = edge_slot[2 * blockIdx.x];
+        const u32 tail_slot = edge_slot[2 * blockIdx.x + 1];
+        const u32 head_seg = block_seg[blockIdx.x];
+        const u32 tail_seg = block_seg[blockIdx.x + 1];
+        u32 cur = NONE;
+        double sum[TILE_CPL];
+#pragma unroll
+        for (int c = 0; c < TILE_CPL; ++c) sum[c] = 0.0;
+        for (int s = 0; s <= 2 * WARPS; ++s) {
+            const u32 seg = s < 2 * WARPS ? slot_seg[s] : NONE;
+            if (s < 2 * WARPS && seg == NONE) continue;
+            if (seg != cur) {
+                if (cur != NONE) {
+                    // Crossing a block edge: the head or tail slot; else
+                    // the block holds the whole segment.
+                    const u32 slot = (head_slot != NONE && cur == head_seg) ? head_slot
+                        : (tail_slot != NONE && cur == tail_seg)            ? tail_slot
+                                                                            : NONE;
+                    if (slot != NONE) {
+                        double* d = edge_sums + (u64)slot * RANK + col0;
+#pragma unroll
+                        for (int c = 0; c < TILE_CPL; ++c)
+                            if (col0 + c * WARP < RANK) atomicAdd(d + c * WARP, sum[c]);
+                    } else {
+                        float* o = out + (u64)seg_rows[cur] * RANK + col0;
+#pragma unroll
+                        for (int c = 0; c < TILE_CPL; ++c)
+                            if (col0 + c * WARP < RANK) o[c * WARP] = (float)sum[c];
+                    }
+                }
+                cur = seg;
+#pragma unroll
+                for (int c = 0; c < TILE_CPL; ++c) sum[c] = 0.0;
+            }
+            if (s == 2 * WARPS) break;
+#pragma unroll
+            for (int c = 0; c < TILE_CPL; ++c) sum[c] += slot_sum[s][lane + c * WARP];
+        }
+    }
+}
+
+// Stores the f64 sums of the segments crossing thread-block edges as f32
+// rows (grid-stride, one element per thread): slot s is output row rows[s].
+extern "C" __global__ void fcoo_store_edges(
+    const double* __restrict__ sums, const u32* __restrict__ rows, float* __restrict__ out, u64 n)
+{
+    for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (u64)blockDim.x)
+        out[(u64)rows[e / RANK] * RANK + e % RANK] = (float)sums[e];
+}
