@@ -14,7 +14,9 @@ use crate::{DeviceError, Gpu, GpuMttkrp, Result};
 /// A GPU MTTKRP engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GpuKernel {
-    /// The engine kruskal picks (flycoo).
+    /// The engine kruskal picks: fcoo, the fastest single-GPU MTTKRP on
+    /// every FROSTT shape measured (docs/performance.md); adaptive choice
+    /// per tensor is later work.
     Auto,
     /// COO with one f64 atomic per (nonzero, column): the baseline.
     CooAtomic,
@@ -50,7 +52,7 @@ impl GpuKernel {
     /// The engine `Auto` stands for.
     pub fn resolve(self) -> GpuKernel {
         match self {
-            GpuKernel::Auto => GpuKernel::Flycoo,
+            GpuKernel::Auto => GpuKernel::Fcoo,
             k => k,
         }
     }
@@ -147,7 +149,7 @@ mod tests {
         }
         assert_eq!(
             "auto".parse::<GpuKernel>().unwrap().resolve(),
-            GpuKernel::Flycoo
+            GpuKernel::Fcoo
         );
         assert!(
             "sorted"

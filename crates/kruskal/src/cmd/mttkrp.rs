@@ -34,7 +34,7 @@ pub struct MttkrpArgs {
     #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
     pub backend: BackendChoice,
     /// MTTKRP engine, or `all` to time each one in turn. CPU: auto, sorted,
-    /// fcoo, flycoo, hicoo. GPU: auto (flycoo), coo, hicoo, fcoo, flycoo.
+    /// fcoo, flycoo, hicoo. GPU: auto (fcoo), coo, hicoo, fcoo, flycoo.
     #[arg(long, default_value = "auto")]
     pub kernel: String,
     /// GPU flycoo: sum pieces of split rows in a fixed order (bit-identical
