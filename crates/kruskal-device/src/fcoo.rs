@@ -17,7 +17,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kruskal_formats::{Fcoo, FcooOp, SparseTensor};
 
 use crate::coo::{DeviceFactors, check_operands};
-use crate::{DeviceError, Gpu, GpuMttkrp, Result, driver, upload};
+use crate::{DeviceError, Gpu, GpuMttkrp, Result, driver};
 
 /// Warps per thread block: a block holds `threadlen * 32 * WARPS`
 /// nonzeros (the CPU engine's `BLOCK_THREADS = 512` threads).
@@ -137,14 +137,14 @@ impl ModeTables {
             nnz: f.nnz(),
             blocks: plan.blocks(),
             slots: plan.slots(),
-            prod_idx: upload(gpu, &prod, "F-COO indices")?,
-            vals: upload(gpu, f.values(), "F-COO values")?,
-            bit_flags: upload(gpu, f.bit_flags(), "F-COO bit flags")?,
-            start_flags: upload(gpu, f.start_flags(), "F-COO start flags")?,
-            seg_rows: upload(gpu, seg_rows, "F-COO segment rows")?,
-            block_seg: upload(gpu, &plan.block_seg, "F-COO block segments")?,
-            edge_slot: upload(gpu, &plan.edge_slot, "F-COO edge slots")?,
-            edge_rows: upload(gpu, &plan.edge_rows, "F-COO edge rows")?,
+            prod_idx: gpu.upload("F-COO indices", &prod)?,
+            vals: gpu.upload("F-COO values", f.values())?,
+            bit_flags: gpu.upload("F-COO bit flags", f.bit_flags())?,
+            start_flags: gpu.upload("F-COO start flags", f.start_flags())?,
+            seg_rows: gpu.upload("F-COO segment rows", seg_rows)?,
+            block_seg: gpu.upload("F-COO block segments", &plan.block_seg)?,
+            edge_slot: gpu.upload("F-COO edge slots", &plan.edge_slot)?,
+            edge_rows: gpu.upload("F-COO edge rows", &plan.edge_rows)?,
         })
     }
 }
@@ -289,13 +289,7 @@ impl FcooGpu {
         let len = t.slots * rank;
         if self.edge_sums.as_ref().is_none_or(|s| s.len() < len.max(1)) {
             self.edge_sums = None;
-            self.gpu
-                .ensure_free("the F-COO edge sums", len.max(1) * 8)?;
-            self.edge_sums = Some(
-                stream
-                    .alloc_zeros::<f64>(len.max(1))
-                    .map_err(driver("allocating the F-COO edge sums"))?,
-            );
+            self.edge_sums = Some(self.gpu.alloc_zeros::<f64>("the F-COO edge sums", len)?);
         }
         let all_sums = self.edge_sums.as_mut().expect("allocated above");
         let mut sums = all_sums.slice_mut(..len.max(1));

@@ -20,7 +20,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kruskal_formats::{Hicoo, SparseTensor};
 
 use crate::coo::{DeviceFactors, check_operands};
-use crate::{DeviceError, Gpu, GpuMttkrp, Result, driver, upload};
+use crate::{DeviceError, Gpu, GpuMttkrp, Result, driver};
 
 /// Warps per thread block.
 pub const WARPS: u32 = 8;
@@ -238,10 +238,10 @@ impl HicooGpu {
                 Ok(ModeTables {
                     pieces: s.piece_count(),
                     slots: s.slots(),
-                    order: upload(&gpu, &s.order, "the HiCOO block order")?,
-                    piece: upload(&gpu, &s.pieces, "the HiCOO pieces")?,
-                    piece_slot: upload(&gpu, &s.piece_slot, "the HiCOO piece slots")?,
-                    slot_rows: upload(&gpu, &s.slot_rows, "the HiCOO slot rows")?,
+                    order: gpu.upload("the HiCOO block order", &s.order)?,
+                    piece: gpu.upload("the HiCOO pieces", &s.pieces)?,
+                    piece_slot: gpu.upload("the HiCOO piece slots", &s.piece_slot)?,
+                    slot_rows: gpu.upload("the HiCOO slot rows", &s.slot_rows)?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -251,10 +251,10 @@ impl HicooGpu {
             nblocks: h.nblocks(),
             block_bits: h.block_bits(),
             split_nnz,
-            block_ptr: upload(&gpu, h.block_ptr(), "the HiCOO block pointers")?,
-            block_coords: upload(&gpu, &coords, "the HiCOO block coordinates")?,
-            offsets: upload(&gpu, &offsets, "the HiCOO offsets")?,
-            vals: upload(&gpu, h.values(), "the HiCOO values")?,
+            block_ptr: gpu.upload("the HiCOO block pointers", h.block_ptr())?,
+            block_coords: gpu.upload("the HiCOO block coordinates", &coords)?,
+            offsets: gpu.upload("the HiCOO offsets", &offsets)?,
+            vals: gpu.upload("the HiCOO values", h.values())?,
             modes,
             resident_bytes,
             split_sums: None,
@@ -344,13 +344,7 @@ impl HicooGpu {
             .is_none_or(|s| s.len() < len.max(1))
         {
             self.split_sums = None;
-            self.gpu
-                .ensure_free("the HiCOO split sums", len.max(1) * 8)?;
-            self.split_sums = Some(
-                stream
-                    .alloc_zeros::<f64>(len.max(1))
-                    .map_err(driver("allocating the HiCOO split sums"))?,
-            );
+            self.split_sums = Some(self.gpu.alloc_zeros::<f64>("the HiCOO split sums", len)?);
         }
         let all_sums = self.split_sums.as_mut().expect("allocated above");
         let mut sums = all_sums.slice_mut(..len.max(1));

@@ -195,17 +195,6 @@ pub fn floor_bytes(dims: &[u32], nnz: usize, rank: usize) -> usize {
     nnz * 4 * (dims.len() + 1) + rows * rank * 4
 }
 
-/// Uploads `data`, padded to one element when empty (the driver refuses
-/// empty allocations; kernels never read the pad); a typed out-of-memory
-/// error when it does not fit ([`Gpu::upload`]).
-pub(crate) fn upload<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
-    gpu: &Gpu,
-    data: &[T],
-    what: &str,
-) -> Result<cudarc::driver::CudaSlice<T>> {
-    gpu.upload(what, data)
-}
-
 /// Wraps a driver error with what was being done.
 pub(crate) fn driver(what: impl Into<String>) -> impl FnOnce(DriverError) -> DeviceError {
     let what = what.into();
