@@ -38,17 +38,8 @@ const SPLIT_MIN_NNZ: usize = 1 << 15;
 /// tasks to balance 16 to 64 cores through work stealing).
 const SPLIT_PARTS: usize = 64;
 
-/// A task's share of one group: the blocks at schedule positions
-/// `pos_lo..pos_hi`, starting at nonzero `nz_lo` of the first and ending
-/// before nonzero `nz_hi` of the last (a whole group is one piece whose ends
-/// are its first and last blocks' ends).
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Piece {
-    pos_lo: usize,
-    pos_hi: usize,
-    nz_lo: usize,
-    nz_hi: usize,
-}
+/// A task's share of one group (an unsplit group is one piece).
+type Piece = kruskal_formats::hicoo::BlockPiece;
 
 /// A non-empty group: the blocks sharing mode-`d` block coordinate `coord`.
 #[derive(Clone, Debug, PartialEq)]
@@ -89,40 +80,24 @@ impl ModeSchedule {
     /// Groups the blocks of `h` for output `mode` and cuts groups heavier
     /// than `split_nnz` nonzeros.
     ///
-    /// Cost: a parallel sort of `nblocks` 64-bit keys and one pass over the
-    /// blocks.
+    /// Cost: [`Hicoo::block_groups`] (a parallel sort of the blocks and one
+    /// pass over them).
     fn new(h: &Hicoo, mode: usize, split_nnz: usize) -> Self {
-        let coords = &h.block_coords()[mode];
-        let block_ptr = h.block_ptr();
         let b = u32::from(h.block_bits());
         let dim = h.dims()[mode] as usize;
-
-        let mut keys: Vec<u64> = coords
-            .par_iter()
-            .enumerate()
-            .map(|(k, &c)| (u64::from(c) << 32) | k as u64)
-            .collect();
-        keys.par_sort_unstable();
-        // Block ids fit 32 bits: Hicoo checks there are at most u32::MAX.
-        let order: Vec<u32> = keys.into_par_iter().map(|key| key as u32).collect();
-
-        let mut groups: Vec<Group> = Vec::new();
-        let mut pieces = Vec::new();
-        let mut lo = 0;
-        while lo < order.len() {
-            let coord = coords[order[lo] as usize];
-            let hi = lo + order[lo..].partition_point(|&k| coords[k as usize] == coord);
-            let piece_lo = pieces.len();
-            cut_group(&order, lo..hi, block_ptr, split_nnz, &mut pieces);
-            groups.push(Group {
-                coord,
-                row_lo: (coord as usize) << b,
+        let blocks = h.block_groups(mode, split_nnz);
+        let mut groups: Vec<Group> = blocks
+            .groups
+            .iter()
+            .map(|g| Group {
+                coord: g.coord,
+                row_lo: (g.coord as usize) << b,
                 row_hi: dim,
-                piece_lo,
-                piece_hi: pieces.len(),
-            });
-            lo = hi;
-        }
+                piece_lo: g.piece_lo,
+                piece_hi: g.piece_hi,
+            })
+            .collect();
+        let (order, pieces) = (blocks.order, blocks.pieces);
         // Empty groups' rows go to the group before them (or the first one).
         if let Some(first) = groups.first_mut() {
             first.row_lo = 0;
@@ -171,60 +146,6 @@ impl ModeSchedule {
             + self.pieces.len() * std::mem::size_of::<Piece>()
             + self.split_pieces.len() * std::mem::size_of::<usize>()
     }
-}
-
-/// Appends the pieces of the group made of the blocks `order[span]`: one
-/// piece if it holds at most `split_nnz` nonzeros, otherwise
-/// `ceil(nnz / split_nnz)` pieces of about equal nonzero count.
-fn cut_group(
-    order: &[u32],
-    span: std::ops::Range<usize>,
-    block_ptr: &[u64],
-    split_nnz: usize,
-    pieces: &mut Vec<Piece>,
-) {
-    let start = |p: usize| block_ptr[order[p] as usize] as usize;
-    let end = |p: usize| block_ptr[order[p] as usize + 1] as usize;
-    let nnz: usize = span.clone().map(|p| end(p) - start(p)).sum();
-    // At most nnz pieces (split_nnz >= 1), so the cut targets below are
-    // strictly increasing and every piece holds a nonzero.
-    let npieces = nnz.div_ceil(split_nnz.max(1)).max(1);
-    let mut cur = Piece {
-        pos_lo: span.start,
-        pos_hi: span.end,
-        nz_lo: start(span.start),
-        nz_hi: end(span.end - 1),
-    };
-    let mut cut = 1;
-    // Nonzeros of the group before block position p.
-    let mut before = 0;
-    for p in span.clone() {
-        let len = end(p) - start(p);
-        while cut < npieces {
-            let target = cut * nnz / npieces;
-            if target >= before + len {
-                break;
-            }
-            // The cut falls at nonzero `target - before` of block p (> 0 for
-            // the first block: targets are at least 1).
-            let at = start(p) + (target - before);
-            if target == before {
-                (cur.pos_hi, cur.nz_hi) = (p, end(p - 1));
-            } else {
-                (cur.pos_hi, cur.nz_hi) = (p + 1, at);
-            }
-            pieces.push(cur);
-            cur = Piece {
-                pos_lo: p,
-                pos_hi: span.end,
-                nz_lo: at,
-                nz_hi: end(span.end - 1),
-            };
-            cut += 1;
-        }
-        before += len;
-    }
-    pieces.push(cur);
 }
 
 /// Calls `f(block, nonzeros)` for each block of `piece`, in schedule order.

@@ -68,77 +68,30 @@ impl Schedule {
     /// than `split_nnz` (at least 1) nonzeros into `ceil(nnz / split_nnz)`
     /// pieces of about equal nonzero count.
     ///
-    /// Cost: a sort of `nblocks` keys and one pass over the blocks.
+    /// Cost: [`Hicoo::block_groups`].
     pub fn new(h: &Hicoo, mode: usize, split_nnz: usize) -> Self {
-        let split_nnz = split_nnz.max(1);
-        let coords = &h.block_coords()[mode];
-        let block_ptr = h.block_ptr();
         let b = u32::from(h.block_bits());
-        let mut keys: Vec<u64> = coords
-            .iter()
-            .enumerate()
-            .map(|(k, &c)| (u64::from(c) << 32) | k as u64)
-            .collect();
-        keys.sort_unstable();
-        // Block ids fit 32 bits: Hicoo checks there are at most u32::MAX.
-        let order: Vec<u32> = keys.into_iter().map(|key| key as u32).collect();
-        let start = |p: usize| block_ptr[order[p] as usize];
-        let end = |p: usize| block_ptr[order[p] as usize + 1];
-
+        let blocks = h.block_groups(mode, split_nnz.max(1));
         let mut sched = Schedule {
-            pieces: Vec::new(),
-            piece_slot: Vec::new(),
+            order: blocks.order,
+            pieces: Vec::with_capacity(4 * blocks.pieces.len()),
+            piece_slot: Vec::with_capacity(blocks.pieces.len()),
             slot_rows: Vec::new(),
-            order: Vec::new(),
         };
-        let mut lo = 0;
-        while lo < order.len() {
-            let coord = coords[order[lo] as usize];
-            let hi = lo + order[lo..].partition_point(|&k| coords[k as usize] == coord);
-            let nnz: u64 = (lo..hi).map(|p| end(p) - start(p)).sum();
-            // At most nnz pieces, so cut targets strictly increase and every
-            // piece holds a nonzero.
-            let npieces = nnz.div_ceil(split_nnz as u64).max(1);
-            let slot = if npieces > 1 {
-                sched.slot_rows.push(coord << b);
+        for g in &blocks.groups {
+            let slot = if g.is_split() {
+                sched.slot_rows.push(g.coord << b);
                 (sched.slot_rows.len() - 1) as u32
             } else {
                 NONE
             };
-            let mut piece = [lo as u64, hi as u64, start(lo), end(hi - 1)];
-            let mut cut = 1;
-            // Nonzeros of the group before block position p.
-            let mut before = 0;
-            for p in lo..hi {
-                let len = end(p) - start(p);
-                while cut < npieces {
-                    let target = cut * nnz / npieces;
-                    if target >= before + len {
-                        break;
-                    }
-                    // The next piece starts at nonzero `at` of block p (a
-                    // block start when target == before; never for the
-                    // group's first block: targets are at least 1).
-                    let at = start(p) + (target - before);
-                    if target == before {
-                        piece[1] = p as u64;
-                        piece[3] = end(p - 1);
-                    } else {
-                        piece[1] = p as u64 + 1;
-                        piece[3] = at;
-                    }
-                    sched.pieces.extend_from_slice(&piece);
-                    sched.piece_slot.push(slot);
-                    piece = [p as u64, hi as u64, at, end(hi - 1)];
-                    cut += 1;
-                }
-                before += len;
+            for p in &blocks.pieces[g.piece_lo..g.piece_hi] {
+                sched
+                    .pieces
+                    .extend([p.pos_lo, p.pos_hi, p.nz_lo, p.nz_hi].map(|x| x as u64));
+                sched.piece_slot.push(slot);
             }
-            sched.pieces.extend_from_slice(&piece);
-            sched.piece_slot.push(slot);
-            lo = hi;
         }
-        sched.order = order;
         sched
     }
 

@@ -283,6 +283,144 @@ impl Hicoo {
     }
 }
 
+/// A share of one group of blocks (see [`Hicoo::block_groups`]): the blocks
+/// at positions `pos_lo..pos_hi` of [`BlockGroups::order`], starting at
+/// nonzero `nz_lo` of the first and ending before nonzero `nz_hi` of the
+/// last. An unsplit group is one piece whose ends are its blocks' ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockPiece {
+    pub pos_lo: usize,
+    pub pos_hi: usize,
+    pub nz_lo: usize,
+    pub nz_hi: usize,
+}
+
+/// The non-empty blocks sharing block coordinate `coord` in one mode (every
+/// nonzero of theirs lands in rows `coord * 2^b .. (coord + 1) * 2^b`), and
+/// their pieces `pieces[piece_lo..piece_hi]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockGroup {
+    pub coord: u32,
+    pub piece_lo: usize,
+    pub piece_hi: usize,
+}
+
+impl BlockGroup {
+    /// Cut into more than one piece.
+    pub fn is_split(&self) -> bool {
+        self.piece_hi - self.piece_lo > 1
+    }
+}
+
+/// The blocks of a [`Hicoo`] grouped by their block coordinate in one mode,
+/// heavy groups cut into pieces: the work list of an MTTKRP of that mode
+/// (one task or thread block per piece).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockGroups {
+    /// Block ids sorted by (block coordinate in the mode, id): each group is
+    /// a run.
+    pub order: Vec<u32>,
+    /// Groups by increasing coordinate.
+    pub groups: Vec<BlockGroup>,
+    /// Pieces in group order.
+    pub pieces: Vec<BlockPiece>,
+}
+
+impl Hicoo {
+    /// Groups the blocks by their block coordinate in `mode` (`mode <
+    /// nmodes`) and cuts every group of more than `split_nnz` (at least 1)
+    /// nonzeros into `ceil(nnz / split_nnz)` pieces of about equal nonzero
+    /// count, cut points inside blocks allowed. Every piece holds a nonzero.
+    ///
+    /// Cost: a parallel sort of `nblocks` 64-bit keys and one pass over the
+    /// blocks.
+    pub fn block_groups(&self, mode: usize, split_nnz: usize) -> BlockGroups {
+        let coords = &self.block_coords[mode];
+        let mut keys: Vec<u64> = coords
+            .par_iter()
+            .enumerate()
+            .map(|(k, &c)| (u64::from(c) << 32) | k as u64)
+            .collect();
+        keys.par_sort_unstable();
+        // Block ids fit 32 bits: `new` checks there are at most u32::MAX.
+        let order: Vec<u32> = keys.into_par_iter().map(|key| key as u32).collect();
+        let mut groups = Vec::new();
+        let mut pieces = Vec::new();
+        let mut lo = 0;
+        while lo < order.len() {
+            let coord = coords[order[lo] as usize];
+            let hi = lo + order[lo..].partition_point(|&k| coords[k as usize] == coord);
+            let piece_lo = pieces.len();
+            cut_group(&order, lo..hi, &self.block_ptr, split_nnz, &mut pieces);
+            groups.push(BlockGroup {
+                coord,
+                piece_lo,
+                piece_hi: pieces.len(),
+            });
+            lo = hi;
+        }
+        BlockGroups {
+            order,
+            groups,
+            pieces,
+        }
+    }
+}
+
+/// Appends the pieces of the group made of the blocks `order[span]`: one
+/// piece if it holds at most `split_nnz` nonzeros, otherwise
+/// `ceil(nnz / split_nnz)` pieces of about equal nonzero count.
+fn cut_group(
+    order: &[u32],
+    span: Range<usize>,
+    block_ptr: &[u64],
+    split_nnz: usize,
+    pieces: &mut Vec<BlockPiece>,
+) {
+    let start = |p: usize| block_ptr[order[p] as usize] as usize;
+    let end = |p: usize| block_ptr[order[p] as usize + 1] as usize;
+    let nnz: usize = span.clone().map(|p| end(p) - start(p)).sum();
+    // At most nnz pieces (split_nnz >= 1), so the cut targets below are
+    // strictly increasing and every piece holds a nonzero.
+    let npieces = nnz.div_ceil(split_nnz.max(1)).max(1);
+    let mut cur = BlockPiece {
+        pos_lo: span.start,
+        pos_hi: span.end,
+        nz_lo: start(span.start),
+        nz_hi: end(span.end - 1),
+    };
+    let mut cut = 1;
+    // Nonzeros of the group before block position p.
+    let mut before = 0;
+    for p in span.clone() {
+        let len = end(p) - start(p);
+        while cut < npieces {
+            let target = cut * nnz / npieces;
+            if target >= before + len {
+                break;
+            }
+            // The cut falls at nonzero `target - before` of block p (> 0 for
+            // the first block: targets are at least 1).
+            let at = start(p) + (target - before);
+            if target == before {
+                (cur.pos_hi, cur.nz_hi) = (p, end(p - 1));
+            } else {
+                (cur.pos_hi, cur.nz_hi) = (p + 1, at);
+            }
+            pieces.push(cur);
+            cur = BlockPiece {
+                pos_lo: p,
+                pos_hi: span.end,
+                nz_lo: at,
+                nz_hi: end(span.end - 1),
+            };
+            cut += 1;
+        }
+        before += len;
+    }
+    pieces.push(cur);
+}
+
 /// Morton (Z-curve) order of two points given by their coordinates (same
 /// length, any number of dimensions, 32-bit coordinates), mode 0 most
 /// significant at each bit level.
