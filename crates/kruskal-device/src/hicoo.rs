@@ -402,8 +402,8 @@ impl GpuMttkrp for HicooGpu {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::factors;
-    use kruskal_cpu::{mttkrp_reference, relative_error};
+    use crate::testutil::{check_engine, factors, hot_tensors, model_error};
+    use kruskal_cpu::mttkrp_reference;
     use kruskal_formats::generate::{PowerLawSpec, power_law};
     use ndarray::Array2;
     use proptest::prelude::*;
@@ -628,15 +628,9 @@ mod tests {
                     let fs = factors(t.dims(), rank, 7);
                     let views: Vec<_> = fs.iter().map(|a| a.view()).collect();
                     for mode in 0..t.nmodes() {
-                        let mut out = model(&h, split, &fs, mode);
+                        let out = model(&h, split, &fs, mode);
                         let exact = mttkrp_reference(t, &views, mode).unwrap();
-                        for (row, exact_row) in exact.rows().into_iter().enumerate() {
-                            if out[[row, 0]].is_nan() {
-                                assert!(exact_row.iter().all(|&x| x == 0.0), "row {row}");
-                                out.row_mut(row).fill(0.0);
-                            }
-                        }
-                        let err = relative_error(out.view(), exact.view());
+                        let err = model_error(out, &exact);
                         assert!(
                             err < 1e-6,
                             "bits {bits} split {split} rank {rank} mode {mode}: {err}"
@@ -647,39 +641,14 @@ mod tests {
         }
     }
 
-    /// Power-law tensors whose hottest rows hold 10-40% of the nonzeros.
-    fn hot_tensors() -> Vec<SparseTensor> {
-        [(3, 1.1), (4, 0.8), (5, 1.3), (6, 0.6)]
-            .into_iter()
-            .map(|(nmodes, exponent)| {
-                let dims: Vec<u32> = (0..nmodes).map(|m| 50 + 137 * m as u32).collect();
-                let mut spec = PowerLawSpec::new(dims, 40_000).with_seed(nmodes as u64);
-                spec.exponents = vec![exponent; nmodes];
-                power_law(&spec).unwrap()
-            })
-            .collect()
-    }
-
-    fn check(engine: &mut HicooGpu, t: &SparseTensor, rank: usize, what: &str) {
-        let f = factors(t.dims(), rank, rank as u64);
-        let views: Vec<_> = f.iter().map(|a| a.view()).collect();
-        for mode in 0..t.nmodes() {
-            let mut out = Array2::from_elem((t.dims()[mode] as usize, rank), f32::NAN);
-            engine.mttkrp_host(mode, &f, &mut out).unwrap();
-            let exact = mttkrp_reference(t, &views, mode).unwrap();
-            let err = relative_error(out.view(), exact.view());
-            assert!(err < 1e-5, "{what} rank {rank} mode {mode}: {err}");
-        }
-    }
-
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn hicoo_equals_the_f64_reference() {
         let gpu = Gpu::open(0).expect("a GPU");
-        for t in hot_tensors() {
+        for t in hot_tensors(137) {
             let mut engine = HicooGpu::new(gpu.clone(), &t, Hicoo::DEFAULT_BLOCK_BITS).unwrap();
             for rank in [1, 7, 16, 32, 64, 100] {
-                check(&mut engine, &t, rank, &format!("{} modes", t.nmodes()));
+                check_engine(&mut engine, &t, rank, &format!("{} modes", t.nmodes()));
             }
         }
     }
@@ -688,14 +657,14 @@ mod tests {
     #[ignore = "needs a CUDA GPU"]
     fn hicoo_block_bits_splits_and_edge_cases() {
         let gpu = Gpu::open(0).expect("a GPU");
-        let tensors = hot_tensors();
+        let tensors = hot_tensors(137);
         for bits in 1..=8u8 {
             for t in &tensors[..2] {
                 let h = Hicoo::new(t, bits).unwrap();
                 for split in [64, usize::MAX] {
                     let mut engine = HicooGpu::from_hicoo(gpu.clone(), &h, split).unwrap();
                     for rank in [7, 32, 40] {
-                        check(&mut engine, t, rank, &format!("bits {bits} split {split}"));
+                        check_engine(&mut engine, t, rank, &format!("bits {bits} split {split}"));
                     }
                 }
             }
@@ -708,7 +677,7 @@ mod tests {
             vec![1.0, 2.0, 3.0],
         )
         .unwrap();
-        check(
+        check_engine(
             &mut HicooGpu::new(gpu.clone(), &t, 2).unwrap(),
             &t,
             3,
@@ -716,7 +685,7 @@ mod tests {
         );
         let t =
             SparseTensor::new(vec![7], vec![vec![3, 1, 3, 6]], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
-        check(
+        check_engine(
             &mut HicooGpu::new(gpu.clone(), &t, 1).unwrap(),
             &t,
             5,
@@ -725,7 +694,7 @@ mod tests {
         let mut spec = PowerLawSpec::new(vec![90, 70], 5_000);
         spec.exponents = vec![1.3; 2];
         let t = power_law(&spec).unwrap();
-        check(
+        check_engine(
             &mut HicooGpu::new(gpu.clone(), &t, 3).unwrap(),
             &t,
             33,
