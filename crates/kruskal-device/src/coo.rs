@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kruskal_formats::SparseTensor;
 use ndarray::Array2;
 
-use crate::{DeviceError, Gpu, GpuMttkrp, Result, driver};
+use crate::{DeviceError, Gpu, GpuMttkrp, Result, driver, grid_stride};
 
 /// Every factor matrix on the device: rows of all modes concatenated in one
 /// buffer (`rank` floats each), and each mode's first row.
@@ -189,11 +189,7 @@ impl CooAtomic {
             unsafe { launch.launch(cfg) }.map_err(driver("launching mttkrp_coo_atomic"))?;
         }
         let n_out = len as u64;
-        let store_cfg = LaunchConfig {
-            grid_dim: (n_out.div_ceil(256).clamp(1, 65_535) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let store_cfg = grid_stride(n_out, 256);
         let mut launch = stream.launch_builder(&store);
         launch.arg(&mut sums).arg(out).arg(&n_out);
         // SAFETY: `sums` and `out` both hold n_out elements.

@@ -17,7 +17,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kruskal_formats::{Fcoo, FcooOp, SparseTensor};
 
 use crate::coo::{DeviceFactors, check_operands};
-use crate::{DeviceError, Gpu, GpuMttkrp, Result, driver};
+use crate::{DeviceError, Gpu, GpuMttkrp, Result, driver, grid_stride};
 
 /// Warps per thread block: a block holds `threadlen * 32 * WARPS`
 /// nonzeros (the CPU engine's `BLOCK_THREADS = 512` threads).
@@ -349,14 +349,8 @@ impl FcooGpu {
             // SAFETY: sums holds slots x rank doubles, edge_rows `slots` rows,
             // each an output row below dims[mode] (segment rows of the Fcoo),
             // so out[row * rank + col] lies inside `out`.
-            unsafe {
-                launch.launch(LaunchConfig {
-                    grid_dim: (n_sums.div_ceil(256).min(65_535) as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .map_err(driver("launching fcoo_store_edges"))?;
+            unsafe { launch.launch(grid_stride(n_sums, 256)) }
+                .map_err(driver("launching fcoo_store_edges"))?;
         }
         Ok(())
     }

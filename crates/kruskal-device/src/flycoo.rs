@@ -8,7 +8,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kruskal_formats::flycoo::Flycoo;
 
 use crate::coo::{DeviceFactors, check_operands};
-use crate::{DeviceError, Gpu, GpuMttkrp, Result, driver};
+use crate::{DeviceError, Gpu, GpuMttkrp, Result, driver, grid_stride};
 
 /// Warps per thread block (the paper's P).
 pub const WARPS: u32 = 8;
@@ -338,14 +338,8 @@ impl FlycooGpu {
             // piece_ptr has rows + 1 entries indexing `piece`, whose slots
             // are below `pieces` (scratch holds pieces * rank doubles);
             // split rows are rows of this mode, inside `out`.
-            unsafe {
-                launch.launch(LaunchConfig {
-                    grid_dim: (rows.div_ceil(8).min(65_535) as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .map_err(driver("launching flycoo_combine"))?;
+            unsafe { launch.launch(grid_stride(rows, 8)) }
+                .map_err(driver("launching flycoo_combine"))?;
         }
         self.current = 1 - self.current;
         self.at = next as usize;

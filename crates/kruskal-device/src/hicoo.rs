@@ -20,7 +20,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kruskal_formats::{Hicoo, SparseTensor};
 
 use crate::coo::{DeviceFactors, check_operands};
-use crate::{DeviceError, Gpu, GpuMttkrp, Result, driver};
+use crate::{DeviceError, Gpu, GpuMttkrp, Result, driver, grid_stride};
 
 /// Warps per thread block.
 pub const WARPS: u32 = 8;
@@ -363,14 +363,8 @@ impl HicooGpu {
             // SAFETY: sums holds slots x 2^bits x rank doubles and slot_rows
             // one row per slot; rows at or past dim are skipped, so every
             // write lies inside `out` (dim x rank).
-            unsafe {
-                launch.launch(LaunchConfig {
-                    grid_dim: (n_sums.div_ceil(256).min(65_535) as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                })
-            }
-            .map_err(driver("launching hicoo_store_split"))?;
+            unsafe { launch.launch(grid_stride(n_sums, 256)) }
+                .map_err(driver("launching hicoo_store_split"))?;
         }
         Ok(())
     }

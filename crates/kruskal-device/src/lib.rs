@@ -195,6 +195,17 @@ pub fn floor_bytes(dims: &[u32], nnz: usize, rank: usize) -> usize {
     nnz * 4 * (dims.len() + 1) + rows * rank * 4
 }
 
+/// Launch shape of a grid-stride kernel of 256-thread blocks over `items`
+/// work items, `per_block` of them per block in one pass (256 for a thread
+/// per item, 8 for a warp per item): at least one block, at most 65,535.
+pub(crate) fn grid_stride(items: u64, per_block: u64) -> cudarc::driver::LaunchConfig {
+    cudarc::driver::LaunchConfig {
+        grid_dim: (items.div_ceil(per_block).clamp(1, 65_535) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// Wraps a driver error with what was being done.
 pub(crate) fn driver(what: impl Into<String>) -> impl FnOnce(DriverError) -> DeviceError {
     let what = what.into();
