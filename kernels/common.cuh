@@ -7,7 +7,9 @@
 
 #pragma once
 
-#ifndef NMODES
+// Files whose kernels do not depend on the mode count define RANK_ONLY
+// before including this header.
+#if !defined(NMODES) && !defined(RANK_ONLY)
 #error "NMODES must be defined (-DNMODES=...)"
 #endif
 #ifndef RANK

@@ -175,13 +175,16 @@ pub fn cpd_als_with(
     let mut pseudo_inverse_solves = 0;
 
     for iter in 0..opts.max_iters {
-        let mut mttkrp_s = 0f64;
+        let mut mttkrp_modes_s = vec![0f64; nmodes];
+        let mut update_s = 0f64;
         let start = Instant::now();
         for mode in 0..nmodes {
             let t = Instant::now();
             backend.mttkrp(mode)?;
-            mttkrp_s += t.elapsed().as_secs_f64();
+            backend.sync()?;
+            mttkrp_modes_s[mode] = t.elapsed().as_secs_f64();
 
+            let t = Instant::now();
             let v = hadamard_except(&grams, Some(mode));
             let (w, kind) = solve_matrix(&v);
             if kind == SolveKind::PseudoInverse {
@@ -199,7 +202,9 @@ pub fn cpd_als_with(
                 .map(|&l| if l > 0.0 { l } else { 1.0 })
                 .collect();
             grams[mode] = backend.scale_and_gram(mode, &divisors)?;
+            update_s += t.elapsed().as_secs_f64();
         }
+        let fit_start = Instant::now();
         let last = nmodes - 1;
         let inner: f64 = backend
             .inner_products(last)?
@@ -223,13 +228,18 @@ pub fn cpd_als_with(
         };
         let delta = fit - fit_old;
         fit_old = fit;
+        let fit_s = fit_start.elapsed().as_secs_f64();
         let total = start.elapsed().as_secs_f64();
+        let mttkrp_s: f64 = mttkrp_modes_s.iter().sum();
         let stats = IterationStats {
             iteration: iter + 1,
             fit,
             delta,
             mttkrp_s,
             other_s: (total - mttkrp_s).max(0.0),
+            mttkrp_modes_s,
+            update_s,
+            fit_s,
         };
         let flow = on_iteration(&stats);
         iterations.push(stats);

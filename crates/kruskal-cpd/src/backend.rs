@@ -43,7 +43,13 @@ pub trait Backend {
     /// `A_m^T A_m` in f64.
     fn gram(&mut self, mode: usize) -> Result<Array2<f64>>;
     /// `M = MTTKRP(X, mode)` with the current factors, kept by the backend.
+    /// May return before the work is done (a GPU queues it); see `sync`.
     fn mttkrp(&mut self, mode: usize) -> Result<()>;
+    /// Waits until the queued work is done (for timing); a no-op where
+    /// every call completes before returning.
+    fn sync(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// `A_mode = M W` (W: rank x rank); returns the new columns' norms.
     fn solve_update(&mut self, mode: usize, w: &Array2<f64>) -> Result<ColumnNorms>;
     /// Divides column r of `A_mode` by `divisors[r]`; returns its new Gram.

@@ -1,6 +1,6 @@
 //! CP decomposition by alternating least squares (CPD-ALS) for sparse
-//! tensors, over a [`Backend`] trait so the same driver runs on the CPU, one
-//! GPU or several.
+//! tensors, over a [`Backend`] trait so the same driver runs on the CPU
+//! ([`CpuBackend`]), one GPU ([`GpuBackend`]) or several.
 //!
 //! ```
 //! use kruskal_cpd::{cpd_als, CpdOptions, CpuBackend};
@@ -18,6 +18,7 @@ pub mod als;
 pub mod backend;
 pub mod dense;
 pub mod error;
+pub mod gpu;
 pub mod model;
 pub mod score;
 
@@ -25,5 +26,6 @@ pub(crate) use als::check_factor_shapes;
 pub use als::{CpdOptions, Init, arrange, cpd_als, cpd_als_with, random_factors};
 pub use backend::{Backend, ColumnNorms, CpuBackend};
 pub use error::{CpdError, Result};
+pub use gpu::{GpuBackend, KernelPlan};
 pub use model::{IterationStats, KruskalModel, load_factors};
 pub use score::factor_match_score;

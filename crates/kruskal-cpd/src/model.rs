@@ -27,6 +27,13 @@ pub struct IterationStats {
     pub mttkrp_s: f64,
     /// Seconds in everything else (solves, normalization, Grams, fit).
     pub other_s: f64,
+    /// Seconds in MTTKRP, per mode.
+    pub mttkrp_modes_s: Vec<f64>,
+    /// Seconds in the dense update of all modes (Hadamard product of the
+    /// Grams, the R x R solve, `A = M W`, column norms, scaling, Gram).
+    pub update_s: f64,
+    /// Seconds computing the fit.
+    pub fit_s: f64,
 }
 
 /// A CP model `sum_r lambda_r a_r^(1) o ... o a_r^(N)` and how it was found.

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
 use kruskal_formats::SparseTensor;
 use ndarray::Array2;
 
@@ -51,6 +51,42 @@ impl DeviceFactors {
 
     pub fn dims(&self) -> &[u32] {
         &self.dims
+    }
+
+    /// Bytes of the factor matrices on the device.
+    pub fn bytes(&self) -> usize {
+        self.data.len() * 4
+    }
+
+    /// The first row of `mode` in the concatenated buffer.
+    fn first_row(&self, mode: usize) -> usize {
+        self.dims[..mode].iter().map(|&d| d as usize).sum()
+    }
+
+    /// Mode `mode`'s factor, `dims[mode] x rank` floats, for the dense
+    /// kernels to update in place.
+    pub fn mode_mut(&mut self, mode: usize) -> CudaViewMut<'_, f32> {
+        let first = self.first_row(mode) * self.rank;
+        let len = self.dims[mode] as usize * self.rank;
+        self.data.slice_mut(first..first + len)
+    }
+
+    /// Every factor, downloaded (synchronizes the stream).
+    pub fn download(&self, gpu: &Gpu) -> Result<Vec<Array2<f32>>> {
+        let mut out = Vec::with_capacity(self.dims.len());
+        for (mode, &d) in self.dims.iter().enumerate() {
+            let first = self.first_row(mode) * self.rank;
+            let len = d as usize * self.rank;
+            let rows = gpu
+                .stream()
+                .clone_dtoh(&self.data.slice(first..first + len))
+                .map_err(driver("downloading the factor matrices"))?;
+            out.push(
+                Array2::from_shape_vec((d as usize, self.rank), rows)
+                    .map_err(|e| DeviceError::Shape(e.to_string()))?,
+            );
+        }
+        Ok(out)
     }
 }
 

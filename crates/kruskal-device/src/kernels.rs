@@ -27,6 +27,9 @@ pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
 pub struct KernelSource {
     pub file: &'static str,
     pub text: &'static str,
+    /// Compiled per mode count (`-DNMODES`); files without it take `RANK`
+    /// only.
+    pub per_mode: bool,
     /// Each entry is one set of extra defines an engine uses.
     pub variants: &'static [&'static [(&'static str, i64)]],
 }
@@ -36,25 +39,35 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "mttkrp_coo.cu",
         text: include_str!("../../../kernels/mttkrp_coo.cu"),
+        per_mode: true,
         variants: &[&[]],
     },
     KernelSource {
         file: "mttkrp_fcoo.cu",
         text: include_str!("../../../kernels/mttkrp_fcoo.cu"),
+        per_mode: true,
         variants: &[&[("WARPS", crate::fcoo::WARPS as i64)]],
     },
     KernelSource {
         file: "mttkrp_hicoo.cu",
         text: include_str!("../../../kernels/mttkrp_hicoo.cu"),
+        per_mode: true,
         variants: &[&[("WARPS", crate::hicoo::WARPS as i64)]],
     },
     KernelSource {
         file: "mttkrp_flycoo.cu",
         text: include_str!("../../../kernels/mttkrp_flycoo.cu"),
+        per_mode: true,
         variants: &[
             &[("WARPS", crate::flycoo::WARPS as i64)],
             &[("WARPS", crate::flycoo::WARPS as i64), ("DETERMINISTIC", 1)],
         ],
+    },
+    KernelSource {
+        file: "dense.cu",
+        text: include_str!("../../../kernels/dense.cu"),
+        per_mode: false,
+        variants: &[&[]],
     },
 ];
 
@@ -62,6 +75,11 @@ pub const SOURCES: &[KernelSource] = &[
 /// kernels`, `kruskal check`).
 pub const CHECK_MODES: [i64; 4] = [3, 4, 5, 6];
 pub const CHECK_RANKS: [i64; 6] = [1, 7, 16, 32, 64, 100];
+/// Ranks the mode-independent kernels (`dense.cu`) are checked with: the
+/// MTTKRP ranks plus the edges of their launch shapes (2 and 3 columns,
+/// W read through the cache above 64, the Gram split over blockIdx.y above
+/// 88, the largest rank 256).
+pub const CHECK_DENSE_RANKS: [i64; 10] = [1, 2, 3, 7, 16, 32, 64, 100, 128, 256];
 
 /// One compilation: a source file and its complete defines.
 #[derive(Clone, Debug)]
@@ -75,6 +93,19 @@ pub struct Specialization {
 pub fn catalog() -> Vec<Specialization> {
     let mut all = Vec::new();
     for src in SOURCES {
+        if !src.per_mode {
+            for &r in &CHECK_DENSE_RANKS {
+                for variant in src.variants {
+                    let mut defines = vec![("RANK", r)];
+                    defines.extend_from_slice(variant);
+                    all.push(Specialization {
+                        file: src.file,
+                        defines,
+                    });
+                }
+            }
+            continue;
+        }
         for &n in &CHECK_MODES {
             for &r in &CHECK_RANKS {
                 for variant in src.variants {

@@ -18,6 +18,8 @@
 //!   output mode, rows accumulated in shared memory).
 //! - [`flycoo`]: the `flycoo` engine (one thread block per LPT partition,
 //!   dynamic remap in the same pass).
+//! - [`dense`]: the dense steps of CPD-ALS (factor update with column
+//!   statistics, scaling, Gram matrix), f64 sums in a fixed order.
 //!
 //! This crate builds and its CPU-side tests run everywhere; everything that
 //! needs a GPU returns [`DeviceError`] when there is none.
@@ -31,6 +33,7 @@
 //! ```
 
 pub mod coo;
+pub mod dense;
 pub mod engine;
 pub mod fcoo;
 pub mod flycoo;

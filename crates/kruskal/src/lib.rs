@@ -7,6 +7,8 @@
 //! - [`partition`]: greedy LPT, heavy-row splitting, FLYCOO layouts, AMPED
 //!   shard plans;
 //! - [`cpu`]: the CPU MTTKRP kernels (one per format) and the f64 reference;
+//! - [`device`]: the GPU runtime (discovery, kernel cache, GPU MTTKRP
+//!   engines, the dense CPD kernels);
 //! - [`cpd`]: CPD-ALS over a backend, the model and its files;
 //! - [`check`]: every MTTKRP engine against the f64 reference (`kruskal
 //!   check`).
@@ -22,6 +24,7 @@
 
 pub use kruskal_cpd as cpd;
 pub use kruskal_cpu as cpu;
+pub use kruskal_device as device;
 pub use kruskal_formats as formats;
 pub use kruskal_partition as partition;
 

@@ -317,8 +317,22 @@ fn every_kernel_agrees_with_the_reference_and_cpd_accepts_each() {
     // The same CPD, iteration by iteration, whatever the engine.
     let fits = |kernel: &str| -> Vec<f64> {
         let o = kruskal(&[
-            "cpd", "--like", "nips", "--nnz", "20000", "--rank", "4", "--iters", "5", "--tol", "0",
-            "--kernel", kernel, "--json",
+            "cpd",
+            "--like",
+            "nips",
+            "--nnz",
+            "20000",
+            "--rank",
+            "4",
+            "--iters",
+            "5",
+            "--tol",
+            "0",
+            "--backend",
+            "cpu",
+            "--kernel",
+            kernel,
+            "--json",
         ]);
         assert!(o.status.success(), "{}", stderr(&o));
         let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
@@ -338,7 +352,7 @@ fn every_kernel_agrees_with_the_reference_and_cpd_accepts_each() {
     }
     assert_clean_failure(
         &kruskal(&["cpd", "--demo", "--kernel", "csf"]),
-        "unknown CPU kernel",
+        "unknown kernel 'csf'",
     );
 }
 
@@ -407,4 +421,127 @@ fn check_prints_its_table_and_fails_cleanly_without_a_gpu() {
         return;
     }
     assert_clean_failure(&kruskal(&["check", "--gpu"]), "--backend cpu");
+}
+
+/// Whether this machine has a usable GPU (`info --gpu` succeeds).
+fn has_gpu() -> bool {
+    kruskal(&["info", "--gpu"]).status.success()
+}
+
+#[test]
+fn cpd_picks_a_backend_and_reports_the_time_split() {
+    let base = [
+        "cpd", "--like", "nips", "--nnz", "30k", "--rank", "4", "--iters", "3", "--tol", "0",
+    ];
+    let run = |extra: &[&str]| kruskal(&[&base[..], extra].concat());
+    let o = run(&["--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let gpu = has_gpu();
+    assert_eq!(v["backend"], if gpu { "gpu" } else { "cpu" }, "{v}");
+    if !gpu {
+        let why = v["gpu_not_used"].as_str().unwrap();
+        assert!(why.contains("CUDA"), "{why}");
+    }
+    for it in v["iterations"].as_array().unwrap() {
+        let modes = it["mttkrp_modes_s"].as_array().unwrap();
+        assert_eq!(modes.len(), 4, "{it}");
+        let sum: f64 = modes.iter().map(|x| x.as_f64().unwrap()).sum();
+        assert!(
+            (sum - it["mttkrp_s"].as_f64().unwrap()).abs() < 1e-9,
+            "{it}"
+        );
+        assert!(it["update_s"].as_f64().unwrap() > 0.0, "{it}");
+        assert!(it["fit_s"].as_f64().unwrap() >= 0.0, "{it}");
+    }
+    let text = stdout(&run(&[]));
+    assert!(
+        text.contains("update") && text.contains("its =   3"),
+        "{text}"
+    );
+    if !gpu {
+        assert!(
+            text.contains("GPU not used") && text.contains("backend    cpu"),
+            "{text}"
+        );
+    }
+
+    assert_clean_failure(&run(&["--kernel", "bogus"]), "unknown kernel");
+    assert_clean_failure(
+        &run(&["--backend", "cpu", "--kernel", "coo"]),
+        "runs on the GPU only",
+    );
+    assert_clean_failure(
+        &run(&["--backend", "gpu", "--kernel", "sorted"]),
+        "runs on the CPU only",
+    );
+    if gpu {
+        eprintln!("note: a GPU is present; its runs are the GPU machine's tests");
+        return;
+    }
+    assert_clean_failure(&run(&["--backend", "gpu"]), "--backend cpu");
+    assert_clean_failure(
+        &run(&["--kernel", "coo"]),
+        "runs on the GPU only, and the GPU cannot be used",
+    );
+}
+
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_after_the_iteration_and_writes_the_model() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("model");
+    let mut child = kruskal_command(&[
+        "cpd",
+        "--like",
+        "nips",
+        "--nnz",
+        "200k",
+        "--rank",
+        "8",
+        "--iters",
+        "100000",
+        "--tol",
+        "0",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let first_iteration = line.contains("its =   1");
+        seen.push(line);
+        if first_iteration {
+            break;
+        }
+    }
+    assert!(
+        seen.last().is_some_and(|l| l.contains("its =")),
+        "no iteration line: {seen:?}"
+    );
+    // SAFETY: kill(2) with the child's pid and SIGINT; no memory involved.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let rest: Vec<String> = lines.map(|l| l.unwrap()).collect();
+    let status = child.wait().unwrap();
+    let text = rest.join("\n");
+    assert_eq!(status.code(), Some(130), "{text}");
+    assert!(text.contains("interrupted"), "{text}");
+    assert!(text.contains("the model so far"), "{text}");
+    let iterations = rest.iter().filter(|l| l.contains("its =")).count();
+    assert!(
+        iterations < 1000,
+        "did not stop: {iterations} more iterations"
+    );
+    for name in ["lambda.npy", "mode-1.npy", "mode-4.npy"] {
+        let bytes = std::fs::read(out.join(name)).unwrap();
+        assert_eq!(&bytes[..6], b"\x93NUMPY", "{name} is not .npy");
+    }
 }

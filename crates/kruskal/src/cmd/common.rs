@@ -137,13 +137,48 @@ pub fn spinner(message: &str) -> ProgressBar {
     bar
 }
 
-/// Sets the size of rayon's global pool (0: one thread per core).
+/// Launch options of the GPU engines (`kruskal cpd` and `kruskal mttkrp`).
+#[derive(Args, Clone, Debug, Default)]
+pub struct GpuArgs {
+    /// GPU flycoo: sum pieces of split rows in a fixed order (bit-identical
+    /// results run to run) instead of by atomics.
+    #[arg(long)]
+    pub deterministic: bool,
+    /// GPU flycoo: LPT partitions (thread blocks) per mode (default 4 per SM).
+    #[arg(long)]
+    pub kappa: Option<usize>,
+    /// GPU fcoo: nonzeros per thread, a power of two from 1 to 256
+    /// (default 8).
+    #[arg(long)]
+    pub threadlen: Option<usize>,
+    /// GPU hicoo: blocks 2^b indices wide, b from 1 to 8 (default 7).
+    #[arg(long)]
+    pub block_bits: Option<u32>,
+}
+
+impl GpuArgs {
+    pub fn options(&self) -> kruskal_device::GpuOptions {
+        kruskal_device::GpuOptions {
+            kappa: self.kappa,
+            deterministic: self.deterministic,
+            threadlen: self.threadlen,
+            block_bits: self.block_bits,
+        }
+    }
+}
+
+/// `12.3 GiB`.
+pub fn gib(bytes: usize) -> String {
+    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
 /// Parses `--kernel` for the CPU (clap value parser).
 pub fn parse_cpu_kernel(text: &str) -> Result<kruskal_cpu::CpuKernel, String> {
     text.parse()
         .map_err(|e: kruskal_cpu::CpuError| e.to_string())
 }
 
+/// Sets the size of rayon's global pool (0: one thread per core).
 pub fn set_threads(threads: usize) -> Result<()> {
     if threads > 0 {
         rayon::ThreadPoolBuilder::new()

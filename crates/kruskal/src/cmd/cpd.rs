@@ -3,21 +3,38 @@
 
 use std::ops::ControlFlow;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use clap::Args;
+use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use kruskal_cpd::gpu::required_bytes;
 use kruskal_cpd::{
-    CpdOptions, CpuBackend, Init, IterationStats, KruskalModel, cpd_als_with, factor_match_score,
-    load_factors,
+    Backend, CpdOptions, CpuBackend, GpuBackend, Init, IterationStats, KernelPlan, KruskalModel,
+    cpd_als_with, factor_match_score, load_factors,
 };
+use kruskal_cpu::CpuKernel;
+use kruskal_device::{Gpu, GpuKernel};
+use kruskal_formats::SparseTensor;
 use kruskal_formats::generate::{PlantedSpec, planted};
 use serde_json::json;
 
-use kruskal_cpu::CpuKernel;
+use super::common::{GpuArgs, InputArgs, Loaded, dims_text, gib, set_threads, thousands};
 
-use super::common::{InputArgs, Loaded, dims_text, parse_cpu_kernel, set_threads, thousands};
+/// Where the decomposition runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendChoice {
+    /// The GPU when one is usable and the run fits in its memory, else
+    /// the CPU (the output says why).
+    Auto,
+    Cpu,
+    /// The first CUDA GPU.
+    Gpu,
+}
+
+/// The GPU engines `--kernel auto` tries on the first iteration.
+const AUTO_CANDIDATES: [GpuKernel; 3] = [GpuKernel::Fcoo, GpuKernel::Flycoo, GpuKernel::Hicoo];
 
 #[derive(Args, Debug)]
 pub struct CpdArgs {
@@ -51,10 +68,17 @@ pub struct CpdArgs {
     /// Write lambda.npy and mode-<n>.npy (numpy format) into DIR.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// MTTKRP engine: auto, sorted, fcoo, flycoo or hicoo (auto picks the
-    /// fastest on the CPU; see docs/formats.md).
-    #[arg(long, default_value = "auto", value_parser = parse_cpu_kernel)]
-    pub kernel: CpuKernel,
+    /// Where to run: auto (the GPU when usable and the tensor fits, else
+    /// the CPU), cpu or gpu.
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub backend: BackendChoice,
+    /// MTTKRP engine. CPU: auto, sorted, fcoo, flycoo, hicoo. GPU: auto
+    /// (times fcoo, flycoo and hicoo on the first iteration and keeps the
+    /// fastest per mode), coo, fcoo, flycoo, hicoo.
+    #[arg(long, default_value = "auto")]
+    pub kernel: String,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
     /// Worker threads (default: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -139,13 +163,15 @@ pub fn run(args: CpdArgs) -> Result<()> {
         );
     }
     let prep = Instant::now();
-    let mut backend = CpuBackend::with_kernel(tensor, args.kernel)?;
+    let (mut backend, fallback) = make_backend(&args, tensor, rank)?;
     let prep_s = prep.elapsed().as_secs_f64();
     if !args.json {
+        if let Some(why) = &fallback {
+            println!("note       GPU not used: {why}; running on the CPU");
+        }
         println!(
-            "backend    cpu, {} threads, {} kernel (prepared in {:.2} s)",
-            rayon::current_num_threads(),
-            backend.kernel_name(),
+            "backend    {} (prepared in {:.2} s)",
+            backend.describe(),
             prep_s
         );
         println!(
@@ -153,6 +179,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
             opts.max_iters, opts.tol
         );
     }
+    let stop = interrupt_flag()?;
 
     let starts = args.starts.unwrap_or(if args.demo { 3 } else { 1 });
     if starts == 0 {
@@ -169,8 +196,12 @@ pub fn run(args: CpdArgs) -> Result<()> {
                 println!("start {} of {starts} (seed {seed})", k + 1);
             }
         }
-        let model = run_one(&mut backend, &opts, args.json)?;
+        let model = run_one(backend.as_dyn(), &opts, args.json, stop)?;
+        let interrupted = model.interrupted;
         runs.push((seed, model));
+        if interrupted {
+            break;
+        }
     }
     let cpd_s = start.elapsed().as_secs_f64();
     let summaries: Vec<_> = runs
@@ -200,18 +231,28 @@ pub fn run(args: CpdArgs) -> Result<()> {
             .with_context(|| format!("writing the model to {}", dir.display()))?;
     }
 
+    let plan = backend.plan();
     if args.json {
         print_json(
             &loaded,
             &model,
-            (backend.kernel_name(), prep_s),
+            &backend,
+            (prep_s, fallback.as_deref()),
             cpd_s,
             fms,
             &summaries,
             args.out.as_ref(),
         )?;
     } else {
+        if let Some(plan) = &plan {
+            print_plan(plan);
+        }
         print_summary(&model, cpd_s, starts, fms, args.out.as_ref());
+    }
+    if model.interrupted {
+        // Stopped on purpose: the model so far is written; say so in the
+        // exit status, as a shell expects of an interrupted program.
+        std::process::exit(130);
     }
     if let Some(fms) = fms {
         if model.fit() < 0.99 || fms < 0.95 {
@@ -225,9 +266,137 @@ pub fn run(args: CpdArgs) -> Result<()> {
     Ok(())
 }
 
-/// One CPD run with a progress bar and, unless `json`, a line per
-/// iteration.
-fn run_one(backend: &mut CpuBackend, opts: &CpdOptions, json: bool) -> Result<KruskalModel> {
+/// The chosen backend.
+enum Chosen {
+    Cpu(CpuBackend),
+    Gpu(Box<GpuBackend>),
+}
+
+impl Chosen {
+    fn as_dyn(&mut self) -> &mut dyn Backend {
+        match self {
+            Chosen::Cpu(b) => b,
+            Chosen::Gpu(b) => b.as_mut(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Chosen::Cpu(b) => b.describe(),
+            Chosen::Gpu(b) => b.describe(),
+        }
+    }
+
+    fn plan(&self) -> Option<KernelPlan> {
+        match self {
+            Chosen::Cpu(_) => None,
+            Chosen::Gpu(b) => Some(b.plan()),
+        }
+    }
+}
+
+/// Builds the backend `--backend` and `--kernel` ask for. With `auto`, a
+/// GPU that cannot be used (none, no memory for the run, a rank beyond the
+/// GPU kernels, a CPU-only kernel) gives the CPU backend and the reason.
+fn make_backend(args: &CpdArgs, t: &SparseTensor, rank: usize) -> Result<(Chosen, Option<String>)> {
+    let name = args.kernel.as_str();
+    let cpu_kernel = name.parse::<CpuKernel>().ok();
+    let gpu_kernel = name.parse::<GpuKernel>().ok();
+    if cpu_kernel.is_none() && gpu_kernel.is_none() {
+        bail!(
+            "unknown kernel '{name}' (CPU: auto, sorted, fcoo, flycoo, hicoo; GPU: auto, coo, fcoo, flycoo, hicoo)"
+        );
+    }
+    let cpu =
+        |kernel: Option<CpuKernel>, why: Option<String>| -> Result<(Chosen, Option<String>)> {
+            let Some(kernel) = kernel else {
+                bail!(
+                    "--kernel {name} runs on the GPU only{}",
+                    why.map(|w| format!(", and the GPU cannot be used: {w}"))
+                        .unwrap_or_default()
+                );
+            };
+            Ok((Chosen::Cpu(CpuBackend::with_kernel(t, kernel)?), why))
+        };
+    let gpu_run = || -> Result<GpuBackend> {
+        let Some(kernel) = gpu_kernel else {
+            bail!(
+                "--kernel {name} runs on the CPU only (GPU kernels: auto, coo, fcoo, flycoo, hicoo)"
+            );
+        };
+        kruskal_device::dense::check_rank(rank)?;
+        let gpu = Gpu::open(0)?;
+        let needed = required_bytes(t, rank);
+        let free = gpu.free_bytes()?;
+        if needed > free {
+            bail!(
+                "the run needs {} (two FLYCOO copies, the factors and the MTTKRP outputs) and {} are free",
+                gib(needed),
+                gib(free)
+            );
+        }
+        let opts = args.gpu.options();
+        let candidates: Vec<_> = if kernel == GpuKernel::Auto {
+            AUTO_CANDIDATES.iter().map(|&k| (k, opts.clone())).collect()
+        } else {
+            vec![(kernel, opts)]
+        };
+        let spin = super::common::spinner("uploading the tensor to the GPU");
+        let backend = GpuBackend::new(gpu, t, &candidates);
+        spin.finish_and_clear();
+        Ok(backend?)
+    };
+    match args.backend {
+        BackendChoice::Cpu => cpu(cpu_kernel, None),
+        BackendChoice::Gpu => Ok((Chosen::Gpu(Box::new(gpu_run()?)), None)),
+        BackendChoice::Auto => match gpu_run() {
+            Ok(b) => Ok((Chosen::Gpu(Box::new(b)), None)),
+            Err(e) => cpu(cpu_kernel, Some(short_reason(&e))),
+        },
+    }
+}
+
+/// Why the GPU was not used, in a few words (the full list of library
+/// names tried is for `--backend gpu`'s error).
+fn short_reason(e: &anyhow::Error) -> String {
+    match e.downcast_ref::<kruskal_device::DeviceError>() {
+        Some(kruskal_device::DeviceError::MissingLibrary { library, .. }) => {
+            format!("no CUDA {library} library was found")
+        }
+        _ => e
+            .chain()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(": "),
+    }
+}
+
+/// Ctrl-C presses so far; the first stops the run after the current
+/// iteration, the second ends the program at once.
+static INTERRUPTS: AtomicUsize = AtomicUsize::new(0);
+
+/// Installs the Ctrl-C handler (once per process).
+fn interrupt_flag() -> Result<&'static AtomicUsize> {
+    ctrlc::set_handler(|| {
+        if INTERRUPTS.fetch_add(1, Ordering::SeqCst) > 0 {
+            eprintln!("kruskal: interrupted again; stopping now, nothing written");
+            std::process::exit(130);
+        }
+        eprintln!("kruskal: stopping after this iteration (Ctrl-C again to quit at once)");
+    })
+    .context("installing the Ctrl-C handler")?;
+    Ok(&INTERRUPTS)
+}
+
+/// One CPD run with a progress bar (fit and time per iteration) and,
+/// unless `json`, a line per iteration. Stops after the current iteration
+/// once `stop` is non-zero.
+fn run_one(
+    backend: &mut dyn Backend,
+    opts: &CpdOptions,
+    json: bool,
+    stop: &AtomicUsize,
+) -> Result<KruskalModel> {
     let bar = ProgressBar::new(opts.max_iters as u64);
     bar.set_style(
         ProgressStyle::with_template("iterating [{bar:30}] {pos}/{len} {msg}")
@@ -235,24 +404,58 @@ fn run_one(backend: &mut CpuBackend, opts: &CpdOptions, json: bool) -> Result<Kr
             .progress_chars("=> "),
     );
     let mut report = |s: &IterationStats| {
+        let total = s.mttkrp_s + s.other_s;
         bar.set_position(s.iteration as u64);
-        bar.set_message(format!("fit {:.6}", s.fit));
+        bar.set_message(format!("fit {:.6}, {:.3} s/iteration", s.fit, total));
         if !json {
-            bar.suspend(|| {
-                println!(
-                    "  its = {:3} ({:.3}s)  fit = {:.6}  delta = {:+.4e}",
-                    s.iteration,
-                    s.mttkrp_s + s.other_s,
-                    s.fit,
-                    s.delta
-                )
-            });
+            bar.suspend(|| println!("{}", iteration_line(s)));
         }
-        ControlFlow::Continue(())
+        if stop.load(Ordering::SeqCst) > 0 {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
     };
     let model = cpd_als_with(backend, opts, &mut report);
     bar.finish_and_clear();
     Ok(model?)
+}
+
+/// `  its =   3 (0.512 s: mttkrp 0.410 [0.100 0.200 0.110], update 0.080,
+/// fit 0.001)  fit = 0.123456  delta = +1.2e-3`
+fn iteration_line(s: &IterationStats) -> String {
+    let modes: Vec<String> = s.mttkrp_modes_s.iter().map(|t| format!("{t:.3}")).collect();
+    format!(
+        "  its = {:3} ({:.3}s: mttkrp {:.3} [{}], update {:.3}, fit {:.3})  fit = {:.6}  delta = {:+.4e}",
+        s.iteration,
+        s.mttkrp_s + s.other_s,
+        s.mttkrp_s,
+        modes.join(" "),
+        s.update_s,
+        s.fit_s,
+        s.fit,
+        s.delta
+    )
+}
+
+/// The GPU kernel of each mode, and what the first iteration measured.
+fn print_plan(plan: &KernelPlan) {
+    println!("kernels    per mode: {}", plan.per_mode.join(", "));
+    if !plan.trial_ms.is_empty() {
+        let rows: Vec<String> = plan
+            .candidates
+            .iter()
+            .zip(&plan.trial_ms)
+            .map(|(c, ms)| {
+                let ms: Vec<String> = ms.iter().map(|x| format!("{x:.2}")).collect();
+                format!("{c} {}", ms.join("/"))
+            })
+            .collect();
+        println!(
+            "           chosen by timing each once on iteration 1 (ms per mode): {}",
+            rows.join("; ")
+        );
+    }
 }
 
 fn print_summary(
@@ -280,14 +483,30 @@ fn print_summary(
         println!("time       {cpd_s:.3} s for {starts} starts; the kept run:");
     }
     let run_s = mttkrp + other;
+    let update: f64 = model.iterations.iter().map(|s| s.update_s).sum();
+    let fit: f64 = model.iterations.iter().map(|s| s.fit_s).sum();
     println!(
-        "time       {:.3} s: MTTKRP {:.3} s ({:.0}%), other {:.3} s, {:.4} s per iteration",
+        "time       {:.3} s: MTTKRP {:.3} s ({:.0}%), update {:.3} s, fit {:.3} s, {:.4} s per iteration",
         if starts > 1 { run_s } else { cpd_s },
         mttkrp,
         100.0 * mttkrp / run_s.max(f64::MIN_POSITIVE),
-        other,
+        update,
+        fit,
         run_s / its.max(1) as f64
     );
+    if its > 1 {
+        // The first iteration also compiles kernels (and, with --kernel
+        // auto on the GPU, tries every candidate): the steady state is
+        // the rest.
+        let rest = &model.iterations[1..];
+        let m: f64 = rest.iter().map(|s| s.mttkrp_s).sum();
+        let all: f64 = rest.iter().map(|s| s.mttkrp_s + s.other_s).sum();
+        println!(
+            "           after the first iteration: {:.4} s per iteration, MTTKRP {:.0}%",
+            all / rest.len() as f64,
+            100.0 * m / all.max(f64::MIN_POSITIVE)
+        );
+    }
     if model.pseudo_inverse_solves > 0 {
         println!(
             "note       {} mode updates had a singular Gram product and used the pseudo-inverse",
@@ -314,23 +533,38 @@ fn print_summary(
     }
     if let Some(dir) = out {
         println!(
-            "wrote      {}/lambda.npy, mode-1.npy .. mode-{}.npy",
+            "wrote      {}/lambda.npy, mode-1.npy .. mode-{}.npy{}",
             dir.display(),
-            model.factors.len()
+            model.factors.len(),
+            if model.interrupted {
+                " (the model so far)"
+            } else {
+                ""
+            }
         );
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn print_json(
     loaded: &Loaded,
     model: &KruskalModel,
-    (kernel, prep_s): (&str, f64),
+    backend: &Chosen,
+    (prep_s, fallback): (f64, Option<&str>),
     cpd_s: f64,
     fms: Option<f64>,
     starts: &[serde_json::Value],
     out: Option<&PathBuf>,
 ) -> Result<()> {
     let t = &loaded.tensor;
+    let (name, kernel, device) = match backend {
+        Chosen::Cpu(b) => ("cpu", json!(b.kernel_name()), None),
+        Chosen::Gpu(b) => (
+            "gpu",
+            serde_json::to_value(b.plan())?,
+            Some(b.gpu().properties().name.clone()),
+        ),
+    };
     let value = json!({
         "tensor": {
             "source": loaded.source,
@@ -338,7 +572,9 @@ fn print_json(
             "nnz": t.nnz(),
             "load_s": loaded.load_s,
         },
-        "backend": "cpu",
+        "backend": name,
+        "device": device,
+        "gpu_not_used": fallback,
         "kernel": kernel,
         "threads": rayon::current_num_threads(),
         "rank": model.rank(),

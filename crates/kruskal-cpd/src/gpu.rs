@@ -1,0 +1,472 @@
+//! The one-GPU backend: the tensor is uploaded once, and factors, Gram
+//! inputs and MTTKRP outputs stay on the device for the whole run; only
+//! R x R matrices and length-R vectors cross to the host (see
+//! `kruskal_device::dense`).
+//!
+//! With several candidate engines (`--kernel auto`), the first iteration
+//! times each candidate once per mode (after one untimed sweep that
+//! compiles their kernels), keeps the fastest result of each mode, and
+//! then settles on a plan: the fastest engine per mode, except that
+//! `flycoo` is taken for every mode or none (its tensor copy moves from one
+//! mode's order to the next, so it must run the modes in turn). Engines the
+//! plan does not use are dropped, freeing their memory.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaSlice;
+use kruskal_device::coo::DeviceFactors;
+use kruskal_device::dense::{DenseKernels, check_rank};
+use kruskal_device::flycoo::element_stride;
+use kruskal_device::{DeviceError, Gpu, GpuKernel, GpuMttkrp, GpuOptions, build_engine};
+use kruskal_formats::SparseTensor;
+use ndarray::Array2;
+use serde::Serialize;
+
+use crate::backend::{Backend, ColumnNorms};
+use crate::error::{CpdError, Result};
+
+fn device(e: DeviceError) -> CpdError {
+    CpdError::Backend(e.to_string())
+}
+
+/// One candidate engine: what it is, and the engine while it is kept.
+struct Candidate {
+    label: String,
+    kernel: GpuKernel,
+    engine: Option<Box<dyn GpuMttkrp>>,
+}
+
+/// What the first iteration measured and chose (for `kruskal cpd`'s
+/// output).
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelPlan {
+    /// The candidates, as `--kernel` spells them (with launch options).
+    pub candidates: Vec<String>,
+    /// Milliseconds of each candidate (outer) on each mode (inner), from
+    /// the timed run of the first iteration; empty with one candidate.
+    pub trial_ms: Vec<Vec<f32>>,
+    /// The engine chosen for each mode.
+    pub per_mode: Vec<String>,
+}
+
+/// Device bytes a run needs at `rank` with the engine that needs the most
+/// (two FLYCOO copies), plus the factors and the MTTKRP outputs: what
+/// `--backend auto` checks against free memory before it uploads anything.
+pub fn required_bytes(t: &SparseTensor, rank: usize) -> usize {
+    let rows: usize = t.dims().iter().map(|&d| d as usize).sum();
+    2 * t.nnz() * element_stride(t.nmodes()) * 4 + 2 * rows * rank * 4
+}
+
+/// The GPU backend.
+pub struct GpuBackend {
+    gpu: Arc<Gpu>,
+    dims: Vec<u32>,
+    norm_sq: f64,
+    candidates: Vec<Candidate>,
+    /// Candidate index per mode, once chosen.
+    plan: Option<Vec<usize>>,
+    /// Trial milliseconds, candidate x mode (NaN until measured).
+    trial_ms: Vec<Vec<f32>>,
+    warmed: bool,
+    factors: Option<DeviceFactors>,
+    dense: Option<DenseKernels>,
+    outputs: Vec<Option<CudaSlice<f32>>>,
+    /// Per mode, the fit's inner product as the last update left it.
+    inner: Vec<Option<InnerSums>>,
+}
+
+/// `sum_i M(i, r) A(i, r)` from a mode's update, and the column scales
+/// applied to A since.
+#[derive(Clone)]
+struct InnerSums {
+    sums: Vec<f64>,
+    scales: Option<Vec<f32>>,
+}
+
+impl GpuBackend {
+    /// Builds every candidate engine's device copy of `t` on `gpu`. One
+    /// candidate fixes the engine; several are tried on the first
+    /// iteration. A candidate that does not fit in memory is skipped while
+    /// others remain (the error is returned when none fits).
+    pub fn new(
+        gpu: Arc<Gpu>,
+        t: &SparseTensor,
+        candidates: &[(GpuKernel, GpuOptions)],
+    ) -> Result<Self> {
+        if candidates.is_empty() {
+            return Err(CpdError::Option("no GPU kernel to run".into()));
+        }
+        let mut built = Vec::new();
+        let mut last_err = None;
+        for (kernel, opts) in candidates {
+            let kernel = kernel.resolve();
+            match build_engine(kernel, gpu.clone(), t, opts) {
+                Ok(engine) => built.push(Candidate {
+                    label: label(kernel, opts),
+                    kernel,
+                    engine: Some(engine),
+                }),
+                Err(e @ DeviceError::OutOfMemory { .. }) if candidates.len() > 1 => {
+                    last_err = Some(e)
+                }
+                Err(e) => return Err(device(e)),
+            }
+        }
+        if built.is_empty() {
+            return Err(device(last_err.expect("an error per candidate")));
+        }
+        let n = t.nmodes();
+        let plan = (built.len() == 1).then(|| vec![0; n]);
+        Ok(GpuBackend {
+            trial_ms: vec![vec![f32::NAN; n]; built.len()],
+            warmed: plan.is_some(),
+            candidates: built,
+            plan,
+            gpu,
+            dims: t.dims().to_vec(),
+            norm_sq: t.norm_sq(),
+            factors: None,
+            dense: None,
+            outputs: (0..n).map(|_| None).collect(),
+            inner: vec![None; n],
+        })
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// The candidates and, once the first iteration ran, the choice.
+    pub fn plan(&self) -> KernelPlan {
+        let n = self.dims.len();
+        let per_mode = match &self.plan {
+            Some(p) => p
+                .iter()
+                .map(|&c| self.candidates[c].label.clone())
+                .collect(),
+            None => vec!["(not chosen yet)".to_string(); n],
+        };
+        KernelPlan {
+            candidates: self.candidates.iter().map(|c| c.label.clone()).collect(),
+            trial_ms: if self.candidates.len() > 1 {
+                self.trial_ms.clone()
+            } else {
+                Vec::new()
+            },
+            per_mode,
+        }
+    }
+
+    fn rank(&self) -> Result<usize> {
+        self.factors
+            .as_ref()
+            .map(DeviceFactors::rank)
+            .ok_or_else(|| CpdError::Backend("no factors loaded".into()))
+    }
+
+    fn factors(&self) -> Result<&DeviceFactors> {
+        self.factors
+            .as_ref()
+            .ok_or_else(|| CpdError::Backend("no factors loaded".into()))
+    }
+
+    /// The output buffer of `mode`, allocated on first use.
+    fn ensure_output(&mut self, mode: usize) -> Result<()> {
+        let len = self.dims[mode] as usize * self.rank()?;
+        if self.outputs[mode].as_ref().is_none_or(|o| o.len() != len) {
+            self.outputs[mode] = None;
+            self.outputs[mode] = Some(
+                self.gpu
+                    .alloc_zeros("an MTTKRP output", len)
+                    .map_err(device)?,
+            );
+        }
+        Ok(())
+    }
+
+    /// One untimed sweep of every candidate over every mode: compiles the
+    /// kernels (NVRTC, or the disk cache), so the trial times only runs.
+    fn warm_up(&mut self) -> Result<()> {
+        for m in 0..self.dims.len() {
+            self.ensure_output(m)?;
+        }
+        let factors = self.factors.as_ref().expect("checked by the caller");
+        for c in &mut self.candidates {
+            let engine = c.engine.as_mut().expect("all kept before the plan");
+            for (m, out) in self.outputs.iter_mut().enumerate() {
+                engine
+                    .mttkrp(m, factors, out.as_mut().expect("allocated above"))
+                    .map_err(device)?;
+            }
+        }
+        self.gpu
+            .stream()
+            .synchronize()
+            .map_err(|e| CpdError::Backend(format!("waiting for the warm-up: {e}")))?;
+        self.warmed = true;
+        Ok(())
+    }
+
+    /// Times every candidate once on `mode`, keeping the fastest result in
+    /// the mode's output; after the last mode, settles the plan.
+    fn trial(&mut self, mode: usize) -> Result<()> {
+        if !self.warmed {
+            self.warm_up()?;
+        }
+        self.ensure_output(mode)?;
+        let len = self.dims[mode] as usize * self.rank()?;
+        let mut spare = self
+            .gpu
+            .alloc_zeros::<f32>("a trial MTTKRP output", len)
+            .map_err(device)?;
+        let stream = self.gpu.stream().clone();
+        let (start, end) = (
+            self.gpu.timing_event().map_err(device)?,
+            self.gpu.timing_event().map_err(device)?,
+        );
+        let event = |e: cudarc::driver::DriverError| CpdError::Backend(format!("timing: {e}"));
+        let mut best = f32::INFINITY;
+        let factors = self.factors.as_ref().expect("checked by the caller");
+        for (k, c) in self.candidates.iter_mut().enumerate() {
+            let engine = c.engine.as_mut().expect("all kept before the plan");
+            let out = if k == 0 {
+                self.outputs[mode].as_mut().expect("allocated above")
+            } else {
+                &mut spare
+            };
+            start.record(&stream).map_err(event)?;
+            engine.mttkrp(mode, factors, out).map_err(device)?;
+            end.record(&stream).map_err(event)?;
+            end.synchronize().map_err(event)?;
+            let ms = start.elapsed_ms(&end).map_err(event)?;
+            self.trial_ms[k][mode] = ms;
+            if ms < best {
+                best = ms;
+                if k > 0 {
+                    std::mem::swap(self.outputs[mode].as_mut().expect("allocated"), &mut spare);
+                }
+            }
+        }
+        if self.trial_ms.iter().all(|t| t.iter().all(|x| !x.is_nan())) {
+            self.settle();
+        }
+        Ok(())
+    }
+
+    /// Chooses the plan from the trial times and drops unused engines.
+    fn settle(&mut self) {
+        let n = self.dims.len();
+        let total = |c: usize| self.trial_ms[c].iter().map(|&x| f64::from(x)).sum::<f64>();
+        let others: Vec<usize> = (0..self.candidates.len())
+            .filter(|&c| self.candidates[c].kernel != GpuKernel::Flycoo)
+            .collect();
+        let per_mode: Option<Vec<usize>> = (!others.is_empty()).then(|| {
+            (0..n)
+                .map(|m| {
+                    *others
+                        .iter()
+                        .min_by(|&&a, &&b| self.trial_ms[a][m].total_cmp(&self.trial_ms[b][m]))
+                        .expect("not empty")
+                })
+                .collect()
+        });
+        let flycoo = (0..self.candidates.len())
+            .filter(|&c| self.candidates[c].kernel == GpuKernel::Flycoo)
+            .min_by(|&a, &b| total(a).total_cmp(&total(b)));
+        let plan = match (per_mode, flycoo) {
+            (Some(p), Some(f)) => {
+                let mixed: f64 = p
+                    .iter()
+                    .enumerate()
+                    .map(|(m, &c)| f64::from(self.trial_ms[c][m]))
+                    .sum();
+                if total(f) < mixed { vec![f; n] } else { p }
+            }
+            (Some(p), None) => p,
+            (None, Some(f)) => vec![f; n],
+            (None, None) => unreachable!("at least one candidate"),
+        };
+        for (c, cand) in self.candidates.iter_mut().enumerate() {
+            if !plan.contains(&c) {
+                cand.engine = None;
+            }
+        }
+        self.plan = Some(plan);
+    }
+}
+
+/// `fcoo`, or `fcoo threadlen=16` when options differ from the defaults.
+fn label(kernel: GpuKernel, opts: &GpuOptions) -> String {
+    let mut s = kernel.name().to_string();
+    match kernel {
+        GpuKernel::Fcoo => {
+            if let Some(t) = opts.threadlen {
+                s += &format!(" threadlen={t}");
+            }
+        }
+        GpuKernel::Hicoo => {
+            if let Some(b) = opts.block_bits {
+                s += &format!(" block-bits={b}");
+            }
+        }
+        GpuKernel::Flycoo => {
+            if let Some(k) = opts.kappa {
+                s += &format!(" kappa={k}");
+            }
+            if opts.deterministic {
+                s += " deterministic";
+            }
+        }
+        _ => {}
+    }
+    s
+}
+
+impl Backend for GpuBackend {
+    fn describe(&self) -> String {
+        let p = self.gpu.properties();
+        let plan = self.plan();
+        let kernels = if self.candidates.len() == 1 {
+            format!("{} kernel", plan.candidates[0])
+        } else {
+            format!("kernel auto over {}", plan.candidates.join(", "))
+        };
+        format!("gpu {} ({}), {kernels}", p.ordinal, p.name)
+    }
+
+    fn dims(&self) -> &[u32] {
+        &self.dims
+    }
+
+    fn tensor_norm_sq(&self) -> f64 {
+        self.norm_sq
+    }
+
+    fn load_factors(&mut self, factors: Vec<Array2<f32>>) -> Result<()> {
+        let rank = crate::check_factor_shapes(&self.dims, &factors)?;
+        check_rank(rank).map_err(device)?;
+        self.factors = None;
+        self.factors = Some(DeviceFactors::upload(&self.gpu, &factors).map_err(device)?);
+        if self.dense.as_ref().is_none_or(|d| d.rank() != rank) {
+            self.dense = None;
+            self.dense = Some(DenseKernels::new(self.gpu.clone(), rank).map_err(device)?);
+        }
+        self.inner = vec![None; self.dims.len()];
+        Ok(())
+    }
+
+    fn gram(&mut self, mode: usize) -> Result<Array2<f64>> {
+        let rows = self.dims[mode] as usize;
+        let rank = self.rank()?;
+        let dense = self.dense.as_mut().expect("made with the factors");
+        let factors = self.factors.as_mut().expect("checked by rank()");
+        let g = dense
+            .scale_gram(&mut factors.mode_mut(mode), None, rows)
+            .map_err(device)?;
+        square(g, rank)
+    }
+
+    fn mttkrp(&mut self, mode: usize) -> Result<()> {
+        self.factors()?;
+        self.inner[mode] = None;
+        let Some(plan) = &self.plan else {
+            return self.trial(mode);
+        };
+        let c = plan[mode];
+        self.ensure_output(mode)?;
+        let factors = self.factors.as_ref().expect("checked above");
+        let engine = self.candidates[c]
+            .engine
+            .as_mut()
+            .expect("the plan's engines are kept");
+        engine
+            .mttkrp(
+                mode,
+                factors,
+                self.outputs[mode].as_mut().expect("allocated"),
+            )
+            .map_err(device)
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        self.gpu
+            .stream()
+            .synchronize()
+            .map_err(|e| CpdError::Backend(format!("CUDA: {e}")))
+    }
+
+    fn solve_update(&mut self, mode: usize, w: &Array2<f64>) -> Result<ColumnNorms> {
+        let rows = self.dims[mode] as usize;
+        self.rank()?;
+        let m = self.outputs[mode]
+            .as_ref()
+            .ok_or_else(|| CpdError::Backend(format!("no MTTKRP computed for mode {mode}")))?;
+        let w = w.as_standard_layout();
+        let dense = self.dense.as_mut().expect("made with the factors");
+        let factors = self.factors.as_mut().expect("checked by rank()");
+        let stats = dense
+            .update(
+                m,
+                w.as_slice().expect("standard layout"),
+                &mut factors.mode_mut(mode),
+                rows,
+            )
+            .map_err(device)?;
+        self.inner[mode] = Some(InnerSums {
+            sums: stats.inner,
+            scales: None,
+        });
+        Ok(ColumnNorms {
+            two: stats.sumsq.into_iter().map(f64::sqrt).collect(),
+            max_abs: stats.max_abs,
+        })
+    }
+
+    fn scale_and_gram(&mut self, mode: usize, divisors: &[f64]) -> Result<Array2<f64>> {
+        let rows = self.dims[mode] as usize;
+        let rank = self.rank()?;
+        // The same f32 scales as the CPU backend.
+        let inv: Vec<f32> = divisors.iter().map(|&d| (1.0 / d) as f32).collect();
+        let dense = self.dense.as_mut().expect("made with the factors");
+        let factors = self.factors.as_mut().expect("checked by rank()");
+        let g = dense
+            .scale_gram(&mut factors.mode_mut(mode), Some(&inv), rows)
+            .map_err(device)?;
+        if let Some(InnerSums { scales, .. }) = &mut self.inner[mode] {
+            let s = scales.get_or_insert_with(|| vec![1.0; rank]);
+            s.iter_mut().zip(&inv).for_each(|(s, &i)| *s *= i);
+        }
+        square(g, rank)
+    }
+
+    /// From the update's `sum_i M(i, r) A(i, r)` times the scales applied
+    /// since: equal to the sum over the scaled factor up to the rounding of
+    /// the scaled entries, without another pass over M and A.
+    fn inner_products(&mut self, mode: usize) -> Result<Vec<f64>> {
+        let InnerSums { sums, scales } = self.inner[mode].as_ref().ok_or_else(|| {
+            CpdError::Backend(format!(
+                "the inner products of mode {mode} need its MTTKRP and update first"
+            ))
+        })?;
+        Ok(match scales {
+            Some(s) => sums
+                .iter()
+                .zip(s)
+                .map(|(&x, &s)| x * f64::from(s))
+                .collect(),
+            None => sums.clone(),
+        })
+    }
+
+    fn take_factors(&mut self) -> Result<Vec<Array2<f32>>> {
+        let factors = self
+            .factors
+            .take()
+            .ok_or_else(|| CpdError::Backend("no factors loaded".into()))?;
+        factors.download(&self.gpu).map_err(device)
+    }
+}
+
+fn square(g: Vec<f64>, rank: usize) -> Result<Array2<f64>> {
+    Array2::from_shape_vec((rank, rank), g).map_err(|e| CpdError::Backend(e.to_string()))
+}
