@@ -18,6 +18,9 @@
 //!   output mode, rows accumulated in shared memory).
 //! - [`flycoo`]: the `flycoo` engine (one thread block per LPT partition,
 //!   dynamic remap in the same pass).
+//! - [`tune`]: the adaptive choice of engine and launch parameters from a
+//!   tensor's features (a trained regression tree, the sweep that measures
+//!   its training data, training and evaluation).
 //!
 //! This crate builds and its CPU-side tests run everywhere; everything that
 //! needs a GPU returns [`DeviceError`] when there is none.
@@ -38,6 +41,7 @@ pub mod gpu;
 pub mod hicoo;
 pub mod kernels;
 pub mod probe;
+pub mod tune;
 
 #[cfg(test)]
 mod testutil;
@@ -108,6 +112,10 @@ pub enum DeviceError {
     /// Operands of the wrong shape.
     #[error("shape mismatch: {0}")]
     Shape(String),
+
+    /// A tuning model or measurements file that cannot be used.
+    #[error("tuning: {0}")]
+    Tune(String),
 }
 
 pub type Result<T, E = DeviceError> = std::result::Result<T, E>;
