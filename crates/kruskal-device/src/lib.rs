@@ -56,7 +56,7 @@ mod tests {
 }
 
 pub use coo::CooAtomic;
-pub use engine::{GpuKernel, GpuOptions, build_engine};
+pub use engine::{GpuKernel, GpuOptions, LaunchParams, build_engine};
 pub use fcoo::FcooGpu;
 pub use flycoo::FlycooGpu;
 pub use gpu::{Gpu, GpuProperties};
