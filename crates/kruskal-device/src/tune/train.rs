@@ -44,7 +44,8 @@ impl Default for TrainParams {
 }
 
 impl TrainParams {
-    fn describe(&self) -> String {
+    /// E.g. `decision tree, max depth 14, min samples per leaf 3`.
+    pub fn describe(&self) -> String {
         match self.trees {
             0 => format!(
                 "decision tree, max depth {}, min samples per leaf {}",
