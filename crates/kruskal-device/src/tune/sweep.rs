@@ -47,10 +47,13 @@ pub fn median(v: &[f32]) -> f64 {
 
 /// Factor rows for timing: every mode's rows in one buffer, values in
 /// `[0.25, 0.72]` from a cheap hash (the engines' speed does not depend on
-/// them; zeros are avoided so no path can skip work).
+/// them; zeros are avoided so no path can skip work). Filled in parallel:
+/// the huge FROSTT dimensions make gigabytes of them.
 fn timing_factors(dims: &[u32], rank: usize) -> Vec<f32> {
+    use rayon::prelude::*;
     let len = dims.iter().map(|&d| d as usize).sum::<usize>() * rank;
     (0..len)
+        .into_par_iter()
         .map(|k| 0.25 + ((k as u32).wrapping_mul(2_654_435_761) >> 28) as f32 / 32.0)
         .collect()
 }
