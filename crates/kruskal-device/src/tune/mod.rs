@@ -16,6 +16,9 @@
 //!   environment variable `KRUSKAL_TUNE_MODEL` names another file.
 //! - [`train`]: fitting the model (`cargo xtask train`) and measuring how
 //!   good its choices are (leave one tensor out, or held-out tensors).
+//! - [`choose`] and [`candidates`]: what callers use (`kruskal mttkrp
+//!   --kernel auto`; the CPD backend, which can time the first few
+//!   candidates on its first iteration).
 //!
 //! The model is per mode: one training row is (a mode's features, the rank,
 //! the configuration) and its target the measured time of that mode's
@@ -292,6 +295,17 @@ pub fn choose(features: &TensorFeatures, rank: usize, engine: Option<GpuKernel>)
     }
 }
 
+/// The configurations worth timing for a tensor before settling on one
+/// (the online refinement on the first CPD iteration): the model's first
+/// `k` (at least 1), or only [`Config::DEFAULT`] when no trained model can
+/// be loaded. Cost as [`choose`].
+pub fn candidates(features: &TensorFeatures, rank: usize, k: usize) -> Vec<Config> {
+    TuneModel::cached()
+        .and_then(|m| m.predict(features, rank))
+        .map(|ranked| ranked.iter().take(k.max(1)).map(|p| p.config).collect())
+        .unwrap_or_else(|_| vec![Config::DEFAULT])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -337,6 +351,24 @@ mod tests {
             Some(16)
         );
         assert_eq!(Config::Coo.flags(132), "--kernel coo");
+    }
+
+    #[test]
+    fn without_a_trained_model_the_default_is_the_only_candidate() {
+        let t = kruskal_formats::generate::power_law(
+            &kruskal_formats::generate::PowerLawSpec::new(vec![30, 20, 10], 500),
+        )
+        .unwrap();
+        let f = TensorFeatures::compute(&t);
+        let trained = TuneModel::cached().is_ok_and(TuneModel::is_trained);
+        let c = candidates(&f, 16, 3);
+        assert_eq!(c.len(), if trained { 3 } else { 1 });
+        if !trained {
+            assert_eq!(c, vec![Config::DEFAULT]);
+            let choice = choose(&f, 16, Some(GpuKernel::Hicoo));
+            assert_eq!(choice.config, Config::Hicoo { block_bits: 7 });
+            assert!(choice.reason.contains("untrained"), "{}", choice.reason);
+        }
     }
 
     #[test]
