@@ -554,3 +554,59 @@ mod finish_tests {
         }
     }
 }
+
+#[cfg(test)]
+mod choice_tests {
+    use super::*;
+    use clap::Parser;
+    use kruskal_device::GpuKernel;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: MttkrpArgs,
+    }
+
+    fn pick(line: &[&str]) -> GpuChoice {
+        let mut argv = vec![
+            "mttkrp",
+            "--like",
+            "nips",
+            "--nnz",
+            "2000",
+            "--backend",
+            "gpu",
+        ];
+        argv.extend_from_slice(line);
+        let cli = Cli::try_parse_from(argv).unwrap();
+        let t = cli.args.input.load().unwrap().tensor;
+        let kernel = cli.args.kernel.parse().unwrap();
+        choose_gpu(&cli.args, &t, kernel, 132, &mut None)
+    }
+
+    #[test]
+    fn flags_win_and_no_model_keeps_the_fixed_default() {
+        let c = pick(&["--kernel", "fcoo", "--threadlen", "16"]);
+        assert_eq!(
+            (c.source, c.kernel, c.opts.threadlen),
+            ("flags", GpuKernel::Fcoo, Some(16))
+        );
+        assert_eq!(pick(&["--kernel", "coo"]).source, "flags");
+        let c = pick(&["--kernel", "auto", "--no-model"]);
+        assert_eq!((c.source, c.kernel), ("default", GpuKernel::Fcoo));
+        assert_eq!(c.reason.as_deref(), Some("--no-model"));
+        assert!(
+            c.line(132)
+                .starts_with("auto -> fcoo, threadlen 8 (fixed default"),
+            "{}",
+            c.line(132)
+        );
+        assert_eq!(c.json(132)["threadlen"], 8);
+        // With a trained model the source is `model`; untrained, the default.
+        let c = pick(&["--kernel", "flycoo", "--kappa", "7", "--deterministic"]);
+        assert_eq!((c.opts.kappa, c.opts.deterministic), (Some(7), true));
+        let c = pick(&["--kernel", "hicoo"]);
+        assert!(["model", "default"].contains(&c.source));
+        assert_eq!(c.kernel, GpuKernel::Hicoo);
+    }
+}
