@@ -12,6 +12,13 @@
 //!   (default sm_80 and sm_90), assemble it with `ptxas -v` and print
 //!   registers, spills and shared memory per function; fails on any compile
 //!   error (see `kernels.rs` and `docs/kernels.md`).
+//! - `tune [--out DIR] [OPTIONS]`: on a GPU machine, build the release
+//!   `kruskal` and run `kruskal tune sweep` (every engine over its launch
+//!   parameters on the generated training set; see `tune.rs`).
+//! - `train [--measurements FILE]... [--model FILE] [--held-out FILE]
+//!   [--max-depth D] [--min-leaf N] [--trees T]`: fit the tuning model to
+//!   the measurements in `crates/kruskal-device/tune/`, print how good its
+//!   choices are, and write `crates/kruskal-device/tune/model.json`.
 //!
 //! The bundle is built without debug information, in its own target folder
 //! (`target/bundle`, so ordinary release builds keep their cache), because
@@ -24,18 +31,29 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, Result, bail};
 
 mod kernels;
+mod tune;
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("bundle") => bundle(Path::new(args.get(1).map_or("gpu-run", String::as_str))),
         Some("kernels") => kernels::kernels(&args[1..]),
+        Some("tune") => tune::tune(&args[1..]),
+        Some("train") => tune::train_task(&args[1..]),
         _ => {
             eprintln!("usage: cargo xtask bundle [DIR]");
             eprintln!("       {}", kernels::USAGE);
+            eprintln!("       {}", tune::TUNE_USAGE);
+            eprintln!("       {}", tune::TRAIN_USAGE);
             eprintln!("  bundle   build release binaries and test executables into DIR (gpu-run/)");
             eprintln!(
                 "  kernels  compile every kernel specialization (NVRTC + ptxas -v) and report registers, spills, shared memory"
+            );
+            eprintln!(
+                "  tune     on a GPU machine: time every engine over its launch parameters (kruskal tune sweep)"
+            );
+            eprintln!(
+                "  train    fit the tuning model to the measurements and write crates/kruskal-device/tune/model.json"
             );
             bail!("unknown or missing task");
         }

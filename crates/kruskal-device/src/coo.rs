@@ -28,19 +28,39 @@ impl DeviceFactors {
             ));
         }
         let dims: Vec<u32> = factors.iter().map(|f| f.nrows() as u32).collect();
-        let mut offsets = Vec::with_capacity(dims.len());
         let mut host = Vec::with_capacity(dims.iter().map(|&d| d as usize).sum::<usize>() * rank);
         for f in factors {
-            offsets.push((host.len() / rank) as u64);
             match f.as_slice() {
                 Some(s) => host.extend_from_slice(s),
                 None => host.extend(f.iter().copied()),
             }
         }
+        Self::upload_rows(gpu, &dims, rank, &host)
+    }
+
+    /// Uploads factors given as one buffer: the rows of every mode in mode
+    /// order (`sum(dims) x rank` floats, row-major), as [`Self::upload`]
+    /// concatenates them. Saves a copy of large factors.
+    pub fn upload_rows(gpu: &Gpu, dims: &[u32], rank: usize, rows: &[f32]) -> Result<Self> {
+        let total: usize = dims.iter().map(|&d| d as usize).sum();
+        if rank == 0 || rows.len() != total * rank {
+            return Err(DeviceError::Shape(format!(
+                "{} floats for factors of dims {dims:?} at rank {rank}",
+                rows.len()
+            )));
+        }
+        let offsets: Vec<u64> = dims
+            .iter()
+            .scan(0u64, |first, &d| {
+                let this = *first;
+                *first += u64::from(d);
+                Some(this)
+            })
+            .collect();
         Ok(DeviceFactors {
-            dims,
+            dims: dims.to_vec(),
             rank,
-            data: gpu.upload("the factor matrices", &host)?,
+            data: gpu.upload("the factor matrices", rows)?,
             row_offset: gpu.upload("the factor offsets", &offsets)?,
         })
     }

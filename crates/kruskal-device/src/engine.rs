@@ -14,9 +14,10 @@ use crate::{DeviceError, Gpu, GpuMttkrp, Result};
 /// A GPU MTTKRP engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GpuKernel {
-    /// The engine kruskal picks: fcoo, the fastest single-GPU MTTKRP on
-    /// every FROSTT shape measured (docs/performance.md); adaptive choice
-    /// per tensor is later work.
+    /// The engine kruskal picks. [`build_engine`] resolves it to the fixed
+    /// default, fcoo (the fastest single-GPU MTTKRP on every FROSTT shape
+    /// measured, docs/performance.md); the adaptive choice per tensor is
+    /// [`crate::tune::choose`], which callers ask first.
     Auto,
     /// COO with one f64 atomic per (nonzero, column): the baseline.
     CooAtomic,
@@ -97,6 +98,34 @@ pub struct GpuOptions {
     pub block_bits: Option<u32>,
 }
 
+/// The launch parameters an engine is built with: [`GpuOptions`] with
+/// kruskal's defaults filled in ([`GpuOptions::resolve`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchParams {
+    /// flycoo: LPT partitions per mode.
+    pub kappa: usize,
+    /// fcoo: nonzeros per thread.
+    pub threadlen: usize,
+    /// hicoo: log2 of the block width.
+    pub block_bits: u32,
+}
+
+impl GpuOptions {
+    /// The parameters these options give on a GPU of `sms` SMs, defaults
+    /// filled in: kappa 4 per SM, threadlen
+    /// [`crate::fcoo::DEFAULT_THREADLEN`], block bits
+    /// `Hicoo::DEFAULT_BLOCK_BITS`.
+    pub fn resolve(&self, sms: usize) -> LaunchParams {
+        LaunchParams {
+            kappa: self.kappa.unwrap_or(4 * sms).max(1),
+            threadlen: self.threadlen.unwrap_or(crate::fcoo::DEFAULT_THREADLEN),
+            block_bits: self
+                .block_bits
+                .unwrap_or(u32::from(Hicoo::DEFAULT_BLOCK_BITS)),
+        }
+    }
+}
+
 /// Builds `kernel`'s device-resident format of `t` on `gpu`.
 pub fn build_engine(
     kernel: GpuKernel,
@@ -104,10 +133,14 @@ pub fn build_engine(
     t: &SparseTensor,
     opts: &GpuOptions,
 ) -> Result<Box<dyn GpuMttkrp>> {
+    let LaunchParams {
+        kappa,
+        threadlen,
+        block_bits: bits,
+    } = opts.resolve(gpu.properties().sms);
     Ok(match kernel.resolve() {
         GpuKernel::CooAtomic => Box::new(crate::CooAtomic::new(gpu, t)?),
         GpuKernel::Flycoo => {
-            let kappa = opts.kappa.unwrap_or(4 * gpu.properties().sms).max(1);
             let (f, _) = kruskal_partition::flycoo::build_flycoo(
                 t,
                 &kruskal_partition::layout::LayoutOptions::new(kappa),
@@ -120,14 +153,8 @@ pub fn build_engine(
             engine.set_deterministic(opts.deterministic);
             Box::new(engine)
         }
-        GpuKernel::Fcoo => {
-            let threadlen = opts.threadlen.unwrap_or(crate::fcoo::DEFAULT_THREADLEN);
-            Box::new(crate::FcooGpu::new(gpu, t, threadlen)?)
-        }
+        GpuKernel::Fcoo => Box::new(crate::FcooGpu::new(gpu, t, threadlen)?),
         GpuKernel::Hicoo => {
-            let bits = opts
-                .block_bits
-                .unwrap_or(u32::from(Hicoo::DEFAULT_BLOCK_BITS));
             let bits = u8::try_from(bits).map_err(|_| DeviceError::Prepare {
                 format: "HiCOO",
                 message: format!("block bits {bits} must be from 1 to 8"),
@@ -151,6 +178,15 @@ mod tests {
             "auto".parse::<GpuKernel>().unwrap().resolve(),
             GpuKernel::Fcoo
         );
+        let p = GpuOptions::default().resolve(132);
+        assert_eq!((p.kappa, p.threadlen, p.block_bits), (528, 8, 7));
+        let given = GpuOptions {
+            kappa: Some(0),
+            threadlen: Some(32),
+            ..GpuOptions::default()
+        };
+        assert_eq!(given.resolve(132).kappa, 1);
+        assert_eq!(given.resolve(132).threadlen, 32);
         assert!(
             "sorted"
                 .parse::<GpuKernel>()

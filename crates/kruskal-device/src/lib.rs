@@ -20,6 +20,9 @@
 //!   dynamic remap in the same pass).
 //! - [`dense`]: the dense steps of CPD-ALS (factor update with column
 //!   statistics, scaling, Gram matrix), f64 sums in a fixed order.
+//! - [`tune`]: the adaptive choice of engine and launch parameters from a
+//!   tensor's features (a trained regression tree, the sweep that measures
+//!   its training data, training and evaluation).
 //!
 //! This crate builds and its CPU-side tests run everywhere; everything that
 //! needs a GPU returns [`DeviceError`] when there is none.
@@ -41,6 +44,7 @@ pub mod gpu;
 pub mod hicoo;
 pub mod kernels;
 pub mod probe;
+pub mod tune;
 
 #[cfg(test)]
 mod testutil;
@@ -55,7 +59,7 @@ mod tests {
 }
 
 pub use coo::CooAtomic;
-pub use engine::{GpuKernel, GpuOptions, build_engine};
+pub use engine::{GpuKernel, GpuOptions, LaunchParams, build_engine};
 pub use fcoo::FcooGpu;
 pub use flycoo::FlycooGpu;
 pub use gpu::{Gpu, GpuProperties};
@@ -111,6 +115,10 @@ pub enum DeviceError {
     /// Operands of the wrong shape.
     #[error("shape mismatch: {0}")]
     Shape(String),
+
+    /// A tuning model or measurements file that cannot be used.
+    #[error("tuning: {0}")]
+    Tune(String),
 }
 
 pub type Result<T, E = DeviceError> = std::result::Result<T, E>;

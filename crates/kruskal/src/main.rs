@@ -29,6 +29,9 @@ enum Command {
     Gen(cmd::generate::GenArgs),
     /// Check every MTTKRP engine against the f64 reference on this machine.
     Check(cmd::check::CheckArgs),
+    /// GPU tuning: measure engines and launch parameters (sweep), judge
+    /// the tuning model (eval), show its ranking for a tensor (predict).
+    Tune(cmd::tune::TuneArgs),
 }
 
 /// Rust ignores SIGPIPE, so printing into a closed pipe (`kruskal info X |
@@ -54,6 +57,7 @@ fn main() -> ExitCode {
         Command::Convert(a) => cmd::convert::run(a),
         Command::Gen(a) => cmd::generate::run(a),
         Command::Check(a) => cmd::check::run(a),
+        Command::Tune(a) => cmd::tune::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

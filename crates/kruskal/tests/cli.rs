@@ -545,3 +545,123 @@ fn ctrl_c_stops_after_the_iteration_and_writes_the_model() {
         assert_eq!(&bytes[..6], b"\x93NUMPY", "{name} is not .npy");
     }
 }
+
+#[test]
+fn info_prints_tensor_features() {
+    let o = kruskal(&[
+        "info",
+        "--like",
+        "nell-2",
+        "--nnz",
+        "20000",
+        "--features",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let modes = v["features"]["modes"].as_array().unwrap();
+    assert_eq!(modes.len(), 3);
+    for m in modes {
+        let (slices, fibers) = (m["slices"].as_u64().unwrap(), m["fibers"].as_u64().unwrap());
+        assert!(slices > 0 && fibers >= slices && fibers <= 20_000, "{m}");
+        assert!(m["slice_gini"].as_f64().unwrap() > 0.0, "{m}");
+    }
+    // nell-2's smallest dimension is mode 2: the fiber mode of modes 1 and 3.
+    assert_eq!(modes[0]["fiber_mode"], 2);
+    let o = kruskal(&["info", "--like", "nell-2", "--nnz", "20000", "--features"]);
+    assert!(stdout(&o).contains("max nnz / fiber"), "{}", stdout(&o));
+}
+
+/// A model trained on made-up times (fcoo with 16 nonzeros per thread
+/// always fastest; not GPU numbers) drives `tune predict` and `tune eval`
+/// through `KRUSKAL_TUNE_MODEL`.
+#[test]
+fn tune_predicts_and_judges_with_a_given_model() {
+    use kruskal_device::tune::train::{TrainParams, train};
+    use kruskal_device::tune::{Config, Measurements, Run, TensorRuns, TensorSpec};
+    use kruskal_formats::TensorFeatures;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut m = Measurements::new("Made-up GPU", 100, 1);
+    for (like, seed) in [("nell-2", 1), ("vast-5d", 2), ("uber", 3), ("nips", 4)] {
+        let spec = TensorSpec::new(like, 20_000, seed, 1.1);
+        let t = spec.generate().unwrap();
+        let f = TensorFeatures::compute(&t);
+        let features: Vec<Vec<f64>> = (0..t.nmodes()).map(|w| f.mode_vector(w)).collect();
+        let mut runs = Vec::new();
+        for config in Config::space() {
+            let ms = match config {
+                Config::Fcoo { threadlen: 16 } => 1.0,
+                Config::Coo => 9.0,
+                _ => 2.0,
+            };
+            runs.push(Run {
+                config,
+                rank: 16,
+                prepare_s: 0.0,
+                mode_ms: vec![ms; t.nmodes()],
+                total_ms: ms * t.nmodes() as f64,
+            });
+        }
+        m.tensors.push(TensorRuns {
+            id: spec.id(),
+            spec: Some(spec),
+            dims: t.dims().to_vec(),
+            nnz: t.nnz() as u64,
+            features,
+            features_s: 0.0,
+            runs,
+            failures: vec![],
+        });
+    }
+    let measurements = dir.path().join("m.json");
+    m.write(&measurements).unwrap();
+    let model = dir.path().join("model.json");
+    train(&m, &TrainParams::default())
+        .unwrap()
+        .write(&model)
+        .unwrap();
+
+    let with_model = |args: &[&str]| {
+        kruskal_command(args)
+            .env("KRUSKAL_TUNE_MODEL", &model)
+            .output()
+            .unwrap()
+    };
+    let o = with_model(&[
+        "tune", "predict", "--like", "enron", "--nnz", "30k", "--rank", "16", "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let ranked = v["ranked"].as_array().unwrap();
+    assert_eq!(ranked.len(), Config::space().len());
+    assert_eq!(ranked[0]["config"], "fcoo/threadlen=16");
+    assert_eq!(ranked[0]["flags"], "--kernel fcoo --threadlen 16");
+
+    let o = with_model(&["tune", "eval", measurements.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("4 cases: model choice within 10% of the best in 4"),
+        "{}",
+        stdout(&o)
+    );
+
+    // Bad models and options: one line each.
+    let o = kruskal_command(&["tune", "predict", "--like", "nips", "--nnz", "1k"])
+        .env("KRUSKAL_TUNE_MODEL", "/nonexistent/model.json")
+        .output()
+        .unwrap();
+    assert_clean_failure(&o, "/nonexistent/model.json");
+    assert_clean_failure(
+        &with_model(&["tune", "eval", "/nonexistent/m.json"]),
+        "/nonexistent/m.json",
+    );
+    let out = dir.path().to_str().unwrap();
+    for (option, value, needle) in [
+        ("--only", "no-such-tensor", "no tensor"),
+        ("--scale", "0", "--scale"),
+    ] {
+        let args = ["tune", "sweep", "--out", out, option, value];
+        assert_clean_failure(&kruskal(&args), needle);
+    }
+}

@@ -1,10 +1,13 @@
 //! `kruskal info`: what a tensor file holds (shape, nonzeros, per-mode
 //! statistics). Run it to check a file before a long decomposition.
 
+use std::time::Instant;
+
 use anyhow::{Result, bail};
 use clap::Args;
 use serde_json::json;
 
+use kruskal_formats::{ModeFeatures, TensorFeatures};
 use kruskal_partition::layout::unit_weights;
 use kruskal_partition::{Balance, ShardOptions, ShardPlan, cyclic, lpt};
 
@@ -29,6 +32,13 @@ pub struct InfoArgs {
     /// or why none can be used.
     #[arg(long)]
     pub gpu: bool,
+    /// Report the features the GPU tuning model reads, per mode: slices,
+    /// fibers (distinct pairs of the mode's index and its fiber mode's, the
+    /// other mode with the smallest dimension), their ratios, the largest
+    /// and mean nonzeros per slice and per fiber, and the skew of the
+    /// slice sizes (see `kruskal_formats::features`).
+    #[arg(long)]
+    pub features: bool,
     /// ISPs per GPU for --gpus (a few per SM; 528 = 4 x 132 SMs of an H100).
     #[arg(long, default_value_t = 528)]
     pub isps: usize,
@@ -69,6 +79,13 @@ pub fn run(args: InfoArgs) -> Result<()> {
         Some(gpus) => ShardPlan::for_all_modes(&t, &ShardOptions::new(gpus, args.isps))?,
         None => Vec::new(),
     };
+    let features = if args.features {
+        let start = Instant::now();
+        let f = TensorFeatures::compute(&t);
+        Some((f, start.elapsed().as_secs_f64()))
+    } else {
+        None
+    };
     let bytes = t.nnz() * (4 * t.nmodes() + 4);
     if args.json {
         let modes: Vec<_> = s
@@ -91,6 +108,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
             "duplicates_merged": duplicates, "load_s": loaded.load_s, "modes": modes,
             "partitions": partitions.iter().enumerate().map(|(m, p)| p.json(m)).collect::<Vec<_>>(),
             "gpus": shards.iter().map(shard_json).collect::<Vec<_>>(),
+            "features": features.as_ref().map(|(f, secs)| features_json(f, *secs)),
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
@@ -128,6 +146,9 @@ pub fn run(args: InfoArgs) -> Result<()> {
             100.0 * ms.degree_max as f64 / s.nnz.max(1) as f64,
             ms.hottest_index + 1
         );
+    }
+    if let Some((f, secs)) = &features {
+        print_features(f, *secs);
     }
     if let Some(kappa) = args.kappa {
         println!();
@@ -174,6 +195,73 @@ pub fn run(args: InfoArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// One row of the features table: a name and how to read it from a mode.
+type FeatureRow = (&'static str, fn(&ModeFeatures) -> String);
+
+/// The rows of the features table and of its JSON, in order.
+const FEATURE_ROWS: &[FeatureRow] = &[
+    ("dim", |m| thousands(u64::from(m.dim))),
+    ("fiber mode", |m| {
+        m.fiber_mode.map_or("-".into(), |f| (f + 1).to_string())
+    }),
+    ("slices", |m| thousands(m.slices)),
+    ("fibers", |m| thousands(m.fibers)),
+    ("slices / dim", |m| format!("{:.4}", m.slice_ratio)),
+    ("fibers / slice", |m| format!("{:.2}", m.fibers_per_slice)),
+    ("max fibers / slice", |m| thousands(m.max_fibers_per_slice)),
+    ("nnz / slice", |m| format!("{:.2}", m.nnz_per_slice)),
+    ("max nnz / slice", |m| thousands(m.max_nnz_per_slice)),
+    ("nnz / fiber", |m| format!("{:.3}", m.nnz_per_fiber)),
+    ("max nnz / fiber", |m| thousands(m.max_nnz_per_fiber)),
+    ("slice max / mean", |m| format!("{:.2}", m.slice_skew)),
+    ("slice CV", |m| format!("{:.3}", m.slice_cv)),
+    ("slice Gini", |m| format!("{:.3}", m.slice_gini)),
+    ("fiber max / mean", |m| format!("{:.2}", m.fiber_skew)),
+    ("fiber CV", |m| format!("{:.3}", m.fiber_cv)),
+    ("hottest slice share", |m| format!("{:.4}", m.hot_share)),
+];
+
+/// Prints the features: one row per feature, one column per mode.
+fn print_features(f: &TensorFeatures, secs: f64) {
+    println!();
+    println!("features (computed in {secs:.2} s; fibers pair a mode with its fiber mode)");
+    print!("{:<20}", "");
+    for m in &f.modes {
+        print!(" {:>14}", format!("mode {}", m.mode + 1));
+    }
+    println!();
+    for (name, get) in FEATURE_ROWS {
+        print!("{name:<20}");
+        for m in &f.modes {
+            print!(" {:>14}", get(m));
+        }
+        println!();
+    }
+}
+
+fn features_json(f: &TensorFeatures, secs: f64) -> serde_json::Value {
+    let modes: Vec<_> = f
+        .modes
+        .iter()
+        .map(|m| {
+            json!({
+                "mode": m.mode + 1, "dim": m.dim, "fiber_mode": m.fiber_mode.map(|w| w + 1),
+                "slices": m.slices, "fibers": m.fibers, "slice_ratio": m.slice_ratio,
+                "fibers_per_slice": m.fibers_per_slice,
+                "max_fibers_per_slice": m.max_fibers_per_slice,
+                "nnz_per_slice": m.nnz_per_slice, "max_nnz_per_slice": m.max_nnz_per_slice,
+                "nnz_per_fiber": m.nnz_per_fiber, "max_nnz_per_fiber": m.max_nnz_per_fiber,
+                "slice_skew": m.slice_skew, "slice_cv": m.slice_cv, "slice_gini": m.slice_gini,
+                "fiber_skew": m.fiber_skew, "fiber_cv": m.fiber_cv, "hot_share": m.hot_share,
+            })
+        })
+        .collect();
+    json!({
+        "nmodes": f.nmodes(), "nnz": f.nnz, "density": f.density,
+        "seconds": secs, "modes": modes,
+    })
 }
 
 /// Predicted balance of one mode over kappa partitions, from its row counts.

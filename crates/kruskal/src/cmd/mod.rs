@@ -7,3 +7,4 @@ pub mod cpd;
 pub mod generate;
 pub mod info;
 pub mod mttkrp;
+pub mod tune;

@@ -34,9 +34,17 @@ pub struct MttkrpArgs {
     #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
     pub backend: BackendChoice,
     /// MTTKRP engine, or `all` to time each one in turn. CPU: auto, sorted,
-    /// fcoo, flycoo, hicoo. GPU: auto (fcoo), coo, hicoo, fcoo, flycoo.
+    /// fcoo, flycoo, hicoo. GPU: auto, coo, hicoo, fcoo, flycoo; on the GPU
+    /// `auto` is the tuning model's choice of engine and launch parameter
+    /// for this tensor and rank (fcoo with threadlen 8 when there is no
+    /// trained model), and an engine's parameter not given below is the
+    /// model's best for that engine.
     #[arg(long, default_value = "auto")]
     pub kernel: String,
+    /// GPU: ignore the tuning model; `auto` is fcoo and every parameter
+    /// not given is the fixed default.
+    #[arg(long)]
+    pub no_model: bool,
     /// GPU flycoo: sum pieces of split rows in a fixed order (bit-identical
     /// results run to run) instead of by atomics.
     #[arg(long)]
@@ -266,17 +274,156 @@ fn run_gpu(args: &MttkrpArgs, loaded: &super::common::Loaded, modes: &[usize]) -
         .iter()
         .map(|_| floor_bytes(t.dims(), t.nnz(), args.rank) as f64 / bandwidth * 1e3)
         .collect();
+    let mut features = None;
     let mut reports = Vec::new();
     for (k, &kernel) in kernels.iter().enumerate() {
         if k > 0 && !args.json {
             println!();
         }
+        let choice = choose_gpu(args, t, kernel, gpu.properties().sms, &mut features);
         reports.push(time_gpu_kernel(
-            args, loaded, &gpu, kernel, modes, &factors, &exact, &floor_ms, bandwidth,
+            args, loaded, &gpu, &choice, modes, &factors, &exact, &floor_ms, bandwidth,
         )?);
     }
     finish(&reports, args.json, "GPU MTTKRP")?;
     Ok(())
+}
+
+/// The engine and options a GPU run uses, and where they came from.
+struct GpuChoice {
+    /// As `--kernel` named it (`auto` or an engine).
+    requested: kruskal_device::GpuKernel,
+    kernel: kruskal_device::GpuKernel,
+    opts: kruskal_device::GpuOptions,
+    /// `flags`, `model` or `default`.
+    source: &'static str,
+    predicted_ms: Option<f64>,
+    /// Why the fixed default was used, if it was.
+    reason: Option<String>,
+    /// Seconds spent on the tensor features (0 when not needed).
+    features_s: f64,
+}
+
+/// Picks the engine and options for `--kernel` value `kernel`: flags given
+/// on the command line win; a parameter not given (and the engine, for
+/// `auto`) comes from the tuning model unless `--no-model`; without a
+/// trained model, the fixed defaults. Features are computed at most once
+/// (`features` caches them) and only when the model is asked.
+fn choose_gpu(
+    args: &MttkrpArgs,
+    t: &kruskal_formats::SparseTensor,
+    kernel: kruskal_device::GpuKernel,
+    sms: usize,
+    features: &mut Option<(kruskal_formats::TensorFeatures, f64)>,
+) -> GpuChoice {
+    use kruskal_device::tune::{TuneModel, choose};
+    use kruskal_device::{GpuKernel, GpuOptions};
+    let given = GpuOptions {
+        deterministic: args.deterministic,
+        kappa: args.kappa,
+        threadlen: args.threadlen,
+        block_bits: args.block_bits,
+    };
+    let param_given = match kernel {
+        GpuKernel::Auto => false,
+        GpuKernel::CooAtomic => true,
+        GpuKernel::Hicoo => given.block_bits.is_some(),
+        GpuKernel::Fcoo => given.threadlen.is_some(),
+        GpuKernel::Flycoo => given.kappa.is_some(),
+    };
+    let mut choice = GpuChoice {
+        requested: kernel,
+        kernel: kernel.resolve(),
+        opts: given.clone(),
+        source: "flags",
+        predicted_ms: None,
+        reason: None,
+        features_s: 0.0,
+    };
+    if param_given {
+        return choice;
+    }
+    let why_not = if args.no_model {
+        Some("--no-model".to_string())
+    } else {
+        match TuneModel::cached() {
+            Ok(m) if m.is_trained() => None,
+            Ok(_) => Some("the tuning model is untrained".into()),
+            Err(e) => Some(e.to_string()),
+        }
+    };
+    if let Some(reason) = why_not {
+        choice.source = "default";
+        choice.reason = Some(reason);
+        return choice;
+    }
+    let (f, features_s) = features.get_or_insert_with(|| {
+        let start = Instant::now();
+        let f = kruskal_formats::TensorFeatures::compute(t);
+        (f, start.elapsed().as_secs_f64())
+    });
+    let engine = (kernel != GpuKernel::Auto).then_some(kernel);
+    let picked = choose(f, args.rank, engine);
+    let model = picked.config.options(sms);
+    choice.kernel = picked.config.kernel();
+    choice.opts = GpuOptions {
+        kappa: given.kappa.or(model.kappa),
+        threadlen: given.threadlen.or(model.threadlen),
+        block_bits: given.block_bits.or(model.block_bits),
+        ..given
+    };
+    choice.features_s = *features_s;
+    choice.predicted_ms = picked.predicted_ms;
+    if picked.predicted_ms.is_some() {
+        choice.source = "model";
+    } else {
+        choice.source = "default";
+        choice.reason = Some(picked.reason);
+    }
+    choice
+}
+
+/// `fcoo, threadlen 8`: the engine and the parameter it uses.
+fn describe(
+    kernel: kruskal_device::GpuKernel,
+    opts: &kruskal_device::GpuOptions,
+    sms: usize,
+) -> String {
+    use kruskal_device::GpuKernel;
+    let p = opts.resolve(sms);
+    match kernel.resolve() {
+        GpuKernel::Hicoo => format!("hicoo, block bits {}", p.block_bits),
+        GpuKernel::Fcoo => format!("fcoo, threadlen {}", p.threadlen),
+        GpuKernel::Flycoo => format!("flycoo, kappa {}", p.kappa),
+        k => k.name().to_string(),
+    }
+}
+
+impl GpuChoice {
+    /// One line for the text output.
+    fn line(&self, sms: usize) -> String {
+        let what = describe(self.kernel, &self.opts, sms);
+        let how = match (self.source, self.predicted_ms, &self.reason) {
+            ("model", Some(ms), _) => format!(
+                "tuning model, predicted {ms:.3} ms for all modes; features in {:.2} s",
+                self.features_s
+            ),
+            ("default", _, Some(r)) => format!("fixed default: {r}"),
+            _ => "given by the flags".into(),
+        };
+        format!("{} -> {what} ({how})", self.requested)
+    }
+
+    fn json(&self, sms: usize) -> serde_json::Value {
+        let p = self.opts.resolve(sms);
+        json!({
+            "requested": self.requested.name(), "kernel": self.kernel.name(),
+            "description": describe(self.kernel, &self.opts, sms),
+            "kappa": p.kappa, "threadlen": p.threadlen, "block_bits": p.block_bits,
+            "source": self.source, "predicted_ms": self.predicted_ms, "reason": self.reason,
+            "features_s": self.features_s,
+        })
+    }
 }
 
 /// Builds one GPU engine and times it; prints a table unless `--json`;
@@ -286,24 +433,18 @@ fn time_gpu_kernel(
     args: &MttkrpArgs,
     loaded: &super::common::Loaded,
     gpu: &std::sync::Arc<kruskal_device::Gpu>,
-    kernel: kruskal_device::GpuKernel,
+    choice: &GpuChoice,
     modes: &[usize],
     factors: &[Array2<f32>],
     exact: &[Option<Array2<f64>>],
     floor_ms: &[f64],
     bandwidth: f64,
 ) -> Result<serde_json::Value> {
+    use kruskal_device::build_engine;
     use kruskal_device::coo::DeviceFactors;
-    use kruskal_device::{GpuOptions, build_engine};
     let t = &loaded.tensor;
     let prep = Instant::now();
-    let opts = GpuOptions {
-        deterministic: args.deterministic,
-        kappa: args.kappa,
-        threadlen: args.threadlen,
-        block_bits: args.block_bits,
-    };
-    let mut engine = build_engine(kernel, gpu.clone(), t, &opts)?;
+    let mut engine = build_engine(choice.kernel, gpu.clone(), t, &choice.opts)?;
     let dev_factors = DeviceFactors::upload(gpu, factors)?;
     gpu.stream().synchronize()?;
     let prep_s = prep.elapsed().as_secs_f64();
@@ -326,6 +467,7 @@ fn time_gpu_kernel(
             },
             prep_s
         );
+        println!("         kernel {}", choice.line(p.sms));
         println!(
             "{:>6} {:>11} {:>11} {:>14} {:>10} {:>9}{}",
             "mode",
@@ -386,7 +528,8 @@ fn time_gpu_kernel(
     }
     Ok(json!({
         "tensor": { "source": loaded.source, "dims": t.dims(), "nnz": t.nnz() },
-        "backend": "gpu", "kernel": engine.name(), "deterministic": args.deterministic,
+        "backend": "gpu", "kernel": engine.name(), "choice": choice.json(p.sms),
+        "deterministic": args.deterministic,
         "gpu": p.name, "copy_bandwidth_bytes_per_s": bandwidth, "rank": args.rank,
         "repeat": args.repeat, "prepare_s": prep_s, "modes": rows,
         "total_median_ms": total_ms, "floor_ms": floor_total,
@@ -409,5 +552,61 @@ mod finish_tests {
             assert!(finish(&[good.clone(), bad.clone()], as_json, "MTTKRP").is_err());
             assert!(finish(std::slice::from_ref(&good), as_json, "MTTKRP").is_ok());
         }
+    }
+}
+
+#[cfg(test)]
+mod choice_tests {
+    use super::*;
+    use clap::Parser;
+    use kruskal_device::GpuKernel;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: MttkrpArgs,
+    }
+
+    fn pick(line: &[&str]) -> GpuChoice {
+        let mut argv = vec![
+            "mttkrp",
+            "--like",
+            "nips",
+            "--nnz",
+            "2000",
+            "--backend",
+            "gpu",
+        ];
+        argv.extend_from_slice(line);
+        let cli = Cli::try_parse_from(argv).unwrap();
+        let t = cli.args.input.load().unwrap().tensor;
+        let kernel = cli.args.kernel.parse().unwrap();
+        choose_gpu(&cli.args, &t, kernel, 132, &mut None)
+    }
+
+    #[test]
+    fn flags_win_and_no_model_keeps_the_fixed_default() {
+        let c = pick(&["--kernel", "fcoo", "--threadlen", "16"]);
+        assert_eq!(
+            (c.source, c.kernel, c.opts.threadlen),
+            ("flags", GpuKernel::Fcoo, Some(16))
+        );
+        assert_eq!(pick(&["--kernel", "coo"]).source, "flags");
+        let c = pick(&["--kernel", "auto", "--no-model"]);
+        assert_eq!((c.source, c.kernel), ("default", GpuKernel::Fcoo));
+        assert_eq!(c.reason.as_deref(), Some("--no-model"));
+        assert!(
+            c.line(132)
+                .starts_with("auto -> fcoo, threadlen 8 (fixed default"),
+            "{}",
+            c.line(132)
+        );
+        assert_eq!(c.json(132)["threadlen"], 8);
+        // With a trained model the source is `model`; untrained, the default.
+        let c = pick(&["--kernel", "flycoo", "--kappa", "7", "--deterministic"]);
+        assert_eq!((c.opts.kappa, c.opts.deterministic), (Some(7), true));
+        let c = pick(&["--kernel", "hicoo"]);
+        assert!(["model", "default"].contains(&c.source));
+        assert_eq!(c.kernel, GpuKernel::Hicoo);
     }
 }

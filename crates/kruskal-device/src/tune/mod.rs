@@ -1,0 +1,383 @@
+//! Adaptive choice of the GPU engine and its launch parameters (ScalFrag,
+//! CLUSTER'24, section IV-B): a regression tree, trained on measured
+//! MTTKRP times, predicts from a tensor's features how long each
+//! configuration of [`Config::space`] takes, and the fastest predicted one
+//! is used.
+//!
+//! - [`Config`]: one point of the search space (an engine and its launch
+//!   parameter).
+//! - [`data`]: the measurements file (`cargo xtask tune`, run on a GPU
+//!   machine with `kruskal tune sweep`) and the generated tensors it is
+//!   measured on.
+//! - [`sweep`]: times every configuration of one tensor on the GPU.
+//! - [`model`]: [`TuneModel`], the trained model (a smartcore decision tree
+//!   or random forest in a small JSON file), and its predictions. The
+//!   repository's `tune/model.json` is embedded in the binary; the
+//!   environment variable `KRUSKAL_TUNE_MODEL` names another file.
+//! - [`train`]: fitting the model (`cargo xtask train`) and measuring how
+//!   good its choices are (leave one tensor out, or held-out tensors).
+//! - [`choose`] and [`candidates`]: what callers use (`kruskal mttkrp
+//!   --kernel auto`; the CPD backend, which can time the first few
+//!   candidates on its first iteration).
+//!
+//! The model is per mode: one training row is (a mode's features, the rank,
+//! the configuration) and its target the measured time of that mode's
+//! MTTKRP as log2 nanoseconds per nonzero. A configuration's predicted time
+//! for a tensor is the sum over its modes, so engines built per tensor are
+//! ranked by their whole-sweep time while the per-mode breakdown stays
+//! available.
+//!
+//! ```
+//! use kruskal_device::tune::{Config, choose};
+//! use kruskal_formats::{generate, TensorFeatures};
+//!
+//! let t = generate::power_law(&generate::PowerLawSpec::new(vec![60, 50, 40], 2_000)).unwrap();
+//! let features = TensorFeatures::compute(&t);
+//! // The model's choice, or the fixed default (with the reason) when no
+//! // trained model is available. No GPU is needed to choose.
+//! let choice = choose(&features, 32, None);
+//! assert!(Config::space().contains(&choice.config));
+//! ```
+
+pub mod data;
+pub mod model;
+pub mod sweep;
+pub mod train;
+
+use std::fmt;
+use std::str::FromStr;
+
+use kruskal_formats::TensorFeatures;
+
+use crate::{GpuKernel, GpuOptions};
+
+pub use data::{Failure, Measurements, Run, TensorRuns, TensorSpec};
+pub use model::{Prediction, TuneModel};
+
+/// HiCOO block widths tried: `2^5` to `2^8` indices.
+pub const HICOO_BLOCK_BITS: [u32; 4] = [5, 6, 7, 8];
+/// F-COO nonzeros per thread tried.
+pub const FCOO_THREADLENS: [usize; 5] = [4, 8, 16, 32, 64];
+/// FLYCOO partitions (thread blocks) per SM tried.
+pub const FLYCOO_KAPPA_PER_SM: [usize; 4] = [1, 2, 4, 8];
+
+/// One configuration: an engine and its launch parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Config {
+    /// `coo_atomic`: no parameter.
+    Coo,
+    /// `hicoo` with blocks `2^block_bits` indices wide.
+    Hicoo { block_bits: u32 },
+    /// `fcoo` with `threadlen` nonzeros per thread.
+    Fcoo { threadlen: usize },
+    /// `flycoo` with `kappa_per_sm` LPT partitions per SM.
+    Flycoo { kappa_per_sm: usize },
+}
+
+impl Config {
+    /// What `--kernel auto` with default options ran before the model:
+    /// `fcoo` with [`crate::fcoo::DEFAULT_THREADLEN`].
+    pub const DEFAULT: Config = Config::Fcoo {
+        threadlen: crate::fcoo::DEFAULT_THREADLEN,
+    };
+
+    /// Every configuration the sweep times and the model ranks: `coo`,
+    /// `hicoo` over [`HICOO_BLOCK_BITS`], `fcoo` over [`FCOO_THREADLENS`],
+    /// `flycoo` over [`FLYCOO_KAPPA_PER_SM`] (14 in all).
+    pub fn space() -> Vec<Config> {
+        let mut space = vec![Config::Coo];
+        space.extend(HICOO_BLOCK_BITS.map(|block_bits| Config::Hicoo { block_bits }));
+        space.extend(FCOO_THREADLENS.map(|threadlen| Config::Fcoo { threadlen }));
+        space.extend(FLYCOO_KAPPA_PER_SM.map(|kappa_per_sm| Config::Flycoo { kappa_per_sm }));
+        space
+    }
+
+    pub fn kernel(self) -> GpuKernel {
+        match self {
+            Config::Coo => GpuKernel::CooAtomic,
+            Config::Hicoo { .. } => GpuKernel::Hicoo,
+            Config::Fcoo { .. } => GpuKernel::Fcoo,
+            Config::Flycoo { .. } => GpuKernel::Flycoo,
+        }
+    }
+
+    /// The engine options of this configuration on a GPU of `sms` SMs
+    /// (FLYCOO's kappa is per SM).
+    pub fn options(self, sms: usize) -> GpuOptions {
+        let mut o = GpuOptions::default();
+        match self {
+            Config::Coo => {}
+            Config::Hicoo { block_bits } => o.block_bits = Some(block_bits),
+            Config::Fcoo { threadlen } => o.threadlen = Some(threadlen),
+            Config::Flycoo { kappa_per_sm } => o.kappa = Some(kappa_per_sm * sms.max(1)),
+        }
+        o
+    }
+
+    /// The `kruskal mttkrp` flags that select this configuration on a GPU
+    /// of `sms` SMs, e.g. `--kernel fcoo --threadlen 16`.
+    pub fn flags(self, sms: usize) -> String {
+        let o = self.options(sms);
+        let param = match self {
+            Config::Coo => String::new(),
+            Config::Hicoo { .. } => format!(" --block-bits {}", o.block_bits.unwrap_or(0)),
+            Config::Fcoo { .. } => format!(" --threadlen {}", o.threadlen.unwrap_or(0)),
+            Config::Flycoo { .. } => format!(" --kappa {}", o.kappa.unwrap_or(0)),
+        };
+        format!("--kernel {}{param}", self.kernel())
+    }
+
+    /// The model's columns for this configuration: the engine one-hot, then
+    /// its parameter in its own column (0 for the other engines).
+    fn columns(self) -> [f64; 7] {
+        let mut c = [0.0; 7];
+        match self {
+            Config::Coo => c[0] = 1.0,
+            Config::Hicoo { block_bits } => {
+                c[1] = 1.0;
+                c[4] = f64::from(block_bits);
+            }
+            Config::Fcoo { threadlen } => {
+                c[2] = 1.0;
+                c[5] = threadlen as f64;
+            }
+            Config::Flycoo { kappa_per_sm } => {
+                c[3] = 1.0;
+                c[6] = kappa_per_sm as f64;
+            }
+        }
+        c
+    }
+}
+
+/// `coo`, `hicoo/block_bits=7`, `fcoo/threadlen=8`, `flycoo/kappa_per_sm=4`.
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Config::Coo => f.write_str("coo"),
+            Config::Hicoo { block_bits } => write!(f, "hicoo/block_bits={block_bits}"),
+            Config::Fcoo { threadlen } => write!(f, "fcoo/threadlen={threadlen}"),
+            Config::Flycoo { kappa_per_sm } => write!(f, "flycoo/kappa_per_sm={kappa_per_sm}"),
+        }
+    }
+}
+
+impl FromStr for Config {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "unknown configuration '{s}' (e.g. coo, hicoo/block_bits=7, fcoo/threadlen=8, flycoo/kappa_per_sm=4)"
+            )
+        };
+        if s == "coo" {
+            return Ok(Config::Coo);
+        }
+        let (engine, param) = s.split_once('/').ok_or_else(bad)?;
+        let (name, value) = param.split_once('=').ok_or_else(bad)?;
+        let value: usize = value.parse().map_err(|_| bad())?;
+        match (engine, name) {
+            ("hicoo", "block_bits") => u32::try_from(value)
+                .map(|block_bits| Config::Hicoo { block_bits })
+                .map_err(|_| bad()),
+            ("fcoo", "threadlen") => Ok(Config::Fcoo { threadlen: value }),
+            ("flycoo", "kappa_per_sm") => Ok(Config::Flycoo {
+                kappa_per_sm: value,
+            }),
+            _ => Err(bad()),
+        }
+    }
+}
+
+impl serde::Serialize for Config {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Config {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Names of the columns [`row`] appends to a mode's feature vector.
+pub const CONFIG_COLUMNS: [&str; 8] = [
+    "rank",
+    "engine_coo",
+    "engine_hicoo",
+    "engine_fcoo",
+    "engine_flycoo",
+    "block_bits",
+    "threadlen",
+    "kappa_per_sm",
+];
+
+/// The names of a model row's columns: [`TensorFeatures::MODE_VECTOR_NAMES`]
+/// then [`CONFIG_COLUMNS`].
+pub fn row_names() -> Vec<String> {
+    TensorFeatures::MODE_VECTOR_NAMES
+        .iter()
+        .chain(CONFIG_COLUMNS.iter())
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// One model row: a mode's feature vector (from
+/// [`TensorFeatures::mode_vector`]), the rank, and the configuration.
+pub fn row(mode_vector: &[f64], rank: usize, config: Config) -> Vec<f64> {
+    let mut r = Vec::with_capacity(mode_vector.len() + CONFIG_COLUMNS.len());
+    r.extend_from_slice(mode_vector);
+    r.push(rank as f64);
+    r.extend(config.columns());
+    r
+}
+
+/// A configuration picked for a tensor, and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Choice {
+    pub config: Config,
+    /// The model's predicted time for all modes, in ms (`None` when the
+    /// choice is the fixed default).
+    pub predicted_ms: Option<f64>,
+    /// `model` when the model chose, else why the default was used.
+    pub reason: String,
+}
+
+/// The configuration to use for a tensor of `features` at `rank`: the
+/// model's fastest prediction (among `engine`'s configurations when one is
+/// given), or, when no trained model can be loaded, [`Config::DEFAULT`]
+/// (`engine`'s default parameter when one is given) with the reason.
+///
+/// Cost: loading the model once per process (cached), then one tree
+/// evaluation per configuration and mode (microseconds); computing the
+/// features is the caller's (see [`TensorFeatures::compute`]).
+pub fn choose(features: &TensorFeatures, rank: usize, engine: Option<GpuKernel>) -> Choice {
+    let fallback = |reason: String| {
+        let config = match engine.map(GpuKernel::resolve) {
+            Some(GpuKernel::CooAtomic) => Config::Coo,
+            Some(GpuKernel::Hicoo) => Config::Hicoo {
+                block_bits: u32::from(kruskal_formats::Hicoo::DEFAULT_BLOCK_BITS),
+            },
+            Some(GpuKernel::Flycoo) => Config::Flycoo { kappa_per_sm: 4 },
+            _ => Config::DEFAULT,
+        };
+        Choice {
+            config,
+            predicted_ms: None,
+            reason,
+        }
+    };
+    let model = match TuneModel::cached() {
+        Ok(m) => m,
+        Err(e) => return fallback(e.to_string()),
+    };
+    match model.predict(features, rank) {
+        Ok(ranked) => ranked
+            .into_iter()
+            .find(|p| engine.is_none_or(|e| p.config.kernel() == e.resolve()))
+            .map_or_else(
+                || {
+                    fallback(format!(
+                        "the model ranks no {} configuration",
+                        engine.map_or("", GpuKernel::name)
+                    ))
+                },
+                |p| Choice {
+                    config: p.config,
+                    predicted_ms: Some(p.total_ms),
+                    reason: "model".into(),
+                },
+            ),
+        Err(e) => fallback(e.to_string()),
+    }
+}
+
+/// The configurations worth timing for a tensor before settling on one
+/// (the online refinement on the first CPD iteration): the model's first
+/// `k` (at least 1), or only [`Config::DEFAULT`] when no trained model can
+/// be loaded. Cost as [`choose`].
+pub fn candidates(features: &TensorFeatures, rank: usize, k: usize) -> Vec<Config> {
+    TuneModel::cached()
+        .and_then(|m| m.predict(features, rank))
+        .map(|ranked| ranked.iter().take(k.max(1)).map(|p| p.config).collect())
+        .unwrap_or_else(|_| vec![Config::DEFAULT])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configurations_round_trip_through_their_labels() {
+        let space = Config::space();
+        assert_eq!(space.len(), 14);
+        assert!(space.contains(&Config::DEFAULT));
+        for c in space {
+            assert_eq!(c.to_string().parse::<Config>().unwrap(), c);
+            let json = serde_json::to_string(&c).unwrap();
+            assert_eq!(serde_json::from_str::<Config>(&json).unwrap(), c);
+        }
+        for bad in [
+            "fcoo",
+            "fcoo/threadlen",
+            "fcoo/kappa_per_sm=2",
+            "sorted",
+            "hicoo/block_bits=x",
+        ] {
+            assert!(
+                bad.parse::<Config>()
+                    .unwrap_err()
+                    .contains("unknown configuration"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn options_and_flags_name_the_parameter() {
+        let c = Config::Flycoo { kappa_per_sm: 2 };
+        assert_eq!(c.kernel(), GpuKernel::Flycoo);
+        assert_eq!(c.options(132).kappa, Some(264));
+        assert_eq!(c.flags(132), "--kernel flycoo --kappa 264");
+        assert_eq!(
+            Config::Hicoo { block_bits: 6 }.flags(132),
+            "--kernel hicoo --block-bits 6"
+        );
+        assert_eq!(
+            Config::Fcoo { threadlen: 16 }.options(1).threadlen,
+            Some(16)
+        );
+        assert_eq!(Config::Coo.flags(132), "--kernel coo");
+    }
+
+    #[test]
+    fn without_a_trained_model_the_default_is_the_only_candidate() {
+        let t = kruskal_formats::generate::power_law(
+            &kruskal_formats::generate::PowerLawSpec::new(vec![30, 20, 10], 500),
+        )
+        .unwrap();
+        let f = TensorFeatures::compute(&t);
+        let trained = TuneModel::cached().is_ok_and(TuneModel::is_trained);
+        let c = candidates(&f, 16, 3);
+        assert_eq!(c.len(), if trained { 3 } else { 1 });
+        if !trained {
+            assert_eq!(c, vec![Config::DEFAULT]);
+            let choice = choose(&f, 16, Some(GpuKernel::Hicoo));
+            assert_eq!(choice.config, Config::Hicoo { block_bits: 7 });
+            assert!(choice.reason.contains("untrained"), "{}", choice.reason);
+        }
+    }
+
+    #[test]
+    fn rows_append_rank_and_configuration() {
+        let r = row(&[1.0, 2.0], 32, Config::Hicoo { block_bits: 7 });
+        assert_eq!(r, vec![1.0, 2.0, 32.0, 0.0, 1.0, 0.0, 0.0, 7.0, 0.0, 0.0]);
+        assert_eq!(
+            row_names().len(),
+            TensorFeatures::MODE_VECTOR_NAMES.len() + CONFIG_COLUMNS.len()
+        );
+    }
+}
