@@ -335,12 +335,7 @@ fn make_backend(args: &CpdArgs, t: &SparseTensor, rank: usize) -> Result<(Chosen
                 gib(free)
             );
         }
-        let opts = args.gpu.options();
-        let candidates: Vec<_> = if kernel == GpuKernel::Auto {
-            AUTO_CANDIDATES.iter().map(|&k| (k, opts.clone())).collect()
-        } else {
-            vec![(kernel, opts)]
-        };
+        let candidates = gpu_candidates(args, t, rank, kernel, gpu.properties().sms);
         let spin = super::common::spinner("uploading the tensor to the GPU");
         let backend = GpuBackend::new(gpu, t, &candidates);
         spin.finish_and_clear();
@@ -353,6 +348,102 @@ fn make_backend(args: &CpdArgs, t: &SparseTensor, rank: usize) -> Result<(Chosen
             Ok(b) => Ok((Chosen::Gpu(Box::new(b)), None)),
             Err(e) => cpu(cpu_kernel, Some(short_reason(&e))),
         },
+    }
+}
+
+/// How many of the tuning model's best configurations `--kernel auto`
+/// times on the first iteration.
+const MODEL_CANDIDATES: usize = 3;
+
+/// The configurations the GPU backend builds: with `--kernel auto`, the
+/// tuning model's first few for this tensor's features (or, without a
+/// trained model, fcoo, flycoo and hicoo at their defaults); with an engine
+/// named, that engine with the model's best parameter unless a flag gives
+/// it. Prints what was chosen and why.
+fn gpu_candidates(
+    args: &CpdArgs,
+    t: &SparseTensor,
+    rank: usize,
+    kernel: GpuKernel,
+    sms: usize,
+) -> Vec<(GpuKernel, kruskal_device::GpuOptions)> {
+    use kruskal_device::tune::{TuneModel, choose};
+    let given = args.gpu.options();
+    let param_given = match kernel {
+        GpuKernel::Auto => false,
+        GpuKernel::CooAtomic => true,
+        GpuKernel::Hicoo => given.block_bits.is_some(),
+        GpuKernel::Fcoo => given.threadlen.is_some(),
+        GpuKernel::Flycoo => given.kappa.is_some(),
+    };
+    let say = |line: String| {
+        if !args.json {
+            println!("kernels    {line}");
+        }
+    };
+    let model = match TuneModel::cached() {
+        _ if args.gpu.no_model => Err("--no-model".to_string()),
+        Ok(m) if m.is_trained() => Ok(m),
+        Ok(_) => Err("the tuning model is untrained".to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    // The model's parameters, where no flag gives one.
+    let with = |k: GpuKernel, o: kruskal_device::GpuOptions| {
+        let opts = kruskal_device::GpuOptions {
+            kappa: given.kappa.or(o.kappa),
+            threadlen: given.threadlen.or(o.threadlen),
+            block_bits: given.block_bits.or(o.block_bits),
+            deterministic: given.deterministic,
+        };
+        (k, opts)
+    };
+    match (kernel, model) {
+        (GpuKernel::Auto, Err(why)) => {
+            say(format!(
+                "timing fcoo, flycoo and hicoo at their defaults ({why})"
+            ));
+            AUTO_CANDIDATES
+                .iter()
+                .map(|&k| (k, given.clone()))
+                .collect()
+        }
+        (_, Err(_)) => vec![(kernel, given)],
+        (_, Ok(_)) if param_given => vec![(kernel, given)],
+        (_, Ok(model)) => {
+            let start = Instant::now();
+            let features = kruskal_formats::TensorFeatures::compute(t);
+            let features_s = start.elapsed().as_secs_f64();
+            if kernel == GpuKernel::Auto {
+                let ranked = model.predict(&features, rank).unwrap_or_default();
+                let top: Vec<_> = ranked.iter().take(MODEL_CANDIDATES).collect();
+                let names: Vec<String> = top
+                    .iter()
+                    .map(|p| format!("{} ({:.2} ms)", p.config.flags(sms), p.total_ms))
+                    .collect();
+                say(format!(
+                    "the tuning model's first {} for this tensor (features in {features_s:.2} s): {}",
+                    top.len(),
+                    names.join(", ")
+                ));
+                if top.is_empty() {
+                    return AUTO_CANDIDATES
+                        .iter()
+                        .map(|&k| (k, given.clone()))
+                        .collect();
+                }
+                top.iter()
+                    .map(|p| with(p.config.kernel(), p.config.options(sms)))
+                    .collect()
+            } else {
+                let picked = choose(&features, rank, Some(kernel));
+                say(format!(
+                    "{} (the tuning model's best {} parameter; features in {features_s:.2} s)",
+                    picked.config.flags(sms),
+                    kernel.name()
+                ));
+                vec![with(kernel, picked.config.options(sms))]
+            }
+        }
     }
 }
 
