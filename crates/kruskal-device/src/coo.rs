@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
 use kruskal_formats::SparseTensor;
 use ndarray::Array2;
 
-use crate::{DeviceError, Gpu, GpuMttkrp, Result, driver, grid_stride};
+use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 
 /// Every factor matrix on the device: rows of all modes concatenated in one
 /// buffer (`rank` floats each), and each mode's first row.
@@ -254,32 +254,12 @@ impl CooAtomic {
     }
 }
 
-impl GpuMttkrp for CooAtomic {
-    fn name(&self) -> &'static str {
-        "coo"
-    }
-
-    fn gpu(&self) -> &Arc<Gpu> {
-        &self.gpu
-    }
-
-    fn dims(&self) -> &[u32] {
-        &self.dims
-    }
-
-    fn mttkrp(
-        &mut self,
-        mode: usize,
-        factors: &DeviceFactors,
-        out: &mut CudaSlice<f32>,
-    ) -> Result<()> {
-        CooAtomic::mttkrp(self, mode, factors, out)
-    }
-}
+forward_gpu_mttkrp!(CooAtomic, "coo");
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::GpuMttkrp;
     use crate::testutil::factors;
     use kruskal_cpu::{mttkrp_reference, relative_error};
     use kruskal_formats::generate::{PowerLawSpec, power_law};

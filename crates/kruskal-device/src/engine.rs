@@ -111,6 +111,30 @@ pub struct LaunchParams {
 }
 
 impl GpuOptions {
+    /// Whether these options set `kernel`'s launch parameter (threadlen for
+    /// fcoo, block bits for hicoo, kappa for flycoo; coo has none to set,
+    /// so it counts as given).
+    pub fn sets_parameter_of(&self, kernel: GpuKernel) -> bool {
+        match kernel {
+            GpuKernel::Auto => false,
+            GpuKernel::CooAtomic => true,
+            GpuKernel::Hicoo => self.block_bits.is_some(),
+            GpuKernel::Fcoo => self.threadlen.is_some(),
+            GpuKernel::Flycoo => self.kappa.is_some(),
+        }
+    }
+
+    /// These options, with every parameter they leave open taken from
+    /// `fill` (e.g. the tuning model's choice); `deterministic` stays.
+    pub fn or(&self, fill: &GpuOptions) -> GpuOptions {
+        GpuOptions {
+            kappa: self.kappa.or(fill.kappa),
+            threadlen: self.threadlen.or(fill.threadlen),
+            block_bits: self.block_bits.or(fill.block_bits),
+            deterministic: self.deterministic,
+        }
+    }
+
     /// The parameters these options give on a GPU of `sms` SMs, defaults
     /// filled in: kappa 4 per SM, threadlen
     /// [`crate::fcoo::DEFAULT_THREADLEN`], block bits
@@ -177,6 +201,24 @@ mod tests {
         assert_eq!(
             "auto".parse::<GpuKernel>().unwrap().resolve(),
             GpuKernel::Fcoo
+        );
+        let given = GpuOptions {
+            threadlen: Some(16),
+            ..GpuOptions::default()
+        };
+        assert!(given.sets_parameter_of(GpuKernel::Fcoo));
+        assert!(!given.sets_parameter_of(GpuKernel::Hicoo));
+        assert!(GpuOptions::default().sets_parameter_of(GpuKernel::CooAtomic));
+        let fill = GpuOptions {
+            threadlen: Some(4),
+            block_bits: Some(6),
+            deterministic: true,
+            ..GpuOptions::default()
+        };
+        let both = given.or(&fill);
+        assert_eq!(
+            (both.threadlen, both.block_bits, both.deterministic),
+            (Some(16), Some(6), false)
         );
         let p = GpuOptions::default().resolve(132);
         assert_eq!((p.kappa, p.threadlen, p.block_bits), (528, 8, 7));

@@ -17,7 +17,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kruskal_formats::{Fcoo, FcooOp, SparseTensor};
 
 use crate::coo::{DeviceFactors, check_operands};
-use crate::{DeviceError, Gpu, GpuMttkrp, Result, driver, grid_stride};
+use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 
 /// Warps per thread block: a block holds `threadlen * 32 * WARPS`
 /// nonzeros (the CPU engine's `BLOCK_THREADS = 512` threads).
@@ -356,32 +356,12 @@ impl FcooGpu {
     }
 }
 
-impl GpuMttkrp for FcooGpu {
-    fn name(&self) -> &'static str {
-        "fcoo"
-    }
-
-    fn gpu(&self) -> &Arc<Gpu> {
-        &self.gpu
-    }
-
-    fn dims(&self) -> &[u32] {
-        &self.dims
-    }
-
-    fn mttkrp(
-        &mut self,
-        mode: usize,
-        factors: &DeviceFactors,
-        out: &mut CudaSlice<f32>,
-    ) -> Result<()> {
-        FcooGpu::mttkrp(self, mode, factors, out)
-    }
-}
+forward_gpu_mttkrp!(FcooGpu, "fcoo");
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::GpuMttkrp;
     use crate::testutil::{check_engine, factors, hot_tensors, model_error};
     use kruskal_cpu::mttkrp_reference;
     use kruskal_formats::generate::{PowerLawSpec, power_law};

@@ -8,7 +8,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kruskal_formats::flycoo::Flycoo;
 
 use crate::coo::{DeviceFactors, check_operands};
-use crate::{DeviceError, Gpu, GpuMttkrp, Result, driver, grid_stride};
+use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 
 /// Warps per thread block (the paper's P).
 pub const WARPS: u32 = 8;
@@ -361,32 +361,12 @@ fn defines(nmodes: usize, rank: usize, deterministic: bool) -> Vec<(&'static str
     d
 }
 
-impl GpuMttkrp for FlycooGpu {
-    fn name(&self) -> &'static str {
-        "flycoo"
-    }
-
-    fn gpu(&self) -> &Arc<Gpu> {
-        &self.gpu
-    }
-
-    fn dims(&self) -> &[u32] {
-        &self.dims
-    }
-
-    fn mttkrp(
-        &mut self,
-        mode: usize,
-        factors: &DeviceFactors,
-        out: &mut CudaSlice<f32>,
-    ) -> Result<()> {
-        FlycooGpu::mttkrp(self, mode, factors, out)
-    }
-}
+forward_gpu_mttkrp!(FlycooGpu, "flycoo");
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::GpuMttkrp;
     use crate::testutil::factors;
     use kruskal_cpu::{mttkrp_reference, relative_error};
     use kruskal_formats::generate::{PowerLawSpec, power_law};

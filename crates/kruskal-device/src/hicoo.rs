@@ -20,7 +20,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kruskal_formats::{Hicoo, SparseTensor};
 
 use crate::coo::{DeviceFactors, check_operands};
-use crate::{DeviceError, Gpu, GpuMttkrp, Result, driver, grid_stride};
+use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 
 /// Warps per thread block.
 pub const WARPS: u32 = 8;
@@ -370,32 +370,12 @@ impl HicooGpu {
     }
 }
 
-impl GpuMttkrp for HicooGpu {
-    fn name(&self) -> &'static str {
-        "hicoo"
-    }
-
-    fn gpu(&self) -> &Arc<Gpu> {
-        &self.gpu
-    }
-
-    fn dims(&self) -> &[u32] {
-        &self.dims
-    }
-
-    fn mttkrp(
-        &mut self,
-        mode: usize,
-        factors: &DeviceFactors,
-        out: &mut CudaSlice<f32>,
-    ) -> Result<()> {
-        HicooGpu::mttkrp(self, mode, factors, out)
-    }
-}
+forward_gpu_mttkrp!(HicooGpu, "hicoo");
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::GpuMttkrp;
     use crate::testutil::{check_engine, factors, hot_tensors, model_error};
     use kruskal_cpu::mttkrp_reference;
     use kruskal_formats::generate::{PowerLawSpec, power_law};

@@ -35,6 +35,35 @@
 //! }
 //! ```
 
+/// Implements [`GpuMttkrp`] for an engine with `gpu` and `dims` fields and
+/// an inherent `mttkrp`, under the name `--kernel` spells.
+macro_rules! forward_gpu_mttkrp {
+    ($engine:ty, $name:literal) => {
+        impl $crate::GpuMttkrp for $engine {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn gpu(&self) -> &std::sync::Arc<$crate::Gpu> {
+                &self.gpu
+            }
+
+            fn dims(&self) -> &[u32] {
+                &self.dims
+            }
+
+            fn mttkrp(
+                &mut self,
+                mode: usize,
+                factors: &$crate::coo::DeviceFactors,
+                out: &mut cudarc::driver::CudaSlice<f32>,
+            ) -> $crate::Result<()> {
+                <$engine>::mttkrp(self, mode, factors, out)
+            }
+        }
+    };
+}
+
 pub mod coo;
 pub mod dense;
 pub mod engine;

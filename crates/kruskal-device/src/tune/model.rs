@@ -135,6 +135,16 @@ impl TuneModel {
         self.regressor.is_some()
     }
 
+    /// The cached model when it is trained, else why it cannot be used
+    /// (what `--kernel auto` prints before falling back to the defaults).
+    pub fn usable() -> std::result::Result<&'static TuneModel, String> {
+        match Self::cached() {
+            Ok(m) if m.is_trained() => Ok(m),
+            Ok(_) => Err("the tuning model is untrained".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
     /// Parses a model file's text; `what` names it in errors.
     pub fn from_json(text: &str, what: &str) -> Result<Self> {
         let bad = |m: String| DeviceError::Tune(format!("{what}: {m}"));

@@ -154,7 +154,8 @@ pub struct GpuArgs {
     /// GPU hicoo: blocks 2^b indices wide, b from 1 to 8 (default 7).
     #[arg(long)]
     pub block_bits: Option<u32>,
-    /// GPU: ignore the tuning model (fixed default engine and parameters).
+    /// GPU: ignore the tuning model; `auto` is the fixed default and every
+    /// parameter not given is the fixed default.
     #[arg(long)]
     pub no_model: bool,
 }

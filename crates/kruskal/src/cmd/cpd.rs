@@ -369,34 +369,19 @@ fn gpu_candidates(
 ) -> Vec<(GpuKernel, kruskal_device::GpuOptions)> {
     use kruskal_device::tune::{TuneModel, choose};
     let given = args.gpu.options();
-    let param_given = match kernel {
-        GpuKernel::Auto => false,
-        GpuKernel::CooAtomic => true,
-        GpuKernel::Hicoo => given.block_bits.is_some(),
-        GpuKernel::Fcoo => given.threadlen.is_some(),
-        GpuKernel::Flycoo => given.kappa.is_some(),
-    };
     let say = |line: String| {
         if !args.json {
             println!("kernels    {line}");
         }
     };
-    let model = match TuneModel::cached() {
-        _ if args.gpu.no_model => Err("--no-model".to_string()),
-        Ok(m) if m.is_trained() => Ok(m),
-        Ok(_) => Err("the tuning model is untrained".to_string()),
-        Err(e) => Err(e.to_string()),
+    let model = if args.gpu.no_model {
+        Err("--no-model".to_string())
+    } else {
+        TuneModel::usable()
     };
+    let param_given = given.sets_parameter_of(kernel);
     // The model's parameters, where no flag gives one.
-    let with = |k: GpuKernel, o: kruskal_device::GpuOptions| {
-        let opts = kruskal_device::GpuOptions {
-            kappa: given.kappa.or(o.kappa),
-            threadlen: given.threadlen.or(o.threadlen),
-            block_bits: given.block_bits.or(o.block_bits),
-            deterministic: given.deterministic,
-        };
-        (k, opts)
-    };
+    let with = |k: GpuKernel, o: kruskal_device::GpuOptions| (k, given.or(&o));
     match (kernel, model) {
         (GpuKernel::Auto, Err(why)) => {
             say(format!(

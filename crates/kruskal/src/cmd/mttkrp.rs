@@ -9,7 +9,7 @@ use kruskal_cpu::{CpuKernel, MttkrpEngine, mttkrp_reference, relative_error};
 use ndarray::Array2;
 use serde_json::json;
 
-use super::common::{InputArgs, dims_text, parse_cpu_kernel, set_threads, thousands};
+use super::common::{GpuArgs, InputArgs, dims_text, parse_cpu_kernel, set_threads, thousands};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendChoice {
@@ -41,24 +41,8 @@ pub struct MttkrpArgs {
     /// model's best for that engine.
     #[arg(long, default_value = "auto")]
     pub kernel: String,
-    /// GPU: ignore the tuning model; `auto` is fcoo and every parameter
-    /// not given is the fixed default.
-    #[arg(long)]
-    pub no_model: bool,
-    /// GPU flycoo: sum pieces of split rows in a fixed order (bit-identical
-    /// results run to run) instead of by atomics.
-    #[arg(long)]
-    pub deterministic: bool,
-    /// GPU flycoo: LPT partitions (thread blocks) per mode (default 4 per SM).
-    #[arg(long)]
-    pub kappa: Option<usize>,
-    /// GPU fcoo: nonzeros per thread, a power of two from 1 to 256
-    /// (default 8).
-    #[arg(long)]
-    pub threadlen: Option<usize>,
-    /// GPU hicoo: blocks 2^b indices wide, b from 1 to 8 (default 7).
-    #[arg(long)]
-    pub block_bits: Option<u32>,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
     /// Also compare each mode with the f64 reference (slow on big tensors).
     #[arg(long)]
     pub verify: bool,
@@ -316,21 +300,9 @@ fn choose_gpu(
     sms: usize,
     features: &mut Option<(kruskal_formats::TensorFeatures, f64)>,
 ) -> GpuChoice {
+    use kruskal_device::GpuKernel;
     use kruskal_device::tune::{TuneModel, choose};
-    use kruskal_device::{GpuKernel, GpuOptions};
-    let given = GpuOptions {
-        deterministic: args.deterministic,
-        kappa: args.kappa,
-        threadlen: args.threadlen,
-        block_bits: args.block_bits,
-    };
-    let param_given = match kernel {
-        GpuKernel::Auto => false,
-        GpuKernel::CooAtomic => true,
-        GpuKernel::Hicoo => given.block_bits.is_some(),
-        GpuKernel::Fcoo => given.threadlen.is_some(),
-        GpuKernel::Flycoo => given.kappa.is_some(),
-    };
+    let given = args.gpu.options();
     let mut choice = GpuChoice {
         requested: kernel,
         kernel: kernel.resolve(),
@@ -340,17 +312,13 @@ fn choose_gpu(
         reason: None,
         features_s: 0.0,
     };
-    if param_given {
+    if given.sets_parameter_of(kernel) {
         return choice;
     }
-    let why_not = if args.no_model {
+    let why_not = if args.gpu.no_model {
         Some("--no-model".to_string())
     } else {
-        match TuneModel::cached() {
-            Ok(m) if m.is_trained() => None,
-            Ok(_) => Some("the tuning model is untrained".into()),
-            Err(e) => Some(e.to_string()),
-        }
+        TuneModel::usable().err()
     };
     if let Some(reason) = why_not {
         choice.source = "default";
@@ -366,12 +334,7 @@ fn choose_gpu(
     let picked = choose(f, args.rank, engine);
     let model = picked.config.options(sms);
     choice.kernel = picked.config.kernel();
-    choice.opts = GpuOptions {
-        kappa: given.kappa.or(model.kappa),
-        threadlen: given.threadlen.or(model.threadlen),
-        block_bits: given.block_bits.or(model.block_bits),
-        ..given
-    };
+    choice.opts = given.or(&model);
     choice.features_s = *features_s;
     choice.predicted_ms = picked.predicted_ms;
     if picked.predicted_ms.is_some() {
@@ -460,7 +423,7 @@ fn time_gpu_kernel(
             p.sms,
             bandwidth / 1e12,
             engine.name(),
-            if args.deterministic && engine.name() == "flycoo" {
+            if args.gpu.deterministic && engine.name() == "flycoo" {
                 " (deterministic)"
             } else {
                 ""
@@ -529,7 +492,7 @@ fn time_gpu_kernel(
     Ok(json!({
         "tensor": { "source": loaded.source, "dims": t.dims(), "nnz": t.nnz() },
         "backend": "gpu", "kernel": engine.name(), "choice": choice.json(p.sms),
-        "deterministic": args.deterministic,
+        "deterministic": args.gpu.deterministic,
         "gpu": p.name, "copy_bandwidth_bytes_per_s": bandwidth, "rank": args.rank,
         "repeat": args.repeat, "prepare_s": prep_s, "modes": rows,
         "total_median_ms": total_ms, "floor_ms": floor_total,
