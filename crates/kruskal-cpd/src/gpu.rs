@@ -25,7 +25,7 @@ use serde::Serialize;
 use crate::backend::{Backend, ColumnNorms};
 use crate::error::{CpdError, Result};
 
-fn device(e: DeviceError) -> CpdError {
+pub(crate) fn device(e: DeviceError) -> CpdError {
     CpdError::Backend(e.to_string())
 }
 
@@ -76,11 +76,52 @@ pub struct GpuBackend {
 }
 
 /// `sum_i M(i, r) A(i, r)` from a mode's update, and the column scales
-/// applied to A since.
+/// applied to A since: gives the fit's inner products without another pass
+/// over M and A (equal to the sums over the scaled factor up to the
+/// rounding of the scaled entries).
 #[derive(Clone)]
-struct InnerSums {
+pub(crate) struct InnerSums {
     sums: Vec<f64>,
     scales: Option<Vec<f32>>,
+}
+
+impl InnerSums {
+    pub(crate) fn new(sums: Vec<f64>) -> Self {
+        InnerSums { sums, scales: None }
+    }
+
+    /// Records that A's columns were multiplied by `inv`.
+    pub(crate) fn scale(&mut self, inv: &[f32]) {
+        let s = self.scales.get_or_insert_with(|| vec![1.0; inv.len()]);
+        s.iter_mut().zip(inv).for_each(|(s, &i)| *s *= i);
+    }
+
+    /// `sum_i M(i, r) A(i, r)` for the current A.
+    pub(crate) fn products(&self) -> Vec<f64> {
+        match &self.scales {
+            Some(s) => self
+                .sums
+                .iter()
+                .zip(s)
+                .map(|(&x, &s)| x * f64::from(s))
+                .collect(),
+            None => self.sums.clone(),
+        }
+    }
+
+    /// The inner products of `mode`, or the error saying what must come
+    /// first.
+    pub(crate) fn of(inner: &[Option<InnerSums>], mode: usize) -> Result<Vec<f64>> {
+        inner
+            .get(mode)
+            .and_then(Option::as_ref)
+            .map(InnerSums::products)
+            .ok_or_else(|| {
+                CpdError::Backend(format!(
+                    "the inner products of mode {mode} need its MTTKRP and update first"
+                ))
+            })
+    }
 }
 
 impl GpuBackend {
@@ -412,10 +453,7 @@ impl Backend for GpuBackend {
                 rows,
             )
             .map_err(device)?;
-        self.inner[mode] = Some(InnerSums {
-            sums: stats.inner,
-            scales: None,
-        });
+        self.inner[mode] = Some(InnerSums::new(stats.inner));
         Ok(ColumnNorms {
             two: stats.sumsq.into_iter().map(f64::sqrt).collect(),
             max_abs: stats.max_abs,
@@ -432,9 +470,8 @@ impl Backend for GpuBackend {
         let g = dense
             .scale_gram(&mut factors.mode_mut(mode), Some(&inv), rows)
             .map_err(device)?;
-        if let Some(InnerSums { scales, .. }) = &mut self.inner[mode] {
-            let s = scales.get_or_insert_with(|| vec![1.0; rank]);
-            s.iter_mut().zip(&inv).for_each(|(s, &i)| *s *= i);
+        if let Some(inner) = &mut self.inner[mode] {
+            inner.scale(&inv);
         }
         square(g, rank)
     }
@@ -443,19 +480,7 @@ impl Backend for GpuBackend {
     /// since: equal to the sum over the scaled factor up to the rounding of
     /// the scaled entries, without another pass over M and A.
     fn inner_products(&mut self, mode: usize) -> Result<Vec<f64>> {
-        let InnerSums { sums, scales } = self.inner[mode].as_ref().ok_or_else(|| {
-            CpdError::Backend(format!(
-                "the inner products of mode {mode} need its MTTKRP and update first"
-            ))
-        })?;
-        Ok(match scales {
-            Some(s) => sums
-                .iter()
-                .zip(s)
-                .map(|(&x, &s)| x * f64::from(s))
-                .collect(),
-            None => sums.clone(),
-        })
+        InnerSums::of(&self.inner, mode)
     }
 
     fn take_factors(&mut self) -> Result<Vec<Array2<f32>>> {
@@ -467,6 +492,6 @@ impl Backend for GpuBackend {
     }
 }
 
-fn square(g: Vec<f64>, rank: usize) -> Result<Array2<f64>> {
+pub(crate) fn square(g: Vec<f64>, rank: usize) -> Result<Array2<f64>> {
     Array2::from_shape_vec((rank, rank), g).map_err(|e| CpdError::Backend(e.to_string()))
 }

@@ -1,6 +1,6 @@
 //! CP decomposition by alternating least squares (CPD-ALS) for sparse
 //! tensors, over a [`Backend`] trait so the same driver runs on the CPU
-//! ([`CpuBackend`]), one GPU ([`GpuBackend`]) or several.
+//! ([`CpuBackend`]), one GPU ([`GpuBackend`]) or several ([`GroupBackend`]).
 //!
 //! ```
 //! use kruskal_cpd::{cpd_als, CpdOptions, CpuBackend};
@@ -20,6 +20,7 @@ pub mod dense;
 pub mod error;
 pub mod gpu;
 pub mod model;
+pub mod multi;
 pub mod score;
 
 pub(crate) use als::check_factor_shapes;
@@ -28,4 +29,5 @@ pub use backend::{Backend, ColumnNorms, CpuBackend};
 pub use error::{CpdError, Result};
 pub use gpu::{GpuBackend, KernelPlan};
 pub use model::{IterationStats, KruskalModel, load_factors};
+pub use multi::{GroupBackend, ModeBreakdown};
 pub use score::factor_match_score;

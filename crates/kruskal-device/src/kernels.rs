@@ -64,6 +64,12 @@ pub const SOURCES: &[KernelSource] = &[
         ],
     },
     KernelSource {
+        file: "mttkrp_shard.cu",
+        text: include_str!("../../../kernels/mttkrp_shard.cu"),
+        per_mode: true,
+        variants: &[&[("WARPS", crate::group::WARPS as i64)]],
+    },
+    KernelSource {
         file: "dense.cu",
         text: include_str!("../../../kernels/dense.cu"),
         per_mode: false,

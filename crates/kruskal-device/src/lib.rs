@@ -20,6 +20,10 @@
 //!   dynamic remap in the same pass).
 //! - [`dense`]: the dense steps of CPD-ALS (factor update with column
 //!   statistics, scaling, Gram matrix), f64 sums in a fixed order.
+//! - [`group`]: several GPUs of one host (AMPED): a worker thread per GPU,
+//!   row shards resident or streamed from pinned host memory, factor rows
+//!   all-gathered by NCCL or peer-to-peer copies after every mode.
+//! - [`nccl`]: NCCL, found and loaded by kruskal (`libnccl.so.2`).
 //! - [`tune`]: the adaptive choice of engine and launch parameters from a
 //!   tensor's features (a trained regression tree, the sweep that measures
 //!   its training data, training and evaluation).
@@ -70,8 +74,10 @@ pub mod engine;
 pub mod fcoo;
 pub mod flycoo;
 pub mod gpu;
+pub mod group;
 pub mod hicoo;
 pub mod kernels;
+pub mod nccl;
 pub mod probe;
 pub mod tune;
 
@@ -92,6 +98,7 @@ pub use engine::{GpuKernel, GpuOptions, LaunchParams, build_engine};
 pub use fcoo::FcooGpu;
 pub use flycoo::FlycooGpu;
 pub use gpu::{Gpu, GpuProperties};
+pub use group::{Exchange, GpuGroup, GroupOptions, MttkrpTimes, Residency, StreamPolicy};
 pub use hicoo::HicooGpu;
 
 use cudarc::driver::DriverError;
@@ -144,6 +151,26 @@ pub enum DeviceError {
     /// Operands of the wrong shape.
     #[error("shape mismatch: {0}")]
     Shape(String),
+
+    /// One GPU of a group failed; the group has stopped.
+    #[error("GPU {gpu} ({name}): {message}")]
+    GroupMember {
+        gpu: usize,
+        name: String,
+        message: String,
+    },
+
+    /// A GPU operation did not finish in time.
+    #[error("timed out: {0}")]
+    Timeout(String),
+
+    /// The group stopped after an earlier error.
+    #[error("the GPU group has stopped: {0}")]
+    Aborted(String),
+
+    /// An NCCL call failed, or NCCL was asked for and is missing.
+    #[error("NCCL: {0}")]
+    Nccl(String),
 
     /// A tuning model or measurements file that cannot be used.
     #[error("tuning: {0}")]

@@ -9,6 +9,9 @@
 //! - [`flycoo`]: the FLYCOO tensor built from the layouts of every mode.
 //! - [`shard`]: AMPED plans: per mode, output rows to GPUs (shards), each
 //!   shard cut into equal inter-shard partitions (ISPs).
+//! - [`rows`]: the multi-GPU group's plan: whole rows per GPU by LPT,
+//!   relabeled so each GPU owns one contiguous range, and the per-mode
+//!   elements its shards are cut from.
 //!
 //! ```
 //! use kruskal_formats::generate::{power_law, PowerLawSpec};
@@ -24,10 +27,12 @@
 pub mod flycoo;
 pub mod layout;
 pub mod lpt;
+pub mod rows;
 pub mod shard;
 
 pub use layout::{LayoutOptions, ModeLayout};
 pub use lpt::{Assignment, Balance, Policy, cyclic, lpt};
+pub use rows::RowShards;
 pub use shard::{ShardOptions, ShardPlan};
 
 use kruskal_formats::FormatError;

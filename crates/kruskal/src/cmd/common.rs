@@ -171,6 +171,117 @@ impl GpuArgs {
     }
 }
 
+/// Several GPUs (`kruskal cpd` and `kruskal mttkrp`).
+#[derive(Args, Clone, Debug, Default)]
+pub struct MultiGpuArgs {
+    /// Run on several GPUs of this host: a count (the first N) or `all`.
+    /// Each GPU gets whole output rows of every mode (AMPED shards);
+    /// rows are exchanged after every mode.
+    #[arg(long, value_name = "N|all")]
+    pub gpus: Option<String>,
+    /// How factor rows travel between GPUs: nccl (default when NCCL
+    /// loads) or p2p (peer-to-peer copies around the ring).
+    #[arg(long, value_name = "nccl|p2p", requires = "gpus")]
+    pub exchange: Option<String>,
+    /// Stream shards from pinned host memory: auto (only what does not
+    /// fit), always, never.
+    #[arg(
+        long,
+        value_name = "auto|always|never",
+        default_value = "auto",
+        requires = "gpus"
+    )]
+    pub stream: String,
+    /// CUDA streams a streamed shard is copied on.
+    #[arg(long, default_value_t = 3, requires = "gpus")]
+    pub streams: usize,
+    /// Size of a streamed segment, MiB.
+    #[arg(long, default_value_t = 256, requires = "gpus")]
+    pub segment_mb: usize,
+    /// Longest wait for a GPU operation before the run stops with an error
+    /// naming the GPU, seconds.
+    #[arg(long, default_value_t = 300, requires = "gpus")]
+    pub gpu_timeout_s: u64,
+}
+
+impl MultiGpuArgs {
+    /// The GPU ordinals `--gpus` names (`None` without `--gpus`).
+    pub fn ordinals(&self) -> Result<Option<Vec<usize>>> {
+        let Some(text) = &self.gpus else {
+            return Ok(None);
+        };
+        let count = kruskal_device::Gpu::count()?;
+        let n = if text == "all" {
+            count
+        } else {
+            text.parse::<usize>()
+                .map_err(|_| anyhow::anyhow!("--gpus takes a count or 'all', not '{text}'"))?
+        };
+        if n == 0 {
+            bail!("--gpus must be at least 1");
+        }
+        if n > count {
+            bail!("--gpus {n}: this machine has {count} CUDA GPU(s)");
+        }
+        Ok(Some((0..n).collect()))
+    }
+
+    pub fn options(&self) -> Result<kruskal_device::GroupOptions> {
+        use kruskal_device::{Exchange, StreamPolicy};
+        let exchange = match self.exchange.as_deref() {
+            None => None,
+            Some("nccl") => Some(Exchange::Nccl),
+            Some("p2p") => Some(Exchange::P2p),
+            Some(other) => bail!("--exchange takes nccl or p2p, not '{other}'"),
+        };
+        let stream = match self.stream.as_str() {
+            "auto" => StreamPolicy::Auto,
+            "always" => StreamPolicy::Always,
+            "never" => StreamPolicy::Never,
+            other => bail!("--stream takes auto, always or never, not '{other}'"),
+        };
+        if self.streams == 0 || self.segment_mb == 0 || self.gpu_timeout_s == 0 {
+            bail!("--streams, --segment-mb and --gpu-timeout-s must be at least 1");
+        }
+        Ok(kruskal_device::GroupOptions {
+            exchange,
+            stream,
+            streams: self.streams,
+            segment_bytes: self.segment_mb << 20,
+            timeout: std::time::Duration::from_secs(self.gpu_timeout_s),
+            fault: None,
+        })
+    }
+
+    /// Builds the group, printing its plan unless `quiet`.
+    pub fn group(
+        &self,
+        ordinals: &[usize],
+        t: &kruskal_formats::SparseTensor,
+        rank: usize,
+        quiet: bool,
+    ) -> Result<kruskal_device::GpuGroup> {
+        let opts = self.options()?;
+        let mut say = |line: &str| {
+            if !quiet {
+                println!("gpus       {line}");
+            }
+        };
+        let group = kruskal_device::GpuGroup::new(ordinals, t, rank, &opts, &mut say)?;
+        if !quiet {
+            for line in group.describe() {
+                println!("           {line}");
+            }
+            match (group.exchange(), group.exchange_note()) {
+                (Some(e), None) => println!("exchange   {}", e.name()),
+                (Some(_), Some(note)) => println!("exchange   {note}"),
+                (None, _) => println!("exchange   none (one GPU)"),
+            }
+        }
+        Ok(group)
+    }
+}
+
 /// `12.3 GiB`.
 pub fn gib(bytes: usize) -> String {
     format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)

@@ -11,8 +11,8 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use kruskal_cpd::gpu::required_bytes;
 use kruskal_cpd::{
-    Backend, CpdOptions, CpuBackend, GpuBackend, Init, IterationStats, KernelPlan, KruskalModel,
-    cpd_als_with, factor_match_score, load_factors,
+    Backend, CpdOptions, CpuBackend, GpuBackend, GroupBackend, Init, IterationStats, KernelPlan,
+    KruskalModel, cpd_als_with, factor_match_score, load_factors,
 };
 use kruskal_cpu::CpuKernel;
 use kruskal_device::{Gpu, GpuKernel};
@@ -20,7 +20,9 @@ use kruskal_formats::SparseTensor;
 use kruskal_formats::generate::{PlantedSpec, planted};
 use serde_json::json;
 
-use super::common::{GpuArgs, InputArgs, Loaded, dims_text, gib, set_threads, thousands};
+use super::common::{
+    GpuArgs, InputArgs, Loaded, MultiGpuArgs, dims_text, gib, set_threads, thousands,
+};
 
 /// Where the decomposition runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -79,6 +81,8 @@ pub struct CpdArgs {
     pub kernel: String,
     #[command(flatten)]
     pub gpu: GpuArgs,
+    #[command(flatten)]
+    pub multi: MultiGpuArgs,
     /// Worker threads (default: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -247,6 +251,9 @@ pub fn run(args: CpdArgs) -> Result<()> {
         if let Some(plan) = &plan {
             print_plan(plan);
         }
+        if let Chosen::Group(b) = &backend {
+            print_breakdown(b);
+        }
         print_summary(&model, cpd_s, starts, fms, args.out.as_ref());
     }
     if model.interrupted {
@@ -270,6 +277,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
 enum Chosen {
     Cpu(CpuBackend),
     Gpu(Box<GpuBackend>),
+    Group(Box<GroupBackend>),
 }
 
 impl Chosen {
@@ -277,6 +285,7 @@ impl Chosen {
         match self {
             Chosen::Cpu(b) => b,
             Chosen::Gpu(b) => b.as_mut(),
+            Chosen::Group(b) => b.as_mut(),
         }
     }
 
@@ -284,14 +293,64 @@ impl Chosen {
         match self {
             Chosen::Cpu(b) => b.describe(),
             Chosen::Gpu(b) => b.describe(),
+            Chosen::Group(b) => b.describe(),
         }
     }
 
     fn plan(&self) -> Option<KernelPlan> {
         match self {
-            Chosen::Cpu(_) => None,
             Chosen::Gpu(b) => Some(b.plan()),
+            Chosen::Cpu(_) | Chosen::Group(_) => None,
         }
+    }
+}
+
+/// The group backend `--gpus` asks for: the `shard` kernel on every GPU.
+fn group_backend(
+    args: &CpdArgs,
+    ordinals: &[usize],
+    t: &SparseTensor,
+    rank: usize,
+) -> Result<Chosen> {
+    if args.backend == BackendChoice::Cpu {
+        bail!("--gpus runs on GPUs; it cannot be combined with --backend cpu");
+    }
+    if !matches!(args.kernel.as_str(), "auto" | "shard") {
+        bail!(
+            "--gpus runs the shard kernel on every GPU; --kernel {} is for one GPU or the CPU",
+            args.kernel
+        );
+    }
+    let group = args.multi.group(ordinals, t, rank, args.json)?;
+    Ok(Chosen::Group(Box::new(GroupBackend::new(group, t))))
+}
+
+/// Per mode, where the time went on several GPUs (after the first
+/// iteration).
+fn print_breakdown(b: &GroupBackend) {
+    println!(
+        "per mode   ms per iteration after the first (slowest GPU): h2d, kernel, MTTKRP, update, exchange; MTTKRP per GPU"
+    );
+    for (mode, m) in b.breakdown().iter().enumerate() {
+        if m.calls == 0 {
+            continue;
+        }
+        let c = m.calls as f64;
+        let per_gpu: Vec<String> = m
+            .per_gpu_mttkrp_ms
+            .iter()
+            .map(|x| format!("{:.2}", x / c))
+            .collect();
+        println!(
+            "  mode {}: h2d {:.2}, kernel {:.2}, MTTKRP {:.2}, update {:.2}, exchange {:.2}; [{}]",
+            mode + 1,
+            m.h2d_ms / c,
+            m.kernel_ms / c,
+            m.mttkrp_ms / c,
+            m.update_ms / c,
+            m.exchange_ms / c,
+            per_gpu.join(" ")
+        );
     }
 }
 
@@ -299,6 +358,9 @@ impl Chosen {
 /// GPU that cannot be used (none, no memory for the run, a rank beyond the
 /// GPU kernels, a CPU-only kernel) gives the CPU backend and the reason.
 fn make_backend(args: &CpdArgs, t: &SparseTensor, rank: usize) -> Result<(Chosen, Option<String>)> {
+    if let Some(ordinals) = args.multi.ordinals()? {
+        return Ok((group_backend(args, &ordinals, t, rank)?, None));
+    }
     let name = args.kernel.as_str();
     let cpu_kernel = name.parse::<CpuKernel>().ok();
     let gpu_kernel = name.parse::<GpuKernel>().ok();
@@ -639,6 +701,18 @@ fn print_json(
             "gpu",
             serde_json::to_value(b.plan())?,
             Some(b.gpu().properties().name.clone()),
+        ),
+        Chosen::Group(b) => (
+            "gpus",
+            json!({
+                "name": "shard",
+                "gpus": b.group().gpus().iter().map(|g| g.properties().ordinal).collect::<Vec<_>>(),
+                "exchange": b.group().exchange().map(|e| e.name()),
+                "exchange_note": b.group().exchange_note(),
+                "placement": b.group().describe(),
+                "breakdown": b.breakdown(),
+            }),
+            Some(b.group().gpus()[0].properties().name.clone()),
         ),
     };
     let value = json!({

@@ -9,7 +9,9 @@ use kruskal_cpu::{CpuKernel, MttkrpEngine, mttkrp_reference, relative_error};
 use ndarray::Array2;
 use serde_json::json;
 
-use super::common::{GpuArgs, InputArgs, dims_text, parse_cpu_kernel, set_threads, thousands};
+use super::common::{
+    GpuArgs, InputArgs, MultiGpuArgs, dims_text, parse_cpu_kernel, set_threads, thousands,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendChoice {
@@ -43,6 +45,8 @@ pub struct MttkrpArgs {
     pub kernel: String,
     #[command(flatten)]
     pub gpu: GpuArgs,
+    #[command(flatten)]
+    pub multi: MultiGpuArgs,
     /// Also compare each mode with the f64 reference (slow on big tensors).
     #[arg(long)]
     pub verify: bool,
@@ -82,6 +86,9 @@ pub fn run(args: MttkrpArgs) -> Result<()> {
             ),
         }
     };
+    if let Some(ordinals) = args.multi.ordinals()? {
+        return run_group(&args, &loaded, &modes, &ordinals);
+    }
     if args.backend == BackendChoice::Gpu {
         return run_gpu(&args, &loaded, &modes);
     }
@@ -271,6 +278,131 @@ fn run_gpu(args: &MttkrpArgs, loaded: &super::common::Loaded, modes: &[usize]) -
     }
     finish(&reports, args.json, "GPU MTTKRP")?;
     Ok(())
+}
+
+/// One timed sweep of one mode on a group: the slowest GPU's times, each
+/// GPU's MTTKRP milliseconds, and the exchange milliseconds.
+type Sample = (kruskal_device::MttkrpTimes, Vec<f64>, f64);
+
+/// `--gpus`: the shard kernel on every GPU of a group. Times `repeat`
+/// sweeps (after a warm-up) per mode: the MTTKRP (slowest GPU, with its
+/// copy and kernel time when streamed) and the exchange of the mode's rows
+/// that follows it in CPD-ALS.
+fn run_group(
+    args: &MttkrpArgs,
+    loaded: &super::common::Loaded,
+    modes: &[usize],
+    ordinals: &[usize],
+) -> Result<()> {
+    let t = &loaded.tensor;
+    if !matches!(args.kernel.as_str(), "auto" | "shard") {
+        bail!(
+            "--gpus runs the shard kernel on every GPU; --kernel {} is for one GPU or the CPU",
+            args.kernel
+        );
+    }
+    if !args.json {
+        println!("tensor   {}", loaded.source);
+        println!(
+            "         {}, {} nonzeros; rank {}",
+            dims_text(t.dims()),
+            thousands(t.nnz() as u64),
+            args.rank
+        );
+    }
+    let prep = Instant::now();
+    let mut group = args.multi.group(ordinals, t, args.rank, args.json)?;
+    let factors = random_factors(t.dims(), args.rank, 1);
+    group.load_factors(&factors)?;
+    let prep_s = prep.elapsed().as_secs_f64();
+    let gpus = group.gpus().len();
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); modes.len()];
+    for sweep in 0..=args.repeat {
+        for (k, &mode) in modes.iter().enumerate() {
+            group.mttkrp(mode)?;
+            let times = group.sync()?;
+            let exchange_ms = group.exchange_rows(mode)?;
+            if sweep > 0 {
+                let slowest = times
+                    .iter()
+                    .copied()
+                    .max_by(|a, b| a.total_ms.total_cmp(&b.total_ms))
+                    .unwrap_or_default();
+                let per_gpu = times.iter().map(|t| t.total_ms).collect();
+                samples[k].push((slowest, per_gpu, exchange_ms));
+            }
+        }
+    }
+    if !args.json {
+        println!(
+            "         {gpus} GPU(s), prepared in {prep_s:.2} s; ms per mode, median of {} (slowest GPU)",
+            args.repeat
+        );
+        println!(
+            "{:>6} {:>11} {:>10} {:>10} {:>11}  MTTKRP ms per GPU{}",
+            "mode",
+            "MTTKRP ms",
+            "h2d ms",
+            "kernel ms",
+            "exchange ms",
+            if args.verify { "   rel. error" } else { "" }
+        );
+    }
+    let views: Vec<_> = factors.iter().map(|f| f.view()).collect();
+    let mut rows = Vec::new();
+    let mut total_ms = 0.0;
+    for (k, &mode) in modes.iter().enumerate() {
+        let med = |f: &dyn Fn(&Sample) -> f64| {
+            let mut v: Vec<f64> = samples[k].iter().map(f).collect();
+            median(&mut v)
+        };
+        let ms = med(&|s| s.0.total_ms);
+        let h2d = med(&|s| s.0.h2d_ms);
+        let kernel = med(&|s| s.0.kernel_ms);
+        let exchange = med(&|s| s.2);
+        let per_gpu: Vec<f64> = (0..gpus).map(|g| med(&|s| s.1[g])).collect();
+        total_ms += ms;
+        let error = if args.verify {
+            group.mttkrp(mode)?;
+            group.sync()?;
+            let out = group.output(mode)?;
+            let exact = mttkrp_reference(t, &views, mode)?;
+            Some(relative_error(out.view(), exact.view()))
+        } else {
+            None
+        };
+        if !args.json {
+            let per: Vec<String> = per_gpu.iter().map(|x| format!("{x:.3}")).collect();
+            println!(
+                "{:>6} {:>11.3} {:>10.3} {:>10.3} {:>11.3}  {}{}",
+                mode + 1,
+                ms,
+                h2d,
+                kernel,
+                exchange,
+                per.join(" "),
+                error.map_or(String::new(), |e| format!("   {e:.2e}"))
+            );
+        }
+        rows.push(json!({
+            "mode": mode + 1, "median_ms": ms, "h2d_ms": h2d, "kernel_ms": kernel,
+            "exchange_ms": exchange, "per_gpu_ms": per_gpu, "relative_error": error,
+        }));
+    }
+    if !args.json && modes.len() > 1 {
+        println!("{:>6} {:>11.3}", "all", total_ms);
+    }
+    let report = json!({
+        "tensor": { "source": loaded.source, "dims": t.dims(), "nnz": t.nnz() },
+        "backend": "gpus", "kernel": "shard", "gpus": ordinals,
+        "gpu": group.gpus()[0].properties().name,
+        "exchange": group.exchange().map(|e| e.name()),
+        "exchange_note": group.exchange_note(),
+        "placement": group.describe(),
+        "rank": args.rank, "repeat": args.repeat, "prepare_s": prep_s,
+        "modes": rows, "total_median_ms": total_ms,
+    });
+    finish(&[report], args.json, "multi-GPU MTTKRP")
 }
 
 /// The engine and options a GPU run uses, and where they came from.

@@ -1,0 +1,187 @@
+//! The several-GPU backend: CPD-ALS over a [`GpuGroup`] (AMPED). Each GPU
+//! computes the MTTKRP of its shard, updates its own rows, and after the
+//! mode's scaling the rows are all-gathered so every GPU holds the whole
+//! factor for the next mode. Only R x R matrices and length-R vectors reach
+//! the host, as with one GPU.
+
+use std::time::Instant;
+
+use kruskal_device::{GpuGroup, MttkrpTimes};
+use ndarray::Array2;
+use serde::Serialize;
+
+use crate::backend::{Backend, ColumnNorms};
+use crate::error::Result;
+use crate::gpu::{InnerSums, device, square};
+
+/// Where one mode's time went, summed over the iterations measured.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ModeBreakdown {
+    /// MTTKRP calls measured.
+    pub calls: usize,
+    /// Host-to-device copy time, slowest GPU (ms, summed over calls).
+    pub h2d_ms: f64,
+    /// Kernel time, slowest GPU (ms).
+    pub kernel_ms: f64,
+    /// MTTKRP from first copy or kernel to last, slowest GPU (ms).
+    pub mttkrp_ms: f64,
+    /// Dense update and Gram, host wall time (ms).
+    pub update_ms: f64,
+    /// Row exchange, slowest GPU (ms).
+    pub exchange_ms: f64,
+    /// Per GPU, MTTKRP time (ms), to show imbalance.
+    pub per_gpu_mttkrp_ms: Vec<f64>,
+}
+
+/// The multi-GPU backend.
+pub struct GroupBackend {
+    group: GpuGroup,
+    dims: Vec<u32>,
+    norm_sq: f64,
+    inner: Vec<Option<InnerSums>>,
+    breakdown: Vec<ModeBreakdown>,
+    /// Calls to skip before the breakdown starts counting (the first
+    /// iteration compiles kernels).
+    skip: Vec<usize>,
+    /// The mode of the last queued MTTKRP.
+    current: usize,
+}
+
+impl GroupBackend {
+    /// Wraps a group built for `t` (its norm and dims).
+    pub fn new(group: GpuGroup, t: &kruskal_formats::SparseTensor) -> Self {
+        let n = t.nmodes();
+        GroupBackend {
+            group,
+            dims: t.dims().to_vec(),
+            norm_sq: t.norm_sq(),
+            inner: vec![None; n],
+            breakdown: vec![ModeBreakdown::default(); n],
+            skip: vec![1; n],
+            current: 0,
+        }
+    }
+
+    pub fn group(&self) -> &GpuGroup {
+        &self.group
+    }
+
+    /// The per-mode time split from the second iteration on.
+    pub fn breakdown(&self) -> &[ModeBreakdown] {
+        &self.breakdown
+    }
+
+    fn counting(&self, mode: usize) -> bool {
+        self.skip[mode] == 0
+    }
+}
+
+impl Backend for GroupBackend {
+    fn describe(&self) -> String {
+        let gpus = self.group.gpus();
+        let names: Vec<String> = gpus
+            .iter()
+            .map(|g| g.properties().ordinal.to_string())
+            .collect();
+        let exchange = match self.group.exchange() {
+            Some(e) => format!(", {} exchange", e.name()),
+            None => String::new(),
+        };
+        format!(
+            "{} GPUs ({}: {}), shard kernel{exchange}",
+            gpus.len(),
+            names.join(","),
+            gpus[0].properties().name
+        )
+    }
+
+    fn dims(&self) -> &[u32] {
+        &self.dims
+    }
+
+    fn tensor_norm_sq(&self) -> f64 {
+        self.norm_sq
+    }
+
+    fn load_factors(&mut self, factors: Vec<Array2<f32>>) -> Result<()> {
+        crate::check_factor_shapes(&self.dims, &factors)?;
+        self.group.load_factors(&factors).map_err(device)?;
+        self.inner = vec![None; self.dims.len()];
+        Ok(())
+    }
+
+    fn gram(&mut self, mode: usize) -> Result<Array2<f64>> {
+        let g = self.group.scale_gram(mode, None).map_err(device)?;
+        square(g, self.group.rank())
+    }
+
+    fn mttkrp(&mut self, mode: usize) -> Result<()> {
+        self.inner[mode] = None;
+        self.current = mode;
+        self.group.mttkrp(mode).map_err(device)
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        // The driver calls sync right after each mode's MTTKRP.
+        let times: Vec<MttkrpTimes> = self.group.sync().map_err(device)?;
+        let mode = self.current;
+        if !self.counting(mode) {
+            return Ok(());
+        }
+        let b = &mut self.breakdown[mode];
+        let slowest = |f: fn(&MttkrpTimes) -> f64| times.iter().map(f).fold(0.0, f64::max);
+        b.calls += 1;
+        b.h2d_ms += slowest(|t| t.h2d_ms);
+        b.kernel_ms += slowest(|t| t.kernel_ms);
+        b.mttkrp_ms += slowest(|t| t.total_ms);
+        b.per_gpu_mttkrp_ms.resize(times.len(), 0.0);
+        for (acc, t) in b.per_gpu_mttkrp_ms.iter_mut().zip(&times) {
+            *acc += t.total_ms;
+        }
+        Ok(())
+    }
+
+    fn solve_update(&mut self, mode: usize, w: &Array2<f64>) -> Result<ColumnNorms> {
+        let t = Instant::now();
+        let w = w.as_standard_layout();
+        let stats = self
+            .group
+            .update(mode, w.as_slice().expect("standard layout"))
+            .map_err(device)?;
+        if self.counting(mode) {
+            self.breakdown[mode].update_ms += t.elapsed().as_secs_f64() * 1e3;
+        }
+        self.inner[mode] = Some(InnerSums::new(stats.inner));
+        Ok(ColumnNorms {
+            two: stats.sumsq.into_iter().map(f64::sqrt).collect(),
+            max_abs: stats.max_abs,
+        })
+    }
+
+    fn scale_and_gram(&mut self, mode: usize, divisors: &[f64]) -> Result<Array2<f64>> {
+        let t = Instant::now();
+        let inv: Vec<f32> = divisors.iter().map(|&d| (1.0 / d) as f32).collect();
+        let g = self.group.scale_gram(mode, Some(&inv)).map_err(device)?;
+        if let Some(inner) = &mut self.inner[mode] {
+            inner.scale(&inv);
+        }
+        let update_ms = t.elapsed().as_secs_f64() * 1e3;
+        let exchange_ms = self.group.exchange_rows(mode).map_err(device)?;
+        if self.counting(mode) {
+            let b = &mut self.breakdown[mode];
+            b.update_ms += update_ms;
+            b.exchange_ms += exchange_ms;
+        } else {
+            self.skip[mode] -= 1;
+        }
+        square(g, self.group.rank())
+    }
+
+    fn inner_products(&mut self, mode: usize) -> Result<Vec<f64>> {
+        InnerSums::of(&self.inner, mode)
+    }
+
+    fn take_factors(&mut self) -> Result<Vec<Array2<f32>>> {
+        self.group.factors().map_err(device)
+    }
+}

@@ -1,0 +1,171 @@
+//! Several GPUs give one GPU's answer: from the same initial factors, the
+//! fit of every one of 20 iterations of the group backend agrees within
+//! 1e-4 with the one-GPU backend, with NCCL and with peer-to-peer
+//! exchange, resident and streamed; and each mode's MTTKRP of the group
+//! equals the f64 reference.
+//!
+//! Uses every GPU of the machine (up to 4). Needs CUDA GPUs: run with
+//! `--include-ignored` on the GPU machine; on the 2-GPU machine this is
+//! the 2-GPU check.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{assert_same_fits, generated, options, real};
+use kruskal_cpd::{GpuBackend, GroupBackend, cpd_als, random_factors};
+use kruskal_cpu::{mttkrp_reference, relative_error};
+use kruskal_device::{Exchange, Gpu, GpuGroup, GpuKernel, GpuOptions, GroupOptions, StreamPolicy};
+
+fn ordinals() -> Vec<usize> {
+    let n = Gpu::count().expect("a CUDA driver").min(4);
+    assert!(n >= 1, "no CUDA GPU");
+    (0..n).collect()
+}
+
+/// The group configurations checked: every exchange this machine has, and
+/// a streamed run with small segments (many segments per shard, on two
+/// streams).
+fn configurations(gpus: usize) -> Vec<(String, GroupOptions)> {
+    let mut out = Vec::new();
+    let base = GroupOptions {
+        timeout: Duration::from_secs(120),
+        ..GroupOptions::default()
+    };
+    if gpus > 1 {
+        out.push((
+            "nccl".to_string(),
+            GroupOptions {
+                exchange: Some(Exchange::Nccl),
+                ..base.clone()
+            },
+        ));
+    }
+    out.push((
+        "p2p".to_string(),
+        GroupOptions {
+            exchange: Some(Exchange::P2p),
+            ..base.clone()
+        },
+    ));
+    out.push((
+        "streamed".to_string(),
+        GroupOptions {
+            exchange: Some(Exchange::P2p),
+            stream: StreamPolicy::Always,
+            streams: 2,
+            segment_bytes: 1 << 20,
+            ..base
+        },
+    ));
+    out
+}
+
+#[test]
+#[ignore = "needs CUDA GPUs"]
+fn group_mttkrp_equals_the_f64_reference() {
+    let gpus = ordinals();
+    let mut tensors = generated();
+    tensors.extend(real());
+    for (name, t) in &tensors {
+        for rank in [7, 32, 64] {
+            let factors = random_factors(t.dims(), rank, 3);
+            let views: Vec<_> = factors.iter().map(|f| f.view()).collect();
+            for (label, opts) in configurations(gpus.len()) {
+                let what = format!("{name} rank {rank} {label} on {} GPU(s)", gpus.len());
+                let mut group = GpuGroup::new(&gpus, t, rank, &opts, &mut |_| {}).unwrap();
+                if label == "streamed" {
+                    for g in 0..gpus.len() {
+                        for mode in 0..t.nmodes() {
+                            assert!(
+                                matches!(
+                                    group.residency(g, mode),
+                                    kruskal_device::Residency::Streamed { .. }
+                                ),
+                                "{what}"
+                            );
+                        }
+                    }
+                }
+                group.load_factors(&factors).unwrap();
+                for mode in 0..t.nmodes() {
+                    group.mttkrp(mode).unwrap();
+                    let times = group.sync().unwrap();
+                    assert_eq!(times.len(), gpus.len());
+                    assert!(times.iter().all(|t| t.total_ms >= 0.0), "{what}: {times:?}");
+                    let out = group.output(mode).unwrap();
+                    let exact = mttkrp_reference(t, &views, mode).unwrap();
+                    let err = relative_error(out.view(), exact.view());
+                    assert!(err < 1e-5, "{what} mode {mode}: relative error {err}");
+                    // Exchanging unchanged rows leaves every factor as it was.
+                    group.exchange_rows(mode).unwrap();
+                }
+                let back = group.factors().unwrap();
+                assert_eq!(back, factors, "{what}: factors after the exchanges");
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs CUDA GPUs"]
+fn group_fits_match_one_gpu() {
+    let gpus = ordinals();
+    let gpu = Gpu::open(0).unwrap();
+    let mut tensors = generated();
+    tensors.extend(real());
+    for (name, t) in &tensors {
+        for rank in [7, 16, 32] {
+            let opts = options(t, rank);
+            let one = cpd_als(
+                &mut GpuBackend::new(gpu.clone(), t, &[(GpuKernel::Fcoo, GpuOptions::default())])
+                    .unwrap(),
+                &opts,
+            )
+            .unwrap();
+            for (label, gopts) in configurations(gpus.len()) {
+                let what = format!("{name} rank {rank} {label} on {} GPU(s)", gpus.len());
+                let group = GpuGroup::new(&gpus, t, rank, &gopts, &mut |_| {}).unwrap();
+                let mut backend = GroupBackend::new(group, t);
+                let model = cpd_als(&mut backend, &opts).unwrap();
+                assert_same_fits(&one, &model, &what);
+                for (f, &d) in model.factors.iter().zip(t.dims()) {
+                    assert_eq!(f.dim(), (d as usize, rank), "{what}");
+                }
+                let b = backend.breakdown();
+                assert_eq!(b.len(), t.nmodes());
+                assert!(
+                    b.iter().all(|m| m.calls == common::ITERS - 1),
+                    "{what}: {b:?}"
+                );
+                if label == "streamed" {
+                    assert!(b.iter().all(|m| m.h2d_ms > 0.0), "{what}: {b:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs CUDA GPUs"]
+fn a_group_refuses_a_wrong_rank_and_a_missing_nccl_is_reported() {
+    let gpus = ordinals();
+    let (_, t) = generated().remove(0);
+    let mut group = GpuGroup::new(&gpus, &t, 8, &GroupOptions::default(), &mut |_| {}).unwrap();
+    let wrong = random_factors(t.dims(), 9, 1);
+    let err = group.load_factors(&wrong).unwrap_err().to_string();
+    assert!(err.contains("rank 8"), "{err}");
+    // The group still works after a refused call.
+    group.load_factors(&random_factors(t.dims(), 8, 1)).unwrap();
+    group.mttkrp(0).unwrap();
+    group.sync().unwrap();
+    if gpus.len() > 1 {
+        // NCCL is found on the GPU machine (the wheel's libnccl.so.2).
+        assert_eq!(
+            group.exchange(),
+            Some(Exchange::Nccl),
+            "{:?}",
+            group.exchange_note()
+        );
+    }
+}

@@ -1,0 +1,42 @@
+//! A GPU that fails mid-run stops the whole group: the CPD returns an
+//! error that names the GPU, within a bounded time, and nothing hangs.
+//!
+//! A test binary of its own: the failing GPU's context stays broken for
+//! the rest of the process. Needs CUDA GPUs (`--include-ignored`).
+
+use std::time::{Duration, Instant};
+
+use kruskal_cpd::{CpdOptions, GroupBackend, cpd_als};
+use kruskal_device::{Gpu, GpuGroup, GroupOptions};
+use kruskal_formats::generate::{PowerLawSpec, power_law};
+
+#[test]
+#[ignore = "needs CUDA GPUs"]
+fn a_failing_gpu_stops_the_group_with_an_error_naming_it() {
+    let n = Gpu::count().unwrap().min(4);
+    assert!(n >= 1, "no CUDA GPU");
+    let gpus: Vec<usize> = (0..n).collect();
+    let bad = n - 1;
+    let t = power_law(&PowerLawSpec::new(vec![4_000, 3_000, 2_000], 300_000).with_seed(9)).unwrap();
+    let opts = GroupOptions {
+        timeout: Duration::from_secs(20),
+        // The last GPU traps before its fifth MTTKRP (iteration 2, mode 2).
+        fault: Some((bad, 4)),
+        ..GroupOptions::default()
+    };
+    let group = GpuGroup::new(&gpus, &t, 16, &opts, &mut |_| {}).unwrap();
+    let mut backend = GroupBackend::new(group, &t);
+    let mut cpd = CpdOptions::new(16);
+    cpd.max_iters = 10;
+    cpd.tol = 0.0;
+    let start = Instant::now();
+    let err = cpd_als(&mut backend, &cpd).unwrap_err().to_string();
+    let took = start.elapsed();
+    eprintln!("error after {:.2} s: {err}", took.as_secs_f64());
+    assert!(err.contains(&format!("GPU {bad}")), "{err}");
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+    // Later calls fail at once with the same cause.
+    let again = cpd_als(&mut backend, &cpd).unwrap_err().to_string();
+    assert!(again.contains(&format!("GPU {bad}")), "{again}");
+    drop(backend);
+}
