@@ -13,9 +13,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use kruskal_device::tune::train::{
-    TrainParams, evaluate, leave_one_out, markdown, summarize, train,
+    MARGIN_GRID, TrainParams, best_margin, evaluate, leave_one_out_by_margin, margin_markdown,
+    markdown, summarize, train,
 };
-use kruskal_device::tune::{Measurements, TuneModel};
+use kruskal_device::tune::{CANDIDATES, Config, MARGIN, Measurements, TuneModel};
 
 use crate::{cargo, workspace_root};
 
@@ -149,10 +150,37 @@ pub fn train_task(args: &[String]) -> Result<()> {
         m.sms,
         o.params.describe()
     );
+    println!(
+        "rule: the model's first choice replaces {} when predicted more than {:.0}% faster \
+         (tune::MARGIN); cpd --kernel auto times {} and the model's best {} others",
+        Config::DEFAULT,
+        100.0 * MARGIN,
+        Config::DEFAULT,
+        CANDIDATES - 1
+    );
     if o.loo && m.tensors.len() > 1 {
-        let outcomes = leave_one_out(&m, &o.params)?;
-        println!("\nleave one tensor out (a model fitted without the tensor chooses for it):\n");
-        print!("{}", markdown(&outcomes));
+        let by_margin = leave_one_out_by_margin(&m, &o.params, &MARGIN_GRID)?;
+        println!(
+            "\nleave one tensor out at each margin (the chosen one: lowest mean time over the best, \
+             ties to the larger margin):\n"
+        );
+        print!("{}", margin_markdown(&MARGIN_GRID, &by_margin));
+        let chosen = best_margin(&MARGIN_GRID, &by_margin);
+        if chosen != Some(MARGIN) {
+            println!(
+                "\nnote: leave-one-out picks margin {chosen:?}, tune::MARGIN is {MARGIN}; \
+                 set it and rebuild if these measurements are the ones to follow"
+            );
+        }
+        let k = MARGIN_GRID
+            .iter()
+            .position(|&x| x == MARGIN)
+            .context("tune::MARGIN is not one of train::MARGIN_GRID")?;
+        println!(
+            "\nleave one tensor out at margin {:.0}% (a model fitted without the tensor chooses for it):\n",
+            100.0 * MARGIN
+        );
+        print!("{}", markdown(&by_margin[k]));
     }
     let model = train(&m, &o.params)?;
     let on_training = summarize(&evaluate(&model, &m.tensors)?);

@@ -637,11 +637,17 @@ fn tune_predicts_and_judges_with_a_given_model() {
     assert_eq!(ranked.len(), Config::space().len());
     assert_eq!(ranked[0]["config"], "fcoo/threadlen=16");
     assert_eq!(ranked[0]["flags"], "--kernel fcoo --threadlen 16");
+    // Predicted twice as fast as the default: far beyond the margin.
+    assert_eq!(v["chosen"], "fcoo/threadlen=16");
+    let candidates = v["candidates"].as_array().unwrap();
+    assert_eq!(candidates.len(), 3);
+    assert_eq!(candidates[0], "fcoo/threadlen=8");
+    assert_eq!(candidates[1], "fcoo/threadlen=16");
 
     let o = with_model(&["tune", "eval", measurements.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
-        stdout(&o).contains("4 cases: model choice within 10% of the best in 4"),
+        stdout(&o).contains("model choice (`--kernel auto`): within 10% of the best in 4 (100%)"),
         "{}",
         stdout(&o)
     );

@@ -1,8 +1,9 @@
 //! Adaptive choice of the GPU engine and its launch parameters (ScalFrag,
-//! CLUSTER'24, section IV-B): a regression tree, trained on measured
-//! MTTKRP times, predicts from a tensor's features how long each
-//! configuration of [`Config::space`] takes, and the fastest predicted one
-//! is used.
+//! CLUSTER'24, section IV-B): a regression model (here a random forest of
+//! regression trees), trained on measured MTTKRP times, predicts from a
+//! tensor's features how long each configuration of [`Config::space`]
+//! takes, and the fastest predicted one is used when it is predicted
+//! faster than the fixed default by more than [`MARGIN`].
 //!
 //! - [`Config`]: one point of the search space (an engine and its launch
 //!   parameter).
@@ -17,8 +18,9 @@
 //! - [`train`]: fitting the model (`cargo xtask train`) and measuring how
 //!   good its choices are (leave one tensor out, or held-out tensors).
 //! - [`choose`] and [`candidates`]: what callers use (`kruskal mttkrp
-//!   --kernel auto`; the CPD backend, which can time the first few
-//!   candidates on its first iteration).
+//!   --kernel auto`; the CPD backend, which times the default and the
+//!   model's best others on its first iteration); [`pick`] and
+//!   [`shortlist`] are their rules on a ranking, which [`train`] judges.
 //!
 //! The model is per mode: one training row is (a mode's features, the rank,
 //! the configuration) and its target the measured time of that mode's
@@ -239,70 +241,126 @@ pub fn row(mode_vector: &[f64], rank: usize, config: Config) -> Vec<f64> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Choice {
     pub config: Config,
-    /// The model's predicted time for all modes, in ms (`None` when the
-    /// choice is the fixed default).
+    /// The model's predicted time for all modes, in ms (`None` when no
+    /// model could rank the configurations).
     pub predicted_ms: Option<f64>,
-    /// `model` when the model chose, else why the default was used.
+    /// `model` when the model's first choice is used, else why the
+    /// default was (no model, or the margin rule kept it).
     pub reason: String,
 }
 
+/// The least gain the model must predict before its first choice replaces
+/// the default: the first choice is used only when its predicted time is
+/// below `(1 - MARGIN)` times the default's predicted time.
+///
+/// Chosen by leaving one tensor out on the training measurements only
+/// (`cargo xtask train` prints the table; `docs/performance.md` records
+/// it): of [`train::MARGIN_GRID`], the margin whose choices have the
+/// lowest mean time over the best, ties going to the larger margin. On the
+/// 17 training tensors (H100) every margin from 7.5% up ties at the best,
+/// 1.021 times the best against 1.023 with no margin: no predicted gain
+/// over the default reached 7.5% (none of those margins leaves it), and
+/// the smaller ones were not to be trusted (the first choice reached 1.25
+/// times the best where the default was the best), so without timing only
+/// a large predicted gain is acted on. The timed candidates
+/// ([`candidates`]) are where the model helps.
+pub const MARGIN: f64 = 0.3;
+
+/// How many configurations `kruskal cpd --kernel auto` times on its first
+/// iteration ([`candidates`]).
+pub const CANDIDATES: usize = 3;
+
+/// The margin rule on a ranking (fastest predicted first, as
+/// [`TuneModel::predict`] returns it): the first prediction, unless it is
+/// not predicted more than `margin` faster than `default`'s, then
+/// `default`'s. `None` only for an empty ranking; the first when `default`
+/// is not ranked.
+///
+/// Cost: one pass over the ranking.
+pub fn pick(ranked: &[Prediction], default: Config, margin: f64) -> Option<&Prediction> {
+    let first = ranked.first()?;
+    match ranked.iter().find(|p| p.config == default) {
+        Some(d) if first.total_ms >= (1.0 - margin) * d.total_ms => Some(d),
+        _ => Some(first),
+    }
+}
+
+/// The configurations worth timing from a ranking (fastest predicted
+/// first): `default`, then the `k - 1` fastest predicted others (`k` at
+/// least 1). [`pick`]'s choice is among them when `k` is 2 or more.
+/// `default` comes first because the timed trial keeps the earlier of two
+/// equal times.
+///
+/// Cost: one pass over the ranking.
+pub fn shortlist(ranked: &[Prediction], default: Config, k: usize) -> Vec<Config> {
+    std::iter::once(default)
+        .chain(ranked.iter().map(|p| p.config).filter(|&c| c != default))
+        .take(k.max(1))
+        .collect()
+}
+
 /// The configuration to use for a tensor of `features` at `rank`: the
-/// model's fastest prediction (among `engine`'s configurations when one is
-/// given), or, when no trained model can be loaded, [`Config::DEFAULT`]
-/// (`engine`'s default parameter when one is given) with the reason.
+/// model's choice under the [`MARGIN`] rule ([`pick`]) against
+/// [`Config::DEFAULT`], or, with `engine` given, among that engine's
+/// configurations against its default parameter; when no trained model
+/// can be loaded, that default with the reason.
 ///
 /// Cost: loading the model once per process (cached), then one tree
 /// evaluation per configuration and mode (microseconds); computing the
 /// features is the caller's (see [`TensorFeatures::compute`]).
 pub fn choose(features: &TensorFeatures, rank: usize, engine: Option<GpuKernel>) -> Choice {
-    let fallback = |reason: String| {
-        let config = match engine.map(GpuKernel::resolve) {
-            Some(GpuKernel::CooAtomic) => Config::Coo,
-            Some(GpuKernel::Hicoo) => Config::Hicoo {
-                block_bits: u32::from(kruskal_formats::Hicoo::DEFAULT_BLOCK_BITS),
-            },
-            Some(GpuKernel::Flycoo) => Config::Flycoo { kappa_per_sm: 4 },
-            _ => Config::DEFAULT,
-        };
-        Choice {
-            config,
-            predicted_ms: None,
-            reason,
-        }
+    let default = match engine.map(GpuKernel::resolve) {
+        Some(GpuKernel::CooAtomic) => Config::Coo,
+        Some(GpuKernel::Hicoo) => Config::Hicoo {
+            block_bits: u32::from(kruskal_formats::Hicoo::DEFAULT_BLOCK_BITS),
+        },
+        Some(GpuKernel::Flycoo) => Config::Flycoo { kappa_per_sm: 4 },
+        _ => Config::DEFAULT,
     };
-    let model = match TuneModel::cached() {
-        Ok(m) => m,
+    let fallback = |reason: String| Choice {
+        config: default,
+        predicted_ms: None,
+        reason,
+    };
+    let ranked = match TuneModel::cached().and_then(|m| m.predict(features, rank)) {
+        Ok(ranked) => ranked,
         Err(e) => return fallback(e.to_string()),
     };
-    match model.predict(features, rank) {
-        Ok(ranked) => ranked
-            .into_iter()
-            .find(|p| engine.is_none_or(|e| p.config.kernel() == e.resolve()))
-            .map_or_else(
-                || {
-                    fallback(format!(
-                        "the model ranks no {} configuration",
-                        engine.map_or("", GpuKernel::name)
-                    ))
-                },
-                |p| Choice {
-                    config: p.config,
-                    predicted_ms: Some(p.total_ms),
-                    reason: "model".into(),
-                },
-            ),
-        Err(e) => fallback(e.to_string()),
+    let ranked: Vec<Prediction> = ranked
+        .into_iter()
+        .filter(|p| engine.is_none_or(|e| p.config.kernel() == e.resolve()))
+        .collect();
+    match pick(&ranked, default, MARGIN) {
+        None => fallback(format!(
+            "the model ranks no {} configuration",
+            engine.map_or("", GpuKernel::name)
+        )),
+        Some(p) => Choice {
+            config: p.config,
+            predicted_ms: Some(p.total_ms),
+            reason: match &ranked[0] {
+                first if first.config == p.config => "model".into(),
+                first => format!(
+                    "default {} kept, {} predicted only {:.1}% faster, under the {:.0}% margin",
+                    p.config,
+                    first.config,
+                    100.0 * (1.0 - first.total_ms / p.total_ms),
+                    100.0 * MARGIN
+                ),
+            },
+        },
     }
 }
 
 /// The configurations worth timing for a tensor before settling on one
-/// (the online refinement on the first CPD iteration): the model's first
-/// `k` (at least 1), or only [`Config::DEFAULT`] when no trained model can
-/// be loaded. Cost as [`choose`].
+/// (the online refinement on the first CPD iteration): [`shortlist`] of
+/// the model's ranking, so [`Config::DEFAULT`] and the model's best
+/// `k - 1` others (`k` in all, at least 1), or only [`Config::DEFAULT`]
+/// when no trained model can be loaded. Cost as [`choose`].
 pub fn candidates(features: &TensorFeatures, rank: usize, k: usize) -> Vec<Config> {
     TuneModel::cached()
         .and_then(|m| m.predict(features, rank))
-        .map(|ranked| ranked.iter().take(k.max(1)).map(|p| p.config).collect())
+        .map(|ranked| shortlist(&ranked, Config::DEFAULT, k))
         .unwrap_or_else(|_| vec![Config::DEFAULT])
 }
 
@@ -363,12 +421,116 @@ mod tests {
         let trained = TuneModel::cached().is_ok_and(TuneModel::is_trained);
         let c = candidates(&f, 16, 3);
         assert_eq!(c.len(), if trained { 3 } else { 1 });
-        if !trained {
+        assert_eq!(c[0], Config::DEFAULT);
+        if trained {
+            // The margin rule's choice is always among the candidates.
+            assert!(c.contains(&choose(&f, 16, None).config), "{c:?}");
+        } else {
             assert_eq!(c, vec![Config::DEFAULT]);
             let choice = choose(&f, 16, Some(GpuKernel::Hicoo));
             assert_eq!(choice.config, Config::Hicoo { block_bits: 7 });
             assert!(choice.reason.contains("untrained"), "{}", choice.reason);
         }
+    }
+
+    /// A ranking as [`TuneModel::predict`] returns it, fastest first.
+    fn ranking(times: &[(Config, f64)]) -> Vec<Prediction> {
+        let mut ranked: Vec<Prediction> = times
+            .iter()
+            .map(|&(config, ms)| Prediction {
+                config,
+                mode_ms: vec![ms],
+                total_ms: ms,
+            })
+            .collect();
+        ranked.sort_by(|a, b| a.total_ms.total_cmp(&b.total_ms));
+        ranked
+    }
+
+    #[test]
+    fn the_first_choice_replaces_the_default_only_beyond_the_margin() {
+        let fly = Config::Flycoo { kappa_per_sm: 2 };
+        let fcoo4 = Config::Fcoo { threadlen: 4 };
+        let picked = |times: &[(Config, f64)], margin: f64| {
+            pick(&ranking(times), Config::DEFAULT, margin).map(|p| (p.config, p.total_ms))
+        };
+        // 4% predicted gain: under a 5% margin the default stays.
+        let close = [(Config::DEFAULT, 1.0), (fly, 0.96), (fcoo4, 0.98)];
+        assert_eq!(picked(&close, 0.05), Some((Config::DEFAULT, 1.0)));
+        assert_eq!(picked(&close, 0.03), Some((fly, 0.96)));
+        assert_eq!(picked(&close, 0.0), Some((fly, 0.96)));
+        // Exactly at the margin is not beyond it.
+        assert_eq!(
+            picked(&[(Config::DEFAULT, 1.0), (fly, 0.95)], 0.05),
+            Some((Config::DEFAULT, 1.0))
+        );
+        // 10% predicted gain: the first choice is used.
+        let far = [(Config::DEFAULT, 1.0), (fly, 0.9), (fcoo4, 0.97)];
+        assert_eq!(picked(&far, 0.05), Some((fly, 0.9)));
+        // The default ranked first stays at any margin.
+        assert_eq!(
+            picked(&[(Config::DEFAULT, 0.5), (fly, 0.9)], 0.0),
+            Some((Config::DEFAULT, 0.5))
+        );
+        // Without the default in the ranking, the first; nothing ranked,
+        // nothing picked.
+        assert_eq!(picked(&[(fly, 0.9), (fcoo4, 1.0)], 0.05), Some((fly, 0.9)));
+        assert_eq!(picked(&[], 0.05), None);
+    }
+
+    #[test]
+    fn the_shortlist_always_holds_the_default() {
+        let space = Config::space();
+        // The default ranked last of all 14.
+        let times: Vec<(Config, f64)> = space
+            .iter()
+            .enumerate()
+            .map(|(k, &c)| {
+                (
+                    c,
+                    if c == Config::DEFAULT {
+                        100.0
+                    } else {
+                        k as f64
+                    },
+                )
+            })
+            .collect();
+        let ranked = ranking(&times);
+        assert_eq!(ranked.last().unwrap().config, Config::DEFAULT);
+        let list = shortlist(&ranked, Config::DEFAULT, 3);
+        assert_eq!(
+            list,
+            vec![Config::DEFAULT, ranked[0].config, ranked[1].config]
+        );
+        assert!(list.contains(&pick(&ranked, Config::DEFAULT, MARGIN).unwrap().config));
+        // The default ranked first: it and the next two.
+        let ranked = ranking(&[
+            (Config::DEFAULT, 1.0),
+            (Config::Coo, 3.0),
+            (Config::Fcoo { threadlen: 4 }, 1.5),
+            (Config::Fcoo { threadlen: 16 }, 2.0),
+        ]);
+        assert_eq!(
+            shortlist(&ranked, Config::DEFAULT, 3),
+            vec![
+                Config::DEFAULT,
+                Config::Fcoo { threadlen: 4 },
+                Config::Fcoo { threadlen: 16 }
+            ]
+        );
+        // k counts the default; 0 is taken as 1; no repeats past the end.
+        assert_eq!(
+            shortlist(&ranked, Config::DEFAULT, 1),
+            vec![Config::DEFAULT]
+        );
+        assert_eq!(
+            shortlist(&ranked, Config::DEFAULT, 0),
+            vec![Config::DEFAULT]
+        );
+        assert_eq!(shortlist(&ranked, Config::DEFAULT, 10).len(), 4);
+        // Not ranked at all, it is still the first candidate.
+        assert_eq!(shortlist(&[], Config::DEFAULT, 3), vec![Config::DEFAULT]);
     }
 
     #[test]

@@ -413,13 +413,10 @@ fn make_backend(args: &CpdArgs, t: &SparseTensor, rank: usize) -> Result<(Chosen
     }
 }
 
-/// How many of the tuning model's best configurations `--kernel auto`
-/// times on the first iteration.
-const MODEL_CANDIDATES: usize = 3;
-
 /// The configurations the GPU backend builds: with `--kernel auto`, the
-/// tuning model's first few for this tensor's features (or, without a
-/// trained model, fcoo, flycoo and hicoo at their defaults); with an engine
+/// fixed default and the tuning model's best others for this tensor's
+/// features (`tune::candidates`; without a trained model, fcoo, flycoo and
+/// hicoo at their defaults); with an engine
 /// named, that engine with the model's best parameter unless a flag gives
 /// it. Prints what was chosen and why.
 fn gpu_candidates(
@@ -429,7 +426,7 @@ fn gpu_candidates(
     kernel: GpuKernel,
     sms: usize,
 ) -> Vec<(GpuKernel, kruskal_device::GpuOptions)> {
-    use kruskal_device::tune::{TuneModel, choose};
+    use kruskal_device::tune::{CANDIDATES, Config, TuneModel, choose, shortlist};
     let given = args.gpu.options();
     let say = |line: String| {
         if !args.json {
@@ -444,16 +441,17 @@ fn gpu_candidates(
     let param_given = given.sets_parameter_of(kernel);
     // The model's parameters, where no flag gives one.
     let with = |k: GpuKernel, o: kruskal_device::GpuOptions| (k, given.or(&o));
+    let engine_defaults = |why: String| {
+        say(format!(
+            "timing fcoo, flycoo and hicoo at their defaults ({why})"
+        ));
+        AUTO_CANDIDATES
+            .iter()
+            .map(|&k| (k, given.clone()))
+            .collect()
+    };
     match (kernel, model) {
-        (GpuKernel::Auto, Err(why)) => {
-            say(format!(
-                "timing fcoo, flycoo and hicoo at their defaults ({why})"
-            ));
-            AUTO_CANDIDATES
-                .iter()
-                .map(|&k| (k, given.clone()))
-                .collect()
-        }
+        (GpuKernel::Auto, Err(why)) => engine_defaults(why),
         (_, Err(_)) => vec![(kernel, given)],
         (_, Ok(_)) if param_given => vec![(kernel, given)],
         (_, Ok(model)) => {
@@ -461,32 +459,35 @@ fn gpu_candidates(
             let features = kruskal_formats::TensorFeatures::compute(t);
             let features_s = start.elapsed().as_secs_f64();
             if kernel == GpuKernel::Auto {
-                let ranked = model.predict(&features, rank).unwrap_or_default();
-                let top: Vec<_> = ranked.iter().take(MODEL_CANDIDATES).collect();
+                let ranked = match model.predict(&features, rank) {
+                    Ok(ranked) => ranked,
+                    Err(e) => return engine_defaults(e.to_string()),
+                };
+                let top = shortlist(&ranked, Config::DEFAULT, CANDIDATES);
                 let names: Vec<String> = top
                     .iter()
-                    .map(|p| format!("{} ({:.2} ms)", p.config.flags(sms), p.total_ms))
+                    .map(|&c| {
+                        let ms = ranked.iter().find(|p| p.config == c).map(|p| p.total_ms);
+                        format!("{} ({:.2} ms)", c.flags(sms), ms.unwrap_or(f64::NAN))
+                    })
                     .collect();
                 say(format!(
-                    "the tuning model's first {} for this tensor (features in {features_s:.2} s): {}",
-                    top.len(),
+                    "the default and the tuning model's best {} others for this tensor (features in {features_s:.2} s): {}",
+                    top.len() - 1,
                     names.join(", ")
                 ));
-                if top.is_empty() {
-                    return AUTO_CANDIDATES
-                        .iter()
-                        .map(|&k| (k, given.clone()))
-                        .collect();
-                }
                 top.iter()
-                    .map(|p| with(p.config.kernel(), p.config.options(sms)))
+                    .map(|c| with(c.kernel(), c.options(sms)))
                     .collect()
             } else {
                 let picked = choose(&features, rank, Some(kernel));
+                let why = match picked.reason.as_str() {
+                    "model" => format!("the tuning model's best {} parameter", kernel.name()),
+                    other => other.to_string(),
+                };
                 say(format!(
-                    "{} (the tuning model's best {} parameter; features in {features_s:.2} s)",
+                    "{} ({why}; features in {features_s:.2} s)",
                     picked.config.flags(sms),
-                    kernel.name()
                 ));
                 vec![with(kernel, picked.config.options(sms))]
             }

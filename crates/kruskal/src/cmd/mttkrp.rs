@@ -414,7 +414,8 @@ struct GpuChoice {
     /// `flags`, `model` or `default`.
     source: &'static str,
     predicted_ms: Option<f64>,
-    /// Why the fixed default was used, if it was.
+    /// Why the fixed default was used, if it was (also when the model
+    /// kept it under its margin).
     reason: Option<String>,
     /// Seconds spent on the tensor features (0 when not needed).
     features_s: f64,
@@ -471,6 +472,8 @@ fn choose_gpu(
     choice.predicted_ms = picked.predicted_ms;
     if picked.predicted_ms.is_some() {
         choice.source = "model";
+        // The margin rule kept the default: say so.
+        choice.reason = (picked.reason != "model").then_some(picked.reason);
     } else {
         choice.source = "default";
         choice.reason = Some(picked.reason);
@@ -499,8 +502,9 @@ impl GpuChoice {
     fn line(&self, sms: usize) -> String {
         let what = describe(self.kernel, &self.opts, sms);
         let how = match (self.source, self.predicted_ms, &self.reason) {
-            ("model", Some(ms), _) => format!(
-                "tuning model, predicted {ms:.3} ms for all modes; features in {:.2} s",
+            ("model", Some(ms), why) => format!(
+                "tuning model, predicted {ms:.3} ms for all modes{}; features in {:.2} s",
+                why.as_ref().map_or(String::new(), |w| format!("; {w}")),
                 self.features_s
             ),
             ("default", _, Some(r)) => format!("fixed default: {r}"),
@@ -663,15 +667,11 @@ mod choice_tests {
     }
 
     fn pick(line: &[&str]) -> GpuChoice {
-        let mut argv = vec![
-            "mttkrp",
-            "--like",
-            "nips",
-            "--nnz",
-            "2000",
-            "--backend",
-            "gpu",
-        ];
+        pick_on("nips", "2000", line)
+    }
+
+    fn pick_on(like: &str, nnz: &str, line: &[&str]) -> GpuChoice {
+        let mut argv = vec!["mttkrp", "--like", like, "--nnz", nnz, "--backend", "gpu"];
         argv.extend_from_slice(line);
         let cli = Cli::try_parse_from(argv).unwrap();
         let t = cli.args.input.load().unwrap().tensor;
@@ -703,5 +703,19 @@ mod choice_tests {
         let c = pick(&["--kernel", "hicoo"]);
         assert!(["model", "default"].contains(&c.source));
         assert_eq!(c.kernel, GpuKernel::Hicoo);
+        // With the model, `auto` leaves the default only beyond the margin,
+        // and says why when it keeps it (on a nell-2 shape the embedded
+        // model ranks flycoo first, by a few percent).
+        let c = pick_on("nell-2", "200k", &["--kernel", "auto"]);
+        if c.source == "model" {
+            match &c.reason {
+                Some(why) => {
+                    assert!(why.starts_with("default fcoo/threadlen=8 kept"), "{why}");
+                    assert_eq!((c.kernel, c.opts.threadlen), (GpuKernel::Fcoo, Some(8)));
+                    assert!(c.line(132).contains(why.as_str()), "{}", c.line(132));
+                }
+                None => assert!(c.predicted_ms.is_some()),
+            }
+        }
     }
 }

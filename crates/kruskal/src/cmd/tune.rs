@@ -6,8 +6,8 @@
 //!   `cargo xtask train` fits the model to. With `--set eval` it also
 //!   judges the model in this binary on the held-out tensors.
 //! - `eval`: judges the model on a measurements file (no GPU needed).
-//! - `predict`: the model's ranking of every configuration for a tensor
-//!   (no GPU needed).
+//! - `predict`: the model's ranking of every configuration for a tensor,
+//!   and what `--kernel auto` makes of it (no GPU needed).
 //!
 //! The work itself is in `kruskal_device::tune`.
 
@@ -19,7 +19,9 @@ use clap::{Args, Subcommand, ValueEnum};
 use kruskal_device::tune::data::{held_out_set, training_set};
 use kruskal_device::tune::sweep::{SweepOptions, sweep_tensor};
 use kruskal_device::tune::train::{evaluate, markdown};
-use kruskal_device::tune::{Measurements, TensorRuns, TuneModel};
+use kruskal_device::tune::{
+    CANDIDATES, Config, MARGIN, Measurements, TensorRuns, TuneModel, pick, shortlist,
+};
 use kruskal_formats::TensorFeatures;
 use serde_json::json;
 
@@ -276,16 +278,22 @@ fn eval(args: EvalArgs) -> Result<()> {
                 json!({
                     "tensor": o.tensor, "rank": o.rank, "best": o.best.to_string(), "best_ms": o.best_ms,
                     "default_ms": o.default_ms, "chosen": o.chosen.to_string(), "chosen_ms": o.chosen_ms,
-                    "top3": o.top3.to_string(), "top3_ms": o.top3_ms,
+                    "candidate": o.candidate.to_string(), "candidate_ms": o.candidate_ms,
                 })
             })
             .collect();
         let value = json!({
             "cases": s.cases, "chosen_within_10pct": s.chosen_within_10pct,
             "default_within_10pct": s.default_within_10pct,
-            "chosen_mean_ratio": s.chosen_mean_ratio, "top3_mean_ratio": s.top3_mean_ratio,
+            "chosen_not_default": s.chosen_not_default,
+            "candidate_within_10pct": s.candidate_within_10pct,
+            "chosen_mean_ratio": s.chosen_mean_ratio, "candidate_mean_ratio": s.candidate_mean_ratio,
             "default_mean_ratio": s.default_mean_ratio, "chosen_worst_ratio": s.chosen_worst_ratio,
-            "speedup_over_default": s.speedup_over_default, "outcomes": rows,
+            "candidate_worst_ratio": s.candidate_worst_ratio,
+            "speedup_over_default": s.speedup_over_default,
+            "candidate_speedup_over_default": s.candidate_speedup_over_default,
+            "margin": kruskal_device::tune::MARGIN, "candidates": kruskal_device::tune::CANDIDATES,
+            "outcomes": rows,
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
@@ -309,6 +317,9 @@ fn predict(args: PredictArgs) -> Result<()> {
         .sms
         .or(model.trained_on.as_ref().map(|o| o.sms))
         .unwrap_or(1);
+    // What `--kernel auto` runs and what `cpd --kernel auto` times.
+    let chosen = pick(&ranked, Config::DEFAULT, MARGIN).map_or(Config::DEFAULT, |p| p.config);
+    let candidates = shortlist(&ranked, Config::DEFAULT, CANDIDATES);
     if args.json {
         let rows: Vec<_> = ranked
             .iter()
@@ -322,6 +333,8 @@ fn predict(args: PredictArgs) -> Result<()> {
         let value = json!({
             "tensor": { "source": loaded.source, "dims": t.dims(), "nnz": t.nnz() },
             "rank": args.rank, "features_s": features_s, "ranked": rows,
+            "chosen": chosen.to_string(),
+            "candidates": candidates.iter().map(Config::to_string).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
@@ -348,5 +361,13 @@ fn predict(args: PredictArgs) -> Result<()> {
             modes.join(" / ")
         );
     }
+    let names: Vec<String> = candidates.iter().map(Config::to_string).collect();
+    println!(
+        "--kernel auto runs {chosen} (the first above replaces the default {} only when predicted \
+         more than {:.0}% faster); cpd --kernel auto times {}",
+        Config::DEFAULT,
+        100.0 * MARGIN,
+        names.join(", ")
+    );
     Ok(())
 }
