@@ -19,6 +19,12 @@
 //!   [--max-depth D] [--min-leaf N] [--trees T]`: fit the tuning model to
 //!   the measurements in `crates/kruskal-device/tune/`, print how good its
 //!   choices are, and write `crates/kruskal-device/tune/model.json`.
+//! - `fetch-frostt NAME... | --list | --all [--dir DIR] [--mirror URL]
+//!   [--manifest FILE] [--timeout-s S]`: download FROSTT tensors (resuming
+//!   a partial download), check their size and SHA-256 against
+//!   `xtask/frostt-manifest.json` (recording them there on a first
+//!   download), and convert them to `.ktns` in DIR (default `frostt/`; see
+//!   `frostt.rs`).
 //!
 //! The bundle is built without debug information, in its own target folder
 //! (`target/bundle`, so ordinary release builds keep their cache), because
@@ -26,25 +32,39 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, ExitCode, Stdio};
 
 use anyhow::{Context, Result, bail};
 
+mod frostt;
 mod kernels;
 mod tune;
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the error and its causes, outermost first.
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("bundle") => bundle(Path::new(args.get(1).map_or("gpu-run", String::as_str))),
         Some("kernels") => kernels::kernels(&args[1..]),
         Some("tune") => tune::tune(&args[1..]),
         Some("train") => tune::train_task(&args[1..]),
+        Some("fetch-frostt") => frostt::fetch_frostt(&args[1..]),
         _ => {
             eprintln!("usage: cargo xtask bundle [DIR]");
             eprintln!("       {}", kernels::USAGE);
             eprintln!("       {}", tune::TUNE_USAGE);
             eprintln!("       {}", tune::TRAIN_USAGE);
+            eprintln!("       {}", frostt::USAGE);
             eprintln!("  bundle   build release binaries and test executables into DIR (gpu-run/)");
             eprintln!(
                 "  kernels  compile every kernel specialization (NVRTC + ptxas -v) and report registers, spills, shared memory"
@@ -54,6 +74,9 @@ fn main() -> Result<()> {
             );
             eprintln!(
                 "  train    fit the tuning model to the measurements and write crates/kruskal-device/tune/model.json"
+            );
+            eprintln!(
+                "  fetch-frostt  download FROSTT tensors, check them against xtask/frostt-manifest.json, convert to .ktns"
             );
             bail!("unknown or missing task");
         }
