@@ -22,6 +22,18 @@
 
 #define STRIDE (NMODES + 1)
 
+// Adds a run's f64 sums into its output row (one f32 atomic per column).
+__device__ __forceinline__ void flush_run(float* __restrict__ out, u32 row, u32 row_lo,
+                                          const double* acc, int lane)
+{
+    float* dst = out + (u64)(row - row_lo) * RANK;
+#pragma unroll
+    for (int c = 0; c < COLS_PER_LANE; ++c) {
+        const int r = lane + c * WARP;
+        if (r < RANK) atomicAdd(dst + r, (float)acc[c]);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(WARPS * WARP) mttkrp_shard(
     const u32* __restrict__ elems,
     u64 count,
@@ -55,13 +67,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * WARP) mttkrp_shard(
         const u32 row = e[mode];
         if (row != current) {
             if (current != 0xffffffffu) {
-                float* dst = out + (u64)(current - row_lo) * RANK;
+                flush_run(out, current, row_lo, acc, lane);
 #pragma unroll
-                for (int c = 0; c < COLS_PER_LANE; ++c) {
-                    const int r = lane + c * WARP;
-                    if (r < RANK) atomicAdd(dst + r, (float)acc[c]);
-                    acc[c] = 0.0;
-                }
+                for (int c = 0; c < COLS_PER_LANE; ++c) acc[c] = 0.0;
             }
             current = row;
         }
@@ -82,14 +90,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * WARP) mttkrp_shard(
 #pragma unroll
         for (int c = 0; c < COLS_PER_LANE; ++c) acc[c] += (double)prod[c];
     }
-    if (current != 0xffffffffu) {
-        float* dst = out + (u64)(current - row_lo) * RANK;
-#pragma unroll
-        for (int c = 0; c < COLS_PER_LANE; ++c) {
-            const int r = lane + c * WARP;
-            if (r < RANK) atomicAdd(dst + r, (float)acc[c]);
-        }
-    }
+    if (current != 0xffffffffu) flush_run(out, current, row_lo, acc, lane);
 }
 
 // A kernel that stops with a trap: the group's failure tests use it to put

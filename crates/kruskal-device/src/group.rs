@@ -1168,29 +1168,15 @@ impl Worker {
         }
         start.record(&main).map_err(driver("recording an event"))?;
         let mut launches = Vec::new();
-        let mode_i = mode as i32;
+        let at = (row_lo, mode as i32);
         match &self.shards[mode] {
             Shard::Resident { elems, count } => {
                 let (count, isp) = (*count, self.isp_len(*count));
                 if count > 0 {
                     let factors = self.factors.as_ref().expect("checked above");
                     let out = self.outputs[mode].as_mut().expect("allocated above");
-                    let cfg = shard_config(count, isp);
-                    let mut l = main.launch_builder(&kernel);
-                    l.arg(elems)
-                        .arg(&count)
-                        .arg(&isp)
-                        .arg(&factors.data)
-                        .arg(&factors.row_offset)
-                        .arg(out)
-                        .arg(&row_lo)
-                        .arg(&mode_i);
-                    // SAFETY: `elems` holds `count` elements of NMODES + 1
-                    // words with relabeled indices below each mode's
-                    // dimension (RowShards), the output-mode ones inside
-                    // this GPU's rows, so every factor read is inside
-                    // `data` and every output write inside `out`.
-                    unsafe { l.launch(cfg) }.map_err(driver("launching mttkrp_shard"))?;
+                    // SAFETY: `elems` holds the shard's `count` elements.
+                    unsafe { launch_shard(&main, &kernel, elems, factors, out, &at, count, isp) }?;
                     let done = self.gpu.timing_event()?;
                     done.record(&main).map_err(driver("recording an event"))?;
                     launches.push((None, done));
@@ -1201,11 +1187,10 @@ impl Worker {
                 let stride = n + 1;
                 let seg = self.segment_elems;
                 if self.segment_bufs.is_empty() {
-                    for k in 0..self.streams.len() {
+                    for _ in &self.streams {
                         let buf = self
                             .gpu
                             .alloc_zeros::<u32>("a stream segment buffer", seg as usize * stride)?;
-                        let _ = k;
                         self.segment_bufs.push(buf);
                     }
                 }
@@ -1236,20 +1221,10 @@ impl Worker {
                     let isp = self.isp_len(len);
                     let factors = self.factors.as_ref().expect("checked above");
                     let out = self.outputs[mode].as_mut().expect("allocated above");
-                    let mut l = stream.launch_builder(&kernel);
-                    l.arg(&self.segment_bufs[k])
-                        .arg(&len)
-                        .arg(&isp)
-                        .arg(&factors.data)
-                        .arg(&factors.row_offset)
-                        .arg(out)
-                        .arg(&row_lo)
-                        .arg(&mode_i);
-                    // SAFETY: as for a resident shard; the buffer holds
-                    // the segment's `len` elements, copied just before on
-                    // the same stream.
-                    unsafe { l.launch(shard_config(len, isp)) }
-                        .map_err(driver("launching mttkrp_shard"))?;
+                    let buf = &self.segment_bufs[k];
+                    // SAFETY: the buffer holds the segment's `len` elements,
+                    // copied just before on the same stream.
+                    unsafe { launch_shard(&stream, &kernel, buf, factors, out, &at, len, isp) }?;
                     k1.record(&stream).map_err(driver("recording an event"))?;
                     launches.push((Some((c0, c1)), k1));
                 }
@@ -1422,6 +1397,39 @@ impl Worker {
         }
         Ok(started.elapsed().as_secs_f64() * 1e3)
     }
+}
+
+/// Queues the shard kernel on `stream` over `count` elements of `elems`
+/// in ISPs of `isp`, for output rows starting at `at.0` of mode `at.1`.
+///
+/// # Safety
+/// `elems` must hold `count` elements of NMODES + 1 words whose indices
+/// are below each mode's dimension (relabeled by the group's RowShards),
+/// the output mode's inside this GPU's rows, so that every factor read
+/// lies inside `factors` and every output write inside `out`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch_shard(
+    stream: &Arc<CudaStream>,
+    kernel: &cudarc::driver::CudaFunction,
+    elems: &CudaSlice<u32>,
+    factors: &DeviceFactors,
+    out: &mut CudaSlice<f32>,
+    at: &(u32, i32),
+    count: u64,
+    isp: u64,
+) -> Result<()> {
+    let mut l = stream.launch_builder(kernel);
+    l.arg(elems)
+        .arg(&count)
+        .arg(&isp)
+        .arg(&factors.data)
+        .arg(&factors.row_offset)
+        .arg(out)
+        .arg(&at.0)
+        .arg(&at.1);
+    // SAFETY: the caller's contract.
+    unsafe { l.launch(shard_config(count, isp)) }.map_err(driver("launching mttkrp_shard"))?;
+    Ok(())
 }
 
 fn shard_config(count: u64, isp: u64) -> LaunchConfig {
