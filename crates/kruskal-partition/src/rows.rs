@@ -154,13 +154,18 @@ impl RowShards {
                 t.nnz()
             )));
         }
-        // Start of each new row, as a cursor the scatter advances.
-        let mut start = Vec::with_capacity(self.counts[mode].len());
-        let mut acc = 0u64;
-        for &c in &self.counts[mode] {
-            start.push(AtomicU64::new(acc));
-            acc += c;
-        }
+        // First element of each new row (and the end), then a cursor per
+        // row that the scatter advances.
+        let first: Vec<u64> = std::iter::once(0)
+            .chain(self.counts[mode].iter().scan(0u64, |acc, &c| {
+                *acc += c;
+                Some(*acc)
+            }))
+            .collect();
+        let start: Vec<AtomicU64> = first[..first.len() - 1]
+            .iter()
+            .map(|&f| AtomicU64::new(f))
+            .collect();
         let labels = &self.relabel;
         let out_ptr = SharedOut(out.as_mut_ptr());
         let nnz = t.nnz();
@@ -188,7 +193,7 @@ impl RowShards {
             });
         Ok(self.row_ptr[mode]
             .iter()
-            .map(|&r| self.counts[mode][..r as usize].iter().sum::<u64>())
+            .map(|&r| first[r as usize])
             .collect())
     }
 }

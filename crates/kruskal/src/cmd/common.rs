@@ -253,14 +253,22 @@ impl MultiGpuArgs {
         })
     }
 
-    /// Builds the group, printing its plan unless `quiet`.
+    /// Builds the group, printing its plan unless `quiet`. `kernel` is
+    /// the command's `--kernel`: the group runs the shard kernel, so only
+    /// `auto` and `shard` are accepted.
     pub fn group(
         &self,
         ordinals: &[usize],
         t: &kruskal_formats::SparseTensor,
         rank: usize,
+        kernel: &str,
         quiet: bool,
     ) -> Result<kruskal_device::GpuGroup> {
+        if !matches!(kernel, "auto" | "shard") {
+            bail!(
+                "--gpus runs the shard kernel on every GPU; --kernel {kernel} is for one GPU or the CPU"
+            );
+        }
         let opts = self.options()?;
         let mut say = |line: &str| {
             if !quiet {

@@ -315,13 +315,9 @@ fn group_backend(
     if args.backend == BackendChoice::Cpu {
         bail!("--gpus runs on GPUs; it cannot be combined with --backend cpu");
     }
-    if !matches!(args.kernel.as_str(), "auto" | "shard") {
-        bail!(
-            "--gpus runs the shard kernel on every GPU; --kernel {} is for one GPU or the CPU",
-            args.kernel
-        );
-    }
-    let group = args.multi.group(ordinals, t, rank, args.json)?;
+    let group = args
+        .multi
+        .group(ordinals, t, rank, &args.kernel, args.json)?;
     Ok(Chosen::Group(Box::new(GroupBackend::new(group, t))))
 }
 

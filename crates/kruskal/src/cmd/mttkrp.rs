@@ -295,12 +295,6 @@ fn run_group(
     ordinals: &[usize],
 ) -> Result<()> {
     let t = &loaded.tensor;
-    if !matches!(args.kernel.as_str(), "auto" | "shard") {
-        bail!(
-            "--gpus runs the shard kernel on every GPU; --kernel {} is for one GPU or the CPU",
-            args.kernel
-        );
-    }
     if !args.json {
         println!("tensor   {}", loaded.source);
         println!(
@@ -311,7 +305,9 @@ fn run_group(
         );
     }
     let prep = Instant::now();
-    let mut group = args.multi.group(ordinals, t, args.rank, args.json)?;
+    let mut group = args
+        .multi
+        .group(ordinals, t, args.rank, &args.kernel, args.json)?;
     let factors = random_factors(t.dims(), args.rank, 1);
     group.load_factors(&factors)?;
     let prep_s = prep.elapsed().as_secs_f64();
