@@ -11,7 +11,10 @@
 //!   engines, the dense CPD kernels);
 //! - [`cpd`]: CPD-ALS over a backend, the model and its files;
 //! - [`check`]: every MTTKRP engine against the f64 reference (`kruskal
-//!   check`).
+//!   check`);
+//! - [`cli`]: the subcommands of the `kruskal` program, one module each.
+//!   They are public so tools that measure the program (`cargo xtask
+//!   bench`) run the same code as the command line, without spawning it.
 //!
 //! ```
 //! use kruskal::cpd::{cpd_als, CpdOptions, CpuBackend};
@@ -29,6 +32,7 @@ pub use kruskal_formats as formats;
 pub use kruskal_partition as partition;
 
 pub mod check;
+pub mod cli;
 
 /// The README's examples, compiled as doc tests so they stay true.
 #[doc = include_str!("../../../README.md")]

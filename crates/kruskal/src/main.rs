@@ -1,11 +1,11 @@
 //! The `kruskal` program: a thin layer that parses options and calls the
-//! library crates (one module per subcommand under `cmd/`).
+//! library crates (one module per subcommand under `cli/`, in the library).
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-mod cmd;
+use kruskal::cli as cmd;
 
 /// CP decomposition of large sparse tensors.
 #[derive(Parser, Debug)]

@@ -10,7 +10,7 @@ use ndarray::Array2;
 use serde_json::json;
 
 use super::common::{
-    GpuArgs, InputArgs, MultiGpuArgs, dims_text, parse_cpu_kernel, set_threads, thousands,
+    GpuArgs, InputArgs, Loaded, MultiGpuArgs, dims_text, parse_cpu_kernel, set_threads, thousands,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -69,10 +69,20 @@ fn median(v: &mut [f64]) -> f64 {
 
 pub fn run(args: MttkrpArgs) -> Result<()> {
     set_threads(args.threads)?;
+    let loaded = args.input.load()?;
+    let reports = measure(&args, &loaded)?;
+    finish(&reports, args.json, "MTTKRP")
+}
+
+/// Times what `args` asks for on an already loaded tensor and returns one
+/// `--json` report per engine (one for `--gpus`). Prints the tables as
+/// `kruskal mttkrp` does unless `args.json`. Relative errors (with
+/// `--verify`) are in the reports; checking them is the caller's choice.
+/// `args.input` and `args.threads` are not used here.
+pub fn measure(args: &MttkrpArgs, loaded: &Loaded) -> Result<Vec<serde_json::Value>> {
     if args.rank == 0 || args.repeat == 0 {
         bail!("--rank and --repeat must be at least 1");
     }
-    let loaded = args.input.load()?;
     let t = &loaded.tensor;
     let modes: Vec<usize> = if args.mode == "all" {
         (0..t.nmodes()).collect()
@@ -87,10 +97,10 @@ pub fn run(args: MttkrpArgs) -> Result<()> {
         }
     };
     if let Some(ordinals) = args.multi.ordinals()? {
-        return run_group(&args, &loaded, &modes, &ordinals);
+        return Ok(vec![run_group(args, loaded, &modes, &ordinals)?]);
     }
     if args.backend == BackendChoice::Gpu {
-        return run_gpu(&args, &loaded, &modes);
+        return run_gpu(args, loaded, &modes);
     }
     let kernels: Vec<CpuKernel> = if args.kernel == "all" {
         CpuKernel::ENGINES.to_vec()
@@ -103,10 +113,9 @@ pub fn run(args: MttkrpArgs) -> Result<()> {
         if k > 0 && !args.json {
             println!();
         }
-        reports.push(time_kernel(&args, &loaded, kernel, &modes, &factors)?);
+        reports.push(time_kernel(args, loaded, kernel, &modes, &factors)?);
     }
-    finish(&reports, args.json, "MTTKRP")?;
-    Ok(())
+    Ok(reports)
 }
 
 /// Prints the reports as JSON (one object, or `{"runs": [...]}`) with
@@ -140,7 +149,7 @@ fn reports_errors(reports: &[serde_json::Value]) -> Vec<f64> {
 /// table unless `--json`; returns the JSON report.
 fn time_kernel(
     args: &MttkrpArgs,
-    loaded: &super::common::Loaded,
+    loaded: &Loaded,
     kernel: CpuKernel,
     modes: &[usize],
     factors: &[Array2<f32>],
@@ -241,7 +250,7 @@ fn time_kernel(
 /// of each chosen engine with CUDA events (median of `--repeat` after a
 /// warm-up), compares it with the bandwidth floor, and with `--verify`
 /// checks each mode against the f64 reference.
-fn run_gpu(args: &MttkrpArgs, loaded: &super::common::Loaded, modes: &[usize]) -> Result<()> {
+fn run_gpu(args: &MttkrpArgs, loaded: &Loaded, modes: &[usize]) -> Result<Vec<serde_json::Value>> {
     use kruskal_device::{GpuKernel, floor_bytes};
     let t = &loaded.tensor;
     let kernels: Vec<GpuKernel> = if args.kernel == "all" {
@@ -276,8 +285,7 @@ fn run_gpu(args: &MttkrpArgs, loaded: &super::common::Loaded, modes: &[usize]) -
             args, loaded, &gpu, &choice, modes, &factors, &exact, &floor_ms, bandwidth,
         )?);
     }
-    finish(&reports, args.json, "GPU MTTKRP")?;
-    Ok(())
+    Ok(reports)
 }
 
 /// One timed sweep of one mode on a group: the slowest GPU's times, each
@@ -290,10 +298,10 @@ type Sample = (kruskal_device::MttkrpTimes, Vec<f64>, f64);
 /// that follows it in CPD-ALS.
 fn run_group(
     args: &MttkrpArgs,
-    loaded: &super::common::Loaded,
+    loaded: &Loaded,
     modes: &[usize],
     ordinals: &[usize],
-) -> Result<()> {
+) -> Result<serde_json::Value> {
     let t = &loaded.tensor;
     if !args.json {
         println!("tensor   {}", loaded.source);
@@ -388,7 +396,7 @@ fn run_group(
     if !args.json && modes.len() > 1 {
         println!("{:>6} {:>11.3}", "all", total_ms);
     }
-    let report = json!({
+    Ok(json!({
         "tensor": { "source": loaded.source, "dims": t.dims(), "nnz": t.nnz() },
         "backend": "gpus", "kernel": "shard", "gpus": ordinals,
         "gpu": group.gpus()[0].properties().name,
@@ -397,8 +405,7 @@ fn run_group(
         "placement": group.describe(),
         "rank": args.rank, "repeat": args.repeat, "prepare_s": prep_s,
         "modes": rows, "total_median_ms": total_ms,
-    });
-    finish(&[report], args.json, "multi-GPU MTTKRP")
+    }))
 }
 
 /// The engine and options a GPU run uses, and where they came from.
@@ -526,7 +533,7 @@ impl GpuChoice {
 #[allow(clippy::too_many_arguments)]
 fn time_gpu_kernel(
     args: &MttkrpArgs,
-    loaded: &super::common::Loaded,
+    loaded: &Loaded,
     gpu: &std::sync::Arc<kruskal_device::Gpu>,
     choice: &GpuChoice,
     modes: &[usize],

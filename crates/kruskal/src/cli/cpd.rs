@@ -126,6 +126,76 @@ pub fn run(args: CpdArgs) -> Result<()> {
         }
         (args.input.load()?, None)
     };
+    let stop = interrupt_flag()?;
+    let done = decompose(&args, &loaded, stop)?;
+    let model = &done.model;
+    let fms = truth
+        .as_ref()
+        .map(|p| factor_match_score(&model.lambda, &model.factors, &p.lambda, &p.factors));
+    if let Some(dir) = &args.out {
+        model
+            .save(dir)
+            .with_context(|| format!("writing the model to {}", dir.display()))?;
+    }
+
+    if args.json {
+        let value = report(&loaded, &done, fms, args.out.as_ref())?;
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        if let Some(plan) = &done.backend.plan() {
+            print_plan(plan);
+        }
+        if let Chosen::Group(b) = &done.backend {
+            print_breakdown(b);
+        }
+        print_summary(model, done.cpd_s, done.starts, fms, args.out.as_ref());
+    }
+    if model.interrupted {
+        // Stopped on purpose: the model so far is written; say so in the
+        // exit status, as a shell expects of an interrupted program.
+        std::process::exit(130);
+    }
+    if let Some(fms) = fms {
+        if model.fit() < 0.99 || fms < 0.95 {
+            bail!(
+                "the demo did not recover the planted tensor (fit {:.4}, factor match {:.4})",
+                model.fit(),
+                fms
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Runs the decomposition `args` asks for on an already loaded tensor and
+/// returns the `--json` report of `kruskal cpd` (without printing it;
+/// the per-iteration lines are printed unless `args.json`). `args.input`,
+/// `args.demo`, `args.out` and `args.threads` are not used here.
+pub fn measure(args: &CpdArgs, loaded: &Loaded) -> Result<serde_json::Value> {
+    static NEVER: AtomicUsize = AtomicUsize::new(0);
+    let done = decompose(args, loaded, &NEVER)?;
+    report(loaded, &done, None, None)
+}
+
+/// A finished decomposition and how it ran.
+struct Decomposition {
+    /// The best start's model.
+    model: KruskalModel,
+    backend: Chosen,
+    /// Seconds to prepare the backend.
+    prep_s: f64,
+    /// Why the GPU was not used, when `auto` fell back to the CPU.
+    fallback: Option<String>,
+    /// Seconds of all starts.
+    cpd_s: f64,
+    starts: usize,
+    /// Seed, fit and iterations of every start.
+    summaries: Vec<serde_json::Value>,
+}
+
+/// Builds the backend and runs every start; keeps the best model. Stops
+/// after the current iteration once `stop` is non-zero.
+fn decompose(args: &CpdArgs, loaded: &Loaded, stop: &AtomicUsize) -> Result<Decomposition> {
     let rank = args.rank.unwrap_or(DEMO_RANK);
     if rank == 0 {
         bail!("--rank must be at least 1");
@@ -167,7 +237,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
         );
     }
     let prep = Instant::now();
-    let (mut backend, fallback) = make_backend(&args, tensor, rank)?;
+    let (mut backend, fallback) = make_backend(args, tensor, rank)?;
     let prep_s = prep.elapsed().as_secs_f64();
     if !args.json {
         if let Some(why) = &fallback {
@@ -183,7 +253,6 @@ pub fn run(args: CpdArgs) -> Result<()> {
             opts.max_iters, opts.tol
         );
     }
-    let stop = interrupt_flag()?;
 
     let starts = args.starts.unwrap_or(if args.demo { 3 } else { 1 });
     if starts == 0 {
@@ -225,52 +294,15 @@ pub fn run(args: CpdArgs) -> Result<()> {
         .into_iter()
         .max_by(|a, b| a.1.fit().total_cmp(&b.1.fit()))
         .expect("at least one start");
-
-    let fms = truth
-        .as_ref()
-        .map(|p| factor_match_score(&model.lambda, &model.factors, &p.lambda, &p.factors));
-    if let Some(dir) = &args.out {
-        model
-            .save(dir)
-            .with_context(|| format!("writing the model to {}", dir.display()))?;
-    }
-
-    let plan = backend.plan();
-    if args.json {
-        print_json(
-            &loaded,
-            &model,
-            &backend,
-            (prep_s, fallback.as_deref()),
-            cpd_s,
-            fms,
-            &summaries,
-            args.out.as_ref(),
-        )?;
-    } else {
-        if let Some(plan) = &plan {
-            print_plan(plan);
-        }
-        if let Chosen::Group(b) = &backend {
-            print_breakdown(b);
-        }
-        print_summary(&model, cpd_s, starts, fms, args.out.as_ref());
-    }
-    if model.interrupted {
-        // Stopped on purpose: the model so far is written; say so in the
-        // exit status, as a shell expects of an interrupted program.
-        std::process::exit(130);
-    }
-    if let Some(fms) = fms {
-        if model.fit() < 0.99 || fms < 0.95 {
-            bail!(
-                "the demo did not recover the planted tensor (fit {:.4}, factor match {:.4})",
-                model.fit(),
-                fms
-            );
-        }
-    }
-    Ok(())
+    Ok(Decomposition {
+        model,
+        backend,
+        prep_s,
+        fallback,
+        cpd_s,
+        starts,
+        summaries,
+    })
 }
 
 /// The chosen backend.
@@ -680,19 +712,16 @@ fn print_summary(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn print_json(
+/// The `--json` report of a decomposition.
+fn report(
     loaded: &Loaded,
-    model: &KruskalModel,
-    backend: &Chosen,
-    (prep_s, fallback): (f64, Option<&str>),
-    cpd_s: f64,
+    done: &Decomposition,
     fms: Option<f64>,
-    starts: &[serde_json::Value],
     out: Option<&PathBuf>,
-) -> Result<()> {
+) -> Result<serde_json::Value> {
+    let model = &done.model;
     let t = &loaded.tensor;
-    let (name, kernel, device) = match backend {
+    let (name, kernel, device) = match &done.backend {
         Chosen::Cpu(b) => ("cpu", json!(b.kernel_name()), None),
         Chosen::Gpu(b) => (
             "gpu",
@@ -712,7 +741,7 @@ fn print_json(
             Some(b.group().gpus()[0].properties().name.clone()),
         ),
     };
-    let value = json!({
+    Ok(json!({
         "tensor": {
             "source": loaded.source,
             "dims": t.dims(),
@@ -721,22 +750,20 @@ fn print_json(
         },
         "backend": name,
         "device": device,
-        "gpu_not_used": fallback,
+        "gpu_not_used": done.fallback,
         "kernel": kernel,
         "threads": rayon::current_num_threads(),
         "rank": model.rank(),
-        "prepare_s": prep_s,
-        "cpd_s": cpd_s,
+        "prepare_s": done.prep_s,
+        "cpd_s": done.cpd_s,
         "fit": model.fit(),
         "converged": model.converged,
         "interrupted": model.interrupted,
         "pseudo_inverse_solves": model.pseudo_inverse_solves,
         "iterations": model.iterations,
-        "starts": starts,
+        "starts": done.summaries,
         "lambda": model.lambda,
         "factor_match_score": fms,
         "out": out.map(|p| p.display().to_string()),
-    });
-    println!("{}", serde_json::to_string_pretty(&value)?);
-    Ok(())
+    }))
 }
