@@ -1,7 +1,7 @@
 //! Development tasks, run as `cargo xtask <task>` (an alias in
 //! `.cargo/config.toml`).
 //!
-//! - `bundle [DIR]`: build the release `kruskal` binary, the release test
+//! - `bundle [DIR]`: build the release `kruskal` and `xtask` binaries, the release test
 //!   executables and the criterion benchmarks (`DIR/benches/NAME`, run as
 //!   `NAME --bench [FILTER]`) and copy them into DIR (default `gpu-run/`,
 //!   ignored by git),
@@ -25,6 +25,12 @@
 //!   `xtask/frostt-manifest.json` (recording them there on a first
 //!   download), and convert them to `.ktns` in DIR (default `frostt/`; see
 //!   `frostt.rs`).
+//! - `bench [--matrix FILE] [--out DIR] ...`: run the evaluation matrix
+//!   (`bench/*.toml`: tensors, engines, ranks, GPU counts) through the
+//!   library, with the PyTorch baseline where torch is installed, and
+//!   write `results.json`, `report.md` and SVG plots; `bench report` rebuilds
+//!   the report from results files and updates `docs/performance.md` (see
+//!   `bench/mod.rs`).
 //!
 //! The bundle is built without debug information, in its own target folder
 //! (`target/bundle`, so ordinary release builds keep their cache), because
@@ -36,6 +42,7 @@ use std::process::{Command, ExitCode, Stdio};
 
 use anyhow::{Context, Result, bail};
 
+mod bench;
 mod frostt;
 mod kernels;
 mod tune;
@@ -59,12 +66,14 @@ fn run() -> Result<()> {
         Some("tune") => tune::tune(&args[1..]),
         Some("train") => tune::train_task(&args[1..]),
         Some("fetch-frostt") => frostt::fetch_frostt(&args[1..]),
+        Some("bench") => bench::bench(&args[1..]),
         _ => {
             eprintln!("usage: cargo xtask bundle [DIR]");
             eprintln!("       {}", kernels::USAGE);
             eprintln!("       {}", tune::TUNE_USAGE);
             eprintln!("       {}", tune::TRAIN_USAGE);
             eprintln!("       {}", frostt::USAGE);
+            eprintln!("       {}", bench::USAGE);
             eprintln!("  bundle   build release binaries and test executables into DIR (gpu-run/)");
             eprintln!(
                 "  kernels  compile every kernel specialization (NVRTC + ptxas -v) and report registers, spills, shared memory"
@@ -77,6 +86,9 @@ fn run() -> Result<()> {
             );
             eprintln!(
                 "  fetch-frostt  download FROSTT tensors, check them against xtask/frostt-manifest.json, convert to .ktns"
+            );
+            eprintln!(
+                "  bench    run the evaluation matrix (bench/*.toml) and write results.json, report.md and plots"
             );
             bail!("unknown or missing task");
         }
@@ -111,7 +123,7 @@ fn bundle_cargo() -> Command {
 fn bundle(dir: &Path) -> Result<()> {
     let dir = workspace_root().join(dir);
     let status = bundle_cargo()
-        .args(["build", "--release", "-p", "kruskal"])
+        .args(["build", "--release", "-p", "kruskal", "-p", "xtask"])
         .status()
         .context("running cargo build")?;
     if !status.success() {
@@ -187,9 +199,12 @@ fn bundle(dir: &Path) -> Result<()> {
             fs::copy(exe, dir.join("benches").join(name))?;
         }
     }
-    let bin = workspace_root().join("target/bundle/release/kruskal");
-    fs::copy(&bin, dir.join("kruskal")).with_context(|| format!("copying {}", bin.display()))?;
-    let mut bytes = fs::metadata(dir.join("kruskal"))?.len();
+    let mut bytes = 0;
+    for name in ["kruskal", "xtask"] {
+        let bin = workspace_root().join("target/bundle/release").join(name);
+        fs::copy(&bin, dir.join(name)).with_context(|| format!("copying {}", bin.display()))?;
+        bytes += fs::metadata(dir.join(name))?.len();
+    }
     for sub in ["tests", "benches"] {
         bytes += fs::read_dir(dir.join(sub))?
             .filter_map(|e| e.ok()?.metadata().ok())
@@ -206,6 +221,9 @@ fn bundle(dir: &Path) -> Result<()> {
     println!(
         "run there (from the repository root): for t in {rel}/tests/*; do \
          KRUSKAL_BIN={rel}/kruskal KRUSKAL_TEST_DATA=shared/data $t --include-ignored; done"
+    );
+    println!(
+        "and the benchmark matrix: {rel}/xtask bench --matrix bench/gpu.toml --out $OUT/bench"
     );
     if bytes > CARRY_LIMIT_BYTES {
         bail!(

@@ -1,0 +1,849 @@
+//! `cargo xtask bench`: the evaluation matrix, measured by the library
+//! itself, with a report anyone can regenerate.
+//!
+//! The matrix is a TOML file (`bench/*.toml`, see [`matrix`]). Every
+//! measurement runs the code of `kruskal mttkrp` and `kruskal cpd`
+//! (`kruskal::cli::{mttkrp, cpd}::measure`) in this process, so the
+//! release xtask binary can be carried to a GPU machine without a Rust
+//! toolchain (`cargo xtask bundle` copies it) and run there. Each tensor is
+//! loaded or generated once and serves every entry that names it. The
+//! PyTorch baseline (`benches/torch_mttkrp.py`) runs on the tensors of GPU
+//! MTTKRP entries when `python3` can import torch and sees a GPU.
+//!
+//! Output in `--out DIR`: `results.json` (every measurement with the
+//! machine, GPU, driver, commit and date; rewritten after each one, so an
+//! interrupted run keeps what it measured), `report.md` and SVG plots
+//! ([`report`], [`plot`]). `cargo xtask bench report` rebuilds the report
+//! from one or more results files (a single-GPU and a multi-GPU machine,
+//! say) and can replace the generated block of `docs/performance.md`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub mod matrix;
+pub mod plot;
+pub mod report;
+
+use matrix::{Matrix, TensorSpec};
+
+pub const USAGE: &str = "cargo xtask bench [--matrix FILE] [--out DIR] [--only TENSOR]... [--data DIR] [--no-torch] [--python PATH] [--append]\n       cargo xtask bench report RESULTS.json... --out DIR [--doc FILE --image-dir DIR]";
+
+#[derive(Parser, Debug)]
+#[command(name = "cargo xtask bench", args_conflicts_with_subcommands = true)]
+struct BenchCli {
+    #[command(subcommand)]
+    report: Option<ReportCmd>,
+    /// The evaluation matrix.
+    #[arg(long, default_value = "bench/gpu.toml")]
+    matrix: PathBuf,
+    /// Where results.json, report.md and the plots go.
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+    /// Measure only these tensors (names from the matrix).
+    #[arg(long, value_name = "TENSOR")]
+    only: Vec<String>,
+    /// Look for FROSTT .ktns files here (default: the matrix's data_dir).
+    #[arg(long, value_name = "DIR")]
+    data: Option<PathBuf>,
+    /// Skip the PyTorch baseline.
+    #[arg(long)]
+    no_torch: bool,
+    /// The Python interpreter for the PyTorch baseline.
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// The PyTorch baseline script.
+    #[arg(long, default_value = "benches/torch_mttkrp.py")]
+    torch_script: PathBuf,
+    /// Where generated tensors are written for the PyTorch baseline
+    /// (default: the system's temporary folder); removed afterwards.
+    #[arg(long, value_name = "DIR")]
+    scratch: Option<PathBuf>,
+    /// Keep the measurements already in OUT/results.json and add to them
+    /// (to run a long matrix in several calls, with --only).
+    #[arg(long)]
+    append: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum ReportCmd {
+    /// Rebuild report.md and the plots from results files.
+    Report {
+        #[arg(required = true)]
+        results: Vec<PathBuf>,
+        #[arg(long)]
+        out: PathBuf,
+        /// Replace the block between `<!-- bench:begin -->` and
+        /// `<!-- bench:end -->` in this file with the report.
+        #[arg(long, requires = "image_dir")]
+        doc: Option<PathBuf>,
+        /// How --doc's file reaches OUT (for the plots' links), e.g.
+        /// `bench` for docs/performance.md and --out docs/bench.
+        #[arg(long)]
+        image_dir: Option<String>,
+    },
+}
+
+/// The machine a measurement ran on.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Machine {
+    pub host: String,
+    pub cpu: String,
+    pub cores: usize,
+    pub memory_gib: f64,
+    /// Name of GPU 0, if any.
+    pub gpu: Option<String>,
+    pub gpus: usize,
+    /// NVIDIA kernel driver version (e.g. 580.95.05).
+    pub driver: Option<String>,
+    /// CUDA version the driver supports (e.g. 13.0).
+    pub cuda: Option<String>,
+}
+
+/// One measured configuration.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Measurement {
+    /// `mttkrp`, `torch` or `cpd`.
+    pub kind: String,
+    /// The matrix's tensor name.
+    pub tensor: String,
+    /// Where the tensor came from (file, or generated like NAME).
+    pub source: String,
+    pub dims: Vec<u32>,
+    pub nnz: usize,
+    /// `cpu`, `gpu`, `gpus` (a group) or `torch`.
+    pub backend: String,
+    /// What the matrix asked for (`auto`, `fcoo`, `pytorch`, `shard`),
+    /// with the entry's tag.
+    pub label: String,
+    /// The engine that ran (what `auto` chose).
+    pub engine: String,
+    pub rank: usize,
+    /// GPUs used (0 on the CPU).
+    pub gpus: usize,
+    pub exchange: Option<String>,
+    /// MTTKRP: median ms per mode. CPD: MTTKRP ms per mode and
+    /// iteration (median over the iterations after the first).
+    pub mode_ms: Vec<f64>,
+    /// MTTKRP: all modes, ms. CPD: ms per iteration.
+    pub total_ms: f64,
+    /// The bandwidth floor of all modes (GPU MTTKRP), ms.
+    pub floor_ms: Option<f64>,
+    /// Largest relative error against the f64 reference (when verified).
+    pub max_relative_error: Option<f64>,
+    /// CPD: the final fit.
+    pub fit: Option<f64>,
+    pub machine: Machine,
+    pub commit: String,
+    /// UTC, RFC 3339.
+    pub date: String,
+    /// The full `--json` report it came from.
+    pub report: Value,
+}
+
+/// A configuration the run could not measure, and why.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Skipped {
+    pub what: String,
+    pub why: String,
+    pub machine: String,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct Results {
+    pub measurements: Vec<Measurement>,
+    #[serde(default)]
+    pub skipped: Vec<Skipped>,
+}
+
+impl Results {
+    pub fn load(path: &Path) -> Result<Results> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    /// Writes through a temporary file, so the file is always whole.
+    fn save(&self, path: &Path) -> Result<()> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+        serde_json::to_writer_pretty(&mut tmp, self)?;
+        tmp.persist(path)
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(())
+    }
+}
+
+pub fn bench(args: &[String]) -> Result<()> {
+    let argv = std::iter::once("bench".to_string()).chain(args.iter().cloned());
+    let cli = match BenchCli::try_parse_from(argv) {
+        Ok(c) => c,
+        Err(e) if !e.use_stderr() => {
+            // --help
+            print!("{e}");
+            return Ok(());
+        }
+        Err(e) => bail!("{}", first_line(&e.to_string())),
+    };
+    if let Some(ReportCmd::Report {
+        results,
+        out,
+        doc,
+        image_dir,
+    }) = &cli.report
+    {
+        let mut all = Results::default();
+        for p in results {
+            let r = Results::load(p)?;
+            all.measurements.extend(r.measurements);
+            all.skipped.extend(r.skipped);
+        }
+        std::fs::create_dir_all(out)?;
+        let md = report::write(&all, out)?;
+        if let (Some(doc), Some(dir)) = (doc, image_dir) {
+            report::splice_into(doc, &report::with_image_dir(&md, dir))?;
+            println!("updated {}", doc.display());
+        }
+        println!("wrote {}/report.md and its plots", out.display());
+        return Ok(());
+    }
+    run_matrix(&cli)
+}
+
+fn first_line(s: &str) -> &str {
+    s.trim().lines().next().unwrap_or("")
+}
+
+/// `kruskal mttkrp` / `kruskal cpd` arguments, parsed the program's way.
+#[derive(Parser)]
+struct MttkrpCli {
+    #[command(flatten)]
+    args: kruskal::cli::mttkrp::MttkrpArgs,
+}
+
+#[derive(Parser)]
+struct CpdCli {
+    #[command(flatten)]
+    args: kruskal::cli::cpd::CpdArgs,
+}
+
+fn parse_as<P: Parser>(what: &str, argv: &[String]) -> Result<P> {
+    P::try_parse_from(std::iter::once(what.to_string()).chain(argv.iter().cloned())).map_err(|e| {
+        anyhow::anyhow!(
+            "`kruskal {what} {}`: {}",
+            argv.join(" "),
+            first_line(&e.to_string())
+        )
+    })
+}
+
+/// What every measurement of this run shares.
+struct Run {
+    machine: Machine,
+    commit: String,
+    out: PathBuf,
+    results: Results,
+    /// Relative errors over 1e-5, to fail the run at its end.
+    bad: Vec<String>,
+}
+
+impl Run {
+    fn push(&mut self, m: Measurement) -> Result<()> {
+        if let Some(e) = m
+            .max_relative_error
+            .filter(|&e| e > 1e-5 && m.kind != "torch")
+        {
+            self.bad.push(format!(
+                "{} {} rank {}: relative error {e:.2e}",
+                m.tensor, m.label, m.rank
+            ));
+        }
+        println!("{}", summary_line(&m));
+        self.results.measurements.push(m);
+        self.results.save(&self.out.join("results.json"))
+    }
+
+    fn skip(&mut self, what: String, why: String) -> Result<()> {
+        println!("skipped  {what}: {why}");
+        self.results.skipped.push(Skipped {
+            what,
+            why,
+            machine: self.machine.host.clone(),
+        });
+        self.results.save(&self.out.join("results.json"))
+    }
+}
+
+fn summary_line(m: &Measurement) -> String {
+    let what = match m.kind.as_str() {
+        "cpd" => format!("{:.3} ms/iteration", m.total_ms),
+        _ => format!("{:.3} ms all modes", m.total_ms),
+    };
+    format!(
+        "measured {:<8} {:<16} {:<22} rank {:<3} gpus {} {:<5} {what}",
+        m.kind,
+        m.tensor,
+        m.label,
+        m.rank,
+        m.gpus,
+        m.exchange.as_deref().unwrap_or("")
+    )
+}
+
+fn run_matrix(cli: &BenchCli) -> Result<()> {
+    let matrix = Matrix::load(&cli.matrix)?;
+    for name in &cli.only {
+        if matrix.tensor(name).is_none() {
+            bail!(
+                "--only {name}: {} defines no such tensor",
+                cli.matrix.display()
+            );
+        }
+    }
+    std::fs::create_dir_all(&cli.out).with_context(|| format!("creating {}", cli.out.display()))?;
+    let results_path = cli.out.join("results.json");
+    let results = if cli.append && results_path.exists() {
+        Results::load(&results_path)?
+    } else {
+        Results::default()
+    };
+    let machine = machine();
+    println!(
+        "machine  {} ({}, {} cores, {:.0} GiB){}",
+        machine.host,
+        machine.cpu,
+        machine.cores,
+        machine.memory_gib,
+        match &machine.gpu {
+            Some(g) => format!(
+                "; {} x {g}, driver {}",
+                machine.gpus,
+                machine.driver.as_deref().unwrap_or("?")
+            ),
+            None => "; no GPU".into(),
+        }
+    );
+    let mut cx = Run {
+        commit: commit(),
+        machine,
+        out: cli.out.clone(),
+        results,
+        bad: Vec::new(),
+    };
+    let data_dir = cli
+        .data
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(&matrix.settings.data_dir));
+    let mut torch = if cli.no_torch || !matrix.settings.torch {
+        Torch::Off("turned off".into())
+    } else {
+        Torch::Unknown
+    };
+    for spec in &matrix.tensors {
+        if !cli.only.is_empty() && !cli.only.contains(&spec.name) {
+            continue;
+        }
+        let uses = |list: &[String]| list.contains(&spec.name);
+        let mttkrp: Vec<_> = matrix.mttkrp.iter().filter(|e| uses(&e.tensors)).collect();
+        let cpd: Vec<_> = matrix.cpd.iter().filter(|e| uses(&e.tensors)).collect();
+        if mttkrp.is_empty() && cpd.is_empty() {
+            continue;
+        }
+        let input = spec.input_args(&data_dir);
+        let loaded = parse_as::<MttkrpCli>("mttkrp", &input)?
+            .args
+            .input
+            .load()
+            .with_context(|| format!("tensor '{}'", spec.name))?;
+        println!(
+            "tensor   {}: {} ({} nonzeros, ready in {:.1} s)",
+            spec.name,
+            loaded.source,
+            loaded.tensor.nnz(),
+            loaded.load_s
+        );
+        let mut torch_file = TorchFile::new(spec, &input, cli.scratch.as_deref());
+        for e in &mttkrp {
+            if e.backend == "gpu" && cx.machine.gpus == 0 {
+                cx.skip(
+                    format!("{} GPU MTTKRP", spec.name),
+                    "no CUDA GPU on this machine".into(),
+                )?;
+                continue;
+            }
+            for &rank in &e.ranks {
+                for engine in &e.engines {
+                    let mut argv: Vec<String> = [
+                        "--backend",
+                        &e.backend,
+                        "--kernel",
+                        engine,
+                        "--rank",
+                        &rank.to_string(),
+                        "--repeat",
+                        &matrix.settings.repeat.to_string(),
+                        "--json",
+                    ]
+                    .map(String::from)
+                    .to_vec();
+                    if spec.verify {
+                        argv.push("--verify".into());
+                    }
+                    argv.extend(e.flags.iter().cloned());
+                    let args = parse_as::<MttkrpCli>("mttkrp", &argv)?.args;
+                    let reports = kruskal::cli::mttkrp::measure(&args, &loaded)
+                        .with_context(|| format!("{} mttkrp --kernel {engine}", spec.name))?;
+                    for r in reports {
+                        let m = cx.mttkrp_measurement(spec, &e.backend, engine, &e.tag, r)?;
+                        cx.push(m)?;
+                    }
+                }
+                if e.backend == "gpu" {
+                    torch_baseline(
+                        &mut cx,
+                        &mut torch,
+                        &mut torch_file,
+                        &loaded.tensor,
+                        spec,
+                        rank,
+                        matrix.settings.repeat,
+                        cli,
+                    )?;
+                }
+            }
+        }
+        torch_file.remove();
+        for e in &cpd {
+            for &rank in &e.ranks {
+                let mut runs: Vec<(usize, Option<&str>)> = Vec::new();
+                if e.backend == "gpus" {
+                    for &g in &e.gpus {
+                        if g == 1 || e.exchange.is_empty() {
+                            runs.push((g, None));
+                        } else {
+                            runs.extend(e.exchange.iter().map(|x| (g, Some(x.as_str()))));
+                        }
+                    }
+                } else {
+                    runs.push((usize::from(e.backend == "gpu"), None));
+                }
+                for (g, exchange) in runs {
+                    let what = format!(
+                        "{} cpd rank {rank} on {}",
+                        spec.name,
+                        match (e.backend.as_str(), exchange) {
+                            ("cpu", _) => "the CPU".to_string(),
+                            (_, Some(x)) => format!("{g} GPUs ({x})"),
+                            _ => format!("{g} GPU"),
+                        }
+                    );
+                    if e.backend != "cpu" && g > cx.machine.gpus {
+                        let why = format!("needs {g} GPU(s); this machine has {}", cx.machine.gpus);
+                        cx.skip(what, why)?;
+                        continue;
+                    }
+                    let mut argv: Vec<String> = [
+                        "--rank",
+                        &rank.to_string(),
+                        "--iters",
+                        &e.iters.to_string(),
+                        "--tol",
+                        "0",
+                        "--json",
+                    ]
+                    .map(String::from)
+                    .to_vec();
+                    match e.backend.as_str() {
+                        "gpus" => {
+                            argv.extend(["--gpus".into(), g.to_string()]);
+                            if let Some(x) = exchange {
+                                argv.extend(["--exchange".into(), x.to_string()]);
+                            }
+                        }
+                        b => argv.extend(["--backend".into(), b.to_string()]),
+                    }
+                    argv.extend(e.flags.iter().cloned());
+                    let args = parse_as::<CpdCli>("cpd", &argv)?.args;
+                    let r =
+                        kruskal::cli::cpd::measure(&args, &loaded).with_context(|| what.clone())?;
+                    let m = cx.cpd_measurement(spec, &e.backend, &e.tag, g, exchange, r)?;
+                    cx.push(m)?;
+                }
+            }
+        }
+    }
+    let md = report::write(&cx.results, &cli.out)?;
+    println!();
+    print!("{}", report::terminal_summary(&cx.results));
+    println!(
+        "wrote report.md ({} lines), results.json and the plots into {}",
+        md.lines().count(),
+        cli.out.display()
+    );
+    if !cx.bad.is_empty() {
+        bail!(
+            "{} measurement(s) differ from the f64 reference by more than 1e-5: {}",
+            cx.bad.len(),
+            cx.bad.join("; ")
+        );
+    }
+    Ok(())
+}
+
+fn f64s(v: &Value) -> Option<Vec<f64>> {
+    v.as_array()?.iter().map(Value::as_f64).collect()
+}
+
+fn label(requested: &str, tag: &Option<String>) -> String {
+    match tag {
+        Some(t) => format!("{requested} ({t})"),
+        None => requested.to_string(),
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+    }
+}
+
+impl Run {
+    fn base(&self, spec: &TensorSpec, report: &Value) -> Result<Measurement> {
+        let t = &report["tensor"];
+        Ok(Measurement {
+            kind: String::new(),
+            tensor: spec.name.clone(),
+            source: t["source"]
+                .as_str()
+                .or(t["path"].as_str())
+                .unwrap_or("")
+                .to_string(),
+            dims: serde_json::from_value(t["dims"].clone()).context("report without dims")?,
+            nnz: t["nnz"].as_u64().context("report without nnz")? as usize,
+            backend: String::new(),
+            label: String::new(),
+            engine: String::new(),
+            rank: report["rank"].as_u64().context("report without rank")? as usize,
+            gpus: 0,
+            exchange: None,
+            mode_ms: Vec::new(),
+            total_ms: f64::NAN,
+            floor_ms: None,
+            max_relative_error: None,
+            fit: None,
+            machine: self.machine.clone(),
+            commit: self.commit.clone(),
+            date: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            report: Value::Null,
+        })
+    }
+
+    fn mttkrp_measurement(
+        &self,
+        spec: &TensorSpec,
+        backend: &str,
+        requested: &str,
+        tag: &Option<String>,
+        report: Value,
+    ) -> Result<Measurement> {
+        let modes = report["modes"].as_array().context("report without modes")?;
+        let mode_ms: Vec<f64> = modes
+            .iter()
+            .filter_map(|m| m["median_ms"].as_f64())
+            .collect();
+        let errors: Vec<f64> = modes
+            .iter()
+            .filter_map(|m| m["relative_error"].as_f64())
+            .collect();
+        let mut m = self.base(spec, &report)?;
+        m.kind = "mttkrp".into();
+        m.backend = backend.into();
+        m.label = label(requested, tag);
+        m.engine = report["kernel"].as_str().unwrap_or(requested).to_string();
+        m.gpus = usize::from(backend == "gpu");
+        m.total_ms = report["total_median_ms"].as_f64().context("no total")?;
+        m.mode_ms = mode_ms;
+        m.floor_ms = report["floor_ms"].as_f64();
+        m.max_relative_error = errors.into_iter().reduce(f64::max);
+        m.report = report;
+        Ok(m)
+    }
+
+    fn cpd_measurement(
+        &self,
+        spec: &TensorSpec,
+        backend: &str,
+        tag: &Option<String>,
+        gpus: usize,
+        exchange: Option<&str>,
+        report: Value,
+    ) -> Result<Measurement> {
+        let its = report["iterations"]
+            .as_array()
+            .context("report without iterations")?;
+        if its.len() < 2 {
+            bail!(
+                "the CPD stopped after {} iteration(s); nothing to time",
+                its.len()
+            );
+        }
+        let later = &its[1..];
+        let per_it: Vec<f64> = later
+            .iter()
+            .map(|i| {
+                (i["mttkrp_s"].as_f64().unwrap_or(f64::NAN)
+                    + i["other_s"].as_f64().unwrap_or(f64::NAN))
+                    * 1e3
+            })
+            .collect();
+        let nmodes = report["tensor"]["dims"].as_array().map_or(0, Vec::len);
+        let mode_ms = (0..nmodes)
+            .map(|k| {
+                median(
+                    later
+                        .iter()
+                        .filter_map(|i| f64s(&i["mttkrp_modes_s"]).and_then(|v| v.get(k).copied()))
+                        .map(|s| s * 1e3)
+                        .collect(),
+                )
+            })
+            .collect();
+        let mut m = self.base(spec, &report)?;
+        m.kind = "cpd".into();
+        m.backend = backend.into();
+        let engine = match &report["kernel"] {
+            Value::String(s) => s.clone(),
+            Value::Object(o) => o
+                .get("name")
+                .and_then(Value::as_str)
+                .or_else(|| o.get("kernel").and_then(Value::as_str))
+                .unwrap_or("?")
+                .to_string(),
+            _ => "?".into(),
+        };
+        m.label = label(if backend == "gpus" { "shard" } else { &engine }, tag);
+        m.engine = engine;
+        m.gpus = gpus;
+        m.exchange = exchange
+            .map(String::from)
+            .or_else(|| report["kernel"]["exchange"].as_str().map(String::from));
+        m.mode_ms = mode_ms;
+        m.total_ms = median(per_it);
+        m.fit = report["fit"].as_f64();
+        m.report = report;
+        Ok(m)
+    }
+}
+
+/// Whether the PyTorch baseline can run here.
+enum Torch {
+    Unknown,
+    Ready,
+    Off(String),
+}
+
+/// The `.ktns` file the PyTorch script reads: the tensor's own file, or
+/// the generated tensor written to the scratch folder (once, removed after
+/// the tensor's entries).
+struct TorchFile {
+    path: PathBuf,
+    written: bool,
+    ours: bool,
+}
+
+impl TorchFile {
+    fn new(spec: &TensorSpec, input: &[String], scratch: Option<&Path>) -> TorchFile {
+        if input.len() == 1 {
+            return TorchFile {
+                path: PathBuf::from(&input[0]),
+                written: true,
+                ours: false,
+            };
+        }
+        let dir = scratch.map_or_else(std::env::temp_dir, Path::to_path_buf);
+        TorchFile {
+            path: dir.join(format!(
+                "kruskal-bench-{}-{}.ktns",
+                spec.name,
+                std::process::id()
+            )),
+            written: false,
+            ours: true,
+        }
+    }
+
+    fn ensure(&mut self, t: &kruskal_formats::SparseTensor) -> Result<&Path> {
+        if !self.written {
+            kruskal_formats::binary::write_binary(&self.path, t)
+                .with_context(|| format!("writing {} for PyTorch", self.path.display()))?;
+            self.written = true;
+        }
+        Ok(&self.path)
+    }
+
+    fn remove(&mut self) {
+        if self.ours && self.written {
+            let _ = std::fs::remove_file(&self.path);
+            self.written = false;
+        }
+    }
+}
+
+impl Drop for TorchFile {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn torch_baseline(
+    cx: &mut Run,
+    torch: &mut Torch,
+    file: &mut TorchFile,
+    t: &kruskal_formats::SparseTensor,
+    spec: &TensorSpec,
+    rank: usize,
+    repeat: usize,
+    cli: &BenchCli,
+) -> Result<()> {
+    let what = format!("{} PyTorch rank {rank}", spec.name);
+    if let Torch::Unknown = torch {
+        *torch = match torch_available(&cli.python) {
+            Ok(()) => Torch::Ready,
+            Err(why) => Torch::Off(why),
+        };
+    }
+    if let Torch::Off(why) = torch {
+        return cx.skip(what, why.clone());
+    }
+    if !cli.torch_script.is_file() {
+        return cx.skip(what, format!("{} not found", cli.torch_script.display()));
+    }
+    let path = file.ensure(t)?.to_path_buf();
+    let mut cmd = Command::new(&cli.python);
+    cmd.arg(&cli.torch_script).arg(&path).args([
+        "--rank",
+        &rank.to_string(),
+        "--repeat",
+        &repeat.to_string(),
+        "--json",
+    ]);
+    if spec.verify {
+        cmd.arg("--verify");
+    }
+    let out = cmd
+        .output()
+        .with_context(|| format!("running {}", cli.python))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err
+            .trim()
+            .lines()
+            .last()
+            .unwrap_or("no message")
+            .to_string();
+        return cx.skip(what, format!("the PyTorch script failed: {last}"));
+    }
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("{what}: the script's JSON"))?;
+    let mut m = cx.mttkrp_measurement(spec, "torch", "pytorch", &None, report)?;
+    m.kind = "torch".into();
+    m.engine = "pytorch".into();
+    m.gpus = 1;
+    m.source = cx
+        .results
+        .measurements
+        .iter()
+        .rev()
+        .find(|x| x.tensor == spec.name)
+        .map_or(m.source.clone(), |x| x.source.clone());
+    cx.push(m)
+}
+
+/// Ok when `python` imports torch and sees a CUDA GPU; else why not.
+fn torch_available(python: &str) -> Result<(), String> {
+    let probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)";
+    match Command::new(python).args(["-c", probe]).output() {
+        Err(e) => Err(format!("{python} cannot be run ({e})")),
+        Ok(o) if o.status.code() == Some(3) => Err("PyTorch sees no CUDA GPU".into()),
+        Ok(o) if !o.status.success() => Err(format!("{python} cannot import torch")),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// The machine this runs on; GPU fields stay empty without a driver.
+fn machine() -> Machine {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let cpu = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name")?.split(':').nth(1))
+        .map_or("unknown CPU".to_string(), |s| s.trim().to_string());
+    let mem_kib: f64 = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("MemTotal:")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0);
+    let driver = read("/proc/driver/nvidia/version")
+        .split_whitespace()
+        .skip_while(|w| *w != "Module")
+        .nth(1)
+        .map(String::from);
+    let mut m = Machine {
+        host: read("/proc/sys/kernel/hostname").trim().to_string(),
+        cpu,
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        memory_gib: mem_kib / (1 << 20) as f64,
+        driver,
+        ..Machine::default()
+    };
+    if let Ok(n) = kruskal_device::Gpu::count() {
+        m.gpus = n;
+        if n > 0 {
+            if let Ok(g) = kruskal_device::Gpu::open(0) {
+                let p = g.properties();
+                m.gpu = Some(p.name.clone());
+                m.cuda = Some(format!(
+                    "{}.{}",
+                    p.driver_version / 1000,
+                    p.driver_version % 1000 / 10
+                ));
+            }
+        }
+    }
+    m
+}
+
+/// The commit measured: from git when run in a checkout, else the one the
+/// binary was built from (`build.rs`), as on a GPU machine.
+fn commit() -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "--short=12", "HEAD"]) {
+        Some(head) if !head.is_empty() => {
+            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
+                .is_some_and(|s| !s.is_empty());
+            format!("{head}{}", if dirty { "-dirty" } else { "" })
+        }
+        _ => env!("KRUSKAL_BUILD_COMMIT").to_string(),
+    }
+}
