@@ -367,6 +367,8 @@ fn run_matrix(cli: &BenchCli) -> Result<()> {
             loaded.load_s
         );
         let mut torch_file = TorchFile::new(spec, &input, cli.scratch.as_deref());
+        // PyTorch runs once per rank, whichever entries ask for it.
+        let mut torch_ranks = Vec::new();
         for e in &mttkrp {
             if e.backend == "gpu" && cx.machine.gpus == 0 {
                 cx.skip(
@@ -402,7 +404,8 @@ fn run_matrix(cli: &BenchCli) -> Result<()> {
                         cx.push(m)?;
                     }
                 }
-                if e.backend == "gpu" {
+                if e.backend == "gpu" && !torch_ranks.contains(&rank) {
+                    torch_ranks.push(rank);
                     torch_baseline(
                         &mut cx,
                         &mut torch,
