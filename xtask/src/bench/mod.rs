@@ -497,6 +497,17 @@ fn run_matrix(cli: &BenchCli) -> Result<()> {
     Ok(())
 }
 
+/// Distinct strings in first-appearance order.
+fn distinct_strings<'a>(it: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut out: Vec<&str> = Vec::new();
+    for s in it {
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    }
+    out
+}
+
 fn f64s(v: &Value) -> Option<Vec<f64>> {
     v.as_array()?.iter().map(Value::as_f64).collect()
 }
@@ -622,17 +633,22 @@ impl Run {
         let mut m = self.base(spec, &report)?;
         m.kind = "cpd".into();
         m.backend = backend.into();
-        let engine = match &report["kernel"] {
-            Value::String(s) => s.clone(),
-            Value::Object(o) => o
-                .get("name")
-                .and_then(Value::as_str)
-                .or_else(|| o.get("kernel").and_then(Value::as_str))
-                .unwrap_or("?")
-                .to_string(),
+        // CPU: the engine's name; GPU: the plan (the engine chosen per
+        // mode); a group: the shard kernel.
+        let kernel = &report["kernel"];
+        let engine = match (
+            kernel.as_str(),
+            kernel["per_mode"].as_array(),
+            kernel["name"].as_str(),
+        ) {
+            (Some(name), _, _) | (_, _, Some(name)) => name.to_string(),
+            (None, Some(modes), None) => {
+                let names = distinct_strings(modes.iter().filter_map(Value::as_str));
+                names.join(" / ")
+            }
             _ => "?".into(),
         };
-        m.label = label(if backend == "gpus" { "shard" } else { &engine }, tag);
+        m.label = label(&engine, tag);
         m.engine = engine;
         m.gpus = gpus;
         m.exchange = exchange
