@@ -816,10 +816,12 @@ fn machine() -> Machine {
                 .ok()
         })
         .unwrap_or(0.0);
+    // "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04 ...":
+    // the first word after "Module" made of digits and dots.
     let driver = read("/proc/driver/nvidia/version")
         .split_whitespace()
         .skip_while(|w| *w != "Module")
-        .nth(1)
+        .find(|w| w.contains('.') && w.chars().all(|c| c.is_ascii_digit() || c == '.'))
         .map(String::from);
     let mut m = Machine {
         host: read("/proc/sys/kernel/hostname").trim().to_string(),
@@ -846,23 +848,9 @@ fn machine() -> Machine {
     m
 }
 
-/// The commit measured: from git when run in a checkout, else the one the
-/// binary was built from (`build.rs`), as on a GPU machine.
+/// The commit the binary was built from (`build.rs`; `-dirty` when the
+/// tracked files differed from it). The build-time record is the right
+/// one: a copy of the tree on another machine may carry a stale `.git`.
 fn commit() -> String {
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    match git(&["rev-parse", "--short=12", "HEAD"]) {
-        Some(head) if !head.is_empty() => {
-            let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|s| !s.is_empty());
-            format!("{head}{}", if dirty { "-dirty" } else { "" })
-        }
-        _ => env!("KRUSKAL_BUILD_COMMIT").to_string(),
-    }
+    env!("KRUSKAL_BUILD_COMMIT").to_string()
 }

@@ -131,16 +131,15 @@ fn runs_table(md: &mut String, all: &[&Measurement]) -> Result<()> {
         "| machine | CPU | GPUs | driver (CUDA) | commit | dates (UTC) | measurements |"
     )?;
     writeln!(md, "| --- | --- | --- | --- | --- | --- | --- |")?;
-    let runs = distinct(
-        all.iter()
-            .map(|m| (m.machine.host.clone(), m.commit.clone())),
-    );
-    for (host, commit) in runs {
+    // Machines may share a host name: tell them apart by all they report.
+    let runs = distinct(all.iter().map(|m| (m.machine.clone(), m.commit.clone())));
+    for (machine, commit) in runs {
         let of: Vec<_> = all
             .iter()
-            .filter(|m| m.machine.host == host && m.commit == commit)
+            .filter(|m| m.machine == machine && m.commit == commit)
             .collect();
-        let m = &of[0].machine;
+        let m = &machine;
+        let host = &m.host;
         let dates = distinct(
             of.iter()
                 .map(|m| m.date.get(..10).unwrap_or(&m.date).to_string()),
