@@ -816,13 +816,7 @@ fn machine() -> Machine {
                 .ok()
         })
         .unwrap_or(0.0);
-    // "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04 ...":
-    // the first word after "Module" made of digits and dots.
-    let driver = read("/proc/driver/nvidia/version")
-        .split_whitespace()
-        .skip_while(|w| *w != "Module")
-        .find(|w| w.contains('.') && w.chars().all(|c| c.is_ascii_digit() || c == '.'))
-        .map(String::from);
+    let driver = driver_version(&read("/proc/driver/nvidia/version"));
     let mut m = Machine {
         host: read("/proc/sys/kernel/hostname").trim().to_string(),
         cpu,
@@ -848,9 +842,33 @@ fn machine() -> Machine {
     m
 }
 
+/// The kernel driver's version from `/proc/driver/nvidia/version`
+/// ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04
+/// ..."): the first word after "Module" made of digits and dots.
+fn driver_version(text: &str) -> Option<String> {
+    text.split_whitespace()
+        .skip_while(|w| *w != "Module")
+        .find(|w| w.contains('.') && w.chars().all(|c| c.is_ascii_digit() || c == '.'))
+        .map(String::from)
+}
+
 /// The commit the binary was built from (`build.rs`; `-dirty` when the
 /// tracked files differed from it). The build-time record is the right
 /// one: a copy of the tree on another machine may carry a stale `.git`.
 fn commit() -> String {
     env!("KRUSKAL_BUILD_COMMIT").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_driver_version_is_found_in_both_module_banners() {
+        let open = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U16-I3-B03-4-3)  Thu Oct 16 2025\nGCC version:  gcc version 13.3.0\n";
+        let closed = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n";
+        assert_eq!(driver_version(open).as_deref(), Some("580.159.04"));
+        assert_eq!(driver_version(closed).as_deref(), Some("550.54.15"));
+        assert_eq!(driver_version(""), None);
+    }
 }
