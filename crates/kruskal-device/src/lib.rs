@@ -26,7 +26,9 @@
 //! - [`nccl`]: NCCL, found and loaded by kruskal (`libnccl.so.2`).
 //! - [`launch`]: several processes, one per GPU, on one or several hosts
 //!   (no GPU needed): each process's rank from the launcher's variables
-//!   (kruskal's, torchrun's, OpenMPI's, Slurm's).
+//!   (kruskal's, torchrun's, OpenMPI's, Slurm's), a TCP rendezvous with a
+//!   job token that hands rank 0's NCCL unique id to every rank, and a
+//!   heartbeat membership that names a lost rank on every rank.
 //! - [`tune`]: the adaptive choice of engine and launch parameters from a
 //!   tensor's features (a trained regression tree, the sweep that measures
 //!   its training data, training and evaluation).
