@@ -1,0 +1,423 @@
+//! The frames of the rendezvous protocol (layout in the [`super`] module
+//! doc): encoding, and a reader that keeps partial frames across read
+//! timeouts and checks each header as soon as it has arrived.
+
+use std::io::{self, Read, Write};
+
+use sha2::{Digest, Sha256};
+
+/// The largest payload a frame may carry, in bytes.
+pub const MAX_PAYLOAD_BYTES: usize = 4096;
+
+pub(crate) const MAGIC: [u8; 4] = *b"KRDV";
+pub(crate) const VERSION: u16 = 1;
+pub(crate) const HEADER_BYTES: usize = 48;
+
+/// SHA-256 of the job token, the only form of it that travels.
+pub(crate) type TokenDigest = [u8; 32];
+
+/// What REFUSE carries instead of a digest.
+pub(crate) const NO_DIGEST: TokenDigest = [0; 32];
+
+/// The message kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Hello = 1,
+    Root = 2,
+    Heartbeat = 3,
+    Goodbye = 4,
+    Abort = 5,
+    Refuse = 6,
+    Barrier = 7,
+}
+
+impl Kind {
+    fn from_byte(b: u8) -> Option<Kind> {
+        Some(match b {
+            1 => Kind::Hello,
+            2 => Kind::Root,
+            3 => Kind::Heartbeat,
+            4 => Kind::Goodbye,
+            5 => Kind::Abort,
+            6 => Kind::Refuse,
+            7 => Kind::Barrier,
+            _ => return None,
+        })
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::Hello => "HELLO",
+            Kind::Root => "ROOT",
+            Kind::Heartbeat => "HEARTBEAT",
+            Kind::Goodbye => "GOODBYE",
+            Kind::Abort => "ABORT",
+            Kind::Refuse => "REFUSE",
+            Kind::Barrier => "BARRIER",
+        }
+    }
+
+    /// Whether a payload of `bytes` fits this kind (all are at most
+    /// [`MAX_PAYLOAD_BYTES`]).
+    fn payload_fits(self, bytes: usize) -> bool {
+        match self {
+            Kind::Hello => bytes == 4,
+            Kind::Heartbeat | Kind::Goodbye => bytes == 0,
+            Kind::Barrier => bytes == 8,
+            Kind::Root | Kind::Abort | Kind::Refuse => true,
+        }
+    }
+}
+
+/// One received message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Frame {
+    pub kind: Kind,
+    pub rank: u32,
+    pub payload: Vec<u8>,
+}
+
+impl Frame {
+    /// The payload as text (ABORT and REFUSE reasons).
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.payload).into_owned()
+    }
+
+    /// The payload as a big-endian u32 (HELLO) or u64 (BARRIER).
+    pub(crate) fn number(&self) -> u64 {
+        self.payload
+            .iter()
+            .fold(0u64, |n, &b| (n << 8) | u64::from(b))
+    }
+}
+
+pub(crate) fn token_digest(token: &str) -> TokenDigest {
+    let mut h = Sha256::new();
+    h.update(b"kruskal job token v1\0");
+    h.update(token.as_bytes());
+    h.finalize().into()
+}
+
+/// Compares two digests in time independent of where they differ.
+pub(crate) fn same_digest(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+/// The bytes of one frame. The caller keeps `payload` within
+/// [`MAX_PAYLOAD_BYTES`] (see [`clip`]).
+pub(crate) fn encode(kind: Kind, digest: &TokenDigest, rank: u32, payload: &[u8]) -> Vec<u8> {
+    debug_assert!(payload.len() <= MAX_PAYLOAD_BYTES);
+    let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&VERSION.to_be_bytes());
+    out.push(kind as u8);
+    out.push(0);
+    out.extend_from_slice(digest);
+    out.extend_from_slice(&rank.to_be_bytes());
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Writes one frame in one call (small frames leave in one segment).
+pub(crate) fn send(
+    w: &mut impl Write,
+    kind: Kind,
+    digest: &TokenDigest,
+    rank: u32,
+    payload: &[u8],
+) -> io::Result<()> {
+    w.write_all(&encode(kind, digest, rank, payload))?;
+    w.flush()
+}
+
+/// `text` cut to at most [`MAX_PAYLOAD_BYTES`] bytes at a character edge.
+pub(crate) fn clip(text: &str) -> &[u8] {
+    let mut end = text.len().min(MAX_PAYLOAD_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text.as_bytes()[..end]
+}
+
+/// Why no frame was returned.
+#[derive(Debug)]
+pub(crate) enum ReadError {
+    /// The read timed out; what arrived so far is kept for the next call.
+    Pending,
+    /// The peer closed the connection between frames.
+    Closed,
+    Io(io::Error),
+    /// Not a valid frame. `peer` is true when at least the magic was
+    /// right, i.e. the sender speaks this protocol and may be told why.
+    Invalid {
+        reason: String,
+        peer: bool,
+    },
+}
+
+/// Reads frames from a stream, one at a time, never past the current one.
+pub(crate) struct FrameReader {
+    digest: TokenDigest,
+    buf: Vec<u8>,
+}
+
+impl FrameReader {
+    pub(crate) fn new(digest: TokenDigest) -> Self {
+        FrameReader {
+            digest,
+            buf: Vec::with_capacity(HEADER_BYTES),
+        }
+    }
+
+    /// The next frame. With a read timeout set on the stream, returns
+    /// [`ReadError::Pending`] when it expires and resumes where it stopped
+    /// on the next call.
+    pub(crate) fn read(&mut self, r: &mut impl Read) -> Result<Frame, ReadError> {
+        loop {
+            let need = self.needed()?;
+            let have = self.buf.len();
+            if have == need {
+                return Ok(self.take());
+            }
+            self.buf.resize(need, 0);
+            let got = r.read(&mut self.buf[have..]);
+            self.buf.truncate(have + *got.as_ref().unwrap_or(&0));
+            match got {
+                Ok(0) if have == 0 => return Err(ReadError::Closed),
+                Ok(0) => {
+                    return Err(ReadError::Invalid {
+                        reason: format!(
+                            "the connection closed in the middle of a message ({have} bytes)"
+                        ),
+                        peer: have >= MAGIC.len(),
+                    });
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(ReadError::Pending);
+                }
+                Err(e) => return Err(ReadError::Io(e)),
+            }
+        }
+    }
+
+    /// How many bytes the frame being read has in all, as far as the
+    /// buffered bytes tell; an error as soon as they show it is invalid.
+    fn needed(&self) -> Result<usize, ReadError> {
+        let b = &self.buf;
+        let invalid = |reason: String, peer: bool| Err(ReadError::Invalid { reason, peer });
+        let m = b.len().min(MAGIC.len());
+        if b[..m] != MAGIC[..m] {
+            return invalid("not a kruskal rendezvous message (bad magic)".into(), false);
+        }
+        if b.len() < HEADER_BYTES {
+            return Ok(HEADER_BYTES);
+        }
+        let version = u16::from_be_bytes([b[4], b[5]]);
+        if version != VERSION {
+            return invalid(
+                format!("protocol version {version}; this build speaks version {VERSION}"),
+                true,
+            );
+        }
+        let Some(kind) = Kind::from_byte(b[6]) else {
+            return invalid(format!("unknown message kind {}", b[6]), true);
+        };
+        if b[7] != 0 {
+            return invalid(format!("reserved byte is {}, not 0", b[7]), true);
+        }
+        let len = u32::from_be_bytes([b[44], b[45], b[46], b[47]]) as usize;
+        if len > MAX_PAYLOAD_BYTES {
+            return invalid(
+                format!("a payload of {len} bytes (at most {MAX_PAYLOAD_BYTES})"),
+                true,
+            );
+        }
+        if !kind.payload_fits(len) {
+            return invalid(
+                format!("{} with a payload of {len} bytes", kind.name()),
+                true,
+            );
+        }
+        if kind != Kind::Refuse && !same_digest(&b[8..40], &self.digest) {
+            return invalid("wrong job token".into(), true);
+        }
+        Ok(HEADER_BYTES + len)
+    }
+
+    fn take(&mut self) -> Frame {
+        let b = &self.buf;
+        let frame = Frame {
+            // needed() has checked the kind byte.
+            kind: Kind::from_byte(b[6]).unwrap_or(Kind::Refuse),
+            rank: u32::from_be_bytes([b[40], b[41], b[42], b[43]]),
+            payload: b[HEADER_BYTES..].to_vec(),
+        };
+        self.buf.clear();
+        frame
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+
+    /// Hands out the given chunks one read at a time, a timeout between
+    /// chunks, then end of stream.
+    struct Chunks(VecDeque<Option<Vec<u8>>>);
+
+    impl Read for Chunks {
+        fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+            match self.0.pop_front() {
+                None => Ok(0),
+                Some(None) => Err(io::ErrorKind::WouldBlock.into()),
+                Some(Some(mut chunk)) => {
+                    let n = chunk.len().min(out.len());
+                    out[..n].copy_from_slice(&chunk[..n]);
+                    if n < chunk.len() {
+                        self.0.push_front(Some(chunk.split_off(n)));
+                    }
+                    Ok(n)
+                }
+            }
+        }
+    }
+
+    fn digest() -> TokenDigest {
+        token_digest("launch-test-token")
+    }
+
+    fn read_all(bytes: Vec<u8>) -> Result<Frame, ReadError> {
+        FrameReader::new(digest()).read(&mut Chunks([Some(bytes)].into()))
+    }
+
+    fn reason(r: Result<Frame, ReadError>) -> (String, bool) {
+        match r {
+            Err(ReadError::Invalid { reason, peer }) => (reason, peer),
+            other => panic!("expected an invalid frame, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn launch_frames_round_trip() {
+        let bytes = encode(Kind::Root, &digest(), 7, &[1, 2, 3]);
+        assert_eq!(bytes.len(), HEADER_BYTES + 3);
+        let f = read_all(bytes).unwrap();
+        assert_eq!(
+            f,
+            Frame {
+                kind: Kind::Root,
+                rank: 7,
+                payload: vec![1, 2, 3]
+            }
+        );
+        let hello = read_all(encode(Kind::Hello, &digest(), 1, &3u32.to_be_bytes())).unwrap();
+        assert_eq!(hello.number(), 3);
+    }
+
+    #[test]
+    fn partial_frames_survive_timeouts() {
+        let mut bytes = encode(Kind::Abort, &digest(), 2, b"gone");
+        bytes.extend(encode(Kind::Heartbeat, &digest(), 0, &[]));
+        let mut src = Chunks(
+            [
+                Some(bytes[..3].to_vec()),
+                None,
+                Some(bytes[3..50].to_vec()),
+                None,
+                Some(bytes[50..].to_vec()),
+            ]
+            .into(),
+        );
+        let mut r = FrameReader::new(digest());
+        assert!(matches!(r.read(&mut src), Err(ReadError::Pending)));
+        assert!(matches!(r.read(&mut src), Err(ReadError::Pending)));
+        let f = r.read(&mut src).unwrap();
+        assert_eq!(
+            (f.kind, f.rank, f.text().as_str()),
+            (Kind::Abort, 2, "gone")
+        );
+        assert_eq!(r.read(&mut src).unwrap().kind, Kind::Heartbeat);
+        assert!(matches!(r.read(&mut src), Err(ReadError::Closed)));
+    }
+
+    #[test]
+    fn invalid_frames_are_named() {
+        let good = encode(Kind::Heartbeat, &digest(), 1, &[]);
+        let (why, peer) = reason(read_all(b"GET / HTTP/1.1\r\n".to_vec()));
+        assert_eq!(
+            (why.as_str(), peer),
+            ("not a kruskal rendezvous message (bad magic)", false)
+        );
+        // Garbage is refused from its first bytes, before a header's worth.
+        let (why, _) = reason(
+            FrameReader::new(digest()).read(&mut Chunks([Some(b"KRx".to_vec()), None].into())),
+        );
+        assert!(why.contains("bad magic"));
+
+        let mut b = good.clone();
+        b[5] = 9;
+        assert_eq!(
+            reason(read_all(b)).0,
+            "protocol version 9; this build speaks version 1"
+        );
+        let mut b = good.clone();
+        b[6] = 42;
+        assert_eq!(reason(read_all(b)).0, "unknown message kind 42");
+        let mut b = good.clone();
+        b[7] = 1;
+        assert_eq!(reason(read_all(b)).0, "reserved byte is 1, not 0");
+        let mut b = encode(Kind::Root, &digest(), 1, &[]);
+        b[44..48].copy_from_slice(&(1u32 << 30).to_be_bytes());
+        assert_eq!(
+            reason(read_all(b)).0,
+            "a payload of 1073741824 bytes (at most 4096)"
+        );
+        assert_eq!(
+            reason(read_all(encode(Kind::Heartbeat, &digest(), 1, &[0]))).0,
+            "HEARTBEAT with a payload of 1 bytes"
+        );
+        let wrong = encode(
+            Kind::Hello,
+            &token_digest("another-token"),
+            1,
+            &[0, 0, 0, 2],
+        );
+        assert_eq!(
+            reason(read_all(wrong)),
+            ("wrong job token".to_string(), true)
+        );
+        let (why, _) = reason(read_all(good[..20].to_vec()));
+        assert_eq!(
+            why,
+            "the connection closed in the middle of a message (20 bytes)"
+        );
+        // REFUSE travels without the digest.
+        let refuse = encode(Kind::Refuse, &NO_DIGEST, 3, b"no");
+        assert_eq!(read_all(refuse).unwrap().text(), "no");
+    }
+
+    #[test]
+    fn digests_and_clipping() {
+        assert!(same_digest(&digest(), &token_digest("launch-test-token")));
+        assert!(!same_digest(&digest(), &token_digest("launch-test-tokem")));
+        assert!(!same_digest(&digest(), &digest()[..31]));
+        let long = "é".repeat(MAX_PAYLOAD_BYTES);
+        let clipped = clip(&long);
+        assert!(clipped.len() <= MAX_PAYLOAD_BYTES);
+        assert!(std::str::from_utf8(clipped).is_ok());
+        assert_eq!(clip("short"), b"short");
+    }
+}
