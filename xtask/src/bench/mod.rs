@@ -497,17 +497,6 @@ fn run_matrix(cli: &BenchCli) -> Result<()> {
     Ok(())
 }
 
-/// Distinct strings in first-appearance order.
-fn distinct_strings<'a>(it: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
-    let mut out: Vec<&str> = Vec::new();
-    for s in it {
-        if !out.contains(&s) {
-            out.push(s);
-        }
-    }
-    out
-}
-
 fn f64s(v: &Value) -> Option<Vec<f64>> {
     v.as_array()?.iter().map(Value::as_f64).collect()
 }
@@ -643,7 +632,7 @@ impl Run {
         ) {
             (Some(name), _, _) | (_, _, Some(name)) => name.to_string(),
             (None, Some(modes), None) => {
-                let names = distinct_strings(modes.iter().filter_map(Value::as_str));
+                let names = report::distinct(modes.iter().filter_map(Value::as_str));
                 names.join(" / ")
             }
             _ => "?".into(),

@@ -89,7 +89,7 @@ fn latest(ms: &[Measurement]) -> Vec<&Measurement> {
 }
 
 /// Distinct values in first-appearance order.
-fn distinct<T: PartialEq + Clone>(it: impl Iterator<Item = T>) -> Vec<T> {
+pub(super) fn distinct<T: PartialEq + Clone>(it: impl Iterator<Item = T>) -> Vec<T> {
     let mut out: Vec<T> = Vec::new();
     for x in it {
         if !out.contains(&x) {
