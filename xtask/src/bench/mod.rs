@@ -29,6 +29,7 @@ pub mod matrix;
 pub mod plot;
 pub mod report;
 
+use kruskal::cli::common::median;
 use matrix::{Matrix, TensorSpec};
 
 pub const USAGE: &str = "cargo xtask bench [--matrix FILE] [--out DIR] [--only TENSOR]... [--data DIR] [--no-torch] [--python PATH] [--append]\n       cargo xtask bench report RESULTS.json... --out DIR [--doc FILE --image-dir DIR]";
@@ -410,7 +411,7 @@ fn run_matrix(cli: &BenchCli) -> Result<()> {
                         &mut cx,
                         &mut torch,
                         &mut torch_file,
-                        &loaded.tensor,
+                        &loaded,
                         spec,
                         rank,
                         matrix.settings.repeat,
@@ -508,16 +509,6 @@ fn label(requested: &str, tag: &Option<String>) -> String {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => f64::NAN,
-        _ if n % 2 == 1 => v[n / 2],
-        _ => 0.5 * (v[n / 2 - 1] + v[n / 2]),
-    }
-}
-
 impl Run {
     fn base(&self, spec: &TensorSpec, report: &Value) -> Result<Measurement> {
         let t = &report["tensor"];
@@ -599,7 +590,7 @@ impl Run {
             );
         }
         let later = &its[1..];
-        let per_it: Vec<f64> = later
+        let mut per_it: Vec<f64> = later
             .iter()
             .map(|i| {
                 (i["mttkrp_s"].as_f64().unwrap_or(f64::NAN)
@@ -610,13 +601,12 @@ impl Run {
         let nmodes = report["tensor"]["dims"].as_array().map_or(0, Vec::len);
         let mode_ms = (0..nmodes)
             .map(|k| {
-                median(
-                    later
-                        .iter()
-                        .filter_map(|i| f64s(&i["mttkrp_modes_s"]).and_then(|v| v.get(k).copied()))
-                        .map(|s| s * 1e3)
-                        .collect(),
-                )
+                let mut v: Vec<f64> = later
+                    .iter()
+                    .filter_map(|i| f64s(&i["mttkrp_modes_s"]).and_then(|v| v.get(k).copied()))
+                    .map(|s| s * 1e3)
+                    .collect();
+                median(&mut v)
             })
             .collect();
         let mut m = self.base(spec, &report)?;
@@ -644,7 +634,7 @@ impl Run {
             .map(String::from)
             .or_else(|| report["kernel"]["exchange"].as_str().map(String::from));
         m.mode_ms = mode_ms;
-        m.total_ms = median(per_it);
+        m.total_ms = median(&mut per_it);
         m.fit = report["fit"].as_f64();
         m.report = report;
         Ok(m)
@@ -716,7 +706,7 @@ fn torch_baseline(
     cx: &mut Run,
     torch: &mut Torch,
     file: &mut TorchFile,
-    t: &kruskal_formats::SparseTensor,
+    loaded: &kruskal::cli::common::Loaded,
     spec: &TensorSpec,
     rank: usize,
     repeat: usize,
@@ -735,7 +725,7 @@ fn torch_baseline(
     if !cli.torch_script.is_file() {
         return cx.skip(what, format!("{} not found", cli.torch_script.display()));
     }
-    let path = file.ensure(t)?.to_path_buf();
+    let path = file.ensure(&loaded.tensor)?.to_path_buf();
     let mut cmd = Command::new(&cli.python);
     cmd.arg(&cli.torch_script).arg(&path).args([
         "--rank",
@@ -766,13 +756,8 @@ fn torch_baseline(
     m.kind = "torch".into();
     m.engine = "pytorch".into();
     m.gpus = 1;
-    m.source = cx
-        .results
-        .measurements
-        .iter()
-        .rev()
-        .find(|x| x.tensor == spec.name)
-        .map_or(m.source.clone(), |x| x.source.clone());
+    // The script names the scratch file; say where the tensor came from.
+    m.source = loaded.source.clone();
     cx.push(m)
 }
 

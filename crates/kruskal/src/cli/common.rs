@@ -290,6 +290,17 @@ impl MultiGpuArgs {
     }
 }
 
+/// The median of `v` (sorted in place); NaN when empty.
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+    }
+}
+
 /// `12.3 GiB`.
 pub fn gib(bytes: usize) -> String {
     format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)

@@ -10,7 +10,8 @@ use ndarray::Array2;
 use serde_json::json;
 
 use super::common::{
-    GpuArgs, InputArgs, Loaded, MultiGpuArgs, dims_text, parse_cpu_kernel, set_threads, thousands,
+    GpuArgs, InputArgs, Loaded, MultiGpuArgs, dims_text, median, parse_cpu_kernel, set_threads,
+    thousands,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -55,16 +56,6 @@ pub struct MttkrpArgs {
     pub threads: usize,
     #[arg(long)]
     pub json: bool,
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        0.5 * (v[n / 2 - 1] + v[n / 2])
-    }
 }
 
 pub fn run(args: MttkrpArgs) -> Result<()> {
