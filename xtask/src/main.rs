@@ -1,10 +1,11 @@
 //! Development tasks, run as `cargo xtask <task>` (an alias in
 //! `.cargo/config.toml`).
 //!
-//! - `bundle [DIR]`: build the release `kruskal` and `xtask` binaries, the release test
-//!   executables and the criterion benchmarks (`DIR/benches/NAME`, run as
-//!   `NAME --bench [FILTER]`) and copy them into DIR (default `gpu-run/`,
-//!   ignored by git),
+//! - `bundle [DIR] [--benches]`: build the release `kruskal` and `xtask`
+//!   binaries, the release test executables and, with `--benches`, the
+//!   criterion benchmarks (`DIR/benches/NAME`, run as `NAME --bench
+//!   [FILTER]`; together they pass the carry limit) and copy them into DIR
+//!   (default `gpu-run/`, ignored by git),
 //!   ready to be carried to a machine without a Rust toolchain (the GPU
 //!   machines) and run there. Prints what to run on the other side.
 //! - `kernels [--arch sm_80|sm_90]... [--ptxas PATH] [--jobs N] [--json]`:
@@ -61,14 +62,18 @@ fn main() -> ExitCode {
 fn run() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
-        Some("bundle") => bundle(Path::new(args.get(1).map_or("gpu-run", String::as_str))),
+        Some("bundle") => {
+            let benches = args[1..].iter().any(|a| a == "--benches");
+            let dir = args[1..].iter().find(|a| !a.starts_with("--"));
+            bundle(Path::new(dir.map_or("gpu-run", String::as_str)), benches)
+        }
         Some("kernels") => kernels::kernels(&args[1..]),
         Some("tune") => tune::tune(&args[1..]),
         Some("train") => tune::train_task(&args[1..]),
         Some("fetch-frostt") => frostt::fetch_frostt(&args[1..]),
         Some("bench") => bench::bench(&args[1..]),
         _ => {
-            eprintln!("usage: cargo xtask bundle [DIR]");
+            eprintln!("usage: cargo xtask bundle [DIR] [--benches]");
             eprintln!("       {}", kernels::USAGE);
             eprintln!("       {}", tune::TUNE_USAGE);
             eprintln!("       {}", tune::TRAIN_USAGE);
@@ -120,7 +125,7 @@ fn bundle_cargo() -> Command {
     c
 }
 
-fn bundle(dir: &Path) -> Result<()> {
+fn bundle(dir: &Path, benches: bool) -> Result<()> {
     let dir = workspace_root().join(dir);
     let status = bundle_cargo()
         .args(["build", "--release", "-p", "kruskal", "-p", "xtask"])
@@ -171,32 +176,35 @@ fn bundle(dir: &Path) -> Result<()> {
             tests.push(name.to_string_lossy().into_owned());
         }
     }
-    // The criterion benchmarks, run there as `BENCH --bench [FILTER]`.
-    let out = bundle_cargo()
-        .args([
-            "bench",
-            "-p",
-            "kruskal-benches",
-            "--no-run",
-            "--message-format=json",
-        ])
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running cargo bench --no-run")?;
-    if !out.status.success() {
-        bail!("building the benchmarks failed");
-    }
-    fs::create_dir_all(dir.join("benches"))?;
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let is_bench = msg["target"]["kind"]
-            .as_array()
-            .is_some_and(|k| k.iter().any(|x| x == "bench"));
-        if let (true, Some(exe)) = (is_bench, msg["executable"].as_str()) {
-            let name = msg["target"]["name"].as_str().context("bench has a name")?;
-            fs::copy(exe, dir.join("benches").join(name))?;
+    // The criterion benchmarks, run there as `BENCH --bench [FILTER]`;
+    // only when asked, since with them the bundle passes the carry limit.
+    if benches {
+        let out = bundle_cargo()
+            .args([
+                "bench",
+                "-p",
+                "kruskal-benches",
+                "--no-run",
+                "--message-format=json",
+            ])
+            .stderr(Stdio::inherit())
+            .output()
+            .context("running cargo bench --no-run")?;
+        if !out.status.success() {
+            bail!("building the benchmarks failed");
+        }
+        fs::create_dir_all(dir.join("benches"))?;
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            let is_bench = msg["target"]["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|x| x == "bench"));
+            if let (true, Some(exe)) = (is_bench, msg["executable"].as_str()) {
+                let name = msg["target"]["name"].as_str().context("bench has a name")?;
+                fs::copy(exe, dir.join("benches").join(name))?;
+            }
         }
     }
     let mut bytes = 0;
@@ -206,14 +214,18 @@ fn bundle(dir: &Path) -> Result<()> {
         bytes += fs::metadata(dir.join(name))?.len();
     }
     for sub in ["tests", "benches"] {
+        if !dir.join(sub).is_dir() {
+            continue;
+        }
         bytes += fs::read_dir(dir.join(sub))?
             .filter_map(|e| e.ok()?.metadata().ok())
             .map(|m| m.len())
             .sum::<u64>();
     }
     println!(
-        "bundled kruskal, {} test executables and the benchmarks into {} ({:.1} MiB)",
+        "bundled kruskal, xtask, {} test executables{} into {} ({:.1} MiB)",
         tests.len(),
+        if benches { " and the benchmarks" } else { "" },
         dir.display(),
         bytes as f64 / (1 << 20) as f64
     );
