@@ -50,11 +50,18 @@ pub struct GroupBackend {
 impl GroupBackend {
     /// Wraps a group built for `t` (its norm and dims).
     pub fn new(group: GpuGroup, t: &kruskal_formats::SparseTensor) -> Self {
-        let n = t.nmodes();
+        Self::with_norm(group, t.norm_sq())
+    }
+
+    /// Wraps a group whose tensor has squared norm `norm_sq` (across
+    /// processes, where no process holds the whole tensor).
+    pub fn with_norm(group: GpuGroup, norm_sq: f64) -> Self {
+        let dims = group.plan().dims().to_vec();
+        let n = dims.len();
         GroupBackend {
             group,
-            dims: t.dims().to_vec(),
-            norm_sq: t.norm_sq(),
+            dims,
+            norm_sq,
             inner: vec![None; n],
             breakdown: vec![ModeBreakdown::default(); n],
             skip: vec![1; n],
@@ -87,6 +94,13 @@ impl Backend for GroupBackend {
             Some(e) => format!(", {} exchange", e.name()),
             None => String::new(),
         };
+        if let Some((rank, world)) = self.group.process() {
+            return format!(
+                "rank {rank} of {world} processes: GPU {} ({}), shard kernel{exchange} across processes",
+                names.join(","),
+                gpus[0].properties().name
+            );
+        }
         format!(
             "{} GPUs ({}: {}), shard kernel{exchange}",
             gpus.len(),

@@ -169,3 +169,62 @@ fn a_group_refuses_a_wrong_rank_and_a_missing_nccl_is_reported() {
         );
     }
 }
+
+/// A group across processes, with a world of one: the communicator,
+/// the all-reduces and the shards handed in by the caller, checked
+/// against one GPU (the two-process run is the `kruskal` program's test).
+#[test]
+#[ignore = "needs CUDA GPUs"]
+fn a_process_group_of_one_matches_one_gpu() {
+    use kruskal_device::ProcessComm;
+    use kruskal_device::nccl::Nccl;
+    use kruskal_partition::RowShards;
+    let nccl = Nccl::load().expect("NCCL on the GPU machine");
+    let gpu = Gpu::open(0).unwrap();
+    let (name, t) = generated().remove(0);
+    let rank = 16;
+    let opts = options(&t, rank);
+    let one = cpd_als(
+        &mut GpuBackend::new(gpu.clone(), &t, &[(GpuKernel::Fcoo, GpuOptions::default())]).unwrap(),
+        &opts,
+    )
+    .unwrap();
+    for stream in [StreamPolicy::Never, StreamPolicy::Always] {
+        let what = format!("{name} rank {rank} across processes, {stream:?}");
+        let id = nccl.unique_id().unwrap();
+        let timeout = Duration::from_secs(60);
+        let pc = ProcessComm::init(gpu.clone(), &id, 0, 1, timeout).unwrap();
+        let plan = RowShards::new(&t, 1).unwrap();
+        let shards: Vec<Vec<u32>> = (0..t.nmodes())
+            .map(|mode| {
+                let mut buf = vec![0u32; t.nnz() * plan.stride()];
+                plan.fill_elements(&t, mode, &mut buf).unwrap();
+                buf
+            })
+            .collect();
+        let gopts = GroupOptions {
+            stream,
+            segment_bytes: 1 << 20,
+            timeout,
+            ..GroupOptions::default()
+        };
+        let group = GpuGroup::distributed(pc, plan, shards, rank, &gopts, &mut |_| {}).unwrap();
+        assert_eq!(group.process(), Some((0, 1)));
+        assert_eq!(group.exchange(), Some(Exchange::Nccl));
+        let abort = group
+            .abort_handle()
+            .expect("a communicator across processes");
+        let mut backend = GroupBackend::with_norm(group, t.norm_sq());
+        let model = cpd_als(&mut backend, &opts).unwrap();
+        assert_same_fits(&one, &model, &what);
+        // An abort from another thread stops the next call with its reason.
+        std::thread::spawn(move || abort.abort("rank 1 was lost: test"))
+            .join()
+            .unwrap();
+        let err = cpd_als(&mut backend, &opts).unwrap_err().to_string();
+        assert!(err.contains("rank 1 was lost: test"), "{what}: {err}");
+    }
+    // A wrong id length or rank is an error, not a hang.
+    assert!(ProcessComm::init(gpu.clone(), &[0u8; 5], 0, 1, Duration::from_secs(5)).is_err());
+    assert!(ProcessComm::init(gpu, &[0u8; 128], 1, 1, Duration::from_secs(5)).is_err());
+}

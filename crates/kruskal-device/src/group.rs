@@ -44,7 +44,8 @@ use ndarray::Array2;
 
 use crate::coo::DeviceFactors;
 use crate::dense::{DenseKernels, UpdateStats, check_rank};
-use crate::nccl::{Comm, Nccl};
+use crate::nccl::{Comm, Nccl, Reduce};
+use crate::process::ProcessComm;
 use crate::{DeviceError, Gpu, Result, driver};
 
 /// Warps per block of the shard kernel (its P).
@@ -138,7 +139,11 @@ pub struct MttkrpTimes {
 
 /// Several GPUs running one CPD together.
 pub struct GpuGroup {
+    /// This process's GPUs.
     gpus: Vec<Arc<Gpu>>,
+    /// Each local GPU's index in the plan (`0..m` in one process; the
+    /// rank across processes).
+    members: Vec<usize>,
     plan: RowShards,
     rank: usize,
     exchange: Option<Exchange>,
@@ -160,15 +165,56 @@ struct WorkerHandle {
 struct Shared {
     abort: AtomicBool,
     barrier: TimedBarrier,
-    /// Device address of each GPU's factor buffer.
+    /// Device address of each local GPU's factor buffer.
     factor_ptrs: Mutex<Vec<u64>>,
+    /// Each local GPU's context.
     contexts: Vec<Arc<cudarc::driver::CudaContext>>,
-    /// Per mode, per GPU: the rows it owns.
+    /// Per mode, per GPU of the whole group (all processes): the rows it
+    /// owns.
     rows: Vec<Vec<Range<u32>>>,
     /// First row of each mode in the concatenated factor buffer.
     first_row: Vec<u64>,
-    nccl: Option<(&'static Nccl, Vec<Comm>)>,
+    collective: Option<Collective>,
     timeout: Duration,
+}
+
+impl Shared {
+    /// Whether the group, or the communicator across processes, stopped.
+    fn aborted(&self) -> bool {
+        self.abort.load(Ordering::SeqCst)
+            || matches!(&self.collective, Some(Collective::Process(p)) if p.aborted().is_some())
+    }
+}
+
+/// The NCCL communicators of the exchange.
+enum Collective {
+    /// One per GPU, all in this process.
+    Local(&'static Nccl, Vec<Comm>),
+    /// This process's one GPU in a communicator across processes.
+    Process(Arc<ProcessComm>),
+}
+
+impl Collective {
+    /// The library and local GPU `slot`'s communicator.
+    fn comm(&self, slot: usize) -> (&'static Nccl, &Comm) {
+        match self {
+            Collective::Local(nccl, comms) => (nccl, &comms[slot]),
+            Collective::Process(p) => (p.nccl(), p.comm()),
+        }
+    }
+
+    /// Aborts every communicator so that peers blocked in a collective
+    /// return.
+    fn abort(&self, why: &str) {
+        match self {
+            Collective::Local(nccl, comms) => {
+                for c in comms {
+                    let _ = nccl.abort(c);
+                }
+            }
+            Collective::Process(p) => p.abort(why),
+        }
+    }
 }
 
 enum Cmd {
@@ -252,88 +298,13 @@ impl GpuGroup {
         ));
         let n = t.nmodes();
         let stride = plan.stride();
-        let rows_total: usize = t.dims().iter().map(|&d| d as usize).sum();
 
         // Residency per GPU and mode.
-        let mut residency = vec![vec![Residency::Resident; n]; m];
-        for (g, gpu) in gpus.iter().enumerate() {
-            let free = gpu.free_bytes()?;
-            let fixed = rows_total * rank * 4
-                + (0..n)
-                    .map(|mode| plan.rows(mode, g).len() * rank * 4)
-                    .sum::<usize>()
-                + MARGIN_BYTES;
-            let need: Vec<usize> = (0..n)
-                .map(|mode| plan.nnz(mode, g) as usize * stride * 4)
-                .collect();
-            let stream_buffers = opts.streams * opts.segment_bytes;
-            let segments = |mode: usize| {
-                let per = (opts.segment_bytes / (stride * 4)).max(1) as u64;
-                plan.nnz(mode, g).div_ceil(per).max(1)
-            };
-            let resident_total = fixed + need.iter().sum::<usize>();
-            let streamed: Vec<usize> = match opts.stream {
-                StreamPolicy::Never => {
-                    if resident_total > free {
-                        return Err(DeviceError::OutOfMemory {
-                            what: format!(
-                                "GPU {}'s resident shards (streaming was turned off)",
-                                gpu.properties().ordinal
-                            ),
-                            needed: resident_total,
-                            free,
-                        });
-                    }
-                    Vec::new()
-                }
-                StreamPolicy::Always => (0..n).collect(),
-                StreamPolicy::Auto => {
-                    if resident_total <= free {
-                        Vec::new()
-                    } else {
-                        // Stream the largest shards until the rest fits.
-                        let mut order: Vec<usize> = (0..n).collect();
-                        order.sort_by_key(|&mode| std::cmp::Reverse(need[mode]));
-                        let mut kept = resident_total + stream_buffers;
-                        let mut out = Vec::new();
-                        for mode in order {
-                            if kept <= free {
-                                break;
-                            }
-                            kept -= need[mode];
-                            out.push(mode);
-                        }
-                        out
-                    }
-                }
-            };
-            let needed = fixed
-                + (0..n)
-                    .filter(|mode| !streamed.contains(mode))
-                    .map(|mode| need[mode])
-                    .sum::<usize>()
-                + if streamed.is_empty() {
-                    0
-                } else {
-                    stream_buffers
-                };
-            if needed > free {
-                return Err(DeviceError::OutOfMemory {
-                    what: format!(
-                        "GPU {}'s factors, outputs and stream buffers",
-                        gpu.properties().ordinal
-                    ),
-                    needed,
-                    free,
-                });
-            }
-            for mode in streamed {
-                residency[g][mode] = Residency::Streamed {
-                    segments: segments(mode),
-                };
-            }
-        }
-
+        let residency = gpus
+            .iter()
+            .enumerate()
+            .map(|(g, gpu)| decide_residency(gpu, &plan, g, rank, opts))
+            .collect::<Result<Vec<_>>>()?;
         // Shards: built once per mode, uploaded or kept pinned.
         let mut shards: Vec<Vec<Shard>> = (0..m).map(|_| Vec::with_capacity(n)).collect();
         for mode in 0..n {
@@ -420,7 +391,11 @@ impl GpuGroup {
                         let comms = nccl
                             .comm_init_all(ordinals)
                             .map_err(|e| DeviceError::Nccl(e.to_string()))?;
-                        (Some(Exchange::Nccl), None, Some((nccl, comms)))
+                        (
+                            Some(Exchange::Nccl),
+                            None,
+                            Some(Collective::Local(nccl, comms)),
+                        )
                     }
                     Err(missing) if want.is_none() => (
                         Some(Exchange::P2p),
@@ -445,8 +420,143 @@ impl GpuGroup {
             });
         }
 
-        let first_row: Vec<u64> = t
-            .dims()
+        let members = (0..m).collect();
+        Self::start(
+            gpus,
+            members,
+            plan,
+            rank,
+            residency,
+            shards,
+            (exchange, exchange_note, comms),
+            opts,
+        )
+    }
+
+    /// This process's part of a group spread over several processes, one
+    /// GPU each (possibly on several hosts): `pc` is its communicator
+    /// (rank `pc.rank()` of `pc.world()`), `plan` the row plan over all
+    /// of them (made the same way on every rank, e.g. with
+    /// [`RowShards::from_counts`]), and `shards[mode]` this rank's
+    /// elements of each mode ([`RowShards::local_elements`]). Rows are
+    /// exchanged, and Grams and column statistics all-reduced, through
+    /// NCCL; every rank must make the same calls in the same order.
+    pub fn distributed(
+        pc: ProcessComm,
+        plan: RowShards,
+        shards: Vec<Vec<u32>>,
+        rank: usize,
+        opts: &GroupOptions,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Self> {
+        check_rank(rank)?;
+        let g = pc.rank();
+        let n = plan.dims().len();
+        let stride = plan.stride();
+        if plan.gpus() != pc.world() {
+            return Err(DeviceError::Shape(format!(
+                "a plan over {} GPUs for a world of {} processes",
+                plan.gpus(),
+                pc.world()
+            )));
+        }
+        if shards.len() != n
+            || shards
+                .iter()
+                .enumerate()
+                .any(|(mode, s)| s.len() != plan.nnz(mode, g) as usize * stride)
+        {
+            return Err(DeviceError::Shape(format!(
+                "rank {g}'s shards do not match the plan's nonzero counts"
+            )));
+        }
+        if opts.exchange == Some(Exchange::P2p) {
+            return Err(DeviceError::Shape(
+                "peer-to-peer copies work inside one process; across processes rows travel by NCCL"
+                    .into(),
+            ));
+        }
+        if opts.streams == 0 || opts.segment_bytes == 0 {
+            return Err(DeviceError::Shape(
+                "streaming needs at least one stream and a segment of at least one byte".into(),
+            ));
+        }
+        let gpu = pc.gpu().clone();
+        let residency = decide_residency(&gpu, &plan, g, rank, opts)?;
+        let t0 = Instant::now();
+        let mut placed = Vec::with_capacity(n);
+        for (mode, elems) in shards.into_iter().enumerate() {
+            let count = plan.nnz(mode, g);
+            placed.push(match residency[mode] {
+                Residency::Resident => Shard::Resident {
+                    elems: gpu.upload("a shard", &elems)?,
+                    count,
+                },
+                Residency::Streamed { .. } => {
+                    // SAFETY: filled completely by the copy below before
+                    // anything reads it.
+                    let mut pinned = unsafe {
+                        gpu.context()
+                            .alloc_pinned_with_flags::<u32>(
+                                elems.len().max(1),
+                                cudarc::driver::sys::CU_MEMHOSTALLOC_PORTABLE,
+                            )
+                            .map_err(driver(format!(
+                                "pinning {} bytes of host memory",
+                                elems.len() * 4
+                            )))?
+                    };
+                    let ptr = pinned
+                        .as_mut_ptr()
+                        .map_err(driver("reading pinned memory"))?;
+                    // SAFETY: `ptr` addresses at least `elems.len()` u32
+                    // that the pinned buffer owns.
+                    unsafe { std::slice::from_raw_parts_mut(ptr, elems.len()) }
+                        .copy_from_slice(&elems);
+                    Shard::Streamed {
+                        host: Arc::new(pinned),
+                        first: 0,
+                        count,
+                    }
+                }
+            });
+        }
+        progress(&format!(
+            "rank {g}: shards of {n} modes placed in {:.1} s",
+            t0.elapsed().as_secs_f64()
+        ));
+        let collective = Collective::Process(Arc::new(pc));
+        Self::start(
+            vec![gpu],
+            vec![g],
+            plan,
+            rank,
+            vec![residency],
+            vec![placed],
+            (Some(Exchange::Nccl), None, Some(collective)),
+            opts,
+        )
+    }
+
+    /// Starts one worker per local GPU; `members[slot]` is local GPU
+    /// `slot`'s index in the plan.
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        gpus: Vec<Arc<Gpu>>,
+        members: Vec<usize>,
+        plan: RowShards,
+        rank: usize,
+        residency: Vec<Vec<Residency>>,
+        shards: Vec<Vec<Shard>>,
+        exchange: (Option<Exchange>, Option<String>, Option<Collective>),
+        opts: &GroupOptions,
+    ) -> Result<Self> {
+        let (exchange, exchange_note, collective) = exchange;
+        let m = gpus.len();
+        let n = plan.dims().len();
+        let stride = plan.stride();
+        let dims = plan.dims().to_vec();
+        let first_row: Vec<u64> = dims
             .iter()
             .scan(0u64, |acc, &d| {
                 let this = *acc;
@@ -460,29 +570,32 @@ impl GpuGroup {
             factor_ptrs: Mutex::new(vec![0; m]),
             contexts: gpus.iter().map(|g| g.context().clone()).collect(),
             rows: (0..n)
-                .map(|mode| (0..m).map(|g| plan.rows(mode, g)).collect())
+                .map(|mode| (0..plan.gpus()).map(|g| plan.rows(mode, g)).collect())
                 .collect(),
             first_row,
-            nccl: comms,
+            collective,
             timeout: opts.timeout,
         });
 
         let (reply_tx, replies) = mpsc::channel();
         let mut workers = Vec::with_capacity(m);
-        for (g, shards) in shards.into_iter().enumerate() {
+        for (slot, shards) in shards.into_iter().enumerate() {
+            let gpu = &gpus[slot];
             let streams = if shards.iter().any(|s| matches!(s, Shard::Streamed { .. })) {
                 (0..opts.streams)
-                    .map(|_| gpus[g].context().new_stream())
+                    .map(|_| gpu.context().new_stream())
                     .collect::<std::result::Result<Vec<_>, _>>()
                     .map_err(driver("creating streams"))?
             } else {
                 Vec::new()
             };
+            let g = members[slot];
             let worker = Worker {
+                slot,
                 g,
-                gpu: gpus[g].clone(),
+                gpu: gpu.clone(),
                 shared: shared.clone(),
-                dims: t.dims().to_vec(),
+                dims: dims.clone(),
                 rank,
                 shards,
                 segment_elems: (opts.segment_bytes / (stride * 4)).max(1) as u64,
@@ -510,6 +623,7 @@ impl GpuGroup {
         }
         Ok(GpuGroup {
             gpus,
+            members,
             plan,
             rank,
             exchange,
@@ -545,20 +659,46 @@ impl GpuGroup {
         self.exchange_note.as_deref()
     }
 
-    pub fn residency(&self, g: usize, mode: usize) -> Residency {
-        self.residency[g][mode]
+    /// Where local GPU `slot`'s shard of `mode` lives.
+    pub fn residency(&self, slot: usize, mode: usize) -> Residency {
+        self.residency[slot][mode]
     }
 
-    /// One line per GPU: device, nonzeros and residency per mode.
+    /// Each local GPU's index in the plan: `0..m` in one process, the
+    /// process's rank across processes.
+    pub fn members(&self) -> &[usize] {
+        &self.members
+    }
+
+    /// `(rank, world size)` when the group spans several processes.
+    pub fn process(&self) -> Option<(usize, usize)> {
+        match &self.shared.collective {
+            Some(Collective::Process(p)) => Some((p.rank(), p.world())),
+            _ => None,
+        }
+    }
+
+    /// Aborts the communicator across processes from another thread (a
+    /// membership loss callback): every wait of the group then fails with
+    /// `reason`. `None` for a group of one process.
+    pub fn abort_handle(&self) -> Option<crate::process::CommAbort> {
+        match &self.shared.collective {
+            Some(Collective::Process(p)) => Some(p.abort_handle()),
+            _ => None,
+        }
+    }
+
+    /// One line per local GPU: device, nonzeros and residency per mode.
     pub fn describe(&self) -> Vec<String> {
         let n = self.plan.dims().len();
         self.gpus
             .iter()
             .enumerate()
-            .map(|(g, gpu)| {
+            .map(|(slot, gpu)| {
+                let g = self.members[slot];
                 let modes: Vec<String> = (0..n)
                     .map(|mode| {
-                        let r = match self.residency[g][mode] {
+                        let r = match self.residency[slot][mode] {
                             Residency::Resident => "resident".to_string(),
                             Residency::Streamed { segments } => {
                                 format!("streamed in {segments} segments")
@@ -567,8 +707,12 @@ impl GpuGroup {
                         format!("mode {} {} nnz {r}", mode + 1, self.plan.nnz(mode, g))
                     })
                     .collect();
+                let rank = match self.process() {
+                    Some((rank, world)) => format!("rank {rank} of {world}, "),
+                    None => String::new(),
+                };
                 format!(
-                    "gpu {} ({}): {}",
+                    "{rank}gpu {} ({}): {}",
                     gpu.properties().ordinal,
                     gpu.properties().name,
                     modes.join(", ")
@@ -629,6 +773,14 @@ impl GpuGroup {
     /// communicators are aborted (so peers blocked in a collective return),
     /// and every later call fails with the same message.
     fn fail(&mut self, g: usize, message: String) -> DeviceError {
+        if let Some(Collective::Process(pc)) = &self.shared.collective {
+            if let Some(why) = pc.aborted() {
+                // A peer was lost: that, not this GPU's wait, is the news.
+                self.failed = Some(why.clone());
+                self.shared.abort.store(true, Ordering::SeqCst);
+                return DeviceError::Aborted(why);
+            }
+        }
         let p = self.gpus[g].properties();
         let err = DeviceError::GroupMember {
             gpu: p.ordinal,
@@ -638,10 +790,8 @@ impl GpuGroup {
         self.failed = Some(err.to_string());
         self.shared.abort.store(true, Ordering::SeqCst);
         self.shared.barrier.release();
-        if let Some((nccl, comms)) = &self.shared.nccl {
-            for c in comms {
-                let _ = nccl.abort(c);
-            }
+        if let Some(c) = &self.shared.collective {
+            c.abort(&self.failed.clone().unwrap_or_default());
         }
         err
     }
@@ -727,7 +877,25 @@ impl GpuGroup {
                 }
             }
         }
+        if self.process().is_some() {
+            let mut sums: Vec<f64> = total.sumsq.iter().chain(&total.inner).copied().collect();
+            self.across(&mut sums, Reduce::Sum, "the column statistics")?;
+            self.across(&mut total.max_abs, Reduce::Max, "the column maxima")?;
+            total.sumsq.copy_from_slice(&sums[..r]);
+            total.inner.copy_from_slice(&sums[r..]);
+        }
         Ok(total)
+    }
+
+    /// All-reduces `data` across the processes (workers idle meanwhile, so
+    /// the communicator has one user).
+    fn across(&mut self, data: &mut [f64], op: Reduce, what: &str) -> Result<()> {
+        let Some(Collective::Process(pc)) = &self.shared.collective else {
+            return Ok(());
+        };
+        let pc = pc.clone();
+        pc.all_reduce(data, op)
+            .map_err(|e| self.fail(0, format!("all-reducing {what} across processes: {e}")))
     }
 
     /// Scales every GPU's rows of `mode` by `inv` (if given) and returns
@@ -743,6 +911,7 @@ impl GpuGroup {
                 gram.iter_mut().zip(&g).for_each(|(a, b)| *a += b);
             }
         }
+        self.across(&mut gram, Reduce::Sum, "the Gram matrix")?;
         Ok(gram)
     }
 
@@ -750,7 +919,7 @@ impl GpuGroup {
     /// exchange time in milliseconds (0 with one GPU).
     pub fn exchange_rows(&mut self, mode: usize) -> Result<f64> {
         self.check_mode(mode)?;
-        if self.gpus.len() == 1 {
+        if self.plan.gpus() == 1 {
             return Ok(0.0);
         }
         let replies = self.all(|| Cmd::Exchange(mode), "the factor exchange")?;
@@ -760,9 +929,16 @@ impl GpuGroup {
             .fold(0.0, f64::max))
     }
 
-    /// The last MTTKRP of `mode`, downloaded, in the original row order.
+    /// The last MTTKRP of `mode`, downloaded, in the original row order
+    /// (a group of one process only: across processes each holds its own
+    /// rows).
     pub fn output(&mut self, mode: usize) -> Result<Array2<f32>> {
         self.check_mode(mode)?;
+        if self.process().is_some() {
+            return Err(DeviceError::Shape(
+                "the MTTKRP output of a group across processes is spread over them".into(),
+            ));
+        }
         let replies = self.all(|| Cmd::Output(mode), "downloading the MTTKRP")?;
         let r = self.rank;
         let mut relabeled = Vec::with_capacity(self.plan.dims()[mode] as usize * r);
@@ -832,12 +1008,108 @@ impl Drop for GpuGroup {
         for t in threads {
             let _ = t.join();
         }
-        if let Some((nccl, comms)) = &self.shared.nccl {
-            for c in comms {
-                let _ = nccl.destroy(c);
+        // A communicator across processes is destroyed with the last
+        // reference to it; local ones here, unless a peer aborted them.
+        if let Some(Collective::Local(nccl, comms)) = &self.shared.collective {
+            if !self.shared.aborted() {
+                for c in comms {
+                    let _ = nccl.destroy(c);
+                }
             }
         }
     }
+}
+
+/// Where GPU `g`'s shard of each mode lives: resident when everything fits
+/// in its free memory, else (policy allowing) the largest shards streamed
+/// until the rest fits.
+fn decide_residency(
+    gpu: &Gpu,
+    plan: &RowShards,
+    g: usize,
+    rank: usize,
+    opts: &GroupOptions,
+) -> Result<Vec<Residency>> {
+    let n = plan.dims().len();
+    let stride = plan.stride();
+    let rows_total: usize = plan.dims().iter().map(|&d| d as usize).sum();
+    let free = gpu.free_bytes()?;
+    let fixed = rows_total * rank * 4
+        + (0..n)
+            .map(|mode| plan.rows(mode, g).len() * rank * 4)
+            .sum::<usize>()
+        + MARGIN_BYTES;
+    let need: Vec<usize> = (0..n)
+        .map(|mode| plan.nnz(mode, g) as usize * stride * 4)
+        .collect();
+    let stream_buffers = opts.streams * opts.segment_bytes;
+    let segments = |mode: usize| {
+        let per = (opts.segment_bytes / (stride * 4)).max(1) as u64;
+        plan.nnz(mode, g).div_ceil(per).max(1)
+    };
+    let resident_total = fixed + need.iter().sum::<usize>();
+    let streamed: Vec<usize> = match opts.stream {
+        StreamPolicy::Never => {
+            if resident_total > free {
+                return Err(DeviceError::OutOfMemory {
+                    what: format!(
+                        "GPU {}'s resident shards (streaming was turned off)",
+                        gpu.properties().ordinal
+                    ),
+                    needed: resident_total,
+                    free,
+                });
+            }
+            Vec::new()
+        }
+        StreamPolicy::Always => (0..n).collect(),
+        StreamPolicy::Auto => {
+            if resident_total <= free {
+                Vec::new()
+            } else {
+                // Stream the largest shards until the rest fits.
+                let mut order: Vec<usize> = (0..n).collect();
+                order.sort_by_key(|&mode| std::cmp::Reverse(need[mode]));
+                let mut kept = resident_total + stream_buffers;
+                let mut out = Vec::new();
+                for mode in order {
+                    if kept <= free {
+                        break;
+                    }
+                    kept -= need[mode];
+                    out.push(mode);
+                }
+                out
+            }
+        }
+    };
+    let needed = fixed
+        + (0..n)
+            .filter(|mode| !streamed.contains(mode))
+            .map(|mode| need[mode])
+            .sum::<usize>()
+        + if streamed.is_empty() {
+            0
+        } else {
+            stream_buffers
+        };
+    if needed > free {
+        return Err(DeviceError::OutOfMemory {
+            what: format!(
+                "GPU {}'s factors, outputs and stream buffers",
+                gpu.properties().ordinal
+            ),
+            needed,
+            free,
+        });
+    }
+    let mut residency = vec![Residency::Resident; n];
+    for mode in streamed {
+        residency[mode] = Residency::Streamed {
+            segments: segments(mode),
+        };
+    }
+    Ok(residency)
 }
 
 /// Peer access between every pair that supports it (NVLink or PCIe P2P);
@@ -969,6 +1241,9 @@ struct Recorded {
 
 /// One GPU's worker: owns everything on its device.
 struct Worker {
+    /// Index among this process's GPUs.
+    slot: usize,
+    /// Index in the plan.
     g: usize,
     gpu: Arc<Gpu>,
     shared: Arc<Shared>,
@@ -989,7 +1264,7 @@ struct Worker {
 impl Worker {
     fn run(mut self, rx: Receiver<Cmd>, tx: Sender<(usize, Result<Reply>)>) {
         while let Ok(cmd) = rx.recv() {
-            let result = if self.shared.abort.load(Ordering::SeqCst) {
+            let result = if self.shared.aborted() {
                 Err(DeviceError::Aborted("the group stopped".into()))
             } else {
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(cmd)))
@@ -1002,11 +1277,11 @@ impl Worker {
                         Err(DeviceError::Aborted(format!("worker panicked: {msg}")))
                     })
             };
-            if tx.send((self.g, result)).is_err() {
+            if tx.send((self.slot, result)).is_err() {
                 break;
             }
         }
-        if self.shared.abort.load(Ordering::SeqCst) {
+        if self.shared.aborted() {
             // The device may be in an error state or still running an
             // aborted collective: do not wait in destructors.
             std::mem::forget(self);
@@ -1060,7 +1335,7 @@ impl Worker {
             {
                 return Ok(());
             }
-            if self.shared.abort.load(Ordering::SeqCst) {
+            if self.shared.aborted() {
                 return Err(DeviceError::Aborted("the group stopped".into()));
             }
             let waited = start.elapsed();
@@ -1104,7 +1379,7 @@ impl Worker {
         }
         let f = self.factors.as_ref().expect("loaded above");
         let (ptr, _sync) = f.data.device_ptr(self.gpu.stream());
-        self.shared.factor_ptrs.lock().expect("pointer table")[self.g] = ptr;
+        self.shared.factor_ptrs.lock().expect("pointer table")[self.slot] = ptr;
         drop(_sync);
         self.wait(self.gpu.stream(), "the factor upload")
     }
@@ -1328,17 +1603,17 @@ impl Worker {
     fn exchange(&mut self, mode: usize) -> Result<f64> {
         let started = Instant::now();
         let stream = self.gpu.stream().clone();
-        let m = self.shared.contexts.len();
+        let m = self.shared.rows[mode].len();
         let r = self.rank as u64;
         let block = |b: usize| -> (u64, usize) {
             let rows = &self.shared.rows[mode][b];
             let first = (self.shared.first_row[mode] + u64::from(rows.start)) * r;
             (first * 4, rows.len() * self.rank)
         };
-        let own_ptr = self.shared.factor_ptrs.lock().expect("pointer table")[self.g];
-        match &self.shared.nccl {
-            Some((nccl, comms)) => {
-                let comm = &comms[self.g];
+        let own_ptr = self.shared.factor_ptrs.lock().expect("pointer table")[self.slot];
+        match &self.shared.collective {
+            Some(collective) => {
+                let (nccl, comm) = collective.comm(self.slot);
                 let nccl_err = |e: crate::nccl::NcclError| DeviceError::Nccl(e.to_string());
                 nccl.group_start().map_err(nccl_err)?;
                 for b in 0..m {
@@ -1368,6 +1643,7 @@ impl Worker {
                 // the next GPU; every GPU's own rows must be final first.
                 self.wait(&stream, "the update before the exchange")?;
                 self.barrier()?;
+                // One process: slots and plan indices agree.
                 let next = (self.g + 1) % m;
                 let next_ptr = self.shared.factor_ptrs.lock().expect("pointer table")[next];
                 for z in 0..m - 1 {
@@ -1382,7 +1658,7 @@ impl Worker {
                             cudarc::driver::result::memcpy_peer_async(
                                 self.shared.contexts[next].cu_ctx(),
                                 next_ptr + offset,
-                                self.shared.contexts[self.g].cu_ctx(),
+                                self.shared.contexts[self.slot].cu_ctx(),
                                 own_ptr + offset,
                                 count * 4,
                                 stream.cu_stream(),

@@ -85,6 +85,7 @@ pub mod kernels;
 pub mod launch;
 pub mod nccl;
 pub mod probe;
+pub mod process;
 pub mod tune;
 
 #[cfg(test)]
@@ -106,6 +107,7 @@ pub use flycoo::FlycooGpu;
 pub use gpu::{Gpu, GpuProperties};
 pub use group::{Exchange, GpuGroup, GroupOptions, MttkrpTimes, Residency, StreamPolicy};
 pub use hicoo::HicooGpu;
+pub use process::{CommAbort, ProcessComm};
 
 use cudarc::driver::DriverError;
 

@@ -47,6 +47,16 @@ type GetUniqueId = unsafe extern "C" fn(*mut ncclUniqueId) -> ncclResult_t;
 type CommInitRank =
     unsafe extern "C" fn(*mut ncclComm_t, c_int, ncclUniqueId, c_int) -> ncclResult_t;
 
+/// Bytes of an NCCL unique id.
+pub const UNIQUE_ID_BYTES: usize = 128;
+
+/// A reduction of [`Nccl::all_reduce_f64`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reduce {
+    Sum,
+    Max,
+}
+
 /// The loaded library and the entry points kruskal uses.
 pub struct Nccl {
     /// Where it was loaded from.
@@ -233,23 +243,31 @@ impl Nccl {
         Ok(comms.into_iter().map(Comm).collect())
     }
 
-    /// A new unique id (rank 0 of a multi-process group creates it).
-    pub fn unique_id(&self) -> Result<ncclUniqueId, NcclError> {
-        let mut id = ncclUniqueId { internal: [0; 128] };
+    /// A new unique id (rank 0 of a multi-process group creates it and
+    /// hands its bytes to the others).
+    pub fn unique_id(&self) -> Result<[u8; UNIQUE_ID_BYTES], NcclError> {
+        let mut id = ncclUniqueId {
+            internal: [0; UNIQUE_ID_BYTES],
+        };
         // SAFETY: writes one id through a valid pointer.
         let r = unsafe { (self.get_unique_id)(&mut id) };
         self.check("ncclGetUniqueId", r)?;
-        Ok(id)
+        Ok(id.internal.map(|c| c as u8))
     }
 
-    /// This process's communicator in a group of `nranks` sharing `id`
-    /// (the calling thread's current CUDA device is used).
+    /// This process's communicator in a group of `nranks` sharing the id
+    /// `id` (the bytes of [`Nccl::unique_id`] on rank 0). The calling
+    /// thread's current CUDA device is used. Blocks until every rank has
+    /// called it.
     pub fn comm_init_rank(
         &self,
         nranks: usize,
-        id: ncclUniqueId,
+        id: &[u8; UNIQUE_ID_BYTES],
         rank: usize,
     ) -> Result<Comm, NcclError> {
+        let id = ncclUniqueId {
+            internal: id.map(|b| b as c_char),
+        };
         let mut comm = std::ptr::null_mut();
         // SAFETY: writes one handle through a valid pointer.
         let r = unsafe { (self.comm_init_rank)(&mut comm, nranks as c_int, id, rank as c_int) };
@@ -296,17 +314,23 @@ impl Nccl {
         self.check("ncclBroadcast", r)
     }
 
-    /// In-place sum of `count` f64 at device address `ptr` over all ranks.
+    /// In-place reduction `op` of `count` f64 at device address `ptr`
+    /// over all ranks; every rank receives the same result.
     ///
     /// # Safety
     /// As [`Nccl::broadcast_f32`].
-    pub unsafe fn all_reduce_sum_f64(
+    pub unsafe fn all_reduce_f64(
         &self,
         comm: &Comm,
         ptr: u64,
         count: usize,
+        op: Reduce,
         stream: cudaStream_t,
     ) -> Result<(), NcclError> {
+        let op = match op {
+            Reduce::Sum => ncclRedOp_t::ncclSum,
+            Reduce::Max => ncclRedOp_t::ncclMax,
+        };
         // SAFETY: see the function's contract.
         let r = unsafe {
             (self.all_reduce)(
@@ -314,7 +338,7 @@ impl Nccl {
                 ptr as *mut c_void,
                 count,
                 ncclDataType_t::ncclFloat64,
-                ncclRedOp_t::ncclSum,
+                op,
                 comm.0,
                 stream,
             )

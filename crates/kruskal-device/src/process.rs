@@ -1,0 +1,260 @@
+//! This process's GPU in a group of several processes, one GPU each
+//! (possibly on several hosts): the NCCL communicator across them,
+//! all-reduces of host vectors through it, and aborting it from another
+//! thread when a peer is lost.
+//!
+//! The processes meet through [`crate::launch`], which hands every rank
+//! the bytes of rank 0's NCCL unique id; [`ProcessComm::init`] turns them
+//! into a communicator. A [`GpuGroup`](crate::GpuGroup) made with
+//! [`GpuGroup::distributed`](crate::GpuGroup::distributed) then exchanges
+//! factor rows through it and all-reduces its Grams and column statistics.
+//!
+//! Every wait polls: it ends when the work is done, when the communicator
+//! was aborted ([`CommAbort::abort`], e.g. from a membership loss
+//! callback), or at the timeout. An aborted communicator is never
+//! destroyed (NCCL frees it in the abort), and a destroyed one is never
+//! aborted: one flag decides which of the two happens.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaStream, DevicePtr};
+
+use crate::nccl::{Comm, Nccl, Reduce, UNIQUE_ID_BYTES};
+use crate::{DeviceError, Gpu, Result, driver};
+
+/// The communicator and whoever may abort it.
+struct Shared {
+    nccl: &'static Nccl,
+    comm: Comm,
+    /// Set once, by the first of abort and close.
+    ended: AtomicBool,
+    /// Why it was aborted.
+    reason: Mutex<Option<String>>,
+}
+
+impl Shared {
+    fn aborted(&self) -> Option<String> {
+        self.reason
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Aborts a [`ProcessComm`]'s communicator from any thread.
+#[derive(Clone)]
+pub struct CommAbort(Arc<Shared>);
+
+impl CommAbort {
+    /// Aborts the communicator: collectives in flight on any rank return,
+    /// and every later wait of this process fails with `reason`. Does
+    /// nothing after the first call or after the communicator was closed.
+    pub fn abort(&self, reason: &str) {
+        let mut slot = self
+            .0
+            .reason
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.0.ended.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        *slot = Some(reason.to_string());
+        drop(slot);
+        let _ = self.0.nccl.abort(&self.0.comm);
+    }
+
+    /// Why it was aborted, once it was.
+    pub fn reason(&self) -> Option<String> {
+        self.0.aborted()
+    }
+}
+
+/// This process's member of a multi-process NCCL communicator.
+pub struct ProcessComm {
+    gpu: Arc<Gpu>,
+    shared: Arc<Shared>,
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+}
+
+impl ProcessComm {
+    /// Joins the communicator of `world` processes whose rank 0 made `id`,
+    /// as rank `rank`, on `gpu`. Blocks until every rank has joined (NCCL
+    /// gives no timeout here; a launcher that loses a peer meanwhile must
+    /// end the process). `timeout` bounds every later wait.
+    pub fn init(
+        gpu: Arc<Gpu>,
+        id: &[u8],
+        rank: usize,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let id: &[u8; UNIQUE_ID_BYTES] = id.try_into().map_err(|_| {
+            DeviceError::Nccl(format!(
+                "a unique id has {UNIQUE_ID_BYTES} bytes, rank 0 sent {}",
+                id.len()
+            ))
+        })?;
+        if rank >= world {
+            return Err(DeviceError::Shape(format!(
+                "rank {rank} of a world of {world}"
+            )));
+        }
+        let nccl = Nccl::load().map_err(|e| DeviceError::Nccl(e.to_string()))?;
+        gpu.context()
+            .bind_to_thread()
+            .map_err(driver("binding the GPU's context"))?;
+        let comm = nccl
+            .comm_init_rank(world, id, rank)
+            .map_err(|e| DeviceError::Nccl(e.to_string()))?;
+        Ok(ProcessComm {
+            gpu,
+            shared: Arc::new(Shared {
+                nccl,
+                comm,
+                ended: AtomicBool::new(false),
+                reason: Mutex::new(None),
+            }),
+            rank,
+            world,
+            timeout,
+        })
+    }
+
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// A handle that aborts the communicator from another thread.
+    pub fn abort_handle(&self) -> CommAbort {
+        CommAbort(self.shared.clone())
+    }
+
+    /// Why the communicator was aborted, once it was.
+    pub fn aborted(&self) -> Option<String> {
+        self.shared.aborted()
+    }
+
+    pub(crate) fn nccl(&self) -> &'static Nccl {
+        self.shared.nccl
+    }
+
+    pub(crate) fn comm(&self) -> &Comm {
+        &self.shared.comm
+    }
+
+    /// Replaces `data` by its reduction `op` over every rank (every rank
+    /// calls this with the same length, in the same order). The values go
+    /// through this GPU's memory.
+    pub fn all_reduce(&self, data: &mut [f64], op: Reduce) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.check()?;
+        let stream = self.gpu.stream().clone();
+        let mut buf = self.gpu.upload("an all-reduce buffer", data)?;
+        {
+            let (ptr, _sync) = buf.device_ptr(&stream);
+            // SAFETY: `buf` holds `data.len()` f64 on this communicator's
+            // GPU and lives until the wait below has seen the stream
+            // finish (or the communicator was aborted, after which NCCL no
+            // longer touches it).
+            unsafe {
+                self.shared.nccl.all_reduce_f64(
+                    &self.shared.comm,
+                    ptr,
+                    data.len(),
+                    op,
+                    stream.cu_stream() as _,
+                )
+            }
+            .map_err(|e| self.nccl_error(e))?;
+        }
+        self.wait(&stream, "an all-reduce across processes")?;
+        stream
+            .memcpy_dtoh(&buf, data)
+            .map_err(driver("downloading an all-reduce"))?;
+        self.wait(&stream, "downloading an all-reduce")?;
+        // Keep the buffer alive until here.
+        let _ = &mut buf;
+        Ok(())
+    }
+
+    /// Waits for `stream`'s queued work, up to the timeout, giving up at
+    /// once when the communicator is aborted.
+    pub(crate) fn wait(&self, stream: &Arc<CudaStream>, what: &str) -> Result<()> {
+        let event = stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(driver(format!("recording an event for {what}")))?;
+        let start = Instant::now();
+        loop {
+            if event
+                .try_is_complete()
+                .map_err(driver(format!("waiting for {what}")))?
+            {
+                return Ok(());
+            }
+            self.check()?;
+            let waited = start.elapsed();
+            if waited > self.timeout {
+                return Err(DeviceError::Timeout(format!(
+                    "{what} did not finish within {} s",
+                    self.timeout.as_secs()
+                )));
+            }
+            if waited < Duration::from_millis(2) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+    }
+
+    /// An error once the communicator was aborted.
+    pub(crate) fn check(&self) -> Result<()> {
+        match self.shared.aborted() {
+            Some(why) => Err(DeviceError::Aborted(why)),
+            None => Ok(()),
+        }
+    }
+
+    /// An NCCL error, or the abort's reason when the communicator was
+    /// aborted meanwhile (the abort is what the user needs to hear).
+    pub(crate) fn nccl_error(&self, e: crate::nccl::NcclError) -> DeviceError {
+        match self.shared.aborted() {
+            Some(why) => DeviceError::Aborted(why),
+            None => DeviceError::Nccl(e.to_string()),
+        }
+    }
+
+    /// Aborts the communicator (see [`CommAbort::abort`]).
+    pub fn abort(&self, reason: &str) {
+        self.abort_handle().abort(reason);
+    }
+}
+
+impl Drop for ProcessComm {
+    fn drop(&mut self) {
+        // Destroy only a communicator nobody aborted; after an abort NCCL
+        // has freed it.
+        if !self.shared.ended.swap(true, Ordering::SeqCst) {
+            let _ = self.shared.nccl.destroy(&self.shared.comm);
+        }
+    }
+}
