@@ -31,6 +31,9 @@
 //! sequential pass. The version field comes before anything whose meaning a
 //! later version may change, so an old reader can always say that the file
 //! is newer than it understands.
+//!
+//! [`read_binary`] loads a whole tensor; [`MappedBinary`] maps the file and
+//! lets a process read, checksum and count only the parts it needs.
 
 use std::fs::File;
 use std::io::Read;
@@ -42,6 +45,10 @@ use rayon::prelude::*;
 use crate::coo::SparseTensor;
 use crate::error::{FormatError, Result};
 use crate::io::{read_at, write_atomically};
+
+mod mapped;
+
+pub use mapped::{CrcPart, MappedBinary, RangeCounts};
 
 /// The first eight bytes of every `.ktns` file.
 pub const MAGIC: [u8; 8] = *b"KRUSKAL\0";
@@ -189,6 +196,8 @@ pub(crate) struct Header {
     pub(crate) payload: usize,
     /// Stride of one array in bytes (`S`); fits in usize.
     pub(crate) stride: usize,
+    /// Length of the whole file; fits in usize.
+    pub(crate) total: usize,
 }
 
 /// Reads and checks the header of the `.ktns` file `file` (opened from
@@ -237,7 +246,7 @@ pub(crate) fn read_header(path: &Path, file: &mut File) -> Result<Header> {
     // The whole file must fit in memory, so every offset fits in usize.
     let too_big = |_| corrupt(format!("{} bytes do not fit in memory", sizes.total));
     let header_len = usize::try_from(sizes.payload).map_err(too_big)?;
-    usize::try_from(sizes.total).map_err(too_big)?;
+    let total = usize::try_from(sizes.total).map_err(too_big)?;
     let mut header = vec![0u8; header_len];
     read_at(path, file, &mut header, 0).map_err(|e| FormatError::io(path, e))?;
     let crc_at = sizes.crc_offset as usize;
@@ -268,13 +277,14 @@ pub(crate) fn read_header(path: &Path, file: &mut File) -> Result<Header> {
         .chunks_exact(4)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect();
-    // Both are below the file's length, which fits in usize.
+    // Both are below `total`, which fits in usize.
     Ok(Header {
         dims,
         nnz,
         payload_crc,
         payload: header_len,
         stride: sizes.stride as usize,
+        total,
     })
 }
 
