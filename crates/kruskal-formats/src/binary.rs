@@ -31,6 +31,9 @@
 //! sequential pass. The version field comes before anything whose meaning a
 //! later version may change, so an old reader can always say that the file
 //! is newer than it understands.
+//!
+//! [`read_binary`] loads a whole tensor; [`MappedBinary`] maps the file and
+//! lets a process read, checksum and count only the parts it needs.
 
 use std::fs::File;
 use std::io::Read;
@@ -42,6 +45,10 @@ use rayon::prelude::*;
 use crate::coo::SparseTensor;
 use crate::error::{FormatError, Result};
 use crate::io::{read_at, write_atomically};
+
+mod mapped;
+
+pub use mapped::{CrcPart, MappedBinary, RangeCounts};
 
 /// The first eight bytes of every `.ktns` file.
 pub const MAGIC: [u8; 8] = *b"KRUSKAL\0";
@@ -179,15 +186,29 @@ pub fn read_binary(path: &Path) -> Result<SparseTensor> {
     read_binary_with(path, DEFAULT_CHUNK)
 }
 
-/// [`read_binary`] with a chosen chunk length (small in tests).
-pub(crate) fn read_binary_with(path: &Path, chunk: usize) -> Result<SparseTensor> {
-    let chunk = chunk.max(1);
+/// What a valid header says, with the sizes derived from it.
+pub(crate) struct Header {
+    pub(crate) dims: Vec<u32>,
+    pub(crate) nnz: usize,
+    /// The payload CRC the header stores.
+    pub(crate) payload_crc: u32,
+    /// Offset of the payload (`H`); fits in usize.
+    pub(crate) payload: usize,
+    /// Stride of one array in bytes (`S`); fits in usize.
+    pub(crate) stride: usize,
+    /// Length of the whole file; fits in usize.
+    pub(crate) total: usize,
+}
+
+/// Reads and checks the header of the `.ktns` file `file` (opened from
+/// `path`): magic, version, modes, nonzero count, header CRC and the exact
+/// file length. Reads the header only, never the payload.
+pub(crate) fn read_header(path: &Path, file: &mut File) -> Result<Header> {
     let corrupt = |msg: String| FormatError::file(path, msg);
-    let mut file = File::open(path).map_err(|e| FormatError::io(path, e))?;
     let file_len = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
 
     let mut fixed = [0u8; FIXED_HEADER];
-    let got = read_up_to(&mut file, &mut fixed).map_err(|e| FormatError::io(path, e))?;
+    let got = read_up_to(file, &mut fixed).map_err(|e| FormatError::io(path, e))?;
     if got < MAGIC.len() || fixed[..8] != MAGIC {
         return Err(corrupt("not a kruskal binary tensor (bad magic)".into()));
     }
@@ -225,9 +246,9 @@ pub(crate) fn read_binary_with(path: &Path, chunk: usize) -> Result<SparseTensor
     // The whole file must fit in memory, so every offset fits in usize.
     let too_big = |_| corrupt(format!("{} bytes do not fit in memory", sizes.total));
     let header_len = usize::try_from(sizes.payload).map_err(too_big)?;
-    usize::try_from(sizes.total).map_err(too_big)?;
+    let total = usize::try_from(sizes.total).map_err(too_big)?;
     let mut header = vec![0u8; header_len];
-    read_at(path, &file, &mut header, 0).map_err(|e| FormatError::io(path, e))?;
+    read_at(path, file, &mut header, 0).map_err(|e| FormatError::io(path, e))?;
     let crc_at = sizes.crc_offset as usize;
     let stored = u32::from_le_bytes([
         header[crc_at],
@@ -256,9 +277,34 @@ pub(crate) fn read_binary_with(path: &Path, chunk: usize) -> Result<SparseTensor
         .chunks_exact(4)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect();
+    // Both are below `total`, which fits in usize.
+    Ok(Header {
+        dims,
+        nnz,
+        payload_crc,
+        payload: header_len,
+        stride: sizes.stride as usize,
+        total,
+    })
+}
 
-    let pad = (sizes.stride - nnz as u128 * 4) as usize;
-    let offset_of = |array: u32| (sizes.payload + u128::from(array) * sizes.stride) as u64;
+/// [`read_binary`] with a chosen chunk length (small in tests).
+pub(crate) fn read_binary_with(path: &Path, chunk: usize) -> Result<SparseTensor> {
+    let chunk = chunk.max(1);
+    let corrupt = |msg: String| FormatError::file(path, msg);
+    let mut file = File::open(path).map_err(|e| FormatError::io(path, e))?;
+    let Header {
+        dims,
+        nnz,
+        payload_crc,
+        payload,
+        stride,
+        ..
+    } = read_header(path, &mut file)?;
+    let nmodes = dims.len() as u32;
+
+    let pad = stride - 4 * nnz;
+    let offset_of = |array: u32| (payload + array as usize * stride) as u64;
     // Each array's zero padding is part of the checksummed stream.
     let read_padding = |crc: &mut Hasher, array: u32| -> Result<()> {
         let mut padding = [0u8; 4];

@@ -26,6 +26,7 @@ pub mod hicoo;
 pub mod io;
 pub mod tns;
 
+pub use binary::{CrcPart, MappedBinary, RangeCounts};
 pub use coo::{ModeStats, SparseTensor, TensorStats};
 pub use error::{FormatError, Result};
 pub use fcoo::{Fcoo, FcooOp};

@@ -18,6 +18,13 @@
 //! relabeled indices of every mode and the value's bits, `nmodes + 1`
 //! words per nonzero, sorted by the mode's relabeled index, so GPU `g`'s
 //! shard is one contiguous range and equal rows are adjacent.
+//!
+//! A process that holds only its own shards never builds the whole
+//! tensor: it makes the plan from per-row nonzero counts
+//! ([`RowShards::from_counts`], the counts summed over every process's
+//! range of the file) and picks its GPU's elements out of the file's
+//! arrays ([`RowShards::local_elements`]), in memory proportional to its
+//! own elements.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,19 +55,62 @@ pub struct RowShards {
 
 impl RowShards {
     /// Plans every mode of `t` over `gpus` GPUs.
+    ///
+    /// Cost: counting the nonzeros per row of every mode (one parallel
+    /// pass per mode), then [`RowShards::from_counts`].
     pub fn new(t: &SparseTensor, gpus: usize) -> Result<Self> {
+        let counts = (0..t.nmodes()).map(|mode| t.mode_counts(mode)).collect();
+        Self::from_counts(t.dims(), counts, gpus)
+    }
+
+    /// Plans every mode over `gpus` GPUs from the nonzeros per row of each
+    /// mode (`counts[mode][row]`, original row indices, `dims[mode]` rows),
+    /// as a process that holds only part of the tensor knows them (summed
+    /// over every process's range). [`RowShards::new`] is this applied to
+    /// the tensor's own counts, so both give the same plan.
+    ///
+    /// Errors: no GPU, no mode, a count list whose length is not its
+    /// dimension, or modes whose counts add up to different nonzero totals.
+    ///
+    /// Cost: greedy LPT per mode, `O(dims[mode] log dims[mode])`.
+    pub fn from_counts(dims: &[u32], counts: Vec<Vec<u64>>, gpus: usize) -> Result<Self> {
         if gpus == 0 {
             return Err(PartitionError::Argument(
                 "a row plan needs at least one GPU".into(),
             ));
         }
-        let n = t.nmodes();
+        if dims.is_empty() || counts.len() != dims.len() {
+            return Err(PartitionError::Argument(format!(
+                "{} modes of counts for dims {dims:?}",
+                counts.len()
+            )));
+        }
+        let mut total = None;
+        for (mode, (c, &dim)) in counts.iter().zip(dims).enumerate() {
+            if c.len() != dim as usize {
+                return Err(PartitionError::Argument(format!(
+                    "{} row counts for mode {mode} of dimension {dim}",
+                    c.len()
+                )));
+            }
+            let sum: u64 = c.iter().sum();
+            match total {
+                None => total = Some(sum),
+                Some(t) if t != sum => {
+                    return Err(PartitionError::Argument(format!(
+                        "the row counts of mode {mode} add up to {sum} nonzeros, \
+                         those of mode 0 to {t}"
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        let n = dims.len();
         let mut relabel = Vec::with_capacity(n);
         let mut row_ptr = Vec::with_capacity(n);
         let mut loads = Vec::with_capacity(n);
-        let mut counts = Vec::with_capacity(n);
-        for mode in 0..n {
-            let old_counts = t.mode_counts(mode);
+        let mut new_counts_all = Vec::with_capacity(n);
+        for old_counts in counts {
             let mut assignment = lpt(&old_counts, gpus);
             spread_empty_rows(&old_counts, &mut assignment.part_of, gpus);
             // New labels: GPU by GPU, old order inside a GPU.
@@ -83,15 +133,15 @@ impl RowShards {
             relabel.push(labels);
             row_ptr.push(ptr);
             loads.push(assignment.loads);
-            counts.push(new_counts);
+            new_counts_all.push(new_counts);
         }
         Ok(RowShards {
             gpus,
-            dims: t.dims().to_vec(),
+            dims: dims.to_vec(),
             relabel,
             row_ptr,
             loads,
-            counts,
+            counts: new_counts_all,
         })
     }
 
@@ -133,6 +183,10 @@ impl RowShards {
     /// the relabeled index of `mode` (a parallel counting sort; the order
     /// of the nonzeros inside one row is unspecified). GPU `g`'s shard is
     /// elements `offsets[g]..offsets[g + 1]` of the returned offsets.
+    ///
+    /// Errors: a tensor of other dimensions, a mode out of range, an `out`
+    /// of another length, or a tensor whose rows hold other counts than
+    /// the plan's (a tensor the plan was not made for).
     pub fn fill_elements(
         &self,
         t: &SparseTensor,
@@ -154,47 +208,175 @@ impl RowShards {
                 t.nnz()
             )));
         }
-        // First element of each new row (and the end), then a cursor per
-        // row that the scatter advances.
-        let first: Vec<u64> = std::iter::once(0)
-            .chain(self.counts[mode].iter().scan(0u64, |acc, &c| {
+        let indices: Vec<&[u32]> = t.indices().iter().map(Vec::as_slice).collect();
+        self.scatter(mode, 0..self.dims[mode], &indices, t.values(), out)?;
+        // The first element of each GPU: the nonzeros of the rows before.
+        let mut offsets = Vec::with_capacity(self.gpus + 1);
+        let mut first = 0u64;
+        offsets.push(first);
+        for g in 0..self.gpus {
+            first += self.row_counts(mode, g).iter().sum::<u64>();
+            offsets.push(first);
+        }
+        Ok(offsets)
+    }
+
+    /// GPU `g`'s elements of mode `mode`: exactly the elements
+    /// [`RowShards::fill_elements`] puts in its shard (between `offsets[g]`
+    /// and `offsets[g + 1]`), `nnz(mode, g) * stride()` words, sorted by the
+    /// relabeled index of `mode` (the order inside a row is unspecified).
+    /// They are picked out of the nonzeros of the whole tensor:
+    /// `indices[m][k]` is nonzero `k`'s original mode-`m` index and
+    /// `values[k]` its value, for instance the views of a memory-mapped
+    /// file.
+    ///
+    /// Errors: a mode or GPU out of range, index arrays of the wrong number
+    /// or lengths, an index not below its dimension, or nonzeros whose rows
+    /// hold other counts than the plan's (a file that is not the one the
+    /// counts came from).
+    ///
+    /// Cost: one parallel pass over every nonzero's `mode` index, and over
+    /// all of the indices of the nonzeros kept; memory is the result plus
+    /// a cursor per row of `g`.
+    pub fn local_elements(
+        &self,
+        mode: usize,
+        g: usize,
+        indices: &[&[u32]],
+        values: &[f32],
+    ) -> Result<Vec<u32>> {
+        if mode >= self.dims.len() || g >= self.gpus {
+            return Err(PartitionError::Argument(format!(
+                "mode {mode}, GPU {g} of a plan of {} modes over {} GPUs",
+                self.dims.len(),
+                self.gpus
+            )));
+        }
+        if indices.len() != self.dims.len() || indices.iter().any(|i| i.len() != values.len()) {
+            let lens: Vec<usize> = indices.iter().map(|i| i.len()).collect();
+            return Err(PartitionError::Argument(format!(
+                "index arrays of lengths {lens:?} and {} values for a plan of {} modes",
+                values.len(),
+                self.dims.len()
+            )));
+        }
+        let own: u64 = self.row_counts(mode, g).iter().sum();
+        let words = usize::try_from(own)
+            .ok()
+            .and_then(|n| n.checked_mul(self.stride()))
+            .ok_or_else(|| {
+                PartitionError::Argument(format!("{own} elements do not fit in memory"))
+            })?;
+        let mut out = vec![0u32; words];
+        self.scatter(mode, self.rows(mode, g), indices, values, &mut out)?;
+        Ok(out)
+    }
+
+    /// Nonzeros per row of GPU `g` in `mode`, in new-label order.
+    fn row_counts(&self, mode: usize, g: usize) -> &[u64] {
+        let rows = self.rows(mode, g);
+        &self.counts[mode][rows.start as usize..rows.end as usize]
+    }
+
+    /// Writes the elements of the nonzeros whose `mode` row (new label)
+    /// lies in `rows` into `out`, sorted by that row: the counting sort
+    /// behind [`RowShards::fill_elements`] and
+    /// [`RowShards::local_elements`]. Each row's elements go to the range
+    /// the plan's counts give it; a nonzero beyond its row's count, a row
+    /// left short, or an index out of range is an error, and nothing is
+    /// ever written outside `out`.
+    ///
+    /// The caller checks that `mode` is a mode and that there is one index
+    /// array per mode, each as long as `values`.
+    fn scatter(
+        &self,
+        mode: usize,
+        rows: Range<u32>,
+        indices: &[&[u32]],
+        values: &[f32],
+        out: &mut [u32],
+    ) -> Result<()> {
+        let stride = self.stride();
+        let counts = &self.counts[mode][rows.start as usize..rows.end as usize];
+        // One past the last element of each row, and a cursor per row that
+        // starts at the row's first element and that the scatter advances.
+        let ends: Vec<u64> = counts
+            .iter()
+            .scan(0u64, |acc, &c| {
                 *acc += c;
                 Some(*acc)
-            }))
+            })
             .collect();
-        let start: Vec<AtomicU64> = first[..first.len() - 1]
+        let total = ends.last().copied().unwrap_or(0);
+        if total.checked_mul(stride as u64) != Some(out.len() as u64) {
+            return Err(PartitionError::Argument(format!(
+                "{} words for the plan's {total} elements of {stride} words",
+                out.len()
+            )));
+        }
+        let cursors: Vec<AtomicU64> = ends
             .iter()
-            .map(|&f| AtomicU64::new(f))
+            .zip(counts)
+            .map(|(&end, &c)| AtomicU64::new(end - c))
             .collect();
-        let labels = &self.relabel;
+        let label_of = |m: usize, k: usize| -> Result<u32> {
+            let i = indices[m][k];
+            self.relabel[m].get(i as usize).copied().ok_or_else(|| {
+                PartitionError::Argument(format!(
+                    "nonzero {k}: mode-{m} index {i} is not below the dimension {}",
+                    self.dims[m]
+                ))
+            })
+        };
+        let mismatch = |label: u32, got: String| {
+            PartitionError::Argument(format!(
+                "the nonzeros do not match the plan: row {label} (new label) of mode {mode} \
+                 holds {got} nonzeros, the plan counted {}",
+                self.counts[mode][label as usize]
+            ))
+        };
         let out_ptr = SharedOut(out.as_mut_ptr());
-        let nnz = t.nnz();
+        let nnz = values.len();
         (0..nnz.div_ceil(SCATTER_CHUNK))
             .into_par_iter()
-            .for_each(|chunk| {
+            .try_for_each(|chunk| -> Result<()> {
                 let out_ptr = &out_ptr;
                 let lo = chunk * SCATTER_CHUNK;
                 let hi = (lo + SCATTER_CHUNK).min(nnz);
-                let own = t.mode_indices(mode);
-                for k in lo..hi {
-                    let row = labels[mode][own[k] as usize] as usize;
-                    let pos = start[row].fetch_add(1, Ordering::Relaxed) as usize;
-                    // SAFETY: the cursors hand out every position in
-                    // 0..nnz exactly once (each row's range has its count's
-                    // length and the ranges tile 0..nnz), so no two writes
-                    // touch the same element, and `out` holds nnz * stride
-                    // words (checked above).
-                    let e = unsafe { out_ptr.element(pos, stride) };
-                    for (w, slot) in e[..stride - 1].iter_mut().enumerate() {
-                        *slot = labels[w][t.mode_indices(w)[k] as usize];
+                for (k, value) in (lo..hi).zip(&values[lo..hi]) {
+                    let label = label_of(mode, k)?;
+                    if !rows.contains(&label) {
+                        continue;
                     }
-                    e[stride - 1] = t.values()[k].to_bits();
+                    let row = (label - rows.start) as usize;
+                    let pos = cursors[row].fetch_add(1, Ordering::Relaxed);
+                    if pos >= ends[row] {
+                        return Err(mismatch(label, "more".into()));
+                    }
+                    // SAFETY: `pos` is below the row's end, hence below
+                    // `total`, and `out` holds `total * stride` words
+                    // (checked above). The rows' ranges are disjoint and
+                    // each cursor hands out each position of its range
+                    // once, so no other task writes this element.
+                    let e = unsafe { out_ptr.element(pos as usize, stride) };
+                    for (m, slot) in e[..stride - 1].iter_mut().enumerate() {
+                        *slot = label_of(m, k)?;
+                    }
+                    e[stride - 1] = value.to_bits();
                 }
-            });
-        Ok(self.row_ptr[mode]
-            .iter()
-            .map(|&r| first[r as usize])
-            .collect())
+                Ok(())
+            })?;
+        for (row, (cursor, &end)) in cursors.iter().zip(&ends).enumerate() {
+            let got = cursor.load(Ordering::Relaxed);
+            if got != end {
+                let c = counts[row];
+                return Err(mismatch(
+                    rows.start + row as u32,
+                    (got + c - end).to_string(),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -226,7 +408,7 @@ fn spread_empty_rows(counts: &[u64], part_of: &mut [u32], gpus: usize) {
 /// positions no other task writes).
 struct SharedOut(*mut u32);
 
-// SAFETY: tasks write disjoint elements (see `fill_elements`).
+// SAFETY: tasks write disjoint elements (see `RowShards::scatter`).
 unsafe impl Sync for SharedOut {}
 
 impl SharedOut {
@@ -296,6 +478,180 @@ mod tests {
                 prop_assert_eq!(got, want);
             }
         }
+    }
+
+    /// The elements in `words`, sorted, for comparing as multisets.
+    fn sorted_elements(words: &[u32], stride: usize) -> Vec<Vec<u32>> {
+        let mut e: Vec<Vec<u32>> = words.chunks(stride).map(<[u32]>::to_vec).collect();
+        e.sort_unstable();
+        e
+    }
+
+    /// Checks that every GPU's `local_elements` of every mode are its
+    /// slice of `fill_elements` (as a multiset), sorted by the mode's
+    /// label, and that together they are all the elements.
+    fn check_local_elements(t: &SparseTensor, plan: &RowShards) {
+        let stride = plan.stride();
+        let indices: Vec<&[u32]> = t.indices().iter().map(Vec::as_slice).collect();
+        for mode in 0..t.nmodes() {
+            let mut elems = vec![0u32; t.nnz() * stride];
+            let offsets = plan.fill_elements(t, mode, &mut elems).unwrap();
+            let mut all = Vec::with_capacity(elems.len());
+            for g in 0..plan.gpus() {
+                let local = plan.local_elements(mode, g, &indices, t.values()).unwrap();
+                assert_eq!(local.len() as u64, plan.nnz(mode, g) * stride as u64);
+                assert!(local.chunks(stride).is_sorted_by_key(|e| e[mode]));
+                let slice = &elems[offsets[g] as usize * stride..offsets[g + 1] as usize * stride];
+                assert_eq!(
+                    sorted_elements(&local, stride),
+                    sorted_elements(slice, stride),
+                    "mode {mode}, GPU {g}"
+                );
+                all.extend_from_slice(&local);
+            }
+            assert_eq!(
+                sorted_elements(&all, stride),
+                sorted_elements(&elems, stride)
+            );
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(12))]
+        #[test]
+        fn a_plan_from_counts_is_the_plan_and_local_elements_are_each_gpus_slice(
+            seed in any::<u64>(),
+            nnz in 0usize..2_000,
+            gpus in 1usize..5,
+            exponent in 0.0f64..1.6,
+        ) {
+            let mut spec = PowerLawSpec::new(vec![30, 17, 6], nnz.max(1)).with_seed(seed);
+            spec.exponents = vec![exponent; 3];
+            let mut t = power_law(&spec).unwrap();
+            if nnz == 0 {
+                t = SparseTensor::new(t.dims().to_vec(), vec![vec![]; 3], vec![]).unwrap();
+            }
+            let plan = RowShards::new(&t, gpus).unwrap();
+            let counts = (0..3).map(|m| t.mode_counts(m)).collect();
+            let from_counts = RowShards::from_counts(t.dims(), counts, gpus).unwrap();
+            prop_assert_eq!(from_counts.dims(), plan.dims());
+            for mode in 0..3 {
+                prop_assert_eq!(from_counts.relabel(mode), plan.relabel(mode));
+                for g in 0..gpus {
+                    prop_assert_eq!(from_counts.rows(mode, g), plan.rows(mode, g));
+                    prop_assert_eq!(from_counts.nnz(mode, g), plan.nnz(mode, g));
+                }
+            }
+            check_local_elements(&t, &from_counts);
+        }
+    }
+
+    #[test]
+    fn local_elements_across_many_scatter_chunks() {
+        let t =
+            power_law(&PowerLawSpec::new(vec![500, 300, 40], 3 * SCATTER_CHUNK + 17).with_seed(3))
+                .unwrap();
+        check_local_elements(&t, &RowShards::new(&t, 3).unwrap());
+    }
+
+    #[test]
+    fn nonzeros_other_than_the_plans_are_errors() {
+        let t = SparseTensor::new(
+            vec![4, 3],
+            vec![vec![0, 0, 1, 2, 3, 3], vec![0, 1, 2, 0, 1, 2]],
+            vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+        )
+        .unwrap();
+        let plan = RowShards::new(&t, 2).unwrap();
+        let values = t.values();
+        let idx = |rows: &[u32]| -> Vec<u32> { rows.to_vec() };
+        let mode0 = idx(t.mode_indices(0));
+        let mode1 = idx(t.mode_indices(1));
+        assert!(plan.local_elements(0, 0, &[&mode0, &mode1], values).is_ok());
+
+        // One nonzero moved to another row of mode 0: for every GPU, some
+        // row holds more or fewer nonzeros than the plan counted.
+        let mut moved = mode0.clone();
+        moved[0] = 3;
+        for g in 0..2 {
+            let err = plan
+                .local_elements(0, g, &[&moved, &mode1], values)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("do not match the plan"), "{err}");
+        }
+        // The same for the whole-tensor fill: no write past a row's range.
+        let other = SparseTensor::new(
+            vec![4, 3],
+            vec![moved.clone(), mode1.clone()],
+            values.to_vec(),
+        )
+        .unwrap();
+        let mut out = vec![0u32; 6 * 3];
+        let err = plan
+            .fill_elements(&other, 0, &mut out)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("do not match the plan"), "{err}");
+        // Its mode-1 rows are unchanged, so that fill works.
+        assert!(plan.fill_elements(&other, 1, &mut out).is_ok());
+
+        // An index out of range, in the scanned mode and in another.
+        let mut far = mode0.clone();
+        far[5] = 4;
+        let err = plan
+            .local_elements(0, 1, &[&far, &mode1], values)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("nonzero 5: mode-0 index 4 is not below the dimension 4"),
+            "{err}"
+        );
+        let mut far1 = mode1.clone();
+        far1[2] = 9;
+        let errs: Vec<String> = (0..2)
+            .filter_map(|g| plan.local_elements(0, g, &[&mode0, &far1], values).err())
+            .map(|e| e.to_string())
+            .collect();
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].contains("mode-1 index 9"), "{}", errs[0]);
+
+        // Arguments.
+        assert!(
+            plan.local_elements(2, 0, &[&mode0, &mode1], values)
+                .is_err()
+        );
+        assert!(
+            plan.local_elements(0, 2, &[&mode0, &mode1], values)
+                .is_err()
+        );
+        assert!(plan.local_elements(0, 0, &[&mode0], values).is_err());
+        assert!(
+            plan.local_elements(0, 0, &[&mode0, &mode1[..5]], values)
+                .is_err()
+        );
+        // A nonzero fewer: the GPU that owns its row finds the row short.
+        let short = (0..2)
+            .filter(|&g| {
+                plan.local_elements(0, g, &[&mode0[..5], &mode1[..5]], &values[..5])
+                    .is_err()
+            })
+            .count();
+        assert_eq!(short, 1);
+    }
+
+    #[test]
+    fn counts_that_cannot_be_a_tensors_are_errors() {
+        let ok = || vec![vec![1, 0, 2], vec![3, 0]];
+        assert!(RowShards::from_counts(&[3, 2], ok(), 2).is_ok());
+        assert!(RowShards::from_counts(&[3, 2], ok(), 0).is_err());
+        assert!(RowShards::from_counts(&[3, 2, 1], ok(), 2).is_err());
+        assert!(RowShards::from_counts(&[3, 3], ok(), 2).is_err());
+        assert!(RowShards::from_counts(&[], vec![], 2).is_err());
+        let err = RowShards::from_counts(&[3, 2], vec![vec![1, 0, 2], vec![3, 1]], 2)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("add up to 4"), "{err}");
     }
 
     #[test]
