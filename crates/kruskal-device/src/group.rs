@@ -877,12 +877,26 @@ impl GpuGroup {
                 }
             }
         }
-        if self.process().is_some() {
-            let mut sums: Vec<f64> = total.sumsq.iter().chain(&total.inner).copied().collect();
-            self.across(&mut sums, Reduce::Sum, "the column statistics")?;
-            self.across(&mut total.max_abs, Reduce::Max, "the column maxima")?;
-            total.sumsq.copy_from_slice(&sums[..r]);
-            total.inner.copy_from_slice(&sums[r..]);
+        if let Some((me, world)) = self.process() {
+            // One collective for sums and maxima: every rank's three
+            // vectors gathered (an all-reduce of a buffer that is zero
+            // outside each rank's slot), combined in rank order.
+            let mut all = vec![0f64; world * 3 * r];
+            let own = &mut all[me * 3 * r..(me + 1) * 3 * r];
+            own[..r].copy_from_slice(&total.sumsq);
+            own[r..2 * r].copy_from_slice(&total.inner);
+            own[2 * r..].copy_from_slice(&total.max_abs);
+            self.across(&mut all, Reduce::Sum, "the column statistics")?;
+            total.sumsq.fill(0.0);
+            total.inner.fill(0.0);
+            total.max_abs.fill(0.0);
+            for slot in all.chunks_exact(3 * r) {
+                for c in 0..r {
+                    total.sumsq[c] += slot[c];
+                    total.inner[c] += slot[r + c];
+                    total.max_abs[c] = total.max_abs[c].max(slot[2 * r + c]);
+                }
+            }
         }
         Ok(total)
     }

@@ -154,7 +154,7 @@ impl fmt::Debug for Launch {
     }
 }
 
-/// Explicit values (from `--rank`, `--world-size`, `--local-gpu`,
+/// Explicit values (from `--process-rank`, `--world-size`, `--local-gpu`,
 /// `--rendezvous`, a token option) that win over the environment.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct LaunchOverrides {
@@ -212,7 +212,7 @@ impl Launch {
         let family = FAMILIES.iter().find(|f| lookup(f.rank).is_some());
 
         let (rank, rank_var, source) = match (overrides.rank, family) {
-            (Some(rank), _) => (rank, "--rank", "--rank"),
+            (Some(rank), _) => (rank, "--process-rank", "--process-rank"),
             (None, Some(f)) => (env_number(f.rank)?.unwrap_or_default(), f.rank, f.source),
             (None, None) => return Err(LaunchError::Missing(no_rank(&lookup))),
         };
@@ -318,7 +318,7 @@ impl Launch {
 fn no_rank(lookup: &impl Fn(&str) -> Option<String>) -> String {
     let what = "set KRUSKAL_RANK, KRUSKAL_WORLD_SIZE, KRUSKAL_LOCAL_GPU and \
                 KRUSKAL_RENDEZVOUS (or start the ranks with torchrun, mpirun or srun), or \
-                pass --rank";
+                pass --process-rank";
     let stray = [KRUSKAL.size, KRUSKAL.local]
         .into_iter()
         .find(|var| lookup(var).is_some());
@@ -601,7 +601,7 @@ mod tests {
         assert_eq!((l.rank, l.world_size, l.local_gpu), (1, 3, 2));
         assert_eq!(l.rendezvous.to_string(), "[::1]:7000");
         assert_eq!(l.token, "from-the-flag");
-        assert_eq!(l.source, "--rank");
+        assert_eq!(l.source, "--process-rank");
         // Flags alone are enough.
         let l = Launch::from_lookup_with(env(&[]), &overrides).unwrap();
         assert_eq!((l.rank, l.world_size, l.local_gpu), (1, 3, 2));
@@ -634,7 +634,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "rank 3 (--rank) is not below the world size 3 (--world-size); ranks run from 0 to 2"
+            "rank 3 (--process-rank) is not below the world size 3 (--world-size); ranks run from 0 to 2"
         );
         let e = Launch::from_lookup_with(
             env(&[]),

@@ -181,30 +181,41 @@ pub struct MultiGpuArgs {
     pub gpus: Option<String>,
     /// How factor rows travel between GPUs: nccl (default when NCCL
     /// loads) or p2p (peer-to-peer copies around the ring).
-    #[arg(long, value_name = "nccl|p2p", requires = "gpus")]
+    #[arg(long, value_name = "nccl|p2p")]
     pub exchange: Option<String>,
     /// Stream shards from pinned host memory: auto (only what does not
     /// fit), always, never.
-    #[arg(
-        long,
-        value_name = "auto|always|never",
-        default_value = "auto",
-        requires = "gpus"
-    )]
+    #[arg(long, value_name = "auto|always|never", default_value = "auto")]
     pub stream: String,
     /// CUDA streams a streamed shard is copied on.
-    #[arg(long, default_value_t = 3, requires = "gpus")]
+    #[arg(long, default_value_t = 3)]
     pub streams: usize,
     /// Size of a streamed segment, MiB.
-    #[arg(long, default_value_t = 256, requires = "gpus")]
+    #[arg(long, default_value_t = 256)]
     pub segment_mb: usize,
     /// Longest wait for a GPU operation before the run stops with an error
     /// naming the GPU, seconds.
-    #[arg(long, default_value_t = 300, requires = "gpus")]
+    #[arg(long, default_value_t = 300)]
     pub gpu_timeout_s: u64,
 }
 
 impl MultiGpuArgs {
+    /// An error when an option of several GPUs is given to a run on one
+    /// (`several`: `--gpus` or `--distributed` was given).
+    pub fn check_used(&self, several: bool) -> Result<()> {
+        let changed = self.exchange.is_some()
+            || self.stream != "auto"
+            || self.streams != 3
+            || self.segment_mb != 256
+            || self.gpu_timeout_s != 300;
+        if changed && !several && self.gpus.is_none() {
+            bail!(
+                "--exchange, --stream, --streams, --segment-mb and --gpu-timeout-s apply to runs on several GPUs (--gpus or --distributed)"
+            );
+        }
+        Ok(())
+    }
+
     /// The GPU ordinals `--gpus` names (`None` without `--gpus`).
     pub fn ordinals(&self) -> Result<Option<Vec<usize>>> {
         let Some(text) = &self.gpus else {

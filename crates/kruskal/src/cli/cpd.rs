@@ -83,6 +83,8 @@ pub struct CpdArgs {
     pub gpu: GpuArgs,
     #[command(flatten)]
     pub multi: MultiGpuArgs,
+    #[command(flatten)]
+    pub distributed: super::distributed::DistributedArgs,
     /// Worker threads (default: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -117,6 +119,10 @@ fn demo_tensor() -> Result<(Loaded, kruskal_formats::generate::Planted)> {
 
 pub fn run(args: CpdArgs) -> Result<()> {
     set_threads(args.threads)?;
+    args.multi.check_used(args.distributed.distributed)?;
+    if args.distributed.distributed {
+        return super::distributed::run(&args);
+    }
     let (loaded, truth) = if args.demo {
         let (loaded, p) = demo_tensor()?;
         (loaded, Some(p))
@@ -196,36 +202,9 @@ struct Decomposition {
 /// Builds the backend and runs every start; keeps the best model. Stops
 /// after the current iteration once `stop` is non-zero.
 fn decompose(args: &CpdArgs, loaded: &Loaded, stop: &AtomicUsize) -> Result<Decomposition> {
-    let rank = args.rank.unwrap_or(DEMO_RANK);
-    if rank == 0 {
-        bail!("--rank must be at least 1");
-    }
     let tensor = &loaded.tensor;
-    let init = match &args.init {
-        Some(dir) => {
-            let factors = load_factors(dir, tensor.nmodes())?;
-            if factors[0].ncols() != rank && args.rank.is_some() {
-                bail!(
-                    "{}: the initial factors have rank {}, --rank is {rank}",
-                    dir.display(),
-                    factors[0].ncols()
-                );
-            }
-            Init::Given(factors)
-        }
-        None => Init::Random { seed: args.seed },
-    };
-    let rank = match &init {
-        Init::Given(f) => f[0].ncols(),
-        Init::Random { .. } => rank,
-    };
-    let opts = CpdOptions {
-        rank,
-        max_iters: args.iters,
-        tol: args.tol,
-        init,
-    };
-
+    let opts = cpd_options(args, tensor.nmodes())?;
+    let rank = opts.rank;
     if !args.json {
         println!("tensor     {}", loaded.source);
         println!(
@@ -248,12 +227,79 @@ fn decompose(args: &CpdArgs, loaded: &Loaded, stop: &AtomicUsize) -> Result<Deco
             backend.describe(),
             prep_s
         );
+    }
+    let runs = run_starts(args, backend.as_dyn(), &opts, args.json, stop)?;
+    Ok(Decomposition {
+        model: runs.model,
+        backend,
+        prep_s,
+        fallback,
+        cpd_s: runs.cpd_s,
+        starts: runs.starts,
+        summaries: runs.summaries,
+    })
+}
+
+/// The options `args` give for a tensor of `nmodes` modes: rank, limits
+/// and the initial factors (random, or read from `--init`).
+pub(super) fn cpd_options(args: &CpdArgs, nmodes: usize) -> Result<CpdOptions> {
+    let rank = args.rank.unwrap_or(DEMO_RANK);
+    if rank == 0 {
+        bail!("--rank must be at least 1");
+    }
+    let init = match &args.init {
+        Some(dir) => {
+            let factors = load_factors(dir, nmodes)?;
+            if factors[0].ncols() != rank && args.rank.is_some() {
+                bail!(
+                    "{}: the initial factors have rank {}, --rank is {rank}",
+                    dir.display(),
+                    factors[0].ncols()
+                );
+            }
+            Init::Given(factors)
+        }
+        None => Init::Random { seed: args.seed },
+    };
+    let rank = match &init {
+        Init::Given(f) => f[0].ncols(),
+        Init::Random { .. } => rank,
+    };
+    Ok(CpdOptions {
+        rank,
+        max_iters: args.iters,
+        tol: args.tol,
+        init,
+    })
+}
+
+/// What [`run_starts`] found.
+pub(super) struct Starts {
+    /// The best start's model.
+    pub model: KruskalModel,
+    /// Seconds of all starts.
+    pub cpd_s: f64,
+    pub starts: usize,
+    /// Seed, fit and iterations of every start.
+    pub summaries: Vec<serde_json::Value>,
+}
+
+/// Runs every start `args` asks for on `backend` and keeps the best model;
+/// prints a line per iteration unless `quiet`. Stops after the current
+/// iteration once `stop` is non-zero.
+pub(super) fn run_starts(
+    args: &CpdArgs,
+    backend: &mut dyn Backend,
+    opts: &CpdOptions,
+    quiet: bool,
+    stop: &AtomicUsize,
+) -> Result<Starts> {
+    if !quiet {
         println!(
-            "rank {rank}, up to {} iterations, tol {:e}",
-            opts.max_iters, opts.tol
+            "rank {}, up to {} iterations, tol {:e}",
+            opts.rank, opts.max_iters, opts.tol
         );
     }
-
     let starts = args.starts.unwrap_or(if args.demo { 3 } else { 1 });
     if starts == 0 {
         bail!("--starts must be at least 1");
@@ -265,11 +311,11 @@ fn decompose(args: &CpdArgs, loaded: &Loaded, stop: &AtomicUsize) -> Result<Deco
         let mut opts = opts.clone();
         if starts > 1 {
             opts.init = Init::Random { seed };
-            if !args.json {
+            if !quiet {
                 println!("start {} of {starts} (seed {seed})", k + 1);
             }
         }
-        let model = run_one(backend.as_dyn(), &opts, args.json, stop)?;
+        let model = run_one(backend, &opts, quiet, stop)?;
         let interrupted = model.interrupted;
         runs.push((seed, model));
         if interrupted {
@@ -281,7 +327,7 @@ fn decompose(args: &CpdArgs, loaded: &Loaded, stop: &AtomicUsize) -> Result<Deco
         .iter()
         .map(|(seed, m)| json!({"seed": seed, "fit": m.fit(), "iterations": m.iterations.len()}))
         .collect();
-    if starts > 1 && !args.json {
+    if starts > 1 && !quiet {
         for (seed, m) in &runs {
             println!(
                 "start seed {seed}: fit {:.6} after {} iterations",
@@ -294,11 +340,8 @@ fn decompose(args: &CpdArgs, loaded: &Loaded, stop: &AtomicUsize) -> Result<Deco
         .into_iter()
         .max_by(|a, b| a.1.fit().total_cmp(&b.1.fit()))
         .expect("at least one start");
-    Ok(Decomposition {
+    Ok(Starts {
         model,
-        backend,
-        prep_s,
-        fallback,
         cpd_s,
         starts,
         summaries,
@@ -355,7 +398,7 @@ fn group_backend(
 
 /// Per mode, where the time went on several GPUs (after the first
 /// iteration).
-fn print_breakdown(b: &GroupBackend) {
+pub(super) fn print_breakdown(b: &GroupBackend) {
     println!(
         "per mode   ms per iteration after the first (slowest GPU): h2d, kernel, MTTKRP, update, exchange; MTTKRP per GPU"
     );
@@ -625,7 +668,7 @@ fn print_plan(plan: &KernelPlan) {
     }
 }
 
-fn print_summary(
+pub(super) fn print_summary(
     model: &KruskalModel,
     cpd_s: f64,
     starts: usize,

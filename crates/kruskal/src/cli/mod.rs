@@ -6,6 +6,7 @@ pub mod check;
 pub mod common;
 pub mod convert;
 pub mod cpd;
+pub mod distributed;
 pub mod generate;
 pub mod info;
 pub mod mttkrp;

@@ -60,6 +60,7 @@ pub struct MttkrpArgs {
 
 pub fn run(args: MttkrpArgs) -> Result<()> {
     set_threads(args.threads)?;
+    args.multi.check_used(false)?;
     let loaded = args.input.load()?;
     let reports = measure(&args, &loaded)?;
     finish(&reports, args.json, "MTTKRP")

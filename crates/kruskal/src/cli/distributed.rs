@@ -1,0 +1,346 @@
+//! `kruskal cpd --distributed`: this process is one rank of a job of
+//! several processes, one GPU each, possibly on several hosts.
+//!
+//! 1. Who is who: rank, world size, local GPU, rendezvous address and job
+//!    token from the launcher's variables or the flags
+//!    ([`kruskal_device::launch::Launch`]).
+//! 2. Rendezvous: rank 0 makes the NCCL unique id and hands it to every
+//!    rank over TCP; the connections stay open as the membership that
+//!    notices a lost rank.
+//! 3. Communicator: NCCL across the processes ([`ProcessComm`]). A lost
+//!    rank aborts it, so no collective waits for a dead peer, and a
+//!    watchdog ends the process if it does not stop on its own.
+//! 4. The tensor: every rank maps the `.ktns` file, counts the nonzeros of
+//!    its 1/world share of it, and the counts are all-reduced (with the
+//!    payload checksum, in parts); every rank then makes the same row plan
+//!    and keeps only its own shards. No process holds the whole tensor.
+//! 5. The CPD: the several-GPU algorithm, with rows exchanged and Grams
+//!    and statistics all-reduced by NCCL. After a final barrier, only rank
+//!    0 writes `--out`.
+//!
+//! Any error after the rendezvous is sent to the other ranks (ABORT), so
+//! they stop with this rank's reason instead of waiting for it.
+
+use std::path::Path;
+use std::sync::atomic::AtomicUsize;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use kruskal_cpd::{Backend, GroupBackend};
+use kruskal_device::launch::{Launch, LaunchOverrides, Membership, Rendezvous, RendezvousOptions};
+use kruskal_device::nccl::{Nccl, Reduce};
+use kruskal_device::{Gpu, GpuGroup, ProcessComm};
+use kruskal_formats::{CrcPart, MappedBinary};
+use kruskal_partition::RowShards;
+use serde_json::json;
+
+use super::common::{dims_text, thousands};
+use super::cpd::{CpdArgs, Starts, cpd_options, print_breakdown, print_summary, run_starts};
+
+/// Seconds a process waits, after learning that a rank was lost, for its
+/// own run to stop before it ends itself (a call NCCL cannot abort, such
+/// as joining the communicator, would otherwise wait for ever).
+const WATCHDOG_S: u64 = 20;
+
+/// One process of several (`kruskal cpd --distributed`).
+#[derive(Args, Clone, Debug, Default)]
+pub struct DistributedArgs {
+    /// Run as one process of a job spread over several processes (and
+    /// hosts), one GPU each. Rank, world size, local GPU and rendezvous
+    /// come from KRUSKAL_RANK, KRUSKAL_WORLD_SIZE, KRUSKAL_LOCAL_GPU and
+    /// KRUSKAL_RENDEZVOUS (or torchrun's, OpenMPI's or Slurm's variables),
+    /// or from the flags below; KRUSKAL_JOB_TOKEN must hold the job's
+    /// shared secret (at least 16 characters). Reads a .ktns file; only
+    /// rank 0 prints the report and writes --out.
+    #[arg(long, conflicts_with_all = ["gpus", "demo", "like"])]
+    pub distributed: bool,
+    /// This process's rank, 0 .. world size - 1 (`--rank` is the CP
+    /// rank).
+    #[arg(long, value_name = "N", requires = "distributed")]
+    pub process_rank: Option<usize>,
+    /// Number of processes in the job.
+    #[arg(long, value_name = "N", requires = "distributed")]
+    pub world_size: Option<usize>,
+    /// The CUDA GPU this process uses on its host.
+    #[arg(long, value_name = "ORDINAL", requires = "distributed")]
+    pub local_gpu: Option<usize>,
+    /// Rank 0's host and a free port, the same on every rank.
+    #[arg(long, value_name = "HOST:PORT", requires = "distributed")]
+    pub rendezvous: Option<String>,
+    /// How long rank 0 waits for every rank to join, seconds.
+    #[arg(long, default_value_t = 120, requires = "distributed")]
+    pub join_timeout_s: u64,
+    /// A rank not heard from for this long is lost, seconds.
+    #[arg(long, default_value_t = 10, requires = "distributed")]
+    pub peer_timeout_s: u64,
+}
+
+/// Runs this process's part of the job.
+pub fn run(args: &CpdArgs) -> Result<()> {
+    let d = &args.distributed;
+    let launch = Launch::from_env_with(&LaunchOverrides {
+        rank: d.process_rank,
+        world_size: d.world_size,
+        local_gpu: d.local_gpu,
+        rendezvous: d.rendezvous.clone(),
+        token: None,
+    })?;
+    let me = launch.rank;
+    let Some(path) = args.input.file.as_deref() else {
+        bail!("--distributed needs a tensor FILE (.ktns)");
+    };
+    if path.extension().and_then(|e| e.to_str()) != Some("ktns") {
+        bail!(
+            "{}: --distributed reads a kruskal binary tensor (.ktns), which every rank maps and reads in part; convert it first with `kruskal convert {} OUT.ktns`",
+            path.display(),
+            path.display()
+        );
+    }
+    if d.join_timeout_s == 0 || d.peer_timeout_s == 0 {
+        bail!("--join-timeout-s and --peer-timeout-s must be at least 1");
+    }
+    let opts = args.multi.options()?;
+    let nccl = Nccl::load().map_err(|e| anyhow::anyhow!("--distributed needs NCCL: {e}"))?;
+    let ropts = RendezvousOptions {
+        join_timeout: Duration::from_secs(d.join_timeout_s),
+        peer_timeout: Duration::from_secs(d.peer_timeout_s),
+        ..RendezvousOptions::default()
+    };
+    let lead = me == 0 && !args.json;
+    if lead {
+        println!(
+            "job        {} processes, rendezvous {} (ranks from {})",
+            launch.world_size, launch.rendezvous, launch.source
+        );
+    }
+    let started = Instant::now();
+    let (id, membership) =
+        Rendezvous::run(&launch, &ropts, || nccl.unique_id().map(|id| id.to_vec()))
+            .context("the rendezvous")?;
+    let rendezvous_s = started.elapsed().as_secs_f64();
+    if lead {
+        println!("rendezvous every rank joined in {rendezvous_s:.1} s");
+    }
+    membership.on_loss(Box::new(move |lost| {
+        eprintln!("kruskal: rank {me}: {lost}; stopping");
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(WATCHDOG_S));
+            eprintln!(
+                "kruskal: rank {me}: still running {WATCHDOG_S} s after a rank was lost; exiting, nothing written"
+            );
+            std::process::exit(1);
+        });
+    }));
+    let done = match work(args, &launch, &id, &membership, path, &opts) {
+        Ok(mut done) => {
+            done.setup.insert(0, ("rendezvous", rendezvous_s));
+            done
+        }
+        Err(e) => {
+            // Tell the others why, unless they told us.
+            if membership.lost().is_none() {
+                membership.abort(&format!("{e:#}"));
+            }
+            return Err(e);
+        }
+    };
+    // Every rank's run is done before anything is written.
+    membership
+        .finish()
+        .context("the final barrier of the ranks")?;
+    if me == 0 {
+        report(args, path, &done)?;
+    }
+    Ok(())
+}
+
+/// A finished run of this rank.
+struct Done {
+    backend: GroupBackend,
+    runs: Starts,
+    /// Seconds of each step before the CPD, in order.
+    setup: Vec<(&'static str, f64)>,
+    dims: Vec<u32>,
+    nnz: usize,
+    world: usize,
+}
+
+/// Everything after the rendezvous.
+fn work(
+    args: &CpdArgs,
+    launch: &Launch,
+    id: &[u8],
+    membership: &Membership,
+    path: &Path,
+    opts: &kruskal_device::GroupOptions,
+) -> Result<Done> {
+    let (me, world) = (launch.rank, launch.world_size);
+    let lead = me == 0 && !args.json;
+    let say = |line: &str| {
+        if lead {
+            println!("{line}");
+        }
+    };
+    let gpu = Gpu::open(launch.local_gpu)?;
+    let t0 = Instant::now();
+    let pc = ProcessComm::init(gpu, id, me, world, opts.timeout)?;
+    let mut setup = vec![("communicator", t0.elapsed().as_secs_f64())];
+    let abort = pc.abort_handle();
+    membership.on_loss(Box::new(move |lost| abort.abort(&lost.to_string())));
+    say(&format!(
+        "nccl       communicator of {world} ranks in {:.1} s ({})",
+        t0.elapsed().as_secs_f64(),
+        pc.gpu().properties().name
+    ));
+
+    // This rank's share of the nonzeros: counts per row and the squared
+    // norm, with its part of the payload checksum, summed over ranks.
+    let t0 = Instant::now();
+    let map = MappedBinary::open(path)?;
+    let dims = map.dims().to_vec();
+    let nnz = map.nnz();
+    let share = nnz * me / world..nnz * (me + 1) / world;
+    let counted = map.count_range(share)?;
+    let crc = map.payload_crc_part(me, world)?;
+    let rows: usize = dims.iter().map(|&d| d as usize).sum();
+    let mut sums: Vec<f64> = Vec::with_capacity(rows + 1 + 2 * world);
+    for c in &counted.counts {
+        sums.extend(c.iter().map(|&x| x as f64));
+    }
+    sums.push(counted.norm_sq);
+    let at = sums.len();
+    sums.resize(at + 2 * world, 0.0);
+    sums[at + 2 * me..at + 2 * me + 2].copy_from_slice(&crc.to_f64s());
+    pc.all_reduce(&mut sums, Reduce::Sum)
+        .context("summing the nonzero counts over the ranks")?;
+    let parts = (0..world)
+        .map(|r| CrcPart::from_f64s([sums[at + 2 * r], sums[at + 2 * r + 1]]))
+        .collect::<Result<Vec<_>, _>>()?;
+    map.verify_payload(&parts)?;
+    let norm_sq = sums[at - 1];
+    let mut counts = Vec::with_capacity(dims.len());
+    let mut first = 0;
+    for &d in &dims {
+        counts.push(
+            sums[first..first + d as usize]
+                .iter()
+                .map(|&x| x as u64)
+                .collect(),
+        );
+        first += d as usize;
+    }
+    drop(sums);
+    setup.push(("count", t0.elapsed().as_secs_f64()));
+    say(&format!(
+        "tensor     {}: {} modes, {}, {} nonzeros (counted and checked in parts in {:.1} s)",
+        path.display(),
+        dims.len(),
+        dims_text(&dims),
+        thousands(nnz as u64),
+        t0.elapsed().as_secs_f64()
+    ));
+
+    // The plan, the same on every rank, and this rank's shards.
+    let t0 = Instant::now();
+    let plan = RowShards::from_counts(&dims, counts, world)?;
+    let indices: Vec<&[u32]> = (0..dims.len()).map(|m| map.indices(m)).collect();
+    let shards = (0..dims.len())
+        .map(|mode| plan.local_elements(mode, me, &indices, map.values()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mine: usize = (0..dims.len()).map(|m| plan.nnz(m, me) as usize).sum();
+    setup.push(("shards", t0.elapsed().as_secs_f64()));
+    say(&format!(
+        "shards     planned and read in {:.1} s; rank 0 holds {} elements over {} modes ({:.1}% of {} per mode on average)",
+        t0.elapsed().as_secs_f64(),
+        thousands(mine as u64),
+        dims.len(),
+        100.0 * mine as f64 / (dims.len() * nnz).max(1) as f64,
+        thousands(nnz as u64)
+    ));
+    drop(indices);
+    drop(map);
+
+    let cpd = cpd_options(args, dims.len())?;
+    let t0 = Instant::now();
+    let mut progress = |line: &str| say(&format!("gpus       {line}"));
+    let group = GpuGroup::distributed(pc, plan, shards, cpd.rank, opts, &mut progress)?;
+    if lead {
+        for line in group.describe() {
+            println!("           {line}");
+        }
+    }
+    let mut backend = GroupBackend::with_norm(group, norm_sq);
+    let prep_s = t0.elapsed().as_secs_f64();
+    setup.push(("group", prep_s));
+    say(&format!(
+        "backend    {} (prepared in {prep_s:.2} s)",
+        backend.describe()
+    ));
+
+    // Ranks stop together, so none takes Ctrl-C on its own: an interrupt
+    // ends the process and the others see it as lost.
+    static NEVER: AtomicUsize = AtomicUsize::new(0);
+    let runs = run_starts(args, &mut backend, &cpd, me != 0 || args.json, &NEVER)?;
+    Ok(Done {
+        backend,
+        runs,
+        setup,
+        dims,
+        nnz,
+        world,
+    })
+}
+
+/// Rank 0's output: the model (`--out`), then the report.
+fn report(args: &CpdArgs, path: &Path, done: &Done) -> Result<()> {
+    let Done {
+        backend,
+        runs,
+        setup,
+        dims,
+        nnz,
+        world,
+    } = done;
+    let model = &runs.model;
+    if let Some(dir) = &args.out {
+        model
+            .save(dir)
+            .with_context(|| format!("writing the model to {}", dir.display()))?;
+    }
+    if args.json {
+        let value = json!({
+            "tensor": {
+                "source": path.display().to_string(),
+                "dims": dims,
+                "nnz": nnz,
+            },
+            "backend": "distributed",
+            "device": backend.group().gpus()[0].properties().name,
+            "kernel": {
+                "name": "shard",
+                "processes": world,
+                "exchange": "nccl",
+                "placement": backend.group().describe(),
+                "breakdown": backend.breakdown(),
+            },
+            "rank": model.rank(),
+            "prepare_s": setup.iter().map(|s| s.1).sum::<f64>(),
+            "setup_s": setup.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+            "cpd_s": runs.cpd_s,
+            "fit": model.fit(),
+            "converged": model.converged,
+            "pseudo_inverse_solves": model.pseudo_inverse_solves,
+            "iterations": model.iterations,
+            "starts": runs.summaries,
+            "lambda": model.lambda,
+            "out": args.out.as_ref().map(|p| p.display().to_string()),
+        });
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        println!("per mode   rank 0's GPU:");
+        print_breakdown(backend);
+        print_summary(model, runs.cpd_s, runs.starts, None, args.out.as_ref());
+    }
+    Ok(())
+}
