@@ -152,7 +152,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
             print_plan(plan);
         }
         if let Chosen::Group(b) = &done.backend {
-            print_breakdown(b);
+            print_breakdown(b, "slowest GPU");
         }
         print_summary(model, done.cpd_s, done.starts, fms, args.out.as_ref());
     }
@@ -398,9 +398,9 @@ fn group_backend(
 
 /// Per mode, where the time went on several GPUs (after the first
 /// iteration).
-pub(super) fn print_breakdown(b: &GroupBackend) {
+pub(super) fn print_breakdown(b: &GroupBackend, whose: &str) {
     println!(
-        "per mode   ms per iteration after the first (slowest GPU): h2d, kernel, MTTKRP, update, exchange; MTTKRP per GPU"
+        "per mode   ms per iteration after the first ({whose}): h2d, kernel, MTTKRP, update, exchange; MTTKRP per GPU"
     );
     for (mode, m) in b.breakdown().iter().enumerate() {
         if m.calls == 0 {

@@ -338,8 +338,7 @@ fn report(args: &CpdArgs, path: &Path, done: &Done) -> Result<()> {
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
-        println!("per mode   rank 0's GPU:");
-        print_breakdown(backend);
+        print_breakdown(backend, "rank 0's GPU");
         print_summary(model, runs.cpd_s, runs.starts, None, args.out.as_ref());
     }
     Ok(())
