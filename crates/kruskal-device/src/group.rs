@@ -34,7 +34,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::sys::{CUevent_flags, CUresult, cudaError_enum};
+use cudarc::driver::sys::{CUresult, cudaError_enum};
 use cudarc::driver::{
     CudaEvent, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
@@ -1338,33 +1338,13 @@ impl Worker {
     /// Waits for `stream`'s queued work, up to the group's timeout, giving
     /// up early when the group aborts.
     fn wait(&self, stream: &Arc<CudaStream>, what: &str) -> Result<()> {
-        let event = stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
-            .map_err(driver(format!("recording an event for {what}")))?;
-        let start = Instant::now();
-        loop {
-            if event
-                .try_is_complete()
-                .map_err(driver(format!("waiting for {what}")))?
-            {
-                return Ok(());
-            }
+        crate::process::wait_polling(stream, what, self.shared.timeout, || {
             if self.shared.aborted() {
-                return Err(DeviceError::Aborted("the group stopped".into()));
-            }
-            let waited = start.elapsed();
-            if waited > self.shared.timeout {
-                return Err(DeviceError::Timeout(format!(
-                    "{what} did not finish within {} s",
-                    self.shared.timeout.as_secs()
-                )));
-            }
-            if waited < Duration::from_millis(2) {
-                std::thread::yield_now();
+                Err(DeviceError::Aborted("the group stopped".into()))
             } else {
-                std::thread::sleep(Duration::from_micros(50));
+                Ok(())
             }
-        }
+        })
     }
 
     fn barrier(&self) -> Result<()> {

@@ -199,31 +199,7 @@ impl ProcessComm {
     /// Waits for `stream`'s queued work, up to the timeout, giving up at
     /// once when the communicator is aborted.
     pub(crate) fn wait(&self, stream: &Arc<CudaStream>, what: &str) -> Result<()> {
-        let event = stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
-            .map_err(driver(format!("recording an event for {what}")))?;
-        let start = Instant::now();
-        loop {
-            if event
-                .try_is_complete()
-                .map_err(driver(format!("waiting for {what}")))?
-            {
-                return Ok(());
-            }
-            self.check()?;
-            let waited = start.elapsed();
-            if waited > self.timeout {
-                return Err(DeviceError::Timeout(format!(
-                    "{what} did not finish within {} s",
-                    self.timeout.as_secs()
-                )));
-            }
-            if waited < Duration::from_millis(2) {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(100));
-            }
-        }
+        wait_polling(stream, what, self.timeout, || self.check())
     }
 
     /// An error once the communicator was aborted.
@@ -246,6 +222,42 @@ impl ProcessComm {
     /// Aborts the communicator (see [`CommAbort::abort`]).
     pub fn abort(&self, reason: &str) {
         self.abort_handle().abort(reason);
+    }
+}
+
+/// Waits for `stream`'s queued work by polling an event, up to `timeout`;
+/// `check` is asked between polls and ends the wait with its error (an
+/// abort). Spins for the first 2 ms, then sleeps 50 us between polls.
+pub(crate) fn wait_polling(
+    stream: &Arc<CudaStream>,
+    what: &str,
+    timeout: Duration,
+    check: impl Fn() -> Result<()>,
+) -> Result<()> {
+    let event = stream
+        .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+        .map_err(driver(format!("recording an event for {what}")))?;
+    let start = Instant::now();
+    loop {
+        if event
+            .try_is_complete()
+            .map_err(driver(format!("waiting for {what}")))?
+        {
+            return Ok(());
+        }
+        check()?;
+        let waited = start.elapsed();
+        if waited > timeout {
+            return Err(DeviceError::Timeout(format!(
+                "{what} did not finish within {} s",
+                timeout.as_secs()
+            )));
+        }
+        if waited < Duration::from_millis(2) {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
     }
 }
 

@@ -97,6 +97,20 @@ fn rank_args(rank: usize, port: u16) -> Vec<String> {
     ]
 }
 
+/// `kruskal cpd FILE ... ARGS` as rank `rank` of two, standard error
+/// captured.
+fn spawn_rank(rank: usize, port: u16, file: &[&str], args: &[&str], stdout: Stdio) -> Child {
+    kruskal()
+        .arg("cpd")
+        .args(file)
+        .args(args)
+        .args(rank_args(rank, port))
+        .stdout(stdout)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// Two GPUs and NCCL, or `None` with a note.
 fn two_gpus() -> Option<()> {
     match kruskal_device::Gpu::count() {
@@ -221,22 +235,14 @@ fn two_processes_match_one_process_on_two_gpus() {
 
     let out = dir.path().join("model");
     let port = free_port();
-    let rank1 = kruskal()
-        .args(["cpd", f])
-        .args(common)
-        .args(rank_args(1, port))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let rank0 = kruskal()
-        .args(["cpd", f, "--out", out.to_str().unwrap()])
-        .args(common)
-        .args(rank_args(0, port))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let rank1 = spawn_rank(1, port, &[f], &common, Stdio::piped());
+    let rank0 = spawn_rank(
+        0,
+        port,
+        &[f, "--out", out.to_str().unwrap()],
+        &common,
+        Stdio::piped(),
+    );
     let o0 = wait_bounded(rank0, Duration::from_secs(180), "rank 0");
     let o1 = wait_bounded(rank1, Duration::from_secs(30), "rank 1");
     assert!(o0.status.success(), "rank 0: {}", text(&o0.stderr));
@@ -273,22 +279,14 @@ fn a_killed_rank_stops_the_other_with_its_name_and_nothing_written() {
     let out = dir.path().join("model");
     let port = free_port();
     let long = ["--rank", "16", "--iters", "100000", "--tol", "0"];
-    let mut rank1 = kruskal()
-        .args(["cpd", f])
-        .args(long)
-        .args(rank_args(1, port))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut rank0 = kruskal()
-        .args(["cpd", f, "--out", out.to_str().unwrap()])
-        .args(long)
-        .args(rank_args(0, port))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut rank1 = spawn_rank(1, port, &[f], &long, Stdio::null());
+    let mut rank0 = spawn_rank(
+        0,
+        port,
+        &[f, "--out", out.to_str().unwrap()],
+        &long,
+        Stdio::piped(),
+    );
     // Rank 0 prints a line per iteration: wait for a few.
     let mut lines = BufReader::new(rank0.stdout.take().unwrap()).lines();
     let mut seen = 0;
@@ -334,14 +332,7 @@ fn garbage_and_a_wrong_token_are_refused_and_the_job_still_runs() {
     let f = file.to_str().unwrap();
     let port = free_port();
     let common = ["--rank", "8", "--iters", "3", "--tol", "0"];
-    let rank0 = kruskal()
-        .args(["cpd", f])
-        .args(common)
-        .args(rank_args(0, port))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let rank0 = spawn_rank(0, port, &[f], &common, Stdio::piped());
     // Garbage on the rendezvous port, once rank 0 listens.
     let start = Instant::now();
     let mut stream = loop {
@@ -367,14 +358,7 @@ fn garbage_and_a_wrong_token_are_refused_and_the_job_still_runs() {
         .unwrap();
     assert_clean_failure(&stray, "refused");
     // The real rank 1: the job completes.
-    let rank1 = kruskal()
-        .args(["cpd", f])
-        .args(common)
-        .args(rank_args(1, port))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let rank1 = spawn_rank(1, port, &[f], &common, Stdio::piped());
     let o0 = wait_bounded(rank0, Duration::from_secs(120), "rank 0");
     let o1 = wait_bounded(rank1, Duration::from_secs(30), "rank 1");
     let err0 = text(&o0.stderr);
