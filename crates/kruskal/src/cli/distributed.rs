@@ -123,7 +123,10 @@ pub fn run(args: &CpdArgs) -> Result<()> {
         println!("rendezvous every rank joined in {rendezvous_s:.1} s");
     }
     membership.on_loss(Box::new(move |lost| {
-        eprintln!("kruskal: rank {me}: {lost}; stopping");
+        // This rank's own failure is reported as its error; a peer's here.
+        if lost.rank != me {
+            eprintln!("kruskal: rank {me}: {lost}; stopping");
+        }
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_secs(WATCHDOG_S));
             eprintln!(
