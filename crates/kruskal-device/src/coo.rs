@@ -86,9 +86,13 @@ impl DeviceFactors {
     /// Mode `mode`'s factor, `dims[mode] x rank` floats, for the dense
     /// kernels to update in place.
     pub fn mode_mut(&mut self, mode: usize) -> CudaViewMut<'_, f32> {
-        let first = self.first_row(mode) * self.rank;
-        let len = self.dims[mode] as usize * self.rank;
-        self.data.slice_mut(first..first + len)
+        self.rows_mut(mode, 0..self.dims[mode])
+    }
+
+    /// Rows `rows` of mode `mode`'s factor (`rows.len() x rank` floats).
+    pub fn rows_mut(&mut self, mode: usize, rows: std::ops::Range<u32>) -> CudaViewMut<'_, f32> {
+        let first = (self.first_row(mode) + rows.start as usize) * self.rank;
+        self.data.slice_mut(first..first + rows.len() * self.rank)
     }
 
     /// Every factor, downloaded (synchronizes the stream).

@@ -1568,13 +1568,7 @@ impl Worker {
         self.wait(&self.gpu.stream().clone(), "the MTTKRP")?;
         self.output(mode)?;
         let m = self.outputs[mode].as_ref().expect("allocated above");
-        let factors = self
-            .factors
-            .as_mut()
-            .ok_or_else(|| DeviceError::Shape("no factors loaded".into()))?;
-        let dense = self.dense.as_mut().expect("made with the factors");
-        let mut a = factors.mode_mut(mode);
-        let mut own = a.slice_mut(rows.start as usize * r..rows.end as usize * r);
+        let (dense, mut own) = own_rows(&mut self.factors, &mut self.dense, mode, rows.clone())?;
         dense.update(m, w, &mut own, rows.len())
     }
 
@@ -1584,13 +1578,7 @@ impl Worker {
         if rows.is_empty() {
             return Ok(vec![0.0; r * r]);
         }
-        let factors = self
-            .factors
-            .as_mut()
-            .ok_or_else(|| DeviceError::Shape("no factors loaded".into()))?;
-        let dense = self.dense.as_mut().expect("made with the factors");
-        let mut a = factors.mode_mut(mode);
-        let mut own = a.slice_mut(rows.start as usize * r..rows.end as usize * r);
+        let (dense, mut own) = own_rows(&mut self.factors, &mut self.dense, mode, rows.clone())?;
         dense.scale_gram(&mut own, inv, rows.len())
     }
 
@@ -1667,6 +1655,22 @@ impl Worker {
         }
         Ok(started.elapsed().as_secs_f64() * 1e3)
     }
+}
+
+/// A worker's rows `rows` of `mode` in its factor buffer, with the dense
+/// kernels that update them (fields of the worker, borrowed apart from the
+/// MTTKRP output the update reads).
+fn own_rows<'a>(
+    factors: &'a mut Option<DeviceFactors>,
+    dense: &'a mut Option<DenseKernels>,
+    mode: usize,
+    rows: Range<u32>,
+) -> Result<(&'a mut DenseKernels, cudarc::driver::CudaViewMut<'a, f32>)> {
+    let factors = factors
+        .as_mut()
+        .ok_or_else(|| DeviceError::Shape("no factors loaded".into()))?;
+    let dense = dense.as_mut().expect("made with the factors");
+    Ok((dense, factors.rows_mut(mode, rows)))
 }
 
 /// Queues the shard kernel on `stream` over `count` elements of `elems`

@@ -168,7 +168,7 @@ impl ProcessComm {
         }
         self.check()?;
         let stream = self.gpu.stream().clone();
-        let mut buf = self.gpu.upload("an all-reduce buffer", data)?;
+        let buf = self.gpu.upload("an all-reduce buffer", data)?;
         {
             let (ptr, _sync) = buf.device_ptr(&stream);
             // SAFETY: `buf` holds `data.len()` f64 on this communicator's
@@ -190,10 +190,7 @@ impl ProcessComm {
         stream
             .memcpy_dtoh(&buf, data)
             .map_err(driver("downloading an all-reduce"))?;
-        self.wait(&stream, "downloading an all-reduce")?;
-        // Keep the buffer alive until here.
-        let _ = &mut buf;
-        Ok(())
+        self.wait(&stream, "downloading an all-reduce")
     }
 
     /// Waits for `stream`'s queued work, up to the timeout, giving up at

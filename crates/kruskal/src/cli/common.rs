@@ -171,6 +171,13 @@ impl GpuArgs {
     }
 }
 
+/// Defaults of the several-GPU options (also what [`MultiGpuArgs::check_used`]
+/// compares with).
+const DEFAULT_STREAM: &str = "auto";
+const DEFAULT_STREAMS: usize = 3;
+const DEFAULT_SEGMENT_MB: usize = 256;
+const DEFAULT_GPU_TIMEOUT_S: u64 = 300;
+
 /// Several GPUs (`kruskal cpd` and `kruskal mttkrp`).
 #[derive(Args, Clone, Debug, Default)]
 pub struct MultiGpuArgs {
@@ -185,17 +192,17 @@ pub struct MultiGpuArgs {
     pub exchange: Option<String>,
     /// Stream shards from pinned host memory: auto (only what does not
     /// fit), always, never.
-    #[arg(long, value_name = "auto|always|never", default_value = "auto")]
+    #[arg(long, value_name = "auto|always|never", default_value = DEFAULT_STREAM)]
     pub stream: String,
     /// CUDA streams a streamed shard is copied on.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = DEFAULT_STREAMS)]
     pub streams: usize,
     /// Size of a streamed segment, MiB.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = DEFAULT_SEGMENT_MB)]
     pub segment_mb: usize,
     /// Longest wait for a GPU operation before the run stops with an error
     /// naming the GPU, seconds.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = DEFAULT_GPU_TIMEOUT_S)]
     pub gpu_timeout_s: u64,
 }
 
@@ -204,10 +211,10 @@ impl MultiGpuArgs {
     /// (`several`: `--gpus` or `--distributed` was given).
     pub fn check_used(&self, several: bool) -> Result<()> {
         let changed = self.exchange.is_some()
-            || self.stream != "auto"
-            || self.streams != 3
-            || self.segment_mb != 256
-            || self.gpu_timeout_s != 300;
+            || self.stream != DEFAULT_STREAM
+            || self.streams != DEFAULT_STREAMS
+            || self.segment_mb != DEFAULT_SEGMENT_MB
+            || self.gpu_timeout_s != DEFAULT_GPU_TIMEOUT_S;
         if changed && !several && self.gpus.is_none() {
             bail!(
                 "--exchange, --stream, --streams, --segment-mb and --gpu-timeout-s apply to runs on several GPUs (--gpus or --distributed)"

@@ -297,14 +297,7 @@ fn work(
 
 /// Rank 0's output: the model (`--out`), then the report.
 fn report(args: &CpdArgs, path: &Path, done: &Done) -> Result<()> {
-    let Done {
-        backend,
-        runs,
-        setup,
-        dims,
-        nnz,
-        world,
-    } = done;
+    let (backend, runs, setup) = (&done.backend, &done.runs, &done.setup);
     let model = &runs.model;
     if let Some(dir) = &args.out {
         model
@@ -315,14 +308,14 @@ fn report(args: &CpdArgs, path: &Path, done: &Done) -> Result<()> {
         let value = json!({
             "tensor": {
                 "source": path.display().to_string(),
-                "dims": dims,
-                "nnz": nnz,
+                "dims": done.dims,
+                "nnz": done.nnz,
             },
             "backend": "distributed",
             "device": backend.group().gpus()[0].properties().name,
             "kernel": {
                 "name": "shard",
-                "processes": world,
+                "processes": done.world,
                 "exchange": "nccl",
                 "placement": backend.group().describe(),
                 "breakdown": backend.breakdown(),
