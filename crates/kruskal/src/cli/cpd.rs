@@ -23,6 +23,9 @@ use serde_json::json;
 use super::common::{
     GpuArgs, InputArgs, Loaded, MultiGpuArgs, dims_text, gib, set_threads, thousands,
 };
+use super::preflight;
+use kruskal_cpd::memory::{cpu_need, model_file_bytes};
+use kruskal_formats::Compaction;
 
 /// Where the decomposition runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -47,13 +50,13 @@ pub struct CpdArgs {
     #[arg(long, conflicts_with_all = ["file", "like"])]
     pub demo: bool,
     /// Number of components (default 10, or the planted rank with --demo).
-    #[arg(long, short)]
+    #[arg(long, short, allow_negative_numbers = true)]
     pub rank: Option<usize>,
-    /// Iteration limit.
-    #[arg(long, default_value_t = kruskal_cpd::als::DEFAULT_MAX_ITERS)]
+    /// Iteration limit (0: the output is the initial factors).
+    #[arg(long, default_value_t = kruskal_cpd::als::DEFAULT_MAX_ITERS, allow_negative_numbers = true)]
     pub iters: usize,
     /// Stop when the fit changes by less than this.
-    #[arg(long, default_value_t = kruskal_cpd::als::DEFAULT_TOL)]
+    #[arg(long, default_value_t = kruskal_cpd::als::DEFAULT_TOL, allow_negative_numbers = true)]
     pub tol: f64,
     /// Seed of the random initial factors.
     #[arg(long, default_value_t = 1)]
@@ -67,9 +70,17 @@ pub struct CpdArgs {
     /// lambda.npy), e.g. the output of an earlier run.
     #[arg(long, value_name = "DIR")]
     pub init: Option<PathBuf>,
-    /// Write lambda.npy and mode-<n>.npy (numpy format) into DIR.
+    /// Write lambda.npy and mode-<n>.npy (numpy format) into DIR (checked
+    /// before the run: a directory, or one that can be created, where
+    /// files can be written).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Relabel each mode to the indices that occur before decomposing, and
+    /// write the factors in the file's own numbering (zero rows for
+    /// indices that do not occur): for sparse id spaces (user ids, hashes)
+    /// whose dimensions are far larger than the indices used.
+    #[arg(long, conflicts_with_all = ["demo", "init", "distributed"])]
+    pub compact: bool,
     /// Where to run: auto (the GPU when usable and the tensor fits, else
     /// the CPU), cpu or gpu.
     #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
@@ -132,6 +143,13 @@ pub fn run(args: CpdArgs) -> Result<()> {
         }
         (args.input.load()?, None)
     };
+    let mut loaded = loaded;
+    let compaction = if args.compact {
+        Some(compact_tensor(&mut loaded, args.json)?)
+    } else {
+        None
+    };
+    let out_dir = preflight_out(&args, &loaded, compaction.as_ref())?;
     let stop = interrupt_flag()?;
     let done = decompose(&args, &loaded, stop)?;
     let model = &done.model;
@@ -139,13 +157,21 @@ pub fn run(args: CpdArgs) -> Result<()> {
         .as_ref()
         .map(|p| factor_match_score(&model.lambda, &model.factors, &p.lambda, &p.factors));
     if let Some(dir) = &args.out {
-        model
-            .save(dir)
-            .with_context(|| format!("writing the model to {}", dir.display()))?;
+        match &compaction {
+            Some(map) => model.save_expanded(dir, map),
+            None => model.save(dir),
+        }
+        .with_context(|| format!("writing the model to {}", dir.display()))?;
+    }
+    if let Some(dir) = out_dir {
+        dir.keep();
     }
 
     if args.json {
-        let value = report(&loaded, &done, fms, args.out.as_ref())?;
+        let mut value = report(&loaded, &done, fms, args.out.as_ref())?;
+        if let Some(map) = &compaction {
+            value["compact"] = compact_json(map);
+        }
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         if let Some(plan) = &done.backend.plan() {
@@ -171,6 +197,62 @@ pub fn run(args: CpdArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `--compact`: replaces the loaded tensor by its relabeled twin and says,
+/// per mode, what became of the dimension.
+fn compact_tensor(loaded: &mut Loaded, json: bool) -> Result<Compaction> {
+    let (tensor, map) = kruskal_formats::compact(&loaded.tensor)?;
+    loaded.tensor = tensor;
+    if !json {
+        let modes: Vec<String> = map
+            .ids
+            .iter()
+            .zip(&map.dims)
+            .enumerate()
+            .map(|(m, (ids, &dim))| {
+                format!(
+                    "mode {}: {} -> {}",
+                    m + 1,
+                    thousands(u64::from(dim)),
+                    thousands(ids.len() as u64)
+                )
+            })
+            .collect();
+        println!(
+            "compact    relabeled to the indices that occur ({}); factors are written in the file's numbering",
+            modes.join(", ")
+        );
+    }
+    Ok(map)
+}
+
+/// `--compact`'s part of the `--json` report.
+fn compact_json(map: &Compaction) -> serde_json::Value {
+    map.ids
+        .iter()
+        .zip(&map.dims)
+        .enumerate()
+        .map(|(m, (ids, &dim))| json!({"mode": m + 1, "dim": dim, "occurring": ids.len()}))
+        .collect()
+}
+
+/// Checks `--out` before the run (see [`preflight::OutDir`]) and that the
+/// disk holds the model files (in the file's numbering with `--compact`).
+fn preflight_out(
+    args: &CpdArgs,
+    loaded: &Loaded,
+    compaction: Option<&Compaction>,
+) -> Result<Option<preflight::OutDir>> {
+    let Some(path) = &args.out else {
+        return Ok(None);
+    };
+    let t = &loaded.tensor;
+    let out = preflight::OutDir::prepare(path, t.nmodes())?;
+    let rank = args.rank.unwrap_or(DEMO_RANK);
+    let dims = compaction.map_or(t.dims(), |c| &c.dims[..]);
+    out.check_space(model_file_bytes(dims, rank))?;
+    Ok(Some(out))
 }
 
 /// Runs the decomposition `args` asks for on an already loaded tensor and
@@ -205,6 +287,7 @@ fn decompose(args: &CpdArgs, loaded: &Loaded, stop: &AtomicUsize) -> Result<Deco
     let tensor = &loaded.tensor;
     let opts = cpd_options(args, tensor.nmodes())?;
     let rank = opts.rank;
+    preflight::print_warnings(tensor, rank, opts.max_iters);
     if !args.json {
         println!("tensor     {}", loaded.source);
         println!(
@@ -246,6 +329,9 @@ pub(super) fn cpd_options(args: &CpdArgs, nmodes: usize) -> Result<CpdOptions> {
     let rank = args.rank.unwrap_or(DEMO_RANK);
     if rank == 0 {
         bail!("--rank must be at least 1");
+    }
+    if !(args.tol.is_finite() && args.tol >= 0.0) {
+        bail!("--tol must be finite and >= 0, not {}", args.tol);
     }
     let init = match &args.init {
         Some(dir) => {
@@ -449,6 +535,15 @@ fn make_backend(args: &CpdArgs, t: &SparseTensor, rank: usize) -> Result<(Chosen
                         .unwrap_or_default()
                 );
             };
+            let starts = args.starts.unwrap_or(1);
+            let need = cpu_need(
+                t.dims(),
+                t.nnz(),
+                rank,
+                rayon::current_num_threads(),
+                starts,
+            );
+            preflight::check_host_memory(&need, t, "--compact")?;
             Ok((Chosen::Cpu(CpuBackend::with_kernel(t, kernel)?), why))
         };
     let gpu_run = || -> Result<GpuBackend> {
@@ -573,11 +668,7 @@ fn short_reason(e: &anyhow::Error) -> String {
         Some(kruskal_device::DeviceError::MissingLibrary { library, .. }) => {
             format!("no CUDA {library} library was found")
         }
-        _ => e
-            .chain()
-            .map(|c| c.to_string())
-            .collect::<Vec<_>>()
-            .join(": "),
+        _ => super::errors::error_line(e),
     }
 }
 

@@ -315,7 +315,11 @@ fn shard_json(plan: &ShardPlan) -> serde_json::Value {
 fn print_gpus(as_json: bool) -> Result<()> {
     let count = kruskal_device::Gpu::count()?;
     if count == 0 {
-        bail!("the CUDA driver reports no GPU; use --backend cpu");
+        return Err(kruskal_device::DeviceError::NoDevice {
+            ordinal: 0,
+            count: 0,
+        }
+        .into());
     }
     let mut all = Vec::new();
     for ordinal in 0..count {

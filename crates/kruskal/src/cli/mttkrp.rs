@@ -51,6 +51,10 @@ pub struct MttkrpArgs {
     /// Also compare each mode with the f64 reference (slow on big tensors).
     #[arg(long)]
     pub verify: bool,
+    /// Relabel each mode to the indices that occur first (as `kruskal cpd
+    /// --compact`): for dimensions far larger than the indices used.
+    #[arg(long)]
+    pub compact: bool,
     /// Worker threads (default: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -61,7 +65,12 @@ pub struct MttkrpArgs {
 pub fn run(args: MttkrpArgs) -> Result<()> {
     set_threads(args.threads)?;
     args.multi.check_used(false)?;
-    let loaded = args.input.load()?;
+    let mut loaded = args.input.load()?;
+    if args.compact {
+        // Relabeled to the indices that occur; MTTKRP writes no file, so
+        // nothing is mapped back.
+        loaded.tensor = kruskal_formats::compact(&loaded.tensor)?.0;
+    }
     let reports = measure(&args, &loaded)?;
     finish(&reports, args.json, "MTTKRP")
 }
@@ -99,6 +108,8 @@ pub fn measure(args: &MttkrpArgs, loaded: &Loaded) -> Result<Vec<serde_json::Val
     } else {
         vec![parse_cpu_kernel(&args.kernel).map_err(anyhow::Error::msg)?]
     };
+    let need = kruskal_cpd::memory::mttkrp_need(t.dims(), t.nnz(), args.rank);
+    super::preflight::check_host_memory(&need, t, "--compact")?;
     let factors = random_factors(t.dims(), args.rank, 1);
     let mut reports = Vec::new();
     for (k, &kernel) in kernels.iter().enumerate() {
