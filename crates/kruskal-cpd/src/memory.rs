@@ -143,6 +143,21 @@ pub fn mttkrp_need(dims: &[u32], nnz: usize, rank: usize) -> MemoryNeed {
     }
 }
 
+/// What counting the nonzeros of every index of a mode takes (one u64
+/// per index and thread, as `SparseTensor::mode_counts` and the partition
+/// plans of `kruskal info --kappa/--gpus` do), for the largest mode.
+pub fn counts_need(dims: &[u32], threads: usize) -> MemoryNeed {
+    let largest = dims.iter().copied().max().map_or(0, u64::from);
+    MemoryNeed {
+        parts: vec![(
+            "per-index counts",
+            largest
+                .saturating_mul(8)
+                .saturating_mul(threads.max(1) as u64 + 1),
+        )],
+    }
+}
+
 /// Bytes of the `.npy` files of a model with these dimensions (f32
 /// factors, f64 lambda), headers included: what writing it needs on disk.
 pub fn model_file_bytes(dims: &[u32], rank: usize) -> u64 {
@@ -254,6 +269,16 @@ mod tests {
         assert_eq!(parse_meminfo("MemTotal: 1 kB\n"), None);
         assert_eq!(parse_meminfo("MemAvailable: lots kB\n"), None);
         assert!(available_bytes().is_none_or(|b| b > 0));
+    }
+
+    #[test]
+    fn counts_take_a_u64_per_index_and_thread() {
+        let need = counts_need(&[3_000_000_000, 5], 2);
+        assert_eq!(need.total(), 3_000_000_000 * 8 * 3);
+        assert!(
+            need.to_string().contains("per-index counts 67.1 GiB"),
+            "{need}"
+        );
     }
 
     #[test]

@@ -698,6 +698,9 @@ fn info_on_an_index_of_three_billion_is_small_and_fast() {
     assert_eq!(m1["empty_slices"], 2_999_999_998u64);
     assert_eq!(m1["degree_max"], 2);
     assert_eq!(m1["hottest_index"], 7);
+    // Partition plans do count per index: refused in one line, not killed.
+    let o = kruskal(&["info", path.to_str().unwrap(), "--kappa", "4"]);
+    assert_clean_failure(&o, "per-index counts");
 }
 
 #[test]

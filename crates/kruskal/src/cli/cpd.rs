@@ -9,7 +9,6 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use kruskal_cpd::gpu::required_bytes;
 use kruskal_cpd::{
     Backend, CpdOptions, CpuBackend, GpuBackend, GroupBackend, Init, IterationStats, KernelPlan,
     KruskalModel, cpd_als_with, factor_match_score, load_factors,
@@ -24,7 +23,7 @@ use super::common::{
     GpuArgs, InputArgs, Loaded, MultiGpuArgs, dims_text, gib, set_threads, thousands,
 };
 use super::preflight;
-use kruskal_cpd::memory::{cpu_need, model_file_bytes};
+use kruskal_cpd::memory::{cpu_need, gpu_need, model_file_bytes};
 use kruskal_formats::Compaction;
 
 /// Where the decomposition runs.
@@ -543,7 +542,7 @@ fn make_backend(args: &CpdArgs, t: &SparseTensor, rank: usize) -> Result<(Chosen
                 rayon::current_num_threads(),
                 starts,
             );
-            preflight::check_host_memory(&need, t, "--compact")?;
+            preflight::check_host_memory(&need, t, Some("--compact"))?;
             Ok((Chosen::Cpu(CpuBackend::with_kernel(t, kernel)?), why))
         };
     let gpu_run = || -> Result<GpuBackend> {
@@ -554,12 +553,11 @@ fn make_backend(args: &CpdArgs, t: &SparseTensor, rank: usize) -> Result<(Chosen
         };
         kruskal_device::dense::check_rank(rank)?;
         let gpu = Gpu::open(0)?;
-        let needed = required_bytes(t, rank);
+        let need = gpu_need(t.dims(), t.nnz(), rank);
         let free = gpu.free_bytes()?;
-        if needed > free {
+        if need.total() > free as u64 {
             bail!(
-                "the run needs {} (two FLYCOO copies, the factors and the MTTKRP outputs) and {} are free",
-                gib(needed),
+                "the run needs {need} on the GPU and {} are free there",
                 gib(free)
             );
         }

@@ -68,6 +68,12 @@ pub fn run(args: InfoArgs) -> Result<()> {
     if args.kappa == Some(0) || args.gpus == Some(0) || args.isps == 0 {
         bail!("--kappa, --gpus and --isps must be at least 1");
     }
+    if args.kappa.is_some() || args.gpus.is_some() {
+        // Partitions and shard plans count the nonzeros of every index of
+        // every mode.
+        let counts = kruskal_cpd::memory::counts_need(t.dims(), rayon::current_num_threads());
+        super::preflight::check_host_memory(&counts, &t, None)?;
+    }
     let s = t.stats();
     let partitions: Vec<PartitionReport> = match args.kappa {
         Some(kappa) => (0..t.nmodes())

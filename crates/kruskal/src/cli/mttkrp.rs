@@ -109,7 +109,7 @@ pub fn measure(args: &MttkrpArgs, loaded: &Loaded) -> Result<Vec<serde_json::Val
         vec![parse_cpu_kernel(&args.kernel).map_err(anyhow::Error::msg)?]
     };
     let need = kruskal_cpd::memory::mttkrp_need(t.dims(), t.nnz(), args.rank);
-    super::preflight::check_host_memory(&need, t, "--compact")?;
+    super::preflight::check_host_memory(&need, t, Some("--compact"))?;
     let factors = random_factors(t.dims(), args.rank, 1);
     let mut reports = Vec::new();
     for (k, &kernel) in kernels.iter().enumerate() {

@@ -14,9 +14,13 @@ use super::common::thousands;
 /// Refuses, in one line, a run that needs more host memory than the
 /// machine has available: the need with its parts, `MemAvailable`, and,
 /// where a mode's dimension dwarfs the indices that occur in it, which
-/// modes and that `compact_flag` relabels them. Does nothing where the
-/// available memory cannot be read.
-pub fn check_host_memory(need: &MemoryNeed, t: &SparseTensor, compact_flag: &str) -> Result<()> {
+/// modes and that `compact_flag` relabels them (when the command has
+/// one). Does nothing where the available memory cannot be read.
+pub fn check_host_memory(
+    need: &MemoryNeed,
+    t: &SparseTensor,
+    compact_flag: Option<&str>,
+) -> Result<()> {
     let Some(available) = available_bytes() else {
         return Ok(());
     };
@@ -26,7 +30,7 @@ pub fn check_host_memory(need: &MemoryNeed, t: &SparseTensor, compact_flag: &str
     bail!(
         "the run needs {need} and {} are available (MemAvailable){}",
         bytes_text(available),
-        compact_hint(t, compact_flag)
+        compact_flag.map_or(String::new(), |flag| compact_hint(t, flag))
     )
 }
 
