@@ -707,25 +707,34 @@ fn info_on_an_index_of_three_billion_is_small_and_fast() {
 fn cpd_refuses_a_run_larger_than_memory_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let path = huge_index_file(dir.path(), 3_000_000_000);
-    let out = dir.path().join("model");
-    let o = kruskal(&[
-        "cpd",
-        path.to_str().unwrap(),
-        "--rank",
-        "2",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    // Rank 64: 1.4 TB of factors and outputs, more than any machine the
+    // tests run on.
+    let o = kruskal(&["cpd", path.to_str().unwrap(), "--rank", "64"]);
     assert_clean_failure(&o, "are available (MemAvailable)");
     let err = stderr(&o);
-    assert!(err.contains("factors 22.4 GiB"), "{err}");
+    assert!(
+        err.contains("the run needs 1430.5 GiB (factors 715.3 GiB, MTTKRP outputs 715.3 GiB"),
+        "{err}"
+    );
     assert!(
         err.contains("mode 1 has dimension 3,000,000,000 but 2 indices occur"),
         "{err}"
     );
     assert!(err.contains("--compact"), "{err}");
+    // With --out, the run is refused (for its memory or, first, for the
+    // model's size on disk) and leaves no directory behind.
+    let out = dir.path().join("model");
+    let o = kruskal(&[
+        "cpd",
+        path.to_str().unwrap(),
+        "--rank",
+        "64",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_clean_failure(&o, "the ");
     assert!(!out.exists(), "the failed run left {}", out.display());
-    let o = kruskal(&["mttkrp", path.to_str().unwrap(), "--rank", "2"]);
+    let o = kruskal(&["mttkrp", path.to_str().unwrap(), "--rank", "64"]);
     assert_clean_failure(&o, "are available (MemAvailable)");
 }
 
