@@ -818,6 +818,29 @@ fn out_is_checked_before_the_run() {
     ]);
     assert_clean_failure(&o, "unknown kernel");
     assert!(!dir.path().join("new").exists());
+    // --distributed: rank 0, which writes the model, checks before the job.
+    let ktns = dir.path().join("t.ktns");
+    let o = kruskal(&["convert", tensor.to_str().unwrap(), ktns.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = kruskal_command(&[
+        "cpd",
+        ktns.to_str().unwrap(),
+        "--distributed",
+        "--process-rank",
+        "0",
+        "--world-size",
+        "1",
+        "--local-gpu",
+        "0",
+        "--rendezvous",
+        "127.0.0.1:9",
+        "--out",
+        file.to_str().unwrap(),
+    ])
+    .env("KRUSKAL_JOB_TOKEN", "0123456789abcdef0123456789abcdef")
+    .output()
+    .unwrap();
+    assert_clean_failure(&o, "exists and is not a directory");
 }
 
 #[cfg(unix)]
