@@ -126,9 +126,10 @@ pub fn gpu_need(dims: &[u32], nnz: usize, rank: usize) -> MemoryNeed {
     }
 }
 
-/// What an MTTKRP of every mode allocates on the CPU: the factors, one
-/// output (the largest mode's; `kruskal mttkrp` reuses it per mode) and
-/// the engine's copies of the tensor.
+/// What an MTTKRP of every mode allocates on the CPU: the factors (the
+/// first part, also what the host holds for a GPU run), one output (the
+/// largest mode's; `kruskal mttkrp` reuses it per mode) and the engine's
+/// copies of the tensor.
 pub fn mttkrp_need(dims: &[u32], nnz: usize, rank: usize) -> MemoryNeed {
     let cpd = cpu_need(dims, nnz, rank, 1, 1);
     let largest = dims.iter().copied().max().map_or(0, u64::from);

@@ -736,6 +736,17 @@ fn cpd_refuses_a_run_larger_than_memory_in_one_line() {
     assert!(!out.exists(), "the failed run left {}", out.display());
     let o = kruskal(&["mttkrp", path.to_str().unwrap(), "--rank", "64"]);
     assert_clean_failure(&o, "are available (MemAvailable)");
+    let o = kruskal(&[
+        "mttkrp",
+        path.to_str().unwrap(),
+        "--rank",
+        "64",
+        "--compact",
+        "--repeat",
+        "1",
+        "--verify",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 #[test]

@@ -144,7 +144,13 @@ pub fn run(args: CpdArgs) -> Result<()> {
     };
     let mut loaded = loaded;
     let compaction = if args.compact {
-        Some(compact_tensor(&mut loaded, args.json)?)
+        let map = compact_tensor(&mut loaded, args.json)?;
+        if !args.json && args.out.is_some() {
+            println!(
+                "           the factors are written in the file's numbering, zero rows where an index does not occur"
+            );
+        }
+        Some(map)
     } else {
         None
     };
@@ -200,7 +206,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
 
 /// `--compact`: replaces the loaded tensor by its relabeled twin and says,
 /// per mode, what became of the dimension.
-fn compact_tensor(loaded: &mut Loaded, json: bool) -> Result<Compaction> {
+pub(super) fn compact_tensor(loaded: &mut Loaded, json: bool) -> Result<Compaction> {
     let (tensor, map) = kruskal_formats::compact(&loaded.tensor)?;
     loaded.tensor = tensor;
     if !json {
@@ -219,7 +225,7 @@ fn compact_tensor(loaded: &mut Loaded, json: bool) -> Result<Compaction> {
             })
             .collect();
         println!(
-            "compact    relabeled to the indices that occur ({}); factors are written in the file's numbering",
+            "compact    relabeled to the indices that occur ({})",
             modes.join(", ")
         );
     }

@@ -67,9 +67,8 @@ pub fn run(args: MttkrpArgs) -> Result<()> {
     args.multi.check_used(false)?;
     let mut loaded = args.input.load()?;
     if args.compact {
-        // Relabeled to the indices that occur; MTTKRP writes no file, so
-        // nothing is mapped back.
-        loaded.tensor = kruskal_formats::compact(&loaded.tensor)?.0;
+        // MTTKRP writes no factors, so the map back is not needed.
+        super::cpd::compact_tensor(&mut loaded, args.json)?;
     }
     let reports = measure(&args, &loaded)?;
     finish(&reports, args.json, "MTTKRP")
@@ -97,6 +96,12 @@ pub fn measure(args: &MttkrpArgs, loaded: &Loaded) -> Result<Vec<serde_json::Val
             ),
         }
     };
+    let mut need = kruskal_cpd::memory::mttkrp_need(t.dims(), t.nnz(), args.rank);
+    if args.backend == BackendChoice::Gpu || args.multi.gpus.is_some() {
+        // On GPUs the host holds the factors (made here, then uploaded).
+        need.parts.truncate(1);
+    }
+    super::preflight::check_host_memory(&need, t, Some("--compact"))?;
     if let Some(ordinals) = args.multi.ordinals()? {
         return Ok(vec![run_group(args, loaded, &modes, &ordinals)?]);
     }
@@ -108,8 +113,6 @@ pub fn measure(args: &MttkrpArgs, loaded: &Loaded) -> Result<Vec<serde_json::Val
     } else {
         vec![parse_cpu_kernel(&args.kernel).map_err(anyhow::Error::msg)?]
     };
-    let need = kruskal_cpd::memory::mttkrp_need(t.dims(), t.nnz(), args.rank);
-    super::preflight::check_host_memory(&need, t, Some("--compact"))?;
     let factors = random_factors(t.dims(), args.rank, 1);
     let mut reports = Vec::new();
     for (k, &kernel) in kernels.iter().enumerate() {
