@@ -790,6 +790,21 @@ fn cpd_compact_writes_factors_in_the_files_numbering() {
     for i in [0, 5, 7, 1_000_000, big as usize - 2] {
         assert_eq!(row(i), vec![0.0, 0.0], "row {i}");
     }
+    let o = kruskal(&[
+        "cpd",
+        path.to_str().unwrap(),
+        "--compact",
+        "--rank",
+        "2",
+        "--iters",
+        "2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["compact"][0]["dim"], big);
+    assert_eq!(v["compact"][0]["occurring"], 2);
+    assert_eq!(v["tensor"]["dims"][0], 2);
     let m3 = std::fs::read(out.join("mode-3.npy")).unwrap();
     assert!(String::from_utf8_lossy(&m3[..128]).contains("'shape': (3, 2)"));
 }

@@ -22,9 +22,8 @@ use serde_json::json;
 use super::common::{
     GpuArgs, InputArgs, Loaded, MultiGpuArgs, dims_text, gib, set_threads, thousands,
 };
-use super::preflight;
-use kruskal_cpd::memory::{cpu_need, gpu_need, model_file_bytes};
-use kruskal_formats::Compaction;
+use super::{compact, preflight};
+use kruskal_cpd::memory::{cpu_need, gpu_need};
 
 /// Where the decomposition runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -133,7 +132,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
     if args.distributed.distributed {
         return super::distributed::run(&args);
     }
-    let (loaded, truth) = if args.demo {
+    let (mut loaded, truth) = if args.demo {
         let (loaded, p) = demo_tensor()?;
         (loaded, Some(p))
     } else {
@@ -142,19 +141,20 @@ pub fn run(args: CpdArgs) -> Result<()> {
         }
         (args.input.load()?, None)
     };
-    let mut loaded = loaded;
-    let compaction = if args.compact {
-        let map = compact_tensor(&mut loaded, args.json)?;
-        if !args.json && args.out.is_some() {
-            println!(
-                "           the factors are written in the file's numbering, zero rows where an index does not occur"
-            );
+    let compaction = args
+        .compact
+        .then(|| compact::compact_tensor(&mut loaded, args.json, args.out.is_some()))
+        .transpose()?;
+    let out_dir = match &args.out {
+        Some(dir) => {
+            let dims = compaction
+                .as_ref()
+                .map_or(loaded.tensor.dims(), |c| &c.dims[..]);
+            let rank = args.rank.unwrap_or(DEMO_RANK);
+            Some(preflight::OutDir::for_model(dir, dims, rank)?)
         }
-        Some(map)
-    } else {
-        None
+        None => None,
     };
-    let out_dir = preflight_out(&args, &loaded, compaction.as_ref())?;
     let stop = interrupt_flag()?;
     let done = decompose(&args, &loaded, stop)?;
     let model = &done.model;
@@ -175,7 +175,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
     if args.json {
         let mut value = report(&loaded, &done, fms, args.out.as_ref())?;
         if let Some(map) = &compaction {
-            value["compact"] = compact_json(map);
+            value["compact"] = compact::json(map);
         }
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
@@ -202,62 +202,6 @@ pub fn run(args: CpdArgs) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// `--compact`: replaces the loaded tensor by its relabeled twin and says,
-/// per mode, what became of the dimension.
-pub(super) fn compact_tensor(loaded: &mut Loaded, json: bool) -> Result<Compaction> {
-    let (tensor, map) = kruskal_formats::compact(&loaded.tensor)?;
-    loaded.tensor = tensor;
-    if !json {
-        let modes: Vec<String> = map
-            .ids
-            .iter()
-            .zip(&map.dims)
-            .enumerate()
-            .map(|(m, (ids, &dim))| {
-                format!(
-                    "mode {}: {} -> {}",
-                    m + 1,
-                    thousands(u64::from(dim)),
-                    thousands(ids.len() as u64)
-                )
-            })
-            .collect();
-        println!(
-            "compact    relabeled to the indices that occur ({})",
-            modes.join(", ")
-        );
-    }
-    Ok(map)
-}
-
-/// `--compact`'s part of the `--json` report.
-fn compact_json(map: &Compaction) -> serde_json::Value {
-    map.ids
-        .iter()
-        .zip(&map.dims)
-        .enumerate()
-        .map(|(m, (ids, &dim))| json!({"mode": m + 1, "dim": dim, "occurring": ids.len()}))
-        .collect()
-}
-
-/// Checks `--out` before the run (see [`preflight::OutDir`]) and that the
-/// disk holds the model files (in the file's numbering with `--compact`).
-fn preflight_out(
-    args: &CpdArgs,
-    loaded: &Loaded,
-    compaction: Option<&Compaction>,
-) -> Result<Option<preflight::OutDir>> {
-    let Some(path) = &args.out else {
-        return Ok(None);
-    };
-    let t = &loaded.tensor;
-    let out = preflight::OutDir::prepare(path, t.nmodes())?;
-    let rank = args.rank.unwrap_or(DEMO_RANK);
-    let dims = compaction.map_or(t.dims(), |c| &c.dims[..]);
-    out.check_space(model_file_bytes(dims, rank))?;
-    Ok(Some(out))
 }
 
 /// Runs the decomposition `args` asks for on an already loaded tensor and

@@ -4,6 +4,7 @@
 
 pub mod check;
 pub mod common;
+pub mod compact;
 pub mod convert;
 pub mod cpd;
 pub mod distributed;

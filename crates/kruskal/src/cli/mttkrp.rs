@@ -68,7 +68,7 @@ pub fn run(args: MttkrpArgs) -> Result<()> {
     let mut loaded = args.input.load()?;
     if args.compact {
         // MTTKRP writes no factors, so the map back is not needed.
-        super::cpd::compact_tensor(&mut loaded, args.json)?;
+        super::compact::compact_tensor(&mut loaded, args.json, false)?;
     }
     let reports = measure(&args, &loaded)?;
     finish(&reports, args.json, "MTTKRP")

@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
-use kruskal_cpd::memory::{MemoryNeed, available_bytes, bytes_text, sparse_modes};
+use kruskal_cpd::memory::{
+    MemoryNeed, available_bytes, bytes_text, model_file_bytes, sparse_modes,
+};
 use kruskal_formats::SparseTensor;
 
 use super::common::thousands;
@@ -124,6 +126,14 @@ impl OutDir {
             }
             Err(e) => bail!("--out {shown}: cannot write there: {e}"),
         }
+        Ok(out)
+    }
+
+    /// [`prepare`](Self::prepare) for a model of these dimensions and
+    /// rank, and [`check_space`](Self::check_space) for its files.
+    pub fn for_model(path: &Path, dims: &[u32], rank: usize) -> Result<OutDir> {
+        let out = OutDir::prepare(path, dims.len())?;
+        out.check_space(model_file_bytes(dims, rank))?;
         Ok(out)
     }
 
