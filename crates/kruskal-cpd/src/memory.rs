@@ -68,7 +68,9 @@ fn rows(dims: &[u32]) -> u64 {
 
 /// What a CPD-ALS run on the CPU allocates besides the tensor it was given
 /// (already in memory): the factors (f32, `dims[m] x rank` per mode), one
-/// MTTKRP output per mode (the same shape), the engine's per-mode copies
+/// MTTKRP output per mode (the same shape), the returned model (normalized
+/// into a copy of the factors while the outputs are still held), the
+/// engine's per-mode copies
 /// of the tensor (indices of the other modes, value, output row and a
 /// segment pointer per nonzero, and the 16-byte sort keys while one copy
 /// is built), the dense steps' f64 blocks (one per thread) and, with
@@ -103,6 +105,7 @@ pub fn cpu_need(
         parts: vec![
             ("factors", factor_bytes),
             ("MTTKRP outputs", factor_bytes),
+            ("model copy", factor_bytes),
             ("tensor copies", copies),
             ("dense steps", dense),
             ("best model kept", if starts > 1 { factor_bytes } else { 0 }),
@@ -139,7 +142,7 @@ pub fn mttkrp_need(dims: &[u32], nnz: usize, rank: usize) -> MemoryNeed {
         parts: vec![
             ("factors", factors),
             ("MTTKRP output", output),
-            ("tensor copies", cpd.parts[2].1),
+            ("tensor copies", cpd.parts[3].1),
         ],
     }
 }
@@ -217,10 +220,13 @@ mod tests {
         let factors = (3_000_000_005u64) * 10 * 4;
         assert_eq!(need.parts[0], ("factors", factors));
         assert_eq!(need.parts[1], ("MTTKRP outputs", factors));
-        assert!(need.total() > 2 * factors && need.total() < 2 * factors + (1 << 30));
+        assert_eq!(need.parts[2], ("model copy", factors));
+        assert!(need.total() > 3 * factors && need.total() < 3 * factors + (1 << 30));
         let text = need.to_string();
         assert!(
-            text.starts_with("223.5 GiB (factors 111.8 GiB, MTTKRP outputs 111.8 GiB"),
+            text.starts_with(
+                "335.3 GiB (factors 111.8 GiB, MTTKRP outputs 111.8 GiB, model copy 111.8 GiB"
+            ),
             "{text}"
         );
         // Parts of 0 bytes are not printed.
@@ -231,9 +237,9 @@ mod tests {
     fn tensor_copies_scale_with_the_nonzeros() {
         let small = cpu_need(&[100, 100, 100], 1_000, 8, 1, 1);
         let big = cpu_need(&[100, 100, 100], 1_000_000, 8, 1, 1);
-        assert_eq!(small.parts[2].1 * 1000, big.parts[2].1);
+        assert_eq!(small.parts[3].1 * 1000, big.parts[3].1);
         // Three copies of 3 x 4 + 12 bytes, plus the sort keys.
-        assert_eq!(big.parts[2].1, 1_000_000 * (3 * 24 + 16));
+        assert_eq!(big.parts[3].1, 1_000_000 * (3 * 24 + 16));
         let starts = cpu_need(&[100, 100, 100], 1_000, 8, 1, 3);
         assert_eq!(starts.total() - small.total(), 300 * 8 * 4);
     }

@@ -707,13 +707,13 @@ fn info_on_an_index_of_three_billion_is_small_and_fast() {
 fn cpd_refuses_a_run_larger_than_memory_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let path = huge_index_file(dir.path(), 3_000_000_000);
-    // Rank 64: 1.4 TB of factors and outputs, more than any machine the
+    // Rank 64: 2.3 TB of factors, outputs and model, more than any machine the
     // tests run on.
     let o = kruskal(&["cpd", path.to_str().unwrap(), "--rank", "64"]);
     assert_clean_failure(&o, "are available (MemAvailable)");
     let err = stderr(&o);
     assert!(
-        err.contains("the run needs 1430.5 GiB (factors 715.3 GiB, MTTKRP outputs 715.3 GiB"),
+        err.contains("the run needs 2145.8 GiB (factors 715.3 GiB, MTTKRP outputs 715.3 GiB, model copy 715.3 GiB"),
         "{err}"
     );
     assert!(
