@@ -150,7 +150,7 @@ pub fn run(args: &CpdArgs) -> Result<()> {
         Err(e) => {
             // Tell the others why, unless they told us.
             if membership.lost().is_none() {
-                membership.abort(&format!("{e:#}"));
+                membership.abort(&super::errors::error_line(&e));
             }
             return Err(e);
         }
