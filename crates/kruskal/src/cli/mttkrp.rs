@@ -26,13 +26,13 @@ pub struct MttkrpArgs {
     #[command(flatten)]
     pub input: InputArgs,
     /// Number of columns of the factor matrices.
-    #[arg(long, short, default_value_t = 32)]
+    #[arg(long, short, default_value_t = 32, allow_negative_numbers = true)]
     pub rank: usize,
     /// `all`, or one mode numbered from 1.
     #[arg(long, default_value = "all")]
     pub mode: String,
     /// Timed runs per mode (after one warm-up run); the median is reported.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
     pub repeat: usize,
     #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
     pub backend: BackendChoice,
