@@ -19,9 +19,11 @@ pub mod backend;
 pub mod dense;
 pub mod error;
 pub mod gpu;
+pub mod memory;
 pub mod model;
 pub mod multi;
 pub mod score;
+pub mod warnings;
 
 pub(crate) use als::check_factor_shapes;
 pub use als::{CpdOptions, Init, arrange, cpd_als, cpd_als_with, random_factors};
@@ -31,3 +33,4 @@ pub use gpu::{GpuBackend, KernelPlan};
 pub use model::{IterationStats, KruskalModel, load_factors};
 pub use multi::{GroupBackend, ModeBreakdown};
 pub use score::factor_match_score;
+pub use warnings::warnings;

@@ -6,12 +6,14 @@
 //! `np.load`.
 
 use std::fs;
-use std::io::BufWriter;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use ndarray::{Array1, Array2};
 use ndarray_npy::{ReadNpyExt, WriteNpyExt};
 use serde::Serialize;
+
+use kruskal_formats::Compaction;
 
 use crate::error::{CpdError, Result};
 
@@ -68,8 +70,59 @@ impl KruskalModel {
     ///
     /// All files are first written under temporary names and renamed only
     /// when every one was written, so a failure leaves no model file behind
-    /// (and never a half-written one).
+    /// (and never a half-written one). They get the permissions of any
+    /// newly created file (0666 less the umask).
     pub fn save(&self, dir: &Path) -> Result<()> {
+        self.save_with(dir, &|m, w| {
+            self.factors[m].write_npy(w).map_err(|e| e.to_string())
+        })
+    }
+
+    /// Writes the model of a compacted tensor (see
+    /// [`kruskal_formats::compact`]) in the original tensor's numbering:
+    /// `mode-<n>.npy` has `compaction.dims[n-1]` rows, zero where an index
+    /// did not occur. The rows are streamed (the header, then each row or
+    /// run of zero rows), so a factor larger than memory can be written;
+    /// as with [`save`](Self::save), nothing is left behind on failure.
+    ///
+    /// Shapes: `factors[m]` has `compaction.compact_dims()[m]` rows.
+    pub fn save_expanded(&self, dir: &Path, compaction: &Compaction) -> Result<()> {
+        let rank = self.rank();
+        let compact_dims = compaction.compact_dims();
+        if self.factors.len() != compact_dims.len()
+            || self
+                .factors
+                .iter()
+                .zip(&compact_dims)
+                .any(|(f, &d)| f.nrows() != d as usize || f.ncols() != rank)
+        {
+            return Err(CpdError::Shape(
+                "the factors do not have the compacted tensor's shape".into(),
+            ));
+        }
+        let zero_chunk = vec![0f32; rank.max(1) * EXPAND_ZERO_ROWS];
+        self.save_with(dir, &|m, w| {
+            let factor = &self.factors[m];
+            let rows = factor.as_slice().ok_or("factor not in standard layout")?;
+            write_npy_f32_header(w, compaction.dims[m] as u64, rank).map_err(|e| e.to_string())?;
+            let mut bytes = Vec::with_capacity(zero_chunk.len() * 4);
+            compaction
+                .expand_rows(m, rows, rank, &zero_chunk, |piece| {
+                    bytes.clear();
+                    bytes.extend(piece.iter().flat_map(|x| x.to_le_bytes()));
+                    w.write_all(&bytes)
+                })
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    /// Writes `lambda.npy`, then each `mode-<n>.npy` through `factor(m, w)`,
+    /// staged as temporary files renamed when all were written.
+    fn save_with(
+        &self,
+        dir: &Path,
+        factor: &dyn Fn(usize, &mut dyn Write) -> std::result::Result<(), String>,
+    ) -> Result<()> {
         fs::create_dir_all(dir).map_err(|e| CpdError::file(dir, e))?;
         // Refuse up front what would make a rename fail half way.
         let names: Vec<String> = std::iter::once("lambda.npy".to_string())
@@ -85,34 +138,35 @@ impl KruskalModel {
             }
         }
         let mut staged: Vec<(tempfile::NamedTempFile, PathBuf)> = Vec::new();
-        let stage = |name: String, write: &dyn Fn(&mut BufWriter<&fs::File>) -> Result<()>| {
-            let target = dir.join(name);
-            let tmp = tempfile::Builder::new()
-                .prefix(".kruskal-")
-                .suffix(".tmp")
-                .tempfile_in(dir)
-                .map_err(|e| CpdError::file(&target, e))?;
-            {
-                let mut w = BufWriter::new(tmp.as_file());
-                write(&mut w)?;
-                use std::io::Write;
-                w.flush().map_err(|e| CpdError::file(&target, e))?;
-            }
-            Ok::<_, CpdError>((tmp, target))
-        };
+        let stage =
+            |name: &str, write: &dyn Fn(&mut dyn Write) -> std::result::Result<(), String>| {
+                let target = dir.join(name);
+                let mut builder = tempfile::Builder::new();
+                builder.prefix(".kruskal-").suffix(".tmp");
+                // tempfile creates files readable by the owner only, and the
+                // rename keeps that mode; ask for what a plain create gives
+                // (0666, less the umask, which open(2) applies).
+                #[cfg(unix)]
+                {
+                    use std::os::unix::fs::PermissionsExt;
+                    builder.permissions(fs::Permissions::from_mode(0o666));
+                }
+                let tmp = builder
+                    .tempfile_in(dir)
+                    .map_err(|e| CpdError::file(&target, e))?;
+                {
+                    let mut w = BufWriter::with_capacity(WRITE_BUFFER, tmp.as_file());
+                    write(&mut w).map_err(|e| CpdError::file(&target, e))?;
+                    w.flush().map_err(|e| CpdError::file(&target, e))?;
+                }
+                Ok::<_, CpdError>((tmp, target))
+            };
         let lambda = Array1::from(self.lambda.clone());
-        let lambda_path = dir.join("lambda.npy");
-        staged.push(stage("lambda.npy".into(), &|w| {
-            lambda
-                .write_npy(w)
-                .map_err(|e| CpdError::file(&lambda_path, e))
+        staged.push(stage(&names[0], &|w| {
+            lambda.write_npy(w).map_err(|e| e.to_string())
         })?);
-        for (m, factor) in self.factors.iter().enumerate() {
-            let name = format!("mode-{}.npy", m + 1);
-            let path = dir.join(&name);
-            staged.push(stage(name, &|w| {
-                factor.write_npy(w).map_err(|e| CpdError::file(&path, e))
-            })?);
+        for (m, name) in names[1..].iter().enumerate() {
+            staged.push(stage(name, &|w| factor(m, w))?);
         }
         for (tmp, target) in staged {
             tmp.as_file()
@@ -123,6 +177,28 @@ impl KruskalModel {
         }
         Ok(())
     }
+}
+
+/// Buffer of a model file's writer.
+const WRITE_BUFFER: usize = 1 << 20;
+
+/// Zero rows written at a time for the absent indices of an expanded
+/// factor.
+const EXPAND_ZERO_ROWS: usize = 1 << 14;
+
+/// The `.npy` (format 1.0) header of a C-order `rows x cols` f32 matrix,
+/// padded so the data starts at a multiple of 64 bytes, as numpy writes it.
+fn write_npy_f32_header(w: &mut dyn Write, rows: u64, cols: usize) -> std::io::Result<()> {
+    let dict = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {cols}), }}");
+    // magic (6) + version (2) + header length (2) + dict + padding + '\n'.
+    let unpadded = 10 + dict.len() + 1;
+    let padding = (64 - unpadded % 64) % 64;
+    let header_len = (dict.len() + padding + 1) as u16;
+    w.write_all(b"\x93NUMPY\x01\x00")?;
+    w.write_all(&header_len.to_le_bytes())?;
+    w.write_all(dict.as_bytes())?;
+    w.write_all(&vec![b' '; padding])?;
+    w.write_all(b"\n")
 }
 
 /// Reads an `.npy` matrix of f32 or f64 as f32.
@@ -266,5 +342,71 @@ mod tests {
             .filter(|n| n != "mode-2.npy")
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn model_files_get_the_mode_of_a_plain_new_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        model().save(dir.path()).unwrap();
+        // Whatever the umask, a plain create in the same directory shows
+        // what the model files must have (tempfile alone gives 0600).
+        let plain = dir.path().join("plain");
+        fs::File::create(&plain).unwrap();
+        let want = fs::metadata(&plain).unwrap().permissions().mode() & 0o777;
+        for name in ["lambda.npy", "mode-1.npy", "mode-3.npy"] {
+            let mode = fs::metadata(dir.path().join(name))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777;
+            assert_eq!(mode, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn an_expanded_model_is_in_the_original_numbering() {
+        let t = kruskal_formats::SparseTensor::new(
+            vec![1000, 5, 3],
+            vec![vec![999, 10, 10], vec![4, 0, 2], vec![0, 1, 2]],
+            vec![1.0, 2.0, 3.0],
+        )
+        .unwrap();
+        let (c, map) = kruskal_formats::compact(&t).unwrap();
+        assert_eq!(c.dims(), &[2, 3, 3]);
+        let m = KruskalModel {
+            factors: vec![
+                Array2::from_shape_fn((2, 2), |(i, j)| (10 * i + j + 1) as f32),
+                Array2::from_shape_fn((3, 2), |(i, j)| (i + j + 1) as f32),
+                Array2::from_shape_fn((3, 2), |(i, j)| (i * j) as f32 + 0.5),
+            ],
+            ..model()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        m.save_expanded(dir.path(), &map).unwrap();
+        let read = |n: usize| {
+            Array2::<f32>::read_npy(
+                fs::File::open(dir.path().join(format!("mode-{n}.npy"))).unwrap(),
+            )
+            .unwrap()
+        };
+        let m1 = read(1);
+        assert_eq!(m1.dim(), (1000, 2));
+        assert_eq!(m1.row(10).to_vec(), vec![1.0, 2.0]);
+        assert_eq!(m1.row(999).to_vec(), vec![11.0, 12.0]);
+        assert_eq!(m1.iter().filter(|&&x| x != 0.0).count(), 4);
+        let m2 = read(2);
+        assert_eq!(m2.dim(), (5, 2));
+        assert_eq!(m2.row(4), m.factors[1].row(2));
+        assert_eq!(m2.row(1).to_vec(), vec![0.0, 0.0]);
+        assert_eq!(read(3), m.factors[2]);
+        // The header is padded as numpy pads it: data at a multiple of 64.
+        let bytes = fs::read(dir.path().join("mode-1.npy")).unwrap();
+        assert_eq!((bytes.len() - 1000 * 2 * 4) % 64, 0);
+        // A model of the wrong shape is refused before anything is written.
+        let other = tempfile::tempdir().unwrap();
+        assert!(model().save_expanded(other.path(), &map).is_err());
+        assert_eq!(fs::read_dir(other.path()).unwrap().count(), 0);
     }
 }

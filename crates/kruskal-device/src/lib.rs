@@ -3,7 +3,8 @@
 //! - [`probe`]: finds the CUDA driver and NVRTC libraries *before* cudarc
 //!   touches them (cudarc's dynamic loading panics when a library is
 //!   missing), so a machine without a GPU gets a typed error that says what
-//!   was tried and suggests `--backend cpu`.
+//!   was tried (the program adds what to do instead, which depends on the
+//!   command).
 //! - [`gpu`]: [`Gpu`], one CUDA context and stream, the device's properties
 //!   and its kernel cache.
 //! - [`kernels`]: the CUDA sources of `kernels/` (embedded in the binary),
@@ -115,14 +116,14 @@ use cudarc::driver::DriverError;
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
     /// A CUDA library could not be loaded.
-    #[error("no CUDA {library} library could be loaded (tried {}); install the NVIDIA driver or use --backend cpu", tried.join(", "))]
+    #[error("no CUDA {library} library could be loaded (tried {})", tried.join(", "))]
     MissingLibrary {
         library: &'static str,
         tried: Vec<String>,
     },
 
     /// The driver loaded but reports no device (or not this one).
-    #[error("no CUDA GPU {ordinal} (the driver reports {count} device(s)); use --backend cpu")]
+    #[error("no CUDA GPU {ordinal} (the driver reports {count} device(s))")]
     NoDevice { ordinal: usize, count: usize },
 
     /// A driver call failed.

@@ -191,29 +191,10 @@ impl SparseTensor {
 
     /// Per-mode statistics (slice degrees, empty slices, hottest index).
     pub fn stats(&self) -> TensorStats {
+        // Without counters sized by a dimension where it dwarfs the
+        // nonzeros (see `mode_stats`).
         let modes = (0..self.nmodes())
-            .map(|mode| {
-                let counts = self.mode_counts(mode);
-                let nonempty: Vec<u64> = counts.iter().copied().filter(|&c| c > 0).collect();
-                let (argmax, &max) = counts
-                    .iter()
-                    .enumerate()
-                    .max_by_key(|&(_, c)| *c)
-                    .unwrap_or((0, &0));
-                ModeStats {
-                    dim: self.dims[mode],
-                    nonempty_slices: nonempty.len() as u64,
-                    empty_slices: counts.len() as u64 - nonempty.len() as u64,
-                    degree_min: nonempty.iter().copied().min().unwrap_or(0),
-                    degree_mean: if nonempty.is_empty() {
-                        0.0
-                    } else {
-                        self.nnz() as f64 / nonempty.len() as f64
-                    },
-                    degree_max: max,
-                    hottest_index: argmax as u32,
-                }
-            })
+            .map(|mode| crate::mode_stats::mode_stats(self, mode))
             .collect();
         TensorStats {
             nnz: self.nnz() as u64,

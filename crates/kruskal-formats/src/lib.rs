@@ -17,6 +17,7 @@
 
 pub mod binary;
 mod coalesce;
+pub mod compact;
 pub mod coo;
 pub mod error;
 pub mod fcoo;
@@ -25,9 +26,11 @@ pub mod flycoo;
 pub mod generate;
 pub mod hicoo;
 pub mod io;
+mod mode_stats;
 pub mod tns;
 
 pub use binary::{CrcPart, MappedBinary, RangeCounts};
+pub use compact::{Compaction, compact};
 pub use coo::{ModeStats, SparseTensor, TensorStats};
 pub use error::{FormatError, Result};
 pub use fcoo::{Fcoo, FcooOp};

@@ -34,6 +34,21 @@ enum Command {
     Tune(cmd::tune::TuneArgs),
 }
 
+impl Command {
+    /// The subcommand's name, as typed.
+    fn name(&self) -> &'static str {
+        match self {
+            Command::Cpd(_) => "cpd",
+            Command::Mttkrp(_) => "mttkrp",
+            Command::Info(_) => "info",
+            Command::Convert(_) => "convert",
+            Command::Gen(_) => "gen",
+            Command::Check(_) => "check",
+            Command::Tune(_) => "tune",
+        }
+    }
+}
+
 /// Rust ignores SIGPIPE, so printing into a closed pipe (`kruskal info X |
 /// head -1`) would panic. Restoring the default action makes the program end
 /// quietly when its reader goes away, as other Unix tools do.
@@ -50,6 +65,7 @@ fn main() -> ExitCode {
     #[cfg(unix)]
     restore_sigpipe();
     let cli = Cli::parse();
+    let name = cli.command.name();
     let result = match cli.command {
         Command::Cpd(a) => cmd::cpd::run(a),
         Command::Mttkrp(a) => cmd::mttkrp::run(a),
@@ -63,8 +79,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line: the outermost context first, then its causes.
-            let chain: Vec<String> = e.chain().map(|c| c.to_string()).collect();
-            eprintln!("kruskal: error: {}", chain.join(": "));
+            eprintln!("kruskal: error: {}", cmd::errors::report(name, &e));
             ExitCode::FAILURE
         }
     }

@@ -563,7 +563,10 @@ fn check_prints_its_table_and_fails_cleanly_without_a_gpu() {
         eprintln!("note: a GPU is present; skipping the no-GPU error of check --gpu");
         return;
     }
-    assert_clean_failure(&kruskal(&["check", "--gpu"]), "--backend cpu");
+    // The advice fits the command: check has no --backend.
+    let o = kruskal(&["check", "--gpu"]);
+    assert_clean_failure(&o, "without --gpu, check tests the CPU engines");
+    assert!(!stderr(&o).contains("--backend"), "{}", stderr(&o));
 }
 
 /// Whether this machine has a usable GPU (`info --gpu` succeeds).
@@ -812,5 +815,328 @@ fn tune_predicts_and_judges_with_a_given_model() {
     ] {
         let args = ["tune", "sweep", "--out", out, option, value];
         assert_clean_failure(&kruskal(&args), needle);
+    }
+}
+
+/// A 3-line text file whose first mode's largest index is `big`.
+fn huge_index_file(dir: &Path, big: u64) -> PathBuf {
+    let path = dir.join("huge.tns");
+    std::fs::write(&path, format!("{big} 1 1 1.5\n7 2 1 2.5\n7 2 3 -0.5\n")).unwrap();
+    path
+}
+
+#[test]
+fn info_on_an_index_of_three_billion_is_small_and_fast() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = huge_index_file(dir.path(), 3_000_000_000);
+    let start = std::time::Instant::now();
+    let o = kruskal(&["info", path.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Counters per index would take 24 GB and many seconds.
+    assert!(start.elapsed().as_secs_f64() < 10.0);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["dims"][0], 3_000_000_000u64);
+    let m1 = &v["modes"][0];
+    assert_eq!(m1["nonempty_slices"], 2);
+    assert_eq!(m1["empty_slices"], 2_999_999_998u64);
+    assert_eq!(m1["degree_max"], 2);
+    assert_eq!(m1["hottest_index"], 7);
+    // Partition plans do count per index: refused in one line, not killed.
+    let o = kruskal(&["info", path.to_str().unwrap(), "--kappa", "4"]);
+    assert_clean_failure(&o, "per-index counts");
+}
+
+#[test]
+fn cpd_refuses_a_run_larger_than_memory_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = huge_index_file(dir.path(), 3_000_000_000);
+    // Rank 64: 2.3 TB of factors, outputs and model, more than any machine the
+    // tests run on.
+    let o = kruskal(&["cpd", path.to_str().unwrap(), "--rank", "64"]);
+    assert_clean_failure(&o, "are available (MemAvailable)");
+    let err = stderr(&o);
+    assert!(
+        err.contains("the run needs 2145.8 GiB (factors 715.3 GiB, MTTKRP outputs 715.3 GiB, model copy 715.3 GiB"),
+        "{err}"
+    );
+    assert!(
+        err.contains("mode 1 has dimension 3,000,000,000 but 2 indices occur"),
+        "{err}"
+    );
+    assert!(err.contains("--compact"), "{err}");
+    // With --out, the run is refused (for its memory or, first, for the
+    // model's size on disk) and leaves no directory behind.
+    let out = dir.path().join("model");
+    let o = kruskal(&[
+        "cpd",
+        path.to_str().unwrap(),
+        "--rank",
+        "64",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_clean_failure(&o, "the ");
+    assert!(!out.exists(), "the failed run left {}", out.display());
+    let o = kruskal(&["mttkrp", path.to_str().unwrap(), "--rank", "64"]);
+    assert_clean_failure(&o, "are available (MemAvailable)");
+    let o = kruskal(&[
+        "mttkrp",
+        path.to_str().unwrap(),
+        "--rank",
+        "64",
+        "--compact",
+        "--repeat",
+        "1",
+        "--verify",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn cpd_compact_writes_factors_in_the_files_numbering() {
+    let dir = tempfile::tempdir().unwrap();
+    let big: u64 = 20_000_000;
+    let path = huge_index_file(dir.path(), big);
+    let out = dir.path().join("model");
+    let o = kruskal(&[
+        "cpd",
+        path.to_str().unwrap(),
+        "--compact",
+        "--rank",
+        "2",
+        "--iters",
+        "5",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("mode 1: 20,000,000 -> 2"), "{text}");
+    assert!(text.contains("mode 3: 3 -> 2"), "{text}");
+    let bytes = std::fs::read(out.join("mode-1.npy")).unwrap();
+    let header = String::from_utf8_lossy(&bytes[..128]);
+    assert!(header.contains("'shape': (20000000, 2)"), "{header}");
+    let data_start = 10 + u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    assert_eq!(bytes.len(), data_start + 20_000_000 * 2 * 4);
+    let row = |i: usize| -> Vec<f32> {
+        (0..2)
+            .map(|j| {
+                let at = data_start + (i * 2 + j) * 4;
+                f32::from_le_bytes(bytes[at..at + 4].try_into().unwrap())
+            })
+            .collect()
+    };
+    // Rows of the indices that occur (7 and the largest) hold the model,
+    // every other row is zero.
+    assert!(row(6).iter().any(|&x| x != 0.0), "{:?}", row(6));
+    assert!(row(big as usize - 1).iter().any(|&x| x != 0.0));
+    for i in [0, 5, 7, 1_000_000, big as usize - 2] {
+        assert_eq!(row(i), vec![0.0, 0.0], "row {i}");
+    }
+    let o = kruskal(&[
+        "cpd",
+        path.to_str().unwrap(),
+        "--compact",
+        "--rank",
+        "2",
+        "--iters",
+        "2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["compact"][0]["dim"], big);
+    assert_eq!(v["compact"][0]["occurring"], 2);
+    assert_eq!(v["tensor"]["dims"][0], 2);
+    let m3 = std::fs::read(out.join("mode-3.npy")).unwrap();
+    assert!(String::from_utf8_lossy(&m3[..128]).contains("'shape': (3, 2)"));
+}
+
+#[test]
+fn out_is_checked_before_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("taken");
+    std::fs::write(&file, b"x").unwrap();
+    let demo = |out: &Path| {
+        kruskal(&[
+            "cpd",
+            "--demo",
+            "--starts",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+    };
+    // A file where the directory should be: refused before any iteration.
+    let o = demo(&file);
+    assert_clean_failure(&o, "exists and is not a directory");
+    assert!(!stdout(&o).contains("its ="), "{}", stdout(&o));
+    // Below a file nothing can be created.
+    let o = demo(&file.join("sub"));
+    assert_clean_failure(&o, "cannot create");
+    // A run that fails after the check leaves no new directory behind.
+    let tensor = huge_index_file(dir.path(), 40);
+    let out = dir.path().join("new/model");
+    let o = kruskal(&[
+        "cpd",
+        tensor.to_str().unwrap(),
+        "--kernel",
+        "no-such-kernel",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_clean_failure(&o, "unknown kernel");
+    assert!(!dir.path().join("new").exists());
+    // --distributed: rank 0, which writes the model, checks before the job.
+    let ktns = dir.path().join("t.ktns");
+    let o = kruskal(&["convert", tensor.to_str().unwrap(), ktns.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = kruskal_command(&[
+        "cpd",
+        ktns.to_str().unwrap(),
+        "--distributed",
+        "--process-rank",
+        "0",
+        "--world-size",
+        "1",
+        "--local-gpu",
+        "0",
+        "--rendezvous",
+        "127.0.0.1:9",
+        "--out",
+        file.to_str().unwrap(),
+    ])
+    .env("KRUSKAL_JOB_TOKEN", "0123456789abcdef0123456789abcdef")
+    .output()
+    .unwrap();
+    assert_clean_failure(&o, "exists and is not a directory");
+}
+
+#[cfg(unix)]
+#[test]
+fn read_only_out_is_refused_before_the_run() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ro = dir.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+    // root writes anywhere; there the check has nothing to refuse.
+    if std::fs::write(ro.join("probe"), b"x").is_ok() {
+        eprintln!("note: running as root; skipping the read-only --out check");
+        return;
+    }
+    let o = kruskal(&[
+        "cpd",
+        "--demo",
+        "--starts",
+        "1",
+        "--out",
+        ro.to_str().unwrap(),
+    ]);
+    assert_clean_failure(&o, "cannot write there");
+    assert!(!stdout(&o).contains("its ="));
+}
+
+#[test]
+fn negative_numbers_reach_the_programs_own_checks() {
+    let o = kruskal(&["cpd", "--demo", "--tol", "-1"]);
+    assert_clean_failure(&o, "must be finite and >= 0");
+    let err = stderr(&o);
+    assert!(!err.contains("unexpected argument"), "{err}");
+    let o = kruskal(&["cpd", "--demo", "--iters", "-3"]);
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("'-3'") && err.contains("--iters"), "{err}");
+    assert!(!err.contains("unexpected argument"), "{err}");
+}
+
+#[test]
+fn doubtful_runs_get_one_warning_line_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = huge_index_file(dir.path(), 40);
+    let o = kruskal(&["cpd", path.to_str().unwrap(), "--rank", "3", "--iters", "0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    let warnings: Vec<&str> = err.lines().filter(|l| l.contains("warning")).collect();
+    // Mode 2 has dimension 2, and no iteration runs.
+    assert_eq!(warnings.len(), 2, "{err}");
+    assert!(
+        warnings[0].contains("rank 3 is larger than mode 2's dimension 2"),
+        "{err}"
+    );
+    assert!(
+        warnings[1].contains("the output is the initial factors"),
+        "{err}"
+    );
+    let zeros = dir.path().join("zeros.tns");
+    std::fs::write(&zeros, "1 1 1 0.0\n2 2 2 0.0\n").unwrap();
+    let o = kruskal(&[
+        "cpd",
+        zeros.to_str().unwrap(),
+        "--rank",
+        "1",
+        "--iters",
+        "2",
+    ]);
+    let err = stderr(&o);
+    assert!(err.contains("warning: the tensor is all zeros"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn an_io_error_is_said_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = kruskal(&["info", dir.path().to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let cause = "Is a directory";
+    assert_eq!(err.matches(cause).count(), 1, "{err}");
+}
+
+#[test]
+fn no_gpu_advice_fits_the_command() {
+    if has_gpu() {
+        eprintln!("note: a GPU is present; skipping the no-GPU messages");
+        return;
+    }
+    let o = kruskal(&["info", "--gpu"]);
+    assert_clean_failure(&o, "without --gpu");
+    assert!(!stderr(&o).contains("--backend"), "{}", stderr(&o));
+    let o = kruskal(&["cpd", "--demo", "--backend", "gpu"]);
+    assert_clean_failure(&o, "use --backend cpu");
+}
+
+#[cfg(unix)]
+#[test]
+fn model_files_get_the_permissions_of_other_outputs() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("model");
+    let tensor = dir.path().join("t.tns");
+    let o = kruskal(&[
+        "gen",
+        tensor.to_str().unwrap(),
+        "--dims",
+        "30,20,10",
+        "--nnz",
+        "500",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = kruskal(&[
+        "cpd",
+        tensor.to_str().unwrap(),
+        "--rank",
+        "2",
+        "--iters",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let want = mode(&tensor);
+    for name in ["lambda.npy", "mode-1.npy", "mode-3.npy"] {
+        assert_eq!(mode(&out.join(name)), want, "{name}");
     }
 }

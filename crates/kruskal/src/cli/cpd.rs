@@ -9,7 +9,6 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
-use kruskal_cpd::gpu::required_bytes;
 use kruskal_cpd::{
     Backend, CpdOptions, CpuBackend, GpuBackend, GroupBackend, Init, IterationStats, KernelPlan,
     KruskalModel, cpd_als_with, factor_match_score, load_factors,
@@ -23,6 +22,8 @@ use serde_json::json;
 use super::common::{
     GpuArgs, InputArgs, Loaded, MultiGpuArgs, dims_text, gib, set_threads, thousands,
 };
+use super::{compact, preflight};
+use kruskal_cpd::memory::{cpu_need, gpu_need};
 
 /// Where the decomposition runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -47,13 +48,13 @@ pub struct CpdArgs {
     #[arg(long, conflicts_with_all = ["file", "like"])]
     pub demo: bool,
     /// Number of components (default 10, or the planted rank with --demo).
-    #[arg(long, short)]
+    #[arg(long, short, allow_negative_numbers = true)]
     pub rank: Option<usize>,
-    /// Iteration limit.
-    #[arg(long, default_value_t = kruskal_cpd::als::DEFAULT_MAX_ITERS)]
+    /// Iteration limit (0: the output is the initial factors).
+    #[arg(long, default_value_t = kruskal_cpd::als::DEFAULT_MAX_ITERS, allow_negative_numbers = true)]
     pub iters: usize,
     /// Stop when the fit changes by less than this.
-    #[arg(long, default_value_t = kruskal_cpd::als::DEFAULT_TOL)]
+    #[arg(long, default_value_t = kruskal_cpd::als::DEFAULT_TOL, allow_negative_numbers = true)]
     pub tol: f64,
     /// Seed of the random initial factors.
     #[arg(long, default_value_t = 1)]
@@ -67,9 +68,17 @@ pub struct CpdArgs {
     /// lambda.npy), e.g. the output of an earlier run.
     #[arg(long, value_name = "DIR")]
     pub init: Option<PathBuf>,
-    /// Write lambda.npy and mode-<n>.npy (numpy format) into DIR.
+    /// Write lambda.npy and mode-<n>.npy (numpy format) into DIR (checked
+    /// before the run: a directory, or one that can be created, where
+    /// files can be written).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Relabel each mode to the indices that occur before decomposing, and
+    /// write the factors in the file's own numbering (zero rows for
+    /// indices that do not occur): for sparse id spaces (user ids, hashes)
+    /// whose dimensions are far larger than the indices used.
+    #[arg(long, conflicts_with_all = ["demo", "init", "distributed"])]
+    pub compact: bool,
     /// Where to run: auto (the GPU when usable and the tensor fits, else
     /// the CPU), cpu or gpu.
     #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
@@ -125,7 +134,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
     if args.distributed.distributed {
         return super::distributed::run(&args);
     }
-    let (loaded, truth) = if args.demo {
+    let (mut loaded, truth) = if args.demo {
         let (loaded, p) = demo_tensor()?;
         (loaded, Some(p))
     } else {
@@ -134,6 +143,20 @@ pub fn run(args: CpdArgs) -> Result<()> {
         }
         (args.input.load()?, None)
     };
+    let compaction = args
+        .compact
+        .then(|| compact::compact_tensor(&mut loaded, args.json, args.out.is_some()))
+        .transpose()?;
+    let out_dir = match &args.out {
+        Some(dir) => {
+            let dims = compaction
+                .as_ref()
+                .map_or(loaded.tensor.dims(), |c| &c.dims[..]);
+            let rank = args.rank.unwrap_or(DEMO_RANK);
+            Some(preflight::OutDir::for_model(dir, dims, rank)?)
+        }
+        None => None,
+    };
     let stop = interrupt_flag()?;
     let done = decompose(&args, &loaded, stop)?;
     let model = &done.model;
@@ -141,13 +164,21 @@ pub fn run(args: CpdArgs) -> Result<()> {
         .as_ref()
         .map(|p| factor_match_score(&model.lambda, &model.factors, &p.lambda, &p.factors));
     if let Some(dir) = &args.out {
-        model
-            .save(dir)
-            .with_context(|| format!("writing the model to {}", dir.display()))?;
+        match &compaction {
+            Some(map) => model.save_expanded(dir, map),
+            None => model.save(dir),
+        }
+        .with_context(|| format!("writing the model to {}", dir.display()))?;
+    }
+    if let Some(dir) = out_dir {
+        dir.keep();
     }
 
     if args.json {
-        let value = report(&loaded, &done, fms, args.out.as_ref())?;
+        let mut value = report(&loaded, &done, fms, args.out.as_ref())?;
+        if let Some(map) = &compaction {
+            value["compact"] = compact::json(map);
+        }
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         if let Some(plan) = &done.backend.plan() {
@@ -207,6 +238,7 @@ fn decompose(args: &CpdArgs, loaded: &Loaded, stop: &AtomicUsize) -> Result<Deco
     let tensor = &loaded.tensor;
     let opts = cpd_options(args, tensor.nmodes())?;
     let rank = opts.rank;
+    preflight::print_warnings(tensor, rank, opts.max_iters);
     if !args.json {
         println!("tensor     {}", loaded.source);
         println!(
@@ -248,6 +280,9 @@ pub(super) fn cpd_options(args: &CpdArgs, nmodes: usize) -> Result<CpdOptions> {
     let rank = args.rank.unwrap_or(DEMO_RANK);
     if rank == 0 {
         bail!("--rank must be at least 1");
+    }
+    if !(args.tol.is_finite() && args.tol >= 0.0) {
+        bail!("--tol must be finite and >= 0, not {}", args.tol);
     }
     let init = match &args.init {
         Some(dir) => {
@@ -451,6 +486,15 @@ fn make_backend(args: &CpdArgs, t: &SparseTensor, rank: usize) -> Result<(Chosen
                         .unwrap_or_default()
                 );
             };
+            let starts = args.starts.unwrap_or(1);
+            let need = cpu_need(
+                t.dims(),
+                t.nnz(),
+                rank,
+                rayon::current_num_threads(),
+                starts,
+            );
+            preflight::check_host_memory(&need, t, Some("--compact"))?;
             Ok((Chosen::Cpu(CpuBackend::with_kernel(t, kernel)?), why))
         };
     let gpu_run = || -> Result<GpuBackend> {
@@ -461,12 +505,11 @@ fn make_backend(args: &CpdArgs, t: &SparseTensor, rank: usize) -> Result<(Chosen
         };
         kruskal_device::dense::check_rank(rank)?;
         let gpu = Gpu::open(0)?;
-        let needed = required_bytes(t, rank);
+        let need = gpu_need(t.dims(), t.nnz(), rank);
         let free = gpu.free_bytes()?;
-        if needed > free {
+        if need.total() > free as u64 {
             bail!(
-                "the run needs {} (two FLYCOO copies, the factors and the MTTKRP outputs) and {} are free",
-                gib(needed),
+                "the run needs {need} on the GPU and {} are free there",
                 gib(free)
             );
         }
@@ -575,11 +618,7 @@ fn short_reason(e: &anyhow::Error) -> String {
         Some(kruskal_device::DeviceError::MissingLibrary { library, .. }) => {
             format!("no CUDA {library} library was found")
         }
-        _ => e
-            .chain()
-            .map(|c| c.to_string())
-            .collect::<Vec<_>>()
-            .join(": "),
+        _ => super::errors::error_line(e),
     }
 }
 

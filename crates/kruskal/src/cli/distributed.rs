@@ -112,6 +112,13 @@ pub fn run(args: &CpdArgs) -> Result<()> {
     if d.join_timeout_s == 0 || d.peer_timeout_s == 0 {
         bail!("--join-timeout-s and --peer-timeout-s must be at least 1");
     }
+    // Rank 0 writes the model: its --out is checked before the job starts
+    // (the mode count is not known yet; the model's own names are checked
+    // when it is written).
+    let out_dir = match (&args.out, me) {
+        (Some(dir), 0) => Some(super::preflight::OutDir::prepare(dir, 0)?),
+        _ => None,
+    };
     let opts = args.multi.options()?;
     let nccl = Nccl::load().map_err(|e| anyhow::anyhow!("--distributed needs NCCL: {e}"))?;
     let ropts = RendezvousOptions {
@@ -155,7 +162,7 @@ pub fn run(args: &CpdArgs) -> Result<()> {
         Err(e) => {
             // Tell the others why, unless they told us.
             if membership.lost().is_none() {
-                membership.abort(&format!("{e:#}"));
+                membership.abort(&super::errors::error_line(&e));
             }
             return Err(e);
         }
@@ -166,6 +173,9 @@ pub fn run(args: &CpdArgs) -> Result<()> {
         .context("the final barrier of the ranks")?;
     if me == 0 {
         report(args, path, &done)?;
+    }
+    if let Some(dir) = out_dir {
+        dir.keep();
     }
     Ok(())
 }

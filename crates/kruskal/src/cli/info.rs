@@ -65,6 +65,12 @@ pub fn run(args: InfoArgs) -> Result<()> {
     if args.kappa == Some(0) || args.gpus == Some(0) || args.isps == 0 {
         bail!("--kappa, --gpus and --isps must be at least 1");
     }
+    if args.kappa.is_some() || args.gpus.is_some() {
+        // Partitions and shard plans count the nonzeros of every index of
+        // every mode.
+        let counts = kruskal_cpd::memory::counts_need(t.dims(), rayon::current_num_threads());
+        super::preflight::check_host_memory(&counts, &t, None)?;
+    }
     let s = t.stats();
     let partitions: Vec<PartitionReport> = match args.kappa {
         Some(kappa) => (0..t.nmodes())
@@ -317,7 +323,11 @@ fn shard_json(plan: &ShardPlan) -> serde_json::Value {
 fn print_gpus(as_json: bool) -> Result<()> {
     let count = kruskal_device::Gpu::count()?;
     if count == 0 {
-        bail!("the CUDA driver reports no GPU; use --backend cpu");
+        return Err(kruskal_device::DeviceError::NoDevice {
+            ordinal: 0,
+            count: 0,
+        }
+        .into());
     }
     let mut all = Vec::new();
     for ordinal in 0..count {

@@ -4,10 +4,13 @@
 
 pub mod check;
 pub mod common;
+pub mod compact;
 pub mod convert;
 pub mod cpd;
 pub mod distributed;
+pub mod errors;
 pub mod generate;
 pub mod info;
 pub mod mttkrp;
+pub mod preflight;
 pub mod tune;

@@ -26,13 +26,13 @@ pub struct MttkrpArgs {
     #[command(flatten)]
     pub input: InputArgs,
     /// Number of columns of the factor matrices.
-    #[arg(long, short, default_value_t = 32)]
+    #[arg(long, short, default_value_t = 32, allow_negative_numbers = true)]
     pub rank: usize,
     /// `all`, or one mode numbered from 1.
     #[arg(long, default_value = "all")]
     pub mode: String,
     /// Timed runs per mode (after one warm-up run); the median is reported.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
     pub repeat: usize,
     #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
     pub backend: BackendChoice,
@@ -51,6 +51,10 @@ pub struct MttkrpArgs {
     /// Also compare each mode with the f64 reference (slow on big tensors).
     #[arg(long)]
     pub verify: bool,
+    /// Relabel each mode to the indices that occur first (as `kruskal cpd
+    /// --compact`): for dimensions far larger than the indices used.
+    #[arg(long)]
+    pub compact: bool,
     /// Worker threads (default: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
@@ -61,7 +65,11 @@ pub struct MttkrpArgs {
 pub fn run(args: MttkrpArgs) -> Result<()> {
     set_threads(args.threads)?;
     args.multi.check_used(false)?;
-    let loaded = args.input.load()?;
+    let mut loaded = args.input.load()?;
+    if args.compact {
+        // MTTKRP writes no factors, so the map back is not needed.
+        super::compact::compact_tensor(&mut loaded, args.json, false)?;
+    }
     let reports = measure(&args, &loaded)?;
     finish(&reports, args.json, "MTTKRP")
 }
@@ -88,6 +96,12 @@ pub fn measure(args: &MttkrpArgs, loaded: &Loaded) -> Result<Vec<serde_json::Val
             ),
         }
     };
+    let mut need = kruskal_cpd::memory::mttkrp_need(t.dims(), t.nnz(), args.rank);
+    if args.backend == BackendChoice::Gpu || args.multi.gpus.is_some() {
+        // On GPUs the host holds the factors (made here, then uploaded).
+        need.parts.truncate(1);
+    }
+    super::preflight::check_host_memory(&need, t, Some("--compact"))?;
     if let Some(ordinals) = args.multi.ordinals()? {
         return Ok(vec![run_group(args, loaded, &modes, &ordinals)?]);
     }

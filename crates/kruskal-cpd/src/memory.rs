@@ -1,0 +1,299 @@
+//! How much memory a decomposition needs, before anything sized by a
+//! dimension is allocated.
+//!
+//! Dimensions are `u32`, so a three-line file whose largest index is three
+//! billion is a legal tensor whose factors alone take 12 GB per column of
+//! f32. Allocating first and failing later means the out-of-memory killer
+//! ends the process without a word; these estimates let a caller (the
+//! program, the Python bindings) refuse with the numbers instead. They are
+//! pure functions of the shape, so they cost nothing and are tested here.
+
+use std::fmt;
+
+use kruskal_device::flycoo::element_stride;
+
+/// Rows one task of the CPU's dense steps widens to f64 at a time (as in
+/// the CPU backend).
+const DENSE_BLOCK_ROWS: u64 = 4096;
+
+/// A memory estimate: its parts, largest first when printed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryNeed {
+    /// What each part is for, and its bytes.
+    pub parts: Vec<(&'static str, u64)>,
+}
+
+impl MemoryNeed {
+    /// Bytes of all parts.
+    pub fn total(&self) -> u64 {
+        self.parts
+            .iter()
+            .map(|&(_, b)| b)
+            .fold(0, u64::saturating_add)
+    }
+}
+
+impl fmt::Display for MemoryNeed {
+    /// `48.1 GiB (factors 22.4 GiB, MTTKRP outputs 22.4 GiB, ...)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = self.parts.clone();
+        parts.sort_by_key(|p| std::cmp::Reverse(p.1));
+        let shown: Vec<String> = parts
+            .iter()
+            .filter(|&&(_, b)| b > 0)
+            .map(|&(name, b)| format!("{name} {}", bytes_text(b)))
+            .collect();
+        write!(f, "{} ({})", bytes_text(self.total()), shown.join(", "))
+    }
+}
+
+/// `12.3 GiB`, `45.6 MiB` or `789 bytes`.
+pub fn bytes_text(bytes: u64) -> String {
+    const MIB: f64 = (1u64 << 20) as f64;
+    const GIB: f64 = (1u64 << 30) as f64;
+    let b = bytes as f64;
+    if b >= GIB {
+        format!("{:.1} GiB", b / GIB)
+    } else if b >= MIB {
+        format!("{:.1} MiB", b / MIB)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+/// Factor rows of all modes (the sum of the dimensions).
+fn rows(dims: &[u32]) -> u64 {
+    dims.iter().map(|&d| u64::from(d)).sum()
+}
+
+/// What a CPD-ALS run on the CPU allocates besides the tensor it was given
+/// (already in memory): the factors (f32, `dims[m] x rank` per mode), one
+/// MTTKRP output per mode (the same shape), the returned model (normalized
+/// into a copy of the factors while the outputs are still held), the
+/// engine's per-mode copies
+/// of the tensor (indices of the other modes, value, output row and a
+/// segment pointer per nonzero, and the 16-byte sort keys while one copy
+/// is built), the dense steps' f64 blocks (one per thread) and, with
+/// several starts, the best model kept while the next start runs.
+///
+/// Cost: O(modes). Every CPU engine stays within the sorted engine's
+/// per-mode copies, which this counts.
+pub fn cpu_need(
+    dims: &[u32],
+    nnz: usize,
+    rank: usize,
+    threads: usize,
+    starts: usize,
+) -> MemoryNeed {
+    let nmodes = dims.len() as u64;
+    let nnz = nnz as u64;
+    let rank = rank as u64;
+    let factor_bytes = rows(dims).saturating_mul(rank).saturating_mul(4);
+    let per_copy = nnz.saturating_mul(4 * nmodes + 12);
+    let copies = per_copy
+        .saturating_mul(nmodes)
+        .saturating_add(nnz.saturating_mul(16));
+    let dense = (threads.max(1) as u64 * DENSE_BLOCK_ROWS * 16)
+        .saturating_mul(rank)
+        .saturating_add(
+            nmodes
+                .saturating_mul(rank)
+                .saturating_mul(rank)
+                .saturating_mul(8),
+        );
+    MemoryNeed {
+        parts: vec![
+            ("factors", factor_bytes),
+            ("MTTKRP outputs", factor_bytes),
+            ("model copy", factor_bytes),
+            ("tensor copies", copies),
+            ("dense steps", dense),
+            ("best model kept", if starts > 1 { factor_bytes } else { 0 }),
+        ],
+    }
+}
+
+/// What the single-GPU backend allocates on the device: two FLYCOO copies
+/// of the tensor (the largest of its candidate formats), the factors and
+/// one MTTKRP output per mode. This is the estimate `--backend auto`
+/// compares with the GPU's free memory.
+pub fn gpu_need(dims: &[u32], nnz: usize, rank: usize) -> MemoryNeed {
+    let factor_bytes = rows(dims).saturating_mul(rank as u64).saturating_mul(4);
+    let copies = (nnz as u64).saturating_mul(element_stride(dims.len()) as u64 * 8);
+    MemoryNeed {
+        parts: vec![
+            ("two FLYCOO copies", copies),
+            ("factors", factor_bytes),
+            ("MTTKRP outputs", factor_bytes),
+        ],
+    }
+}
+
+/// What an MTTKRP of every mode allocates on the CPU: the factors (the
+/// first part, also what the host holds for a GPU run), one output (the
+/// largest mode's; `kruskal mttkrp` reuses it per mode) and the engine's
+/// copies of the tensor.
+pub fn mttkrp_need(dims: &[u32], nnz: usize, rank: usize) -> MemoryNeed {
+    let cpd = cpu_need(dims, nnz, rank, 1, 1);
+    let largest = dims.iter().copied().max().map_or(0, u64::from);
+    let output = largest.saturating_mul(rank as u64).saturating_mul(4);
+    let factors = cpd.parts[0].1;
+    MemoryNeed {
+        parts: vec![
+            ("factors", factors),
+            ("MTTKRP output", output),
+            ("tensor copies", cpd.parts[3].1),
+        ],
+    }
+}
+
+/// What counting the nonzeros of every index of a mode takes (one u64
+/// per index and thread, as `SparseTensor::mode_counts` and the partition
+/// plans of `kruskal info --kappa/--gpus` do), for the largest mode.
+pub fn counts_need(dims: &[u32], threads: usize) -> MemoryNeed {
+    let largest = dims.iter().copied().max().map_or(0, u64::from);
+    MemoryNeed {
+        parts: vec![(
+            "per-index counts",
+            largest
+                .saturating_mul(8)
+                .saturating_mul(threads.max(1) as u64 + 1),
+        )],
+    }
+}
+
+/// Bytes of the `.npy` files of a model with these dimensions (f32
+/// factors, f64 lambda), headers included: what writing it needs on disk.
+pub fn model_file_bytes(dims: &[u32], rank: usize) -> u64 {
+    const HEADER: u64 = 128;
+    let rank = rank as u64;
+    rows(dims)
+        .saturating_mul(rank)
+        .saturating_mul(4)
+        .saturating_add(rank.saturating_mul(8))
+        .saturating_add(HEADER * (dims.len() as u64 + 1))
+}
+
+/// The modes whose dimension is far larger than the number of distinct
+/// indices that occur in them (`occurring[m]`): there most factor rows
+/// are zero, and relabeling the mode (`--compact`) saves almost all of
+/// its memory. "Far" is more than twice, and at least a million rows
+/// saved, so small tensors with a few empty slices are not flagged.
+pub fn sparse_modes(dims: &[u32], occurring: &[u64]) -> Vec<usize> {
+    dims.iter()
+        .zip(occurring)
+        .enumerate()
+        .filter(|&(_, (&dim, &n))| {
+            let dim = u64::from(dim);
+            dim > 2 * n && dim - n >= 1 << 20
+        })
+        .map(|(m, _)| m)
+        .collect()
+}
+
+/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
+pub fn parse_meminfo(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let mut words = line.split_whitespace().skip(1);
+    let kib: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") | None => Some(kib * 1024),
+        Some(_) => None,
+    }
+}
+
+/// The memory the kernel says can be allocated without swapping
+/// (`MemAvailable` in `/proc/meminfo`); `None` where that file is missing
+/// (not Linux) or unreadable, and callers then skip the check.
+pub fn available_bytes() -> Option<u64> {
+    parse_meminfo(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn factors_and_outputs_scale_with_the_dimensions() {
+        // A 3-line file with index 3e9: the factors dominate.
+        let need = cpu_need(&[3_000_000_000, 2, 3], 3, 10, 2, 1);
+        let factors = (3_000_000_005u64) * 10 * 4;
+        assert_eq!(need.parts[0], ("factors", factors));
+        assert_eq!(need.parts[1], ("MTTKRP outputs", factors));
+        assert_eq!(need.parts[2], ("model copy", factors));
+        assert!(need.total() > 3 * factors && need.total() < 3 * factors + (1 << 30));
+        let text = need.to_string();
+        assert!(
+            text.starts_with(
+                "335.3 GiB (factors 111.8 GiB, MTTKRP outputs 111.8 GiB, model copy 111.8 GiB"
+            ),
+            "{text}"
+        );
+        // Parts of 0 bytes are not printed.
+        assert!(!text.contains("best model"), "{text}");
+    }
+
+    #[test]
+    fn tensor_copies_scale_with_the_nonzeros() {
+        let small = cpu_need(&[100, 100, 100], 1_000, 8, 1, 1);
+        let big = cpu_need(&[100, 100, 100], 1_000_000, 8, 1, 1);
+        assert_eq!(small.parts[3].1 * 1000, big.parts[3].1);
+        // Three copies of 3 x 4 + 12 bytes, plus the sort keys.
+        assert_eq!(big.parts[3].1, 1_000_000 * (3 * 24 + 16));
+        let starts = cpu_need(&[100, 100, 100], 1_000, 8, 1, 3);
+        assert_eq!(starts.total() - small.total(), 300 * 8 * 4);
+    }
+
+    #[test]
+    fn gpu_need_is_the_backends_estimate() {
+        let t = kruskal_formats::generate::power_law(
+            &kruskal_formats::generate::PowerLawSpec::new(vec![1000, 2000, 3000], 5_000),
+        )
+        .unwrap();
+        let need = gpu_need(t.dims(), t.nnz(), 16);
+        assert_eq!(need.total(), crate::gpu::required_bytes(&t, 16) as u64);
+        assert!(need.total() > 2 * 6000 * 16 * 4);
+    }
+
+    #[test]
+    fn huge_shapes_saturate_instead_of_overflowing() {
+        let need = cpu_need(&[u32::MAX; 64], usize::MAX, usize::MAX / 2, 1, 2);
+        assert_eq!(need.total(), u64::MAX);
+    }
+
+    #[test]
+    fn sparse_modes_are_the_ones_compacting_helps() {
+        let dims = [3_000_000_000, 2_000_000, 50];
+        assert_eq!(sparse_modes(&dims, &[3, 1_500_000, 2]), vec![0]);
+        assert!(sparse_modes(&[100, 100], &[1, 1]).is_empty());
+    }
+
+    #[test]
+    fn meminfo_is_read_in_bytes() {
+        let text =
+            "MemTotal:       24576000 kB\nMemFree:         1000 kB\nMemAvailable:   20000000 kB\n";
+        assert_eq!(parse_meminfo(text), Some(20_000_000 * 1024));
+        assert_eq!(parse_meminfo("MemTotal: 1 kB\n"), None);
+        assert_eq!(parse_meminfo("MemAvailable: lots kB\n"), None);
+        assert!(available_bytes().is_none_or(|b| b > 0));
+    }
+
+    #[test]
+    fn counts_take_a_u64_per_index_and_thread() {
+        let need = counts_need(&[3_000_000_000, 5], 2);
+        assert_eq!(need.total(), 3_000_000_000 * 8 * 3);
+        assert!(
+            need.to_string().contains("per-index counts 67.1 GiB"),
+            "{need}"
+        );
+    }
+
+    #[test]
+    fn model_files_hold_every_row() {
+        let bytes = model_file_bytes(&[20_000_000, 3, 4], 2);
+        assert!((20_000_007 * 8..20_000_007 * 8 + 1024).contains(&bytes));
+        assert_eq!(bytes_text(1536 << 20), "1.5 GiB");
+        assert_eq!(bytes_text(3 << 20), "3.0 MiB");
+        assert_eq!(bytes_text(100), "100 bytes");
+    }
+}

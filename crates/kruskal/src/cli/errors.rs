@@ -1,0 +1,100 @@
+//! How the program prints an error: one line, each cause once, with advice
+//! that fits the command.
+
+use kruskal_device::DeviceError;
+
+/// The error's chain as one line, outermost context first. A cause whose
+/// text its parent already printed is skipped: many error types (ours,
+/// std's, cudarc's) both name their source in their message and return it
+/// from `source()`, and printing every link would say each of them twice
+/// (`Is a directory (os error 21): Is a directory (os error 21)`).
+pub fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+/// True when the error says no GPU can be used at all (no CUDA library,
+/// no device), where the advice depends on the command that was run.
+pub fn is_no_gpu(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<DeviceError>(),
+            Some(DeviceError::MissingLibrary { .. } | DeviceError::NoDevice { .. })
+        )
+    })
+}
+
+/// What to do instead when `command` (the subcommand's name) found no
+/// usable GPU.
+pub fn no_gpu_advice(command: &str) -> &'static str {
+    match command {
+        "cpd" | "mttkrp" => "install the NVIDIA driver, or use --backend cpu",
+        "info" => "install the NVIDIA driver; without --gpu, info shows the tensor",
+        "check" => "install the NVIDIA driver; without --gpu, check tests the CPU engines",
+        _ => "install the NVIDIA driver; this needs a CUDA GPU",
+    }
+}
+
+/// The line the program prints for an error of `command`.
+pub fn report(command: &str, e: &anyhow::Error) -> String {
+    let line = error_line(e);
+    if is_no_gpu(e) {
+        format!("{line}; {}", no_gpu_advice(command))
+    } else {
+        line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anyhow::Context;
+
+    #[test]
+    fn a_cause_already_in_its_parents_message_is_said_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::IsADirectory, "Is a directory");
+        let e = kruskal_formats::FormatError::Io {
+            path: "/tmp/x".into(),
+            source: io,
+        };
+        let e = anyhow::Error::new(e);
+        assert_eq!(error_line(&e), "/tmp/x: Is a directory");
+        let e = e.context("reading the tensor");
+        assert_eq!(error_line(&e), "reading the tensor: /tmp/x: Is a directory");
+    }
+
+    #[test]
+    fn distinct_causes_are_all_kept() {
+        let e = Err::<(), _>(std::io::Error::other("disk full"))
+            .context("writing mode-1.npy")
+            .unwrap_err();
+        assert_eq!(error_line(&e), "writing mode-1.npy: disk full");
+    }
+
+    #[test]
+    fn no_gpu_advice_fits_the_command() {
+        let e = anyhow::Error::new(DeviceError::NoDevice {
+            ordinal: 0,
+            count: 0,
+        });
+        let cpd = report("cpd", &e);
+        assert!(cpd.ends_with("use --backend cpu"), "{cpd}");
+        for command in ["info", "check"] {
+            let line = report(command, &e);
+            assert!(!line.contains("--backend"), "{line}");
+            assert!(line.contains("without --gpu"), "{line}");
+        }
+        let other = anyhow::anyhow!("something else");
+        assert_eq!(report("cpd", &other), "something else");
+    }
+}

@@ -1,0 +1,266 @@
+//! Checks made before the work starts, so a run that cannot finish fails
+//! in its first second rather than after hours: the memory the run needs
+//! against what the machine has, the output directory, the disk space for
+//! the model, and warnings about legal but doubtful runs.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Result, bail};
+use kruskal_cpd::memory::{
+    MemoryNeed, available_bytes, bytes_text, model_file_bytes, sparse_modes,
+};
+use kruskal_formats::SparseTensor;
+
+use super::common::thousands;
+
+/// Refuses, in one line, a run that needs more host memory than the
+/// machine has available: the need with its parts, `MemAvailable`, and,
+/// where a mode's dimension dwarfs the indices that occur in it, which
+/// modes and that `compact_flag` relabels them (when the command has
+/// one). Does nothing where the available memory cannot be read.
+pub fn check_host_memory(
+    need: &MemoryNeed,
+    t: &SparseTensor,
+    compact_flag: Option<&str>,
+) -> Result<()> {
+    let Some(available) = available_bytes() else {
+        return Ok(());
+    };
+    if need.total() <= available {
+        return Ok(());
+    }
+    bail!(
+        "the run needs {need} and {} are available (MemAvailable){}",
+        bytes_text(available),
+        compact_flag.map_or(String::new(), |flag| compact_hint(t, flag))
+    )
+}
+
+/// `; mode 1 has dimension 3,000,000,000 but 3 indices occur: --compact
+/// relabels ...`, or nothing when every mode is dense enough.
+fn compact_hint(t: &SparseTensor, compact_flag: &str) -> String {
+    // Per-mode statistics cost no memory sized by a dimension where it
+    // dwarfs the nonzeros.
+    let occurring: Vec<u64> = t.stats().modes.iter().map(|m| m.nonempty_slices).collect();
+    let modes = sparse_modes(t.dims(), &occurring);
+    if modes.is_empty() {
+        return String::new();
+    }
+    let listed: Vec<String> = modes
+        .iter()
+        .map(|&m| {
+            format!(
+                "mode {} has dimension {} but {} indices occur",
+                m + 1,
+                thousands(u64::from(t.dims()[m])),
+                thousands(occurring[m])
+            )
+        })
+        .collect();
+    format!(
+        "; {}: {compact_flag} relabels each mode to the indices that occur",
+        listed.join(", ")
+    )
+}
+
+/// Prints each warning of [`kruskal_cpd::warnings`] on stderr, one line
+/// each.
+pub fn print_warnings(t: &SparseTensor, rank: usize, iters: usize) {
+    for line in kruskal_cpd::warnings(t, rank, iters) {
+        eprintln!("kruskal: warning: {line}");
+    }
+}
+
+/// The `--out` directory, checked before the run: it is a directory (or
+/// can be created as one) where a file can be written, and no model file
+/// name in it is taken by a directory. Directories created for the check
+/// are removed again unless [`keep`](OutDir::keep) is called, so a run
+/// that fails leaves nothing behind.
+pub struct OutDir {
+    path: PathBuf,
+    /// Directories this check created, outermost first.
+    created: Vec<PathBuf>,
+    kept: bool,
+}
+
+impl OutDir {
+    /// Checks `path` for a model of `nmodes` modes; creates it (and its
+    /// missing parents) if needed.
+    pub fn prepare(path: &Path, nmodes: usize) -> Result<OutDir> {
+        let shown = path.display();
+        if path.exists() && !path.is_dir() {
+            bail!("--out {shown}: exists and is not a directory");
+        }
+        let mut missing = Vec::new();
+        let mut p = Some(path);
+        while let Some(dir) = p.filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+            missing.push(dir.to_path_buf());
+            p = dir.parent();
+        }
+        missing.reverse();
+        let mut out = OutDir {
+            path: path.to_path_buf(),
+            created: Vec::new(),
+            kept: false,
+        };
+        for dir in missing {
+            if let Err(e) = std::fs::create_dir(&dir) {
+                bail!("--out {shown}: cannot create {}: {e}", dir.display());
+            }
+            out.created.push(dir);
+        }
+        for name in model_names(nmodes) {
+            if path.join(&name).is_dir() {
+                bail!("--out {shown}: {name} is a directory; cannot write the model there");
+            }
+        }
+        // Only writing tells: permissions, read-only mounts, ACLs.
+        let probe = path.join(format!(".kruskal-write-check-{}", std::process::id()));
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&probe)
+        {
+            Ok(_) => {
+                let _ = std::fs::remove_file(&probe);
+            }
+            Err(e) => bail!("--out {shown}: cannot write there: {e}"),
+        }
+        Ok(out)
+    }
+
+    /// [`prepare`](Self::prepare) for a model of these dimensions and
+    /// rank, and [`check_space`](Self::check_space) for its files.
+    pub fn for_model(path: &Path, dims: &[u32], rank: usize) -> Result<OutDir> {
+        let out = OutDir::prepare(path, dims.len())?;
+        out.check_space(model_file_bytes(dims, rank))?;
+        Ok(out)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The run succeeded: keep the directory.
+    pub fn keep(mut self) {
+        self.kept = true;
+    }
+
+    /// Refuses a model of `bytes` (see
+    /// [`kruskal_cpd::memory::model_file_bytes`]) when the file system of
+    /// the directory has less free space. Does nothing where the free space
+    /// cannot be read.
+    pub fn check_space(&self, bytes: u64) -> Result<()> {
+        let Some(free) = free_disk_bytes(&self.path) else {
+            return Ok(());
+        };
+        if bytes > free {
+            bail!(
+                "--out {}: the model needs {} on disk and {} are free there",
+                self.path.display(),
+                bytes_text(bytes),
+                bytes_text(free)
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for OutDir {
+    fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
+        // Innermost first; `remove_dir` only removes empty directories, so
+        // nothing the user put there meanwhile is lost.
+        for dir in self.created.iter().rev() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// The files of a model directory.
+fn model_names(nmodes: usize) -> Vec<String> {
+    std::iter::once("lambda.npy".to_string())
+        .chain((1..=nmodes).map(|m| format!("mode-{m}.npy")))
+        .collect()
+}
+
+/// Bytes an unprivileged user can still write on the file system holding
+/// `path` (statvfs's available blocks).
+#[cfg(unix)]
+pub fn free_disk_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c_path` is a NUL-terminated string that outlives the call and
+    // `stat` points to writable memory of the struct's size; statvfs writes
+    // it fully when it returns 0, and only then is it read.
+    let rc = unsafe { libc::statvfs(c_path.as_ptr(), stat.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: initialized by the successful call above.
+    let stat = unsafe { stat.assume_init() };
+    // The field types differ between platforms (u32 on some, u64 here).
+    #[allow(clippy::unnecessary_cast)]
+    Some((stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64))
+}
+
+#[cfg(not(unix))]
+pub fn free_disk_bytes(_path: &Path) -> Option<u64> {
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_directory_is_removed_unless_kept() {
+        let root = tempfile::tempdir().unwrap();
+        let out = root.path().join("a/b");
+        {
+            let dir = OutDir::prepare(&out, 3).unwrap();
+            assert!(dir.path().is_dir());
+        }
+        assert!(!root.path().join("a").exists());
+        OutDir::prepare(&out, 3).unwrap().keep();
+        assert!(out.is_dir());
+        // An existing directory is never removed.
+        drop(OutDir::prepare(&out, 3).unwrap());
+        assert!(out.is_dir());
+    }
+
+    #[test]
+    fn files_and_taken_names_are_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let file = root.path().join("f");
+        std::fs::write(&file, b"x").unwrap();
+        let e = OutDir::prepare(&file, 2).err().unwrap().to_string();
+        assert!(e.contains("not a directory"), "{e}");
+        std::fs::create_dir_all(root.path().join("m/mode-2.npy")).unwrap();
+        let e = OutDir::prepare(&root.path().join("m"), 2)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("mode-2.npy is a directory"), "{e}");
+        // Below a file nothing can be created.
+        let e = OutDir::prepare(&file.join("sub"), 2)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("cannot create"), "{e}");
+    }
+
+    #[test]
+    fn free_space_is_read_and_checked() {
+        let root = tempfile::tempdir().unwrap();
+        let free = free_disk_bytes(root.path()).unwrap();
+        assert!(free > 0);
+        let dir = OutDir::prepare(root.path(), 2).unwrap();
+        assert!(dir.check_space(1).is_ok());
+        let e = dir.check_space(u64::MAX).unwrap_err().to_string();
+        assert!(e.contains("free there"), "{e}");
+    }
+}
