@@ -44,7 +44,9 @@ for t in nell-2:20M nell-1:100M; do
   for f in "$base.tns" "$base-shuffled.tns" "$base.ktns" "$base-v1.ktns" "$base-shuffled-v1.ktns"; do
     "$K" info "$f" --json 2>/dev/null | python3 -c '
 import json, sys
-r = json.load(sys.stdin); f = sys.argv[1].rsplit("/", 1)[-1]
-print(f"| {f} | {r[\"nnz\"]:,} | {r[\"load_s\"]:.2f} | {r[\"coalesce_s\"]:.3f} | {100 * r[\"coalesce_s\"] / r[\"load_s\"]:.0f}% |")' "$f"
+r = json.load(sys.stdin)
+f = sys.argv[1].rsplit("/", 1)[-1]
+nnz, load, co = r["nnz"], r["load_s"], r["coalesce_s"]
+print(f"| {f} | {nnz:,} | {load:.2f} | {co:.3f} | {100 * co / load:.0f}% |")' "$f"
   done
 done

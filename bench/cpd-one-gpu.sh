@@ -13,7 +13,7 @@ set -euo pipefail
 K=${1:-kruskal}
 D=${2:-/tmp}
 RANKS=${3:-"16 32 64"}
-CPU_RANKS=${4:-"32"}
+CPU_RANKS=${4-32}
 tensors="nell-2:76.9M nell-1:100M delicious-4d:100M vast-5d:26M"
 for t in $tensors; do
   name=${t%%:*}; nnz=${t##*:}

@@ -368,16 +368,12 @@ pub(crate) fn read_binary_with(path: &Path, chunk: usize) -> Result<(SparseTenso
         return Err(corrupt("checksum mismatch: file is corrupt".into()));
     }
     let holds = |e: FormatError| corrupt(format!("the file holds an {e}"));
-    let start = std::time::Instant::now();
-    let (t, merged) = if distinct {
-        (
-            SparseTensor::new_distinct(dims, indices, values).map_err(holds)?,
-            0,
-        )
+    if distinct {
+        let t = SparseTensor::new_distinct(dims, indices, values).map_err(holds)?;
+        Ok((t, 0, 0.0))
     } else {
-        SparseTensor::new_with_merged(dims, indices, values).map_err(holds)?
-    };
-    Ok((t, merged, start.elapsed().as_secs_f64()))
+        SparseTensor::new_timed(dims, indices, values).map_err(holds)
+    }
 }
 
 /// Reads `n` four-byte elements starting at `offset`, in parallel chunks,

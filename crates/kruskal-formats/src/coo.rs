@@ -39,14 +39,27 @@ impl SparseTensor {
         indices: Vec<Vec<u32>>,
         values: Vec<f32>,
     ) -> Result<(Self, usize)> {
+        Self::new_timed(dims, indices, values).map(|(t, merged, _)| (t, merged))
+    }
+
+    /// [`SparseTensor::new_with_merged`], also returning the seconds spent
+    /// on repeated coordinates (the order check, and the sort where
+    /// needed), not counting the other checks.
+    pub(crate) fn new_timed(
+        dims: Vec<u32>,
+        indices: Vec<Vec<u32>>,
+        values: Vec<f32>,
+    ) -> Result<(Self, usize, f64)> {
         check(&dims, &indices, &values)?;
+        let start = std::time::Instant::now();
         let c = coalesce::coalesce(&dims, indices, values).map_err(FormatError::Invalid)?;
+        let seconds = start.elapsed().as_secs_f64();
         let t = SparseTensor {
             dims,
             indices: c.indices,
             values: c.values,
         };
-        Ok((t, c.merged))
+        Ok((t, c.merged, seconds))
     }
 
     /// Builds a tensor whose coordinates the caller knows to be distinct

@@ -742,11 +742,10 @@ impl Columns {
             }
             self.values
         };
-        let start = std::time::Instant::now();
-        let (t, merged) = SparseTensor::new_with_merged(dims, self.indices, values)
+        let (t, merged, seconds) = SparseTensor::new_timed(dims, self.indices, values)
             .map_err(|e| FormatError::file(path, e.to_string()))?;
         report.merged = merged;
-        report.coalesce_s = start.elapsed().as_secs_f64();
+        report.coalesce_s = seconds;
         Ok((t, report))
     }
 }

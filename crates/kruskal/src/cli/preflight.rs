@@ -67,7 +67,7 @@ fn compact_hint(t: &SparseTensor, compact_flag: &str) -> String {
 /// each.
 pub fn print_warnings(t: &SparseTensor, rank: usize, iters: usize) {
     for line in kruskal_cpd::warnings(t, rank, iters) {
-        eprintln!("kruskal: warning: {line}");
+        super::common::warn(&line);
     }
 }
 
