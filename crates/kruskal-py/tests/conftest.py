@@ -40,9 +40,11 @@ def small_tensors():
         ("random-4mode", *random_sparse((12, 10, 9, 8), 500, seed=4)),
         ("repeated-coordinates", *random_sparse((20, 18, 15), 400, seed=5, repeats=80)),
     ]
-    small = DATA / "splatt-small.tns"
-    if small.exists():
-        out.append(("splatt-small", *read_tns(small)))
+    # Real tensors (the second with repeated coordinates: 3,010 of its
+    # nonzeros are split over several lines), once `data/` is here.
+    for name in ("splatt-small.tns", "splatt-med-repeats.tns.gz"):
+        if (DATA / name).exists():
+            out.append((name, *read_tns(DATA / name)))
     return out
 
 
