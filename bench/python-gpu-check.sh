@@ -10,9 +10,10 @@
 #
 #   cargo xtask bundle            # the release kruskal into gpu-run/
 #   python3 -m venv /tmp/mat && /tmp/mat/bin/pip install "maturin>=1.9,<2"
-#   /tmp/mat/bin/maturin build --release -m crates/kruskal-py/Cargo.toml -o gpu-run/
+#   /tmp/mat/bin/maturin build --release --strip -m crates/kruskal-py/Cargo.toml -o gpu-run/
 #
-# (one abi3 wheel, kruskal-*-cp39-abi3-*.whl, serves every CPython >= 3.9).
+# (one abi3 wheel, kruskal-*-cp39-abi3-*.whl, about 2 MB stripped, serves
+# every CPython >= 3.9).
 # Then on the GPU machine, from the repository root with gpu-run/ carried:
 #
 #   bash bench/python-gpu-check.sh [NNZ] [RANK] [ITERS]
