@@ -143,6 +143,9 @@ def test_bad_arguments_raise_value_error():
         (dict(rank=2, init=[np.ones((6, 2)), np.ones((5, 2)), np.ones((3, 2))]), "mode 3"),
         (dict(rank=3, init=[np.ones((6, 2)), np.ones((5, 2)), np.ones((4, 2))]), "rank 2"),
         (dict(rank=2, init="nvecs"), "init"),
+        (dict(rank=2, init=[np.ones((d, 2)) for d in (6, 5, 4)], starts=2), "starts"),
+        (dict(rank=2, gpus=0), "gpus"),
+        (dict(rank=2, init=[np.full((d, 2), np.nan) for d in (6, 5, 4)]), "not finite"),
         (dict(rank=2, dtype=np.int32), "dtype"),
     ]:
         with pytest.raises(ValueError, match=match):
