@@ -555,3 +555,163 @@ fn short_reason(e: &CpdError) -> String {
     }
     parts.join(": ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kruskal_formats::generate::{PlantedSpec, planted};
+
+    fn planted_tensor() -> SparseTensor {
+        let spec = PlantedSpec {
+            dims: vec![40, 30, 20],
+            rank: 3,
+            nnz: 4_000,
+            noise: 0.0,
+            seed: 3,
+        };
+        planted(&spec).unwrap().tensor
+    }
+
+    fn cpu_options(rank: usize) -> DecomposeOptions {
+        let mut opts = DecomposeOptions::new(rank);
+        opts.backend = BackendChoice::Cpu;
+        opts.cpd.max_iters = 60;
+        opts
+    }
+
+    /// Runs `decompose`, recording every event as a short string.
+    fn run(
+        t: &SparseTensor,
+        opts: &DecomposeOptions,
+        stop: &AtomicBool,
+        mut flow: impl FnMut(&Event<'_>) -> ControlFlow<()>,
+    ) -> (Result<Decomposition>, Vec<String>) {
+        let mut seen = Vec::new();
+        let done = decompose(
+            t,
+            opts,
+            &mut |e| {
+                seen.push(match &e {
+                    Event::Note { topic, .. } => format!("note {topic}"),
+                    Event::Step(_) => "step".into(),
+                    Event::Ready { .. } => "ready".into(),
+                    Event::Start { index, seed, .. } => format!("start {index} seed {seed}"),
+                    Event::Iteration(s) => format!("iteration {}", s.iteration),
+                });
+                flow(&e)
+            },
+            stop,
+        );
+        (done, seen)
+    }
+
+    #[test]
+    fn recovers_a_planted_tensor_and_reports_each_step() {
+        let t = planted_tensor();
+        let stop = AtomicBool::new(false);
+        let (done, seen) = run(&t, &cpu_options(3), &stop, |_| ControlFlow::Continue(()));
+        let done = done.unwrap();
+        assert!(done.model.fit() > 0.99, "fit {}", done.model.fit());
+        assert_eq!(done.backend.name(), "cpu");
+        assert!(done.fallback.is_none());
+        let its = done.model.iterations.len();
+        assert_eq!(seen[0], "ready");
+        assert_eq!(seen[1], "start 0 seed 1");
+        assert_eq!(seen.len(), 2 + its);
+        assert_eq!(seen.last().unwrap(), &format!("iteration {its}"));
+        assert_eq!(done.summaries.len(), 1);
+        assert_eq!(done.summaries[0].fit, done.model.fit());
+    }
+
+    #[test]
+    fn keeps_the_best_of_several_starts() {
+        let t = planted_tensor();
+        let mut opts = cpu_options(3);
+        opts.starts = 3;
+        opts.seed = 7;
+        opts.cpd.max_iters = 5;
+        let (done, _) = run(&t, &opts, &AtomicBool::new(false), |_| {
+            ControlFlow::Continue(())
+        });
+        let done = done.unwrap();
+        let seeds: Vec<u64> = done.summaries.iter().map(|s| s.seed).collect();
+        assert_eq!(seeds, [7, 8, 9]);
+        let best = done
+            .summaries
+            .iter()
+            .map(|s| s.fit)
+            .fold(f64::MIN, f64::max);
+        assert_eq!(done.model.fit(), best);
+    }
+
+    #[test]
+    fn the_callback_or_the_flag_stops_after_the_current_iteration() {
+        let t = planted_tensor();
+        let mut opts = cpu_options(3);
+        opts.starts = 2;
+        let stop = AtomicBool::new(false);
+        let (done, seen) = run(&t, &opts, &stop, |e| match e {
+            Event::Iteration(s) if s.iteration == 2 => ControlFlow::Break(()),
+            _ => ControlFlow::Continue(()),
+        });
+        let done = done.unwrap();
+        assert!(done.model.interrupted);
+        assert_eq!(done.model.iterations.len(), 2);
+        // The second start does not run.
+        assert_eq!(done.summaries.len(), 1);
+        assert!(!seen.iter().any(|e| e.starts_with("start 1")));
+
+        stop.store(true, Ordering::SeqCst);
+        let (done, _) = run(&t, &opts, &stop, |_| ControlFlow::Continue(()));
+        let done = done.unwrap();
+        assert!(done.model.interrupted);
+        assert_eq!(done.model.iterations.len(), 1);
+    }
+
+    #[test]
+    fn bad_options_are_refused_before_any_work() {
+        let t = planted_tensor();
+        let stop = AtomicBool::new(false);
+        let refuse = |opts: &DecomposeOptions, needle: &str| {
+            let (done, seen) = run(&t, opts, &stop, |_| ControlFlow::Continue(()));
+            match done {
+                Err(CpdError::Invalid(text)) => assert!(text.contains(needle), "{text}"),
+                Err(e) => panic!("{e}"),
+                Ok(_) => panic!("accepted; expected '{needle}'"),
+            }
+            assert!(!seen.iter().any(|e| e.starts_with("iteration")));
+        };
+        refuse(&cpu_options(0), "--rank must be at least 1");
+        let mut opts = cpu_options(3);
+        opts.kernel = "bogus".into();
+        refuse(&opts, "unknown kernel 'bogus'");
+        opts.kernel = "coo".into();
+        refuse(&opts, "runs on the GPU only");
+        let mut opts = cpu_options(3);
+        opts.starts = 0;
+        refuse(&opts, "--starts must be at least 1");
+        opts.starts = 2;
+        opts.cpd.init = Init::Given(crate::random_factors(t.dims(), 3, 1));
+        refuse(&opts, "cannot be combined with given ones");
+        let mut opts = cpu_options(3);
+        opts.gpus = Some(vec![0]);
+        refuse(&opts, "cannot be combined with --backend cpu");
+    }
+
+    #[test]
+    fn auto_says_why_the_gpu_was_not_used() {
+        if Gpu::count().is_ok_and(|n| n > 0) {
+            return; // the fallback is for machines without a usable GPU
+        }
+        let t = planted_tensor();
+        let mut opts = cpu_options(3);
+        opts.backend = BackendChoice::Auto;
+        opts.cpd.max_iters = 2;
+        let (done, _) = run(&t, &opts, &AtomicBool::new(false), |_| {
+            ControlFlow::Continue(())
+        });
+        let done = done.unwrap();
+        assert_eq!(done.backend.name(), "cpu");
+        assert!(done.fallback.unwrap().contains("CUDA"));
+    }
+}
