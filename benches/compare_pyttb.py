@@ -11,7 +11,8 @@ difference. It exits non-zero if any difference exceeds --max-diff.
         --kruskal target/release/kruskal [--pattern] [--zero-based]
 
 pyttb reports only the final fit, so iteration k's fit comes from a pyttb run
-of k iterations (each run is deterministic from the same start).
+of k iterations (each run is deterministic from the same start). Lines that
+repeat a coordinate are summed on both sides.
 """
 
 import argparse
@@ -28,6 +29,7 @@ import pyttb as ttb
 
 
 def read_tns(path, pattern, zero_based):
+    # loadtxt reads .tns.gz as it is.
     data = np.loadtxt(path, comments="#", ndmin=2)
     if pattern:
         subs, vals = data, np.ones(len(data))
@@ -35,7 +37,9 @@ def read_tns(path, pattern, zero_based):
         subs, vals = data[:, :-1], data[:, -1]
     subs = subs.astype(np.int64) - (0 if zero_based else 1)
     shape = tuple(int(s) + 1 for s in subs.max(axis=0))
-    return ttb.sptensor(subs, vals.reshape(-1, 1), shape)
+    # Lines that repeat a coordinate are one entry, their sum (the Tensor
+    # Toolbox's rule, and kruskal's).
+    return ttb.sptensor.from_aggregator(subs, vals.reshape(-1, 1), shape)
 
 
 def pyttb_fits(x, factors, iters):

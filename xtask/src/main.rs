@@ -232,7 +232,7 @@ fn bundle(dir: &Path, benches: bool) -> Result<()> {
     let rel = dir.strip_prefix(workspace_root()).unwrap_or(&dir).display();
     println!(
         "run there (from the repository root): for t in {rel}/tests/*; do \
-         KRUSKAL_BIN={rel}/kruskal KRUSKAL_TEST_DATA=shared/data $t --include-ignored; done"
+         KRUSKAL_BIN={rel}/kruskal KRUSKAL_TEST_DATA=data $t --include-ignored; done"
     );
     println!(
         "and the benchmark matrix: {rel}/xtask bench --matrix bench/gpu.toml --out $OUT/bench"

@@ -24,17 +24,16 @@ use sha2::{Digest, Sha256};
 /// Where the manifest says the test tensor is, under the mirror.
 const URL_PATH: &str = "tiny/tiny.tns.gz";
 
-/// A 3-mode tensor of 400 nonzeros with integer and fractional values, and
-/// its FROSTT text gzipped.
+/// A 3-mode tensor of 400 nonzeros (distinct coordinates) with integer and
+/// fractional values, and its FROSTT text gzipped.
 fn tensor() -> (SparseTensor, Vec<u8>) {
     let nnz = 400u32;
-    let idx: Vec<Vec<u32>> = (0..3u32)
-        .map(|m| {
-            (0..nnz)
-                .map(|i| (i * (7 + 4 * m) + m) % (30 + 10 * m))
-                .collect()
-        })
-        .collect();
+    // i = 30 q + r gives (r, (31 q + r) mod 40): distinct for q < 40.
+    let idx: Vec<Vec<u32>> = vec![
+        (0..nnz).map(|i| i % 30).collect(),
+        (0..nnz).map(|i| (i / 30 + i) % 40).collect(),
+        (0..nnz).map(|i| (7 * i + 2) % 50).collect(),
+    ];
     let values: Vec<f32> = (0..nnz).map(|i| (i % 9) as f32 * 0.5 + 1.0).collect();
     let mut text = String::from("# a test tensor\n");
     for i in 0..nnz as usize {

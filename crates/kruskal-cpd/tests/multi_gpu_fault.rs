@@ -17,7 +17,12 @@ fn a_failing_gpu_stops_the_group_with_an_error_naming_it() {
     assert!(n >= 1, "no CUDA GPU");
     let gpus: Vec<usize> = (0..n).collect();
     let bad = n - 1;
-    let t = power_law(&PowerLawSpec::new(vec![4_000, 3_000, 2_000], 300_000).with_seed(9)).unwrap();
+    let t = power_law(
+        &PowerLawSpec::new(vec![4_000, 3_000, 2_000], 300_000)
+            .with_draws()
+            .with_seed(9),
+    )
+    .unwrap();
     let opts = GroupOptions {
         timeout: Duration::from_secs(20),
         // The last GPU traps before its fifth MTTKRP (iteration 2, mode 2).

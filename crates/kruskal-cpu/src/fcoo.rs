@@ -474,8 +474,9 @@ mod tests {
 
     #[test]
     fn blocks_cover_nonzeros_and_rows() {
-        let mut spec = PowerLawSpec::new(vec![300, 40, 20], 20_000);
-        spec.exponents = vec![1.2; 3];
+        // Uniform in the other modes, so the hot row's draws are distinct.
+        let mut spec = PowerLawSpec::new(vec![300, 4_000, 2_000], 20_000).with_draws();
+        spec.exponents = vec![1.2, 0.0, 0.0];
         let t = power_law(&spec).unwrap();
         let f = Fcoo::for_mttkrp(&t, 0, 1).unwrap();
         let red = Reduction {
@@ -506,10 +507,8 @@ mod tests {
 
     #[test]
     fn heavy_rows_spanning_many_blocks_are_exact() {
-        // Zipf 1.5 puts about 40% of the nonzeros in one row of every mode.
-        let mut spec = PowerLawSpec::new(vec![200, 150, 100], 50_000);
-        spec.exponents = vec![1.5; 3];
-        let t = power_law(&spec).unwrap();
+        // A third of the nonzeros in one row of every mode.
+        let t = crate::testutil::hot_rows(&[20_000, 15_000, 10_000], 50_000);
         let engine = FcooMttkrp::new(&t, 1).unwrap();
         for mode in 0..3 {
             let f = engine.fcoo(mode).unwrap();
@@ -564,14 +563,14 @@ mod tests {
         let t =
             SparseTensor::new(vec![7], vec![vec![3, 1, 3, 6]], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
         check_all_modes(&t, 1, 2);
-        let mut spec = PowerLawSpec::new(vec![90, 70], 5_000);
+        let mut spec = PowerLawSpec::new(vec![90, 70], 5_000).with_draws();
         spec.exponents = vec![1.3; 2];
         check_all_modes(&power_law(&spec).unwrap(), 1, 8);
     }
 
     #[test]
     fn result_does_not_depend_on_thread_count() {
-        let mut spec = PowerLawSpec::new(vec![300, 200, 100, 50], 40_000);
+        let mut spec = PowerLawSpec::new(vec![300, 200, 100, 50], 40_000).with_draws();
         spec.exponents = vec![1.2; 4];
         let t = power_law(&spec).unwrap();
         let engine = FcooMttkrp::new(&t, 1).unwrap();
@@ -599,7 +598,7 @@ mod tests {
 
     #[test]
     fn shape_and_argument_errors_are_reported() {
-        let t = power_law(&PowerLawSpec::new(vec![5, 4, 3], 20)).unwrap();
+        let t = power_law(&PowerLawSpec::new(vec![5, 4, 3], 20).with_draws()).unwrap();
         assert!(FcooMttkrp::new(&t, 3).is_err());
         assert!(FcooMttkrp::new(&t, 512).is_err());
         let engine = FcooMttkrp::new(&t, FcooMttkrp::DEFAULT_THREADLEN).unwrap();
@@ -634,7 +633,7 @@ mod tests {
             let dims: Vec<u32> = (0..nmodes)
                 .map(|m| 1 + ((dim_seed >> (m * 8)) % 60) as u32)
                 .collect();
-            let mut spec = PowerLawSpec::new(dims, nnz).with_seed(dim_seed);
+            let mut spec = PowerLawSpec::new(dims, nnz).with_draws().with_seed(dim_seed);
             spec.exponents = vec![exponent; nmodes];
             let t = power_law(&spec).unwrap();
             check_all_modes(&t, threadlen, rank);

@@ -598,12 +598,10 @@ mod tests {
 
     #[test]
     fn heavy_groups_are_split_and_still_exact() {
-        // Zipf 1.5 puts ~40% of the nonzeros in one index of every mode, so
-        // that index's block row is far over the default threshold
-        // (2^15 nonzeros here) while most groups are light.
-        let mut spec = PowerLawSpec::new(vec![5_000, 4_000, 3_000], 300_000);
-        spec.exponents = vec![1.5; 3];
-        let t = power_law(&spec).unwrap();
+        // A third of the nonzeros in one index of every mode, so that
+        // index's block row is far over the default threshold (2^15
+        // nonzeros here) while most groups are light.
+        let t = crate::testutil::hot_rows(&[5_000, 4_000, 3_000], 300_000);
         let engine = HicooMttkrp::new(&t, 4).unwrap();
         assert_eq!(engine.split_nnz(), 1 << 15);
         for mode in 0..3 {
@@ -618,19 +616,20 @@ mod tests {
 
     #[test]
     fn cut_points_inside_one_heavy_block() {
-        // All nonzeros in one block: pieces must cut inside it.
+        // All nonzeros in one block: pieces must cut inside it. Every
+        // coordinate of the 10 x 10 x 10 cube once.
         let n = 1_000u32;
         let t = SparseTensor::new(
-            vec![4, 4, 4],
+            vec![10, 10, 10],
             vec![
-                (0..n).map(|k| k % 4).collect(),
-                (0..n).map(|k| (k / 4) % 4).collect(),
-                (0..n).map(|k| (k / 16) % 4).collect(),
+                (0..n).map(|k| k % 10).collect(),
+                (0..n).map(|k| (k / 10) % 10).collect(),
+                (0..n).map(|k| (k / 100) % 10).collect(),
             ],
             (0..n).map(|k| (k % 13) as f32 - 6.0).collect(),
         )
         .unwrap();
-        let engine = HicooMttkrp::with_split_nnz(&t, 2, 300).unwrap();
+        let engine = HicooMttkrp::with_split_nnz(&t, 4, 300).unwrap();
         assert_eq!(engine.hicoo().nblocks(), 1);
         assert_eq!(engine.schedule(0).piece_count(), 4);
         check_schedule(&engine);
@@ -685,7 +684,7 @@ mod tests {
 
     #[test]
     fn result_does_not_depend_on_thread_count() {
-        let mut spec = PowerLawSpec::new(vec![300, 200, 100, 50], 40_000);
+        let mut spec = PowerLawSpec::new(vec![300, 200, 100, 50], 40_000).with_draws();
         spec.exponents = vec![1.3; 4];
         let t = power_law(&spec).unwrap();
         let engine = HicooMttkrp::with_split_nnz(&t, 3, 700).unwrap();
@@ -711,7 +710,7 @@ mod tests {
 
     #[test]
     fn shape_errors_are_reported() {
-        let t = power_law(&PowerLawSpec::new(vec![5, 4, 3], 20)).unwrap();
+        let t = power_law(&PowerLawSpec::new(vec![5, 4, 3], 20).with_draws()).unwrap();
         let mut engine = HicooMttkrp::new(&t, 2).unwrap();
         let mut factors = factors_for(t.dims(), 2, 1);
         let mut out = Array2::zeros((5, 2));
@@ -732,7 +731,7 @@ mod tests {
 
     #[test]
     fn bad_block_bits_are_errors() {
-        let t = power_law(&PowerLawSpec::new(vec![5, 4, 3], 20)).unwrap();
+        let t = power_law(&PowerLawSpec::new(vec![5, 4, 3], 20).with_draws()).unwrap();
         assert!(matches!(
             HicooMttkrp::new(&t, 0),
             Err(CpuError::Format(FormatError::Argument(_)))
@@ -762,7 +761,7 @@ mod tests {
             let dims: Vec<u32> = (0..nmodes)
                 .map(|m| 1 + ((dim_seed >> (m * 9)) % 300) as u32)
                 .collect();
-            let mut spec = PowerLawSpec::new(dims, nnz).with_seed(dim_seed);
+            let mut spec = PowerLawSpec::new(dims, nnz).with_draws().with_seed(dim_seed);
             spec.exponents = vec![exponent; nmodes];
             let t = power_law(&spec).unwrap();
             let engine = HicooMttkrp::with_split_nnz(&t, block_bits, split).unwrap();

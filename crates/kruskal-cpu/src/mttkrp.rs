@@ -478,7 +478,7 @@ mod tests {
     #[test]
     fn heavy_rows_are_split_and_still_exact() {
         // Zipf 1.5 puts ~40% of nonzeros in one row of every mode.
-        let mut spec = PowerLawSpec::new(vec![200, 150, 100], 50_000);
+        let mut spec = PowerLawSpec::new(vec![200, 150, 100], 50_000).with_draws();
         spec.exponents = vec![1.5; 3];
         let t = power_law(&spec).unwrap();
         let engine = CpuMttkrp::with_chunk_nnz(&t, 1_000);
@@ -512,7 +512,8 @@ mod tests {
 
     #[test]
     fn result_does_not_depend_on_thread_count() {
-        let t = power_law(&PowerLawSpec::new(vec![300, 200, 100, 50], 40_000)).unwrap();
+        let t =
+            power_law(&PowerLawSpec::new(vec![300, 200, 100, 50], 40_000).with_draws()).unwrap();
         let engine = CpuMttkrp::with_chunk_nnz(&t, 500);
         let factors = factors_for(t.dims(), 7, 3);
         let run = |threads: usize| {
@@ -531,7 +532,7 @@ mod tests {
 
     #[test]
     fn shape_errors_are_reported() {
-        let t = power_law(&PowerLawSpec::new(vec![5, 4, 3], 20)).unwrap();
+        let t = power_law(&PowerLawSpec::new(vec![5, 4, 3], 20).with_draws()).unwrap();
         let engine = CpuMttkrp::new(&t);
         let mut factors = factors_for(t.dims(), 2, 1);
         let mut out = Array2::zeros((5, 2));
@@ -557,7 +558,7 @@ mod tests {
             let dims: Vec<u32> = (0..nmodes)
                 .map(|m| 1 + ((dim_seed >> (m * 8)) % 60) as u32)
                 .collect();
-            let mut spec = PowerLawSpec::new(dims, nnz).with_seed(dim_seed);
+            let mut spec = PowerLawSpec::new(dims, nnz).with_draws().with_seed(dim_seed);
             spec.exponents = vec![exponent; nmodes];
             let t = power_law(&spec).unwrap();
             let engine = CpuMttkrp::with_chunk_nnz(&t, chunk);

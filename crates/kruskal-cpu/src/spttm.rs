@@ -261,7 +261,7 @@ mod tests {
     fn long_fibers_spanning_many_blocks() {
         // Two short modes and a long one: mode-2 fibers of thousands of
         // nonzeros, many blocks each at threadlen 1.
-        let mut spec = PowerLawSpec::new(vec![3, 2, 5_000], 60_000);
+        let mut spec = PowerLawSpec::new(vec![3, 2, 5_000], 60_000).with_draws();
         spec.exponents = vec![0.5, 0.0, 0.3];
         let t = power_law(&spec).unwrap();
         check_all_modes(&t, 1, 8);
@@ -278,7 +278,7 @@ mod tests {
 
     #[test]
     fn transposed_matrix_is_accepted() {
-        let t = power_law(&PowerLawSpec::new(vec![6, 5, 4], 100)).unwrap();
+        let t = power_law(&PowerLawSpec::new(vec![6, 5, 4], 100).with_draws()).unwrap();
         let u = factors_for(&[4], 3, 2).remove(0);
         let mut ut = Array2::zeros((3, 4));
         ut.assign(&u.t());
@@ -299,7 +299,7 @@ mod tests {
 
     #[test]
     fn result_does_not_depend_on_thread_count() {
-        let mut spec = PowerLawSpec::new(vec![4, 3, 9_000], 50_000);
+        let mut spec = PowerLawSpec::new(vec![4, 3, 9_000], 50_000).with_draws();
         spec.exponents = vec![1.0, 0.5, 0.2];
         let t = power_law(&spec).unwrap();
         let fcoo = Fcoo::for_ttm(&t, 2, 1).unwrap();
@@ -316,7 +316,7 @@ mod tests {
 
     #[test]
     fn shape_errors_are_reported() {
-        let t = power_law(&PowerLawSpec::new(vec![5, 4, 3], 20)).unwrap();
+        let t = power_law(&PowerLawSpec::new(vec![5, 4, 3], 20).with_draws()).unwrap();
         let u = Array2::<f32>::ones((3, 2));
         let wrong_op = Fcoo::for_mttkrp(&t, 2, 8).unwrap();
         let err = spttm(&wrong_op, &u).unwrap_err();
@@ -346,7 +346,7 @@ mod tests {
             let dims: Vec<u32> = (0..nmodes)
                 .map(|m| 1 + ((dim_seed >> (m * 8)) % 60) as u32)
                 .collect();
-            let mut spec = PowerLawSpec::new(dims, nnz).with_seed(dim_seed);
+            let mut spec = PowerLawSpec::new(dims, nnz).with_draws().with_seed(dim_seed);
             spec.exponents = vec![exponent; nmodes];
             let t = power_law(&spec).unwrap();
             check_all_modes(&t, threadlen, rank);

@@ -22,6 +22,38 @@ pub(crate) fn factors_for(dims: &[u32], rank: usize, seed: u64) -> Vec<Array2<f3
         .collect()
 }
 
+/// A tensor with one hot index in every mode: nonzero `k` sits in mode
+/// `k % nmodes`'s index 0, its other indices spread uniformly (hashed from
+/// `k`), so each mode's row 0 holds about `1 / nmodes` of the nonzeros, all
+/// at distinct coordinates, while every other row is light. Values are in
+/// [-1, 1).
+pub(crate) fn hot_rows(dims: &[u32], nnz: usize) -> SparseTensor {
+    let nmodes = dims.len();
+    let hash = |k: usize, m: usize| {
+        let mut x = (k as u64) ^ ((m as u64) << 48);
+        x = (x ^ (x >> 31)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        x = (x ^ (x >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x ^ (x >> 32)
+    };
+    let indices = (0..nmodes)
+        .map(|m| {
+            (0..nnz)
+                .map(|k| {
+                    if k % nmodes == m {
+                        0
+                    } else {
+                        (hash(k, m) % u64::from(dims[m])) as u32
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let values = (0..nnz)
+        .map(|k| (hash(k, nmodes) >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+        .collect();
+    SparseTensor::new(dims.to_vec(), indices, values).expect("valid by construction")
+}
+
 /// Runs `engine` on every mode, in the order given, with outputs poisoned by
 /// NaN (so rows an engine forgets to write show), and checks each result
 /// against the f64 reference: relative Frobenius error below `tol`.
@@ -47,30 +79,26 @@ pub(crate) fn check_engine(
     }
 }
 
-/// The small real tensors of the shared data folder beside the repository
-/// (`KRUSKAL_TEST_DATA` names another). Returns `(name, tensor)`.
-///
-/// A checkout without the folder gets none, with a note on stderr (as the
-/// command-line tests do); a folder that exists must hold every file.
+/// The small real tensors of the repository's `data/` folder
+/// (`KRUSKAL_TEST_DATA` names another). Returns `(name, tensor)`. A
+/// missing folder or file fails the test.
 pub(crate) fn shared_tensors() -> Vec<(String, SparseTensor)> {
     let dir = std::env::var_os("KRUSKAL_TEST_DATA").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"),
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data"),
         PathBuf::from,
     );
-    if !dir.is_dir() {
-        eprintln!(
-            "note: {} not found; skipping the shared tensors",
-            dir.display()
-        );
-        return Vec::new();
-    }
+    assert!(
+        dir.is_dir(),
+        "{} not found: the repository's test tensors are missing",
+        dir.display()
+    );
     let mut out = Vec::new();
     for (name, pattern) in [
         ("splatt-small.tns", false),
-        ("splatt-med.tns", false),
-        ("splatt-med4.tns", false),
-        ("splatt-med5.tns", false),
-        ("kg-jf17k-5mode-novalues.tns", true),
+        ("splatt-med.tns.gz", false),
+        ("splatt-med4.tns.gz", false),
+        ("splatt-med5.tns.gz", false),
+        ("kg-jf17k-5mode-novalues.tns.gz", true),
     ] {
         let path = dir.join(name);
         let opts = ReadOptions {

@@ -274,7 +274,9 @@ mod tests {
         let gpu = Gpu::open(0).expect("a GPU");
         for (nmodes, exponent) in [(3, 1.1), (4, 0.8), (5, 1.3), (6, 0.5)] {
             let dims: Vec<u32> = (0..nmodes).map(|m| 50 + 37 * m as u32).collect();
-            let mut spec = PowerLawSpec::new(dims, 30_000).with_seed(nmodes as u64);
+            let mut spec = PowerLawSpec::new(dims, 30_000)
+                .with_draws()
+                .with_seed(nmodes as u64);
             spec.exponents = vec![exponent; nmodes];
             let t = power_law(&spec).unwrap();
             let mut engine = CooAtomic::new(gpu.clone(), &t).unwrap();

@@ -409,7 +409,7 @@ mod tests {
     #[test]
     fn plan_of_a_hot_row_spanning_blocks() {
         // Zipf 1.5 puts a large part of each mode in one row.
-        let mut spec = PowerLawSpec::new(vec![200, 150, 100], 50_000);
+        let mut spec = PowerLawSpec::new(vec![200, 150, 100], 50_000).with_draws();
         spec.exponents = vec![1.5; 3];
         let t = power_law(&spec).unwrap();
         for threadlen in [1, 8] {
@@ -436,7 +436,7 @@ mod tests {
         assert_eq!(plan.slots(), 0);
         assert_eq!(FcooGpu::device_bytes(&f), 4);
 
-        let t = power_law(&PowerLawSpec::new(vec![50, 40, 30], 10_000)).unwrap();
+        let t = power_law(&PowerLawSpec::new(vec![50, 40, 30], 10_000).with_draws()).unwrap();
         let f = Fcoo::for_mttkrp(&t, 0, 1).unwrap();
         let plan = BlockPlan::new(&f, block_nnz(1));
         assert_eq!(
@@ -468,7 +468,7 @@ mod tests {
             log_threadlen in 0u32..=3,
             seed in any::<u64>(),
         ) {
-            let mut spec = PowerLawSpec::new(vec![rows, 30, 20], nnz).with_seed(seed);
+            let mut spec = PowerLawSpec::new(vec![rows, 30, 20], nnz).with_draws().with_seed(seed);
             spec.exponents = vec![exponent; 3];
             let t = power_law(&spec).unwrap();
             let threadlen = 1 << log_threadlen;
@@ -613,10 +613,12 @@ mod tests {
 
     #[test]
     fn kernel_model_equals_the_f64_reference() {
-        let mut spec = PowerLawSpec::new(vec![120, 90, 60], 30_000);
+        let mut spec = PowerLawSpec::new(vec![120, 90, 60], 30_000).with_draws();
         spec.exponents = vec![1.3; 3];
         let hot = power_law(&spec).unwrap();
-        let mut spec = PowerLawSpec::new(vec![400, 30, 50, 20], 9_000).with_seed(5);
+        let mut spec = PowerLawSpec::new(vec![400, 30, 50, 20], 9_000)
+            .with_draws()
+            .with_seed(5);
         spec.exponents = vec![0.7; 4];
         let cold = power_law(&spec).unwrap();
         for (t, threadlens) in [(&hot, &[1usize, 2, 8][..]), (&cold, &[1, 4][..])] {
@@ -682,7 +684,7 @@ mod tests {
             5,
             "one mode",
         );
-        let mut spec = PowerLawSpec::new(vec![90, 70], 5_000);
+        let mut spec = PowerLawSpec::new(vec![90, 70], 5_000).with_draws();
         spec.exponents = vec![1.3; 2];
         let t = power_law(&spec).unwrap();
         check_engine(

@@ -380,7 +380,9 @@ mod tests {
         let gpu = Gpu::open(0).expect("a GPU");
         for (nmodes, exponent, kappa) in [(3, 1.3, 7), (4, 0.8, 64), (5, 1.5, 33), (6, 0.5, 1)] {
             let dims: Vec<u32> = (0..nmodes).map(|m| 40 + 31 * m as u32).collect();
-            let mut spec = PowerLawSpec::new(dims, 40_000).with_seed(nmodes as u64);
+            let mut spec = PowerLawSpec::new(dims, 40_000)
+                .with_draws()
+                .with_seed(nmodes as u64);
             spec.exponents = vec![exponent; nmodes];
             let t = power_law(&spec).unwrap();
             let (f, summaries) = build_flycoo(&t, &LayoutOptions::new(kappa)).unwrap();

@@ -1742,7 +1742,7 @@ mod tests {
     #[test]
     fn bad_groups_are_errors_not_panics() {
         let t = kruskal_formats::generate::power_law(
-            &kruskal_formats::generate::PowerLawSpec::new(vec![20, 30, 40], 500),
+            &kruskal_formats::generate::PowerLawSpec::new(vec![20, 30, 40], 500).with_draws(),
         )
         .unwrap();
         let opts = GroupOptions::default();

@@ -432,7 +432,7 @@ mod tests {
 
     #[test]
     fn schedule_splits_hot_groups_only() {
-        let mut spec = PowerLawSpec::new(vec![300, 200, 100], 30_000);
+        let mut spec = PowerLawSpec::new(vec![300, 200, 100], 30_000).with_draws();
         spec.exponents = vec![1.3; 3];
         let t = power_law(&spec).unwrap();
         let h = Hicoo::new(&t, 4).unwrap();
@@ -481,7 +481,7 @@ mod tests {
             seed in any::<u64>(),
         ) {
             let dims: Vec<u32> = (0..nmodes).map(|m| 20 + 97 * m as u32).collect();
-            let mut spec = PowerLawSpec::new(dims, nnz).with_seed(seed);
+            let mut spec = PowerLawSpec::new(dims, nnz).with_draws().with_seed(seed);
             spec.exponents = vec![exponent; nmodes];
             let t = power_law(&spec).unwrap();
             let h = Hicoo::new(&t, bits).unwrap();
@@ -589,10 +589,12 @@ mod tests {
 
     #[test]
     fn kernel_model_equals_the_f64_reference() {
-        let mut spec = PowerLawSpec::new(vec![300, 90, 60], 20_000);
+        let mut spec = PowerLawSpec::new(vec![300, 90, 60], 20_000).with_draws();
         spec.exponents = vec![1.3; 3];
         let hot = power_law(&spec).unwrap();
-        let mut spec = PowerLawSpec::new(vec![400, 30, 50, 20], 6_000).with_seed(5);
+        let mut spec = PowerLawSpec::new(vec![400, 30, 50, 20], 6_000)
+            .with_draws()
+            .with_seed(5);
         spec.exponents = vec![0.7; 4];
         let cold = power_law(&spec).unwrap();
         for t in [&hot, &cold] {
@@ -665,7 +667,7 @@ mod tests {
             5,
             "one mode",
         );
-        let mut spec = PowerLawSpec::new(vec![90, 70], 5_000);
+        let mut spec = PowerLawSpec::new(vec![90, 70], 5_000).with_draws();
         spec.exponents = vec![1.3; 2];
         let t = power_law(&spec).unwrap();
         check_engine(

@@ -29,7 +29,9 @@ pub(crate) fn hot_tensors(dim_step: u32) -> Vec<SparseTensor> {
         .into_iter()
         .map(|(nmodes, exponent)| {
             let dims: Vec<u32> = (0..nmodes).map(|m| 50 + dim_step * m as u32).collect();
-            let mut spec = PowerLawSpec::new(dims, 40_000).with_seed(nmodes as u64);
+            let mut spec = PowerLawSpec::new(dims, 40_000)
+                .with_draws()
+                .with_seed(nmodes as u64);
             spec.exponents = vec![exponent; nmodes];
             power_law(&spec).unwrap()
         })

@@ -1,7 +1,7 @@
 //! kruskal's binary tensor format (`.ktns`): the COO arrays as they are in
 //! memory, little-endian, with checksums, so loading runs at disk speed.
 //!
-//! # Layout (version 1)
+//! # Layout (version 2)
 //!
 //! All integers are little-endian. `M` is the number of modes, `N` the
 //! number of nonzeros, `align8(x)` rounds `x` up to a multiple of 8, and
@@ -14,7 +14,7 @@
 //! | 12                | 4     | `M`, u32, at least 1                           |
 //! | 16                | 8     | `N`, u64                                       |
 //! | 24                | 4     | payload CRC-32 (of bytes `H..` to the end)     |
-//! | 28                | 4     | reserved, 0                                    |
+//! | 28                | 4     | flags, u32 ([`FLAG_DISTINCT`]); 0 in version 1 |
 //! | 32                | 4 M   | dimensions, u32 each                           |
 //! | 32 + 4 M          |       | zero padding up to `D = align8(32 + 4 M)`      |
 //! | D                 | 4     | header CRC-32 (of bytes `0..D`)                |
@@ -31,6 +31,12 @@
 //! sequential pass. The version field comes before anything whose meaning a
 //! later version may change, so an old reader can always say that the file
 //! is newer than it understands.
+//!
+//! Version 2 added the flags. kruskal writes only tensors whose
+//! coordinates are distinct (repeated coordinates are summed when a tensor
+//! is built) and says so with [`FLAG_DISTINCT`], so loading such a file
+//! costs no search for repeats. A version 1 file (same layout, flags 0) is
+//! still read: its repeated coordinates, if any, are summed at load.
 //!
 //! [`read_binary`] loads a whole tensor; [`MappedBinary`] maps the file and
 //! lets a process read, checksum and count only the parts it needs.
@@ -53,8 +59,11 @@ pub use mapped::{CrcPart, MappedBinary, RangeCounts};
 /// The first eight bytes of every `.ktns` file.
 pub const MAGIC: [u8; 8] = *b"KRUSKAL\0";
 
-/// The format version this code writes, and the only one it reads.
-pub const VERSION: u32 = 1;
+/// The format version this code writes; it also reads version 1.
+pub const VERSION: u32 = 2;
+
+/// Flag bit: no two nonzeros of the file share a coordinate.
+pub const FLAG_DISTINCT: u32 = 1;
 
 /// Bytes before the dimensions.
 const FIXED_HEADER: usize = 32;
@@ -122,7 +131,8 @@ pub fn write_binary(path: &Path, t: &SparseTensor) -> Result<()> {
     header.extend_from_slice(&nmodes.to_le_bytes());
     header.extend_from_slice(&nnz.to_le_bytes());
     header.extend_from_slice(&payload_crc.finalize().to_le_bytes());
-    header.extend_from_slice(&0u32.to_le_bytes());
+    // Every SparseTensor has distinct coordinates.
+    header.extend_from_slice(&FLAG_DISTINCT.to_le_bytes());
     for &d in t.dims() {
         header.extend_from_slice(&d.to_le_bytes());
     }
@@ -183,6 +193,13 @@ fn crc_of<T: Sync>(xs: &[T], le: fn(&T) -> [u8; 4]) -> Hasher {
 /// Cost: one parallel pass that reads, checksums and converts the arrays;
 /// memory is the tensor plus one chunk buffer per thread.
 pub fn read_binary(path: &Path) -> Result<SparseTensor> {
+    read_binary_with(path, DEFAULT_CHUNK).map(|(t, _, _)| t)
+}
+
+/// [`read_binary`], also returning how many nonzeros were merged (always 0
+/// for a file that records distinct coordinates) and the seconds that the
+/// search for repeats took.
+pub(crate) fn read_binary_merged(path: &Path) -> Result<(SparseTensor, usize, f64)> {
     read_binary_with(path, DEFAULT_CHUNK)
 }
 
@@ -198,6 +215,8 @@ pub(crate) struct Header {
     pub(crate) stride: usize,
     /// Length of the whole file; fits in usize.
     pub(crate) total: usize,
+    /// The file records that its coordinates are distinct.
+    pub(crate) distinct: bool,
 }
 
 /// Reads and checks the header of the `.ktns` file `file` (opened from
@@ -225,9 +244,9 @@ pub(crate) fn read_header(path: &Path, file: &mut File) -> Result<Header> {
             "written by a newer kruskal: version {version}, this reads {VERSION}"
         )));
     }
-    if version != VERSION {
+    if version == 0 {
         return Err(corrupt(format!(
-            "unknown format version {version}, this reads {VERSION}: file is corrupt"
+            "unknown format version {version}, this reads 1 to {VERSION}: file is corrupt"
         )));
     }
     let nmodes = u32_at(12);
@@ -235,6 +254,7 @@ pub(crate) fn read_header(path: &Path, file: &mut File) -> Result<Header> {
     nnz_bytes.copy_from_slice(&fixed[16..24]);
     let nnz = u64::from_le_bytes(nnz_bytes);
     let payload_crc = u32_at(24);
+    let flags = u32_at(28);
     let sizes = Sizes::new(nmodes, nnz);
 
     if sizes.payload > u128::from(file_len) || sizes.total > u128::from(file_len) {
@@ -268,6 +288,12 @@ pub(crate) fn read_header(path: &Path, file: &mut File) -> Result<Header> {
     if nmodes == 0 {
         return Err(corrupt("the header says 0 modes: file is corrupt".into()));
     }
+    let known = if version == 1 { 0 } else { FLAG_DISTINCT };
+    if flags & !known != 0 {
+        return Err(corrupt(format!(
+            "unknown flags {flags:#x} in a version {version} header: file is corrupt"
+        )));
+    }
     let nnz = usize::try_from(nnz).map_err(|_| {
         corrupt(format!(
             "{nnz} nonzeros do not fit in memory on this machine"
@@ -285,11 +311,12 @@ pub(crate) fn read_header(path: &Path, file: &mut File) -> Result<Header> {
         payload: header_len,
         stride: sizes.stride as usize,
         total,
+        distinct: flags & FLAG_DISTINCT != 0,
     })
 }
 
-/// [`read_binary`] with a chosen chunk length (small in tests).
-pub(crate) fn read_binary_with(path: &Path, chunk: usize) -> Result<SparseTensor> {
+/// [`read_binary_merged`] with a chosen chunk length (small in tests).
+pub(crate) fn read_binary_with(path: &Path, chunk: usize) -> Result<(SparseTensor, usize, f64)> {
     let chunk = chunk.max(1);
     let corrupt = |msg: String| FormatError::file(path, msg);
     let mut file = File::open(path).map_err(|e| FormatError::io(path, e))?;
@@ -299,6 +326,7 @@ pub(crate) fn read_binary_with(path: &Path, chunk: usize) -> Result<SparseTensor
         payload_crc,
         payload,
         stride,
+        distinct,
         ..
     } = read_header(path, &mut file)?;
     let nmodes = dims.len() as u32;
@@ -339,7 +367,17 @@ pub(crate) fn read_binary_with(path: &Path, chunk: usize) -> Result<SparseTensor
     if crc.finalize() != payload_crc {
         return Err(corrupt("checksum mismatch: file is corrupt".into()));
     }
-    SparseTensor::new(dims, indices, values).map_err(|e| corrupt(format!("the file holds an {e}")))
+    let holds = |e: FormatError| corrupt(format!("the file holds an {e}"));
+    let start = std::time::Instant::now();
+    let (t, merged) = if distinct {
+        (
+            SparseTensor::new_distinct(dims, indices, values).map_err(holds)?,
+            0,
+        )
+    } else {
+        SparseTensor::new_with_merged(dims, indices, values).map_err(holds)?
+    };
+    Ok((t, merged, start.elapsed().as_secs_f64()))
 }
 
 /// Reads `n` four-byte elements starting at `offset`, in parallel chunks,
@@ -434,9 +472,10 @@ mod tests {
         // M = 3: D = align8(32 + 12) = 48, H = 56, S = align8(12) = 16.
         assert_eq!(bytes.len(), 56 + 4 * 16);
         assert_eq!(&bytes[..8], b"KRUSKAL\0");
-        assert_eq!(&bytes[8..12], &1u32.to_le_bytes());
+        assert_eq!(&bytes[8..12], &2u32.to_le_bytes());
         assert_eq!(&bytes[12..16], &3u32.to_le_bytes());
         assert_eq!(&bytes[16..24], &3u64.to_le_bytes());
+        assert_eq!(&bytes[28..32], &FLAG_DISTINCT.to_le_bytes());
         assert_eq!(&bytes[32..36], &7u32.to_le_bytes());
         assert_eq!(&bytes[48..52], &crc32fast::hash(&bytes[..48]).to_le_bytes());
         assert_eq!(&bytes[24..28], &crc32fast::hash(&bytes[56..]).to_le_bytes());
@@ -457,7 +496,7 @@ mod tests {
         let (_dir, p, t) = written(10_001);
         assert_eq!(read_binary(&p).unwrap(), t);
         for chunk in [1, 7, 4096] {
-            assert_eq!(read_binary_with(&p, chunk).unwrap(), t);
+            assert_eq!(read_binary_with(&p, chunk).unwrap().0, t);
         }
     }
 
@@ -522,7 +561,7 @@ mod tests {
         std::fs::write(&p, &bytes).unwrap();
         let err = err_of(&p);
         assert!(
-            err.contains("written by a newer kruskal: version 7, this reads 1"),
+            err.contains("written by a newer kruskal: version 7, this reads 2"),
             "{err}"
         );
 
@@ -531,6 +570,49 @@ mod tests {
         assert!(err_of(&text).contains("not a kruskal binary tensor"));
         std::fs::write(&text, b"").unwrap();
         assert!(err_of(&text).contains("not a kruskal binary tensor"));
+    }
+
+    /// Rewrites the header of `bytes` (M = 3) with `version` and `flags`
+    /// and seals both checksums again.
+    fn reseal(bytes: &mut [u8], version: u32, flags: u32) {
+        bytes[8..12].copy_from_slice(&version.to_le_bytes());
+        bytes[28..32].copy_from_slice(&flags.to_le_bytes());
+        let payload = crc32fast::hash(&bytes[56..]);
+        bytes[24..28].copy_from_slice(&payload.to_le_bytes());
+        let crc = crc32fast::hash(&bytes[..48]);
+        bytes[48..52].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    #[test]
+    fn a_version_1_file_has_its_repeats_summed() {
+        let (_dir, p, t) = written(50);
+        let mut bytes = std::fs::read(&p).unwrap();
+        // Make nonzero 1 repeat nonzero 0's coordinate: copy its indices.
+        let stride = 4 * 50usize.div_ceil(2) * 2;
+        for m in 0..3 {
+            let at = 56 + m * stride;
+            let first: [u8; 4] = bytes[at..at + 4].try_into().unwrap();
+            bytes[at + 4..at + 8].copy_from_slice(&first);
+        }
+        reseal(&mut bytes, 1, 0);
+        std::fs::write(&p, &bytes).unwrap();
+        let (back, merged, _) = read_binary_merged(&p).unwrap();
+        assert_eq!(merged, 1);
+        assert_eq!(back.nnz(), 49);
+        let want = f64::from(t.values()[0]) + f64::from(t.values()[1]);
+        let k = (0..back.nnz())
+            .find(|&k| (0..3).all(|m| back.mode_indices(m)[k] == t.mode_indices(m)[0]))
+            .unwrap();
+        assert_eq!(back.values()[k], want as f32);
+
+        // The same bytes claiming distinct coordinates in version 1, or an
+        // unknown flag in version 2, are refused.
+        reseal(&mut bytes, 1, FLAG_DISTINCT);
+        std::fs::write(&p, &bytes).unwrap();
+        assert!(err_of(&p).contains("unknown flags 0x1 in a version 1 header"));
+        reseal(&mut bytes, 2, 4);
+        std::fs::write(&p, &bytes).unwrap();
+        assert!(err_of(&p).contains("unknown flags 0x4"));
     }
 
     #[test]
@@ -568,14 +650,17 @@ mod tests {
                     nnz,
                 ),
             )
-                .prop_map(|(dims, raw, values)| {
-                    let indices = raw
-                        .into_iter()
-                        .zip(&dims)
-                        .map(|(col, &d)| col.into_iter().map(|x| x % d).collect())
-                        .collect();
-                    SparseTensor::new(dims, indices, values).unwrap()
-                })
+                .prop_filter_map(
+                    "repeated coordinates sum beyond f32",
+                    |(dims, raw, values)| {
+                        let indices = raw
+                            .into_iter()
+                            .zip(&dims)
+                            .map(|(col, &d)| col.into_iter().map(|x| x % d).collect())
+                            .collect();
+                        SparseTensor::new(dims, indices, values).ok()
+                    },
+                )
         })
     }
 
@@ -587,7 +672,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let p = dir.path().join("t.ktns");
             write_binary(&p, &t).unwrap();
-            let back = read_binary_with(&p, chunk).unwrap();
+            let back = read_binary_with(&p, chunk).unwrap().0;
             prop_assert_eq!(&back, &t);
             for (a, b) in back.values().iter().zip(t.values()) {
                 prop_assert_eq!(a.to_bits(), b.to_bits());

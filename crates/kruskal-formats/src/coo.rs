@@ -2,9 +2,11 @@
 
 use rayon::prelude::*;
 
+use crate::coalesce;
 use crate::error::{FormatError, Result};
 
 /// A sparse tensor in coordinate form, stored as a structure of arrays.
+/// No coordinate appears twice: building one sums repeated coordinates.
 ///
 /// `indices[m][k]` is the 0-based mode-`m` index of nonzero `k` and
 /// `values[k]` its value. Nonzero counts are `usize` (64-bit on every
@@ -19,45 +21,43 @@ pub struct SparseTensor {
 
 impl SparseTensor {
     /// Builds a tensor, checking that every mode has `values.len()` indices,
-    /// that every index is below its dimension and every value is finite.
+    /// that every index is below its dimension and every value is finite,
+    /// and summing the nonzeros that share a coordinate into one (the f64
+    /// sum of their values, rounded once): a tensor never holds a
+    /// coordinate twice, so its norm is that of the tensor a file means.
     ///
-    /// Cost: one pass over the nonzeros (parallel).
+    /// Cost: one parallel pass when the coordinates are in strictly
+    /// increasing order or unique; a parallel sort otherwise.
     pub fn new(dims: Vec<u32>, indices: Vec<Vec<u32>>, values: Vec<f32>) -> Result<Self> {
-        if dims.is_empty() {
-            return Err(FormatError::Invalid(
-                "a tensor needs at least one mode".into(),
-            ));
-        }
-        if indices.len() != dims.len() {
-            return Err(FormatError::Invalid(format!(
-                "{} dimensions but {} index arrays",
-                dims.len(),
-                indices.len()
-            )));
-        }
-        for (mode, (idx, &dim)) in indices.iter().zip(&dims).enumerate() {
-            if idx.len() != values.len() {
-                return Err(FormatError::Invalid(format!(
-                    "mode {mode} has {} indices but there are {} values",
-                    idx.len(),
-                    values.len()
-                )));
-            }
-            if let Some((k, &i)) = idx.par_iter().enumerate().find_any(|&(_, &i)| i >= dim) {
-                return Err(FormatError::Invalid(format!(
-                    "nonzero {k}: mode-{mode} index {i} is not below the dimension {dim}"
-                )));
-            }
-        }
-        if let Some((k, v)) = values
-            .par_iter()
-            .enumerate()
-            .find_any(|(_, v)| !v.is_finite())
-        {
-            return Err(FormatError::Invalid(format!(
-                "nonzero {k}: value {v} is not finite"
-            )));
-        }
+        Self::new_with_merged(dims, indices, values).map(|(t, _)| t)
+    }
+
+    /// [`SparseTensor::new`], also returning how many nonzeros were merged
+    /// into others (lines of a file minus the tensor's nonzeros).
+    pub fn new_with_merged(
+        dims: Vec<u32>,
+        indices: Vec<Vec<u32>>,
+        values: Vec<f32>,
+    ) -> Result<(Self, usize)> {
+        check(&dims, &indices, &values)?;
+        let c = coalesce::coalesce(&dims, indices, values).map_err(FormatError::Invalid)?;
+        let t = SparseTensor {
+            dims,
+            indices: c.indices,
+            values: c.values,
+        };
+        Ok((t, c.merged))
+    }
+
+    /// Builds a tensor whose coordinates the caller knows to be distinct
+    /// (a `.ktns` file that records it): the checks of
+    /// [`SparseTensor::new`] without the search for repeats.
+    pub(crate) fn new_distinct(
+        dims: Vec<u32>,
+        indices: Vec<Vec<u32>>,
+        values: Vec<f32>,
+    ) -> Result<Self> {
+        check(&dims, &indices, &values)?;
         Ok(SparseTensor {
             dims,
             indices,
@@ -166,39 +166,6 @@ impl SparseTensor {
         Ok(())
     }
 
-    /// Sorts by all modes in their natural order and sums nonzeros that share
-    /// a coordinate. Returns how many nonzeros were merged away.
-    pub fn coalesce(&mut self) -> usize {
-        let order: Vec<usize> = (0..self.nmodes()).collect();
-        let perm = self.sort_permutation(&order);
-        self.permute(&perm);
-        let nnz = self.nnz();
-        if nnz == 0 {
-            return 0;
-        }
-        let same = |a: usize, b: usize| self.indices.iter().all(|idx| idx[a] == idx[b]);
-        // keep[k]: nonzero k starts a new coordinate.
-        let keep: Vec<bool> = (0..nnz).map(|k| k == 0 || !same(k - 1, k)).collect();
-        let merged = keep.iter().filter(|&&k| !k).count();
-        if merged == 0 {
-            return 0;
-        }
-        let mut values = Vec::with_capacity(nnz - merged);
-        for (&v, &starts) in self.values.iter().zip(&keep) {
-            match values.last_mut() {
-                Some(last) if !starts => *last += v,
-                _ => values.push(v),
-            }
-        }
-        for idx in &mut self.indices {
-            let mut kept = Vec::with_capacity(nnz - merged);
-            kept.extend(idx.iter().zip(&keep).filter(|(_, k)| **k).map(|(i, _)| *i));
-            *idx = kept;
-        }
-        self.values = values;
-        merged
-    }
-
     /// Nonzeros per index of `mode` (the slice degrees), length `dims[mode]`.
     pub fn mode_counts(&self, mode: usize) -> Vec<u64> {
         let dim = self.dims[mode] as usize;
@@ -257,6 +224,47 @@ impl SparseTensor {
     }
 }
 
+/// The checks of [`SparseTensor::new`]: matching lengths, indices below
+/// their dimensions, finite values.
+fn check(dims: &[u32], indices: &[Vec<u32>], values: &[f32]) -> Result<()> {
+    if dims.is_empty() {
+        return Err(FormatError::Invalid(
+            "a tensor needs at least one mode".into(),
+        ));
+    }
+    if indices.len() != dims.len() {
+        return Err(FormatError::Invalid(format!(
+            "{} dimensions but {} index arrays",
+            dims.len(),
+            indices.len()
+        )));
+    }
+    for (mode, (idx, &dim)) in indices.iter().zip(dims).enumerate() {
+        if idx.len() != values.len() {
+            return Err(FormatError::Invalid(format!(
+                "mode {mode} has {} indices but there are {} values",
+                idx.len(),
+                values.len()
+            )));
+        }
+        if let Some((k, &i)) = idx.par_iter().enumerate().find_any(|&(_, &i)| i >= dim) {
+            return Err(FormatError::Invalid(format!(
+                "nonzero {k}: mode-{mode} index {i} is not below the dimension {dim}"
+            )));
+        }
+    }
+    if let Some((k, v)) = values
+        .par_iter()
+        .enumerate()
+        .find_any(|(_, v)| !v.is_finite())
+    {
+        return Err(FormatError::Invalid(format!(
+            "nonzero {k}: value {v} is not finite"
+        )));
+    }
+    Ok(())
+}
+
 /// Summary statistics of a tensor, as printed by `kruskal info`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorStats {
@@ -291,7 +299,7 @@ mod tests {
     fn small() -> SparseTensor {
         SparseTensor::new(
             vec![3, 2, 2],
-            vec![vec![2, 0, 2, 1], vec![1, 0, 1, 1], vec![0, 1, 0, 0]],
+            vec![vec![2, 0, 2, 1], vec![1, 0, 1, 1], vec![0, 1, 1, 0]],
             vec![1.0, 2.0, 3.0, 4.0],
         )
         .unwrap()
@@ -311,12 +319,19 @@ mod tests {
     }
 
     #[test]
-    fn coalesce_sums_duplicates_and_sorts() {
-        let mut t = small();
-        assert_eq!(t.coalesce(), 1);
+    fn new_sums_repeated_coordinates() {
+        let (t, merged) = SparseTensor::new_with_merged(
+            vec![3, 2, 2],
+            vec![vec![2, 0, 2, 1], vec![1, 0, 1, 1], vec![0, 1, 0, 0]],
+            vec![1.0, 2.0, 3.0, 4.0],
+        )
+        .unwrap();
+        assert_eq!(merged, 1);
         assert_eq!(t.nnz(), 3);
         assert_eq!(t.mode_indices(0), &[0, 1, 2]);
         assert_eq!(t.values(), &[2.0, 4.0, 4.0]);
+        // The norm is the summed tensor's: 2^2 + 4^2 + 4^2, not 1 + 4 + 9 + 16.
+        assert_eq!(t.norm_sq(), 36.0);
     }
 
     #[test]
@@ -356,7 +371,7 @@ mod tests {
         assert_eq!(s.modes[0].degree_max, 2);
         assert_eq!(s.modes[0].hottest_index, 2);
         assert_eq!(s.modes[0].empty_slices, 0);
-        assert_eq!(s.modes[2].degree_min, 1);
+        assert_eq!(s.modes[2].degree_min, 2);
         assert!((s.density - 4.0 / 12.0).abs() < 1e-12);
         assert!((s.norm - 30f64.sqrt()).abs() < 1e-12);
     }

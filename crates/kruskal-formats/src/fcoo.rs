@@ -566,7 +566,7 @@ mod tests {
             vec![5, 4, 3],
             vec![
                 vec![3, 1, 3, 1, 3, 1],
-                vec![0, 2, 1, 2, 0, 0],
+                vec![0, 2, 1, 3, 0, 0],
                 vec![2, 1, 0, 1, 1, 2],
             ],
             vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
@@ -661,10 +661,10 @@ mod tests {
             let nnz = 32 * threadlen * 4;
             let rows = 10u32;
             let t = SparseTensor::new(
-                vec![rows, 7, 5],
+                vec![rows, nnz as u32, 5],
                 vec![
                     (0..nnz).map(|k| (k % 10) as u32).collect(),
-                    (0..nnz).map(|k| (k % 7) as u32).collect(),
+                    (0..nnz).map(|k| k as u32).collect(),
                     (0..nnz).map(|k| (k % 5) as u32).collect(),
                 ],
                 vec![1.0; nnz],
@@ -683,11 +683,12 @@ mod tests {
     }
 
     #[test]
-    fn order_is_deterministic_with_duplicates() {
-        // Equal coordinates keep their input order (position breaks ties).
+    fn order_is_deterministic_with_equal_keys() {
+        // Equal sort keys (row, then the smallest other mode, 1) keep their
+        // input order: the position breaks ties.
         let t = SparseTensor::new(
-            vec![2, 2, 2],
-            vec![vec![1, 1, 1], vec![0, 0, 0], vec![1, 1, 1]],
+            vec![2, 2, 3],
+            vec![vec![1, 1, 1], vec![0, 0, 0], vec![2, 0, 1]],
             vec![3.0, 1.0, 2.0],
         )
         .unwrap();

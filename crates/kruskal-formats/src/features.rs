@@ -361,13 +361,13 @@ mod tests {
     /// that of mode 1.
     fn small() -> SparseTensor {
         // Nonzeros (i, j, k):
-        // (0,0,0) (0,0,1) (0,0,1) (0,2,4) (1,1,0) (3,1,2) (3,1,2) (3,2,3)
+        // (0,0,0) (0,0,1) (0,0,2) (0,2,4) (1,1,0) (3,1,2) (3,1,4) (3,2,3)
         SparseTensor::new(
             vec![4, 3, 5],
             vec![
                 vec![0, 0, 0, 0, 1, 3, 3, 3],
                 vec![0, 0, 0, 2, 1, 1, 1, 2],
-                vec![0, 1, 1, 4, 0, 2, 2, 3],
+                vec![0, 1, 2, 4, 0, 2, 4, 3],
             ],
             vec![1.0; 8],
         )
@@ -415,12 +415,13 @@ mod tests {
         assert_eq!((m.max_nnz_per_slice, m.max_nnz_per_fiber), (3, 3));
         close(m.slice_ratio, 1.0);
 
-        // Mode 2: slices k = 0 (2), 1 (2), 2 (2), 3 (1), 4 (1); fiber mode 1.
-        // Fibers (k, j): (0,0), (0,1), (1,0) x2, (2,1) x2, (3,2), (4,2).
+        // Mode 2: slices k = 0 (2), 1 (1), 2 (2), 3 (1), 4 (2); fiber mode 1.
+        // Fibers (k, j): (0,0), (0,1), (1,0), (2,0), (2,1), (3,2), (4,1),
+        // (4,2).
         let m = &f.modes[2];
         assert_eq!(m.fiber_mode, Some(1));
-        assert_eq!((m.slices, m.fibers, m.max_fibers_per_slice), (5, 6, 2));
-        assert_eq!((m.max_nnz_per_slice, m.max_nnz_per_fiber), (2, 2));
+        assert_eq!((m.slices, m.fibers, m.max_fibers_per_slice), (5, 8, 2));
+        assert_eq!((m.max_nnz_per_slice, m.max_nnz_per_fiber), (2, 1));
         // Sorted 1, 1, 2, 2, 2: (-4 - 2 + 0 + 4 + 8) / (5 * 8) = 0.15.
         close(m.slice_gini, 0.15);
     }
@@ -506,6 +507,6 @@ mod tests {
         assert_eq!(col("fiber_dim"), 3.0);
         assert_eq!(col("other_rows"), 7.0);
         assert_eq!(col("max_other_dim"), 4.0);
-        assert_eq!(col("fibers"), 6.0);
+        assert_eq!(col("fibers"), 8.0);
     }
 }

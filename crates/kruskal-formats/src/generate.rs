@@ -12,6 +12,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal, Zipf};
 use rayon::prelude::*;
 
+use crate::coalesce::{Key, KeyWidth, coordinate_of, key_of};
 use crate::coo::SparseTensor;
 use crate::error::{FormatError, Result};
 
@@ -26,7 +27,8 @@ pub const DEFAULT_EXPONENT: f64 = 1.1;
 /// A power-law tensor: in each mode, index `perm[r - 1]` where `r` follows a
 /// bounded Zipf law `P(r) ~ r^-s` over `1..=dim` and `perm` is a seeded
 /// random permutation of the mode's indices (so hot indices are scattered,
-/// as in real data). Values are uniform in `[0, 1)`.
+/// as in real data). Coordinates are distinct; values are uniform in
+/// `[0, 1)`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PowerLawSpec {
     pub dims: Vec<u32>,
@@ -34,6 +36,10 @@ pub struct PowerLawSpec {
     /// One Zipf exponent per mode (`s >= 0`; 0 gives uniform indices).
     pub exponents: Vec<f64>,
     pub seed: u64,
+    /// `nnz` is the number of distinct coordinates (true, the default), or
+    /// of draws, of which only the distinct ones are kept (fewer where the
+    /// law draws a coordinate twice; no error when `nnz` exceeds the cells).
+    pub exact: bool,
 }
 
 impl PowerLawSpec {
@@ -45,6 +51,7 @@ impl PowerLawSpec {
             nnz,
             exponents,
             seed: 1,
+            exact: true,
         }
     }
 
@@ -60,6 +67,14 @@ impl PowerLawSpec {
 
     pub fn with_nnz(mut self, nnz: usize) -> Self {
         self.nnz = nnz;
+        self
+    }
+
+    /// `nnz` counts draws, not distinct coordinates (see
+    /// [`PowerLawSpec::exact`]): the law's own concentration, at any
+    /// density, for tests of hot rows.
+    pub fn with_draws(mut self) -> Self {
+        self.exact = false;
         self
     }
 }
@@ -89,12 +104,21 @@ fn check_dims(dims: &[u32]) -> Result<()> {
     Ok(())
 }
 
-/// Generates a power-law tensor. Duplicate coordinates are kept (the tensor
-/// has exactly `spec.nnz` stored nonzeros; call [`SparseTensor::coalesce`] to
-/// merge them).
+/// Most rounds of extra draws [`power_law`] makes to replace coordinates
+/// drawn more than once before it gives up.
+const MAX_TOP_UP_ROUNDS: usize = 32;
+
+/// Generates a power-law tensor with exactly `spec.nnz` distinct
+/// coordinates. Coordinates are drawn until that many distinct ones are
+/// found (a hot power law draws many twice: a quarter of the draws for a
+/// nell-2 shape); when the last round overshoots, the coordinates to keep
+/// are chosen by a seeded hash, so no part of the index space is favoured.
+/// The nonzeros are in coordinate order.
 ///
-/// Cost: O(nnz * nmodes) random draws, parallel; memory 4 bytes per index
-/// plus 4 per value, and one permutation per mode (4 bytes per index).
+/// Cost: O(nnz * nmodes) random draws and a parallel sort of the cell
+/// numbers per round (usually two rounds); memory the tensor's plus 8
+/// bytes per draw (16 beyond 2^64 cells), and one permutation per mode (4
+/// bytes per index). Dimensions of more than 2^128 cells are refused.
 pub fn power_law(spec: &PowerLawSpec) -> Result<SparseTensor> {
     check_dims(&spec.dims)?;
     if spec.nnz == 0 {
@@ -118,34 +142,32 @@ pub fn power_law(spec: &PowerLawSpec) -> Result<SparseTensor> {
             "Zipf exponent {s} must be finite and >= 0"
         )));
     }
-
-    let mut indices = Vec::with_capacity(spec.dims.len());
-    for (mode, (&dim, &s)) in spec.dims.iter().zip(&spec.exponents).enumerate() {
-        let mut perm: Vec<u32> = (0..dim).collect();
-        perm.shuffle(&mut ChaCha8Rng::seed_from_u64(stream_seed(
-            spec.seed,
-            1,
-            mode as u64,
-            0,
+    let cells: f64 = spec.dims.iter().map(|&d| f64::from(d)).product();
+    if spec.exact && spec.nnz as f64 > cells {
+        return Err(FormatError::Argument(format!(
+            "{} nonzeros do not fit in {cells} cells",
+            spec.nnz
         )));
-        let zipf = Zipf::new(f64::from(dim), s)
-            .map_err(|e| FormatError::Argument(format!("mode {mode}: {e}")))?;
-        let mut idx = vec![0u32; spec.nnz];
-        idx.par_chunks_mut(BLOCK_NNZ)
-            .enumerate()
-            .for_each(|(b, out)| {
-                let mut rng =
-                    ChaCha8Rng::seed_from_u64(stream_seed(spec.seed, 2, mode as u64, b as u64));
-                for slot in out.iter_mut() {
-                    // Zipf yields a rank in [1, dim] as a float.
-                    let rank = zipf.sample(&mut rng) as u64;
-                    let rank = rank.clamp(1, u64::from(dim)) as usize;
-                    *slot = perm[rank - 1];
-                }
-            });
-        indices.push(idx);
     }
-    let mut values = vec![0f32; spec.nnz];
+    let modes = spec
+        .dims
+        .iter()
+        .zip(&spec.exponents)
+        .enumerate()
+        .map(|(mode, (&dim, &s))| ModeDraw::new(spec.seed, mode, dim, s))
+        .collect::<Result<Vec<_>>>()?;
+
+    let indices = match KeyWidth::of(&spec.dims) {
+        KeyWidth::U64 => distinct_draws::<u64>(spec, &modes)?,
+        KeyWidth::U128 => distinct_draws::<u128>(spec, &modes)?,
+        KeyWidth::Wider => {
+            return Err(FormatError::Argument(format!(
+                "dimensions {:?} have more than 2^128 cells, more than the generator numbers",
+                spec.dims
+            )));
+        }
+    };
+    let mut values = vec![0f32; indices[0].len()];
     values
         .par_chunks_mut(BLOCK_NNZ)
         .enumerate()
@@ -155,7 +177,151 @@ pub fn power_law(spec: &PowerLawSpec) -> Result<SparseTensor> {
                 *v = rng.random::<f32>();
             }
         });
+    // Distinct and in coordinate order: the check is one pass.
     SparseTensor::new(spec.dims.clone(), indices, values)
+}
+
+/// `spec.nnz` distinct coordinates, in coordinate order: coordinates are
+/// drawn, numbered by their cell (`K`), and the distinct cell numbers kept,
+/// with more draws until there are enough; an overshoot is trimmed to the
+/// cells whose seeded hash is lowest.
+fn distinct_draws<K: Key>(spec: &PowerLawSpec, modes: &[ModeDraw]) -> Result<Vec<Vec<u32>>> {
+    let draw = |first_block: usize, count: usize| -> Vec<K> {
+        let cols: Vec<Vec<u32>> = modes
+            .iter()
+            .map(|m| m.draw(spec.seed, first_block, count))
+            .collect();
+        let mut keys: Vec<K> = (0..count)
+            .into_par_iter()
+            .map(|k| key_of::<K>(&cols, &spec.dims, k))
+            .collect();
+        keys.par_sort_unstable();
+        keys.dedup();
+        keys
+    };
+    let mut keys = draw(0, spec.nnz);
+    let mut blocks = spec.nnz.div_ceil(BLOCK_NNZ);
+    let mut drawn = spec.nnz;
+    let mut rounds = 0;
+    while spec.exact && keys.len() < spec.nnz {
+        rounds += 1;
+        if rounds > MAX_TOP_UP_ROUNDS {
+            return Err(FormatError::Argument(format!(
+                "found only {} distinct coordinates of the {} asked for after {} draws: \
+                 the power law concentrates on too few cells; ask for fewer nonzeros",
+                keys.len(),
+                spec.nnz,
+                drawn
+            )));
+        }
+        // Draw what the yield of new coordinates so far says is missing,
+        // with a margin that doubles each round (the yield falls as the
+        // likely cells fill up), in whole blocks.
+        let missing = spec.nnz - keys.len();
+        let yield_rate = keys.len() as f64 / drawn as f64;
+        let count = ((missing as f64 / yield_rate * 1.2) as usize)
+            .saturating_mul(1 << (rounds - 1).min(20))
+            .max(missing)
+            .next_multiple_of(BLOCK_NNZ);
+        let more = draw(blocks, count);
+        blocks += count / BLOCK_NNZ;
+        drawn += count;
+        keys = merge_sorted(&keys, &more);
+    }
+    if keys.len() > spec.nnz {
+        let mut ranked: Vec<(u64, K)> = keys
+            .par_iter()
+            .map(|&key| (stream_seed(spec.seed, 4, key.fold64(), 0), key))
+            .collect();
+        ranked.select_nth_unstable(spec.nnz - 1);
+        ranked.truncate(spec.nnz);
+        keys = ranked.into_par_iter().map(|(_, key)| key).collect();
+        keys.par_sort_unstable();
+    }
+    let nmodes = spec.dims.len();
+    let mut coords = vec![0u32; nmodes * keys.len()];
+    coords
+        .par_chunks_mut(nmodes)
+        .zip(keys.par_iter())
+        .for_each(|(out, &key)| coordinate_of(key, &spec.dims, out));
+    Ok((0..nmodes)
+        .map(|m| coords.par_iter().skip(m).step_by(nmodes).copied().collect())
+        .collect())
+}
+
+/// The union of two sorted lists without repeats, sorted.
+fn merge_sorted<K: Key>(a: &[K], b: &[K]) -> Vec<K> {
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => {
+                out.push(a[i]);
+                i += 1;
+            }
+            std::cmp::Ordering::Greater => {
+                out.push(b[j]);
+                j += 1;
+            }
+            std::cmp::Ordering::Equal => {
+                out.push(a[i]);
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    out.extend_from_slice(&a[i..]);
+    out.extend_from_slice(&b[j..]);
+    out
+}
+
+/// One mode's power law: a bounded Zipf law over ranks and the seeded
+/// permutation that scatters the ranks over the indices.
+struct ModeDraw {
+    mode: usize,
+    dim: u32,
+    zipf: Zipf<f64>,
+    perm: Vec<u32>,
+}
+
+impl ModeDraw {
+    fn new(seed: u64, mode: usize, dim: u32, exponent: f64) -> Result<ModeDraw> {
+        let mut perm: Vec<u32> = (0..dim).collect();
+        perm.shuffle(&mut ChaCha8Rng::seed_from_u64(stream_seed(
+            seed,
+            1,
+            mode as u64,
+            0,
+        )));
+        let zipf = Zipf::new(f64::from(dim), exponent)
+            .map_err(|e| FormatError::Argument(format!("mode {mode}: {e}")))?;
+        Ok(ModeDraw {
+            mode,
+            dim,
+            zipf,
+            perm,
+        })
+    }
+
+    /// `count` indices from the streams of blocks `first_block..`, so that
+    /// each block's draws depend only on the seed, mode and block number.
+    fn draw(&self, seed: u64, first_block: usize, count: usize) -> Vec<u32> {
+        let mut idx = vec![0u32; count];
+        idx.par_chunks_mut(BLOCK_NNZ)
+            .enumerate()
+            .for_each(|(b, out)| {
+                let block = (first_block + b) as u64;
+                let mut rng =
+                    ChaCha8Rng::seed_from_u64(stream_seed(seed, 2, self.mode as u64, block));
+                for slot in out.iter_mut() {
+                    // Zipf yields a rank in [1, dim] as a float.
+                    let rank = self.zipf.sample(&mut rng) as u64;
+                    let rank = rank.clamp(1, u64::from(self.dim)) as usize;
+                    *slot = self.perm[rank - 1];
+                }
+            });
+        idx
+    }
 }
 
 /// A FROSTT tensor's shape, for `--like NAME`.
@@ -371,8 +537,7 @@ pub fn planted(spec: &PlantedSpec) -> Result<Planted> {
             *v *= (1.0 + normal.sample(&mut rng)) as f32;
         }
     }
-    let mut tensor = SparseTensor::new(spec.dims.clone(), indices, values)?;
-    tensor.coalesce();
+    let tensor = SparseTensor::new(spec.dims.clone(), indices, values)?;
     Ok(Planted {
         tensor,
         lambda: vec![1.0; spec.rank],
@@ -386,7 +551,7 @@ mod tests {
 
     #[test]
     fn power_law_is_deterministic_and_in_range() {
-        let spec = PowerLawSpec::new(vec![100, 50, 7, 3], 200_000).with_seed(9);
+        let spec = PowerLawSpec::new(vec![100, 50, 70, 30], 200_000).with_seed(9);
         let a = power_law(&spec).unwrap();
         let b = power_law(&spec).unwrap();
         assert_eq!(a, b);
@@ -399,8 +564,9 @@ mod tests {
     #[test]
     fn power_law_is_skewed_like_zipf() {
         // With s = 1.1 over 10,000 indices the top rank has probability
-        // 1 / H(10000, 1.1) ~ 0.15; with s = 0 indices are uniform.
-        let mut spec = PowerLawSpec::new(vec![10_000, 10_000], 400_000);
+        // 1 / H(10000, 1.1) ~ 0.15; with s = 0 indices are uniform (over a
+        // million, so that few draws of the hot row repeat a coordinate).
+        let mut spec = PowerLawSpec::new(vec![10_000, 1_000_000], 400_000);
         spec.exponents = vec![1.1, 0.0];
         let t = power_law(&spec).unwrap();
         let stats = t.stats();
@@ -408,6 +574,37 @@ mod tests {
         let hot1 = stats.modes[1].degree_max as f64 / t.nnz() as f64;
         assert!((0.12..0.19).contains(&hot0), "hottest share {hot0}");
         assert!(hot1 < 0.001, "uniform mode hottest share {hot1}");
+    }
+
+    #[test]
+    fn power_law_coordinates_are_distinct_and_as_many_as_asked() {
+        // A nell-2 shape draws about a quarter of its coordinates twice.
+        for nnz in [1usize, 1000, 100_000] {
+            let spec = PowerLawSpec::new(vec![12_092, 9_184, 28_818], nnz).with_seed(3);
+            let t = power_law(&spec).unwrap();
+            assert_eq!(t.nnz(), nnz);
+            let mut coords: Vec<(u32, u32, u32)> = (0..nnz)
+                .map(|k| (t.indices()[0][k], t.indices()[1][k], t.indices()[2][k]))
+                .collect();
+            // Built in coordinate order, with no coordinate twice.
+            assert!(coords.windows(2).all(|w| w[0] < w[1]));
+            coords.dedup();
+            assert_eq!(coords.len(), nnz);
+        }
+        // Every cell of a tiny tensor, and no more.
+        let t = power_law(&PowerLawSpec::new(vec![3, 3], 9)).unwrap();
+        assert_eq!(t.nnz(), 9);
+        let err = power_law(&PowerLawSpec::new(vec![3, 3], 10)).unwrap_err();
+        assert!(err.to_string().contains("do not fit in 9 cells"), "{err}");
+    }
+
+    #[test]
+    fn power_law_by_draws_keeps_the_distinct_ones() {
+        let spec = PowerLawSpec::new(vec![5, 4, 3], 500).with_draws();
+        let t = power_law(&spec).unwrap();
+        // 500 draws over 60 cells: as many distinct ones as were drawn.
+        assert!(t.nnz() <= 60 && t.nnz() > 10, "{}", t.nnz());
+        assert_eq!(t, power_law(&spec).unwrap());
     }
 
     #[test]

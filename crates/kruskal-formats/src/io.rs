@@ -34,9 +34,8 @@ pub struct ReadOptions {
     /// the largest index of each mode plus one. An index beyond a given
     /// dimension is an error, as is a different number of modes.
     pub dims: Option<Vec<u32>>,
-    /// Accept a text file whose value column looks like one more index
-    /// column (see [`crate::tns`]); without it such a file is refused, as it
-    /// is most likely a pattern file read without `pattern`.
+    /// Do not warn when a text file's value column looks like one more
+    /// index column (see [`crate::tns`]): the values are known to be data.
     pub allow_index_like_values: bool,
     /// Called now and then while reading, and once at the end.
     pub progress: Option<Arc<ProgressFn>>,
@@ -129,14 +128,35 @@ impl FileKind {
     }
 }
 
+/// What reading a file noticed besides the tensor.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReadReport {
+    /// Nonzeros of the file summed into others because they repeat a
+    /// coordinate (the file's nonzero count minus the tensor's).
+    pub merged: usize,
+    /// Seconds spent making sure no coordinate repeats (checking the
+    /// order, sorting and summing where needed), included in the read.
+    pub coalesce_s: f64,
+    /// One line each: what about the file the user should know (a value
+    /// column that looks like an index).
+    pub warnings: Vec<String>,
+}
+
 /// Reads a tensor in any supported format, chosen by the file's content (not
 /// its name). Text options in `opts` apply to `.tns`/`.tns.gz`; for a binary
-/// file, `opts.dims`, when given, must equal the stored dimensions.
+/// file, `opts.dims`, when given, must equal the stored dimensions. Repeated
+/// coordinates are summed; [`read_tensor_report`] also says how many, and
+/// gives the reader's warnings.
 pub fn read_tensor(path: &Path, opts: &ReadOptions) -> Result<SparseTensor> {
+    read_tensor_report(path, opts).map(|(t, _)| t)
+}
+
+/// [`read_tensor`], also returning what the reader noticed.
+pub fn read_tensor_report(path: &Path, opts: &ReadOptions) -> Result<(SparseTensor, ReadReport)> {
     match FileKind::sniff(path)? {
-        FileKind::Tns | FileKind::TnsGz => tns::read_tns(path, opts),
+        FileKind::Tns | FileKind::TnsGz => tns::read_tns_report(path, opts),
         FileKind::Binary => {
-            let t = binary::read_binary(path)?;
+            let (t, merged, coalesce_s) = binary::read_binary_merged(path)?;
             if let Some(dims) = &opts.dims {
                 if dims.as_slice() != t.dims() {
                     return Err(FormatError::file(
@@ -151,7 +171,12 @@ pub fn read_tensor(path: &Path, opts: &ReadOptions) -> Result<SparseTensor> {
             }
             let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
             opts.report(size, size);
-            Ok(t)
+            let report = ReadReport {
+                merged,
+                coalesce_s,
+                warnings: Vec::new(),
+            };
+            Ok((t, report))
         }
     }
 }

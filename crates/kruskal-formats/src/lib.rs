@@ -16,6 +16,7 @@
 //! ```
 
 pub mod binary;
+mod coalesce;
 pub mod coo;
 pub mod error;
 pub mod fcoo;
@@ -32,4 +33,4 @@ pub use error::{FormatError, Result};
 pub use fcoo::{Fcoo, FcooOp};
 pub use features::{ModeFeatures, TensorFeatures};
 pub use hicoo::Hicoo;
-pub use io::{FileKind, ReadOptions, read_tensor, write_tensor};
+pub use io::{FileKind, ReadOptions, ReadReport, read_tensor, read_tensor_report, write_tensor};

@@ -11,15 +11,19 @@
 //!
 //! # Pattern files read as valued files
 //!
-//! A pattern file read without `pattern` would silently become a tensor with
-//! one mode fewer, whose "values" are the last mode's indices. Unless
-//! [`ReadOptions::allow_index_like_values`] is set, the reader refuses a
-//! file whose values look like such an index column: all values are
-//! integers >= 1, there are at least [`INDEX_LIKE_MIN_DISTINCT`] distinct
-//! values, the value 1 holds fewer than [`INDEX_LIKE_MAX_ONES`] of the
-//! nonzeros and the most frequent value fewer than
-//! [`INDEX_LIKE_MAX_MODE_SHARE`]. Real integer data (counts, ratings) fails
-//! at least one test: counts are mostly 1, ratings have few distinct values.
+//! The last column is the value, whatever it holds: counts (whole numbers,
+//! often large) are the most common values in real tensors. A pattern file
+//! read without `pattern` would become a tensor with one mode fewer, whose
+//! "values" are the last mode's indices, so the reader warns (in
+//! [`ReadReport::warnings`], unless
+//! [`ReadOptions::allow_index_like_values`]) when the value column looks
+//! like an index column. One rule, whatever the file's size: every value
+//! token is digits only (no sign, point or exponent), at least
+//! min([`INDEX_LIKE_MIN_DISTINCT`], the smallest index mode's dimension)
+//! values are distinct (and at least 2), and the most frequent value holds
+//! no more than the larger of [`INDEX_LIKE_MAX_MODE_SHARE`] and a uniform
+//! share of the lines. Ratings have few distinct values, counts a frequent
+//! small one, and a value written `6.0` is never an index.
 //!
 //! # How it reads fast
 //!
@@ -56,7 +60,7 @@ use rayon::prelude::*;
 
 use crate::coo::SparseTensor;
 use crate::error::{FormatError, Result};
-use crate::io::{FileKind, ReadOptions, read_at, write_atomically};
+use crate::io::{FileKind, ReadOptions, ReadReport, read_at, write_atomically};
 
 /// Most bytes of decompressed text parsed as one unit of parallel work.
 const MAX_BLOCK_SIZE: usize = 8 << 20;
@@ -80,13 +84,13 @@ const MAX_LINE: usize = 64 << 20;
 /// Most blocks parsed at once, whatever the thread count, to bound memory.
 const MAX_BATCH: usize = 32;
 
-/// Index-like value detection: fewest distinct values.
+/// Index-like value detection: the fewest distinct values (or the smallest
+/// index mode's dimension, if that is smaller).
 pub const INDEX_LIKE_MIN_DISTINCT: usize = 256;
-/// Index-like value detection: largest share of nonzeros whose value is 1.
-pub const INDEX_LIKE_MAX_ONES: f64 = 0.005;
-/// Index-like value detection: largest share of nonzeros holding the most
-/// frequent value. Knowledge-graph entity columns reach 11% (JF17K), so this
-/// is well above that; real integer data is caught by the other tests.
+/// Index-like value detection: the largest share of lines holding the most
+/// frequent value (or a uniform share, if that is larger). Knowledge-graph
+/// entity columns reach 11% (JF17K), so this is well above that; counts,
+/// mostly small, hold far more in their most frequent value.
 pub const INDEX_LIKE_MAX_MODE_SHARE: f64 = 0.2;
 
 const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
@@ -99,10 +103,17 @@ const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
 /// that is not a non-negative integer, an index 0 in a 1-based read, an
 /// index too large for 32 bits or beyond `opts.dims`, a value that is not a
 /// finite number, a file that is not text, a truncated or corrupt gzip
-/// stream, a file with no nonzeros, and a value column that looks like an
-/// index (see the module documentation).
+/// stream, and a file with no nonzeros. Lines that repeat a coordinate are
+/// summed into one nonzero.
 pub fn read_tns(path: &Path, opts: &ReadOptions) -> Result<SparseTensor> {
     read_tns_with(path, opts, None)
+}
+
+/// [`read_tns`], also returning what the reader noticed: repeated
+/// coordinates summed, and a value column that looks like an index (see the
+/// module documentation).
+pub fn read_tns_report(path: &Path, opts: &ReadOptions) -> Result<(SparseTensor, ReadReport)> {
+    read_tns_report_with(path, opts, None)
 }
 
 /// [`read_tns`] with a chosen block size (small in tests, to exercise block
@@ -112,6 +123,15 @@ pub(crate) fn read_tns_with(
     opts: &ReadOptions,
     block_size: Option<usize>,
 ) -> Result<SparseTensor> {
+    read_tns_report_with(path, opts, block_size).map(|(t, _)| t)
+}
+
+/// [`read_tns_report`] with a chosen block size.
+pub(crate) fn read_tns_report_with(
+    path: &Path,
+    opts: &ReadOptions,
+    block_size: Option<usize>,
+) -> Result<(SparseTensor, ReadReport)> {
     let kind = FileKind::sniff(path)?;
     if kind == FileKind::Binary {
         return Err(FormatError::file(
@@ -649,6 +669,9 @@ struct Columns {
     max: Vec<u32>,
     /// False for a pattern read.
     has_values: bool,
+    /// Every value token so far was written as a plain integer (digits
+    /// only), as the last column of a pattern file is.
+    integer_tokens: bool,
 }
 
 impl Columns {
@@ -662,6 +685,7 @@ impl Columns {
             },
             max: vec![0; nmodes],
             has_values: !pattern,
+            integer_tokens: true,
         }
     }
 
@@ -674,6 +698,7 @@ impl Columns {
         self.indices.iter_mut().for_each(Vec::clear);
         self.values.clear();
         self.max.iter_mut().for_each(|m| *m = 0);
+        self.integer_tokens = true;
     }
 
     /// Reserves room for `additional` more nonzeros (values only when the
@@ -687,7 +712,7 @@ impl Columns {
         }
     }
 
-    fn into_tensor(self, path: &Path, opts: &ReadOptions) -> Result<SparseTensor> {
+    fn into_tensor(self, path: &Path, opts: &ReadOptions) -> Result<(SparseTensor, ReadReport)> {
         let nnz = self.nnz();
         if nnz == 0 {
             return Err(FormatError::file(
@@ -695,44 +720,43 @@ impl Columns {
                 "no nonzeros: the file has only comments and blank lines",
             ));
         }
-        let values = if opts.pattern {
-            vec![1.0; nnz]
-        } else {
-            if !opts.allow_index_like_values {
-                if let Some(why) = index_like(&self.values) {
-                    return Err(FormatError::file(
-                        path,
-                        format!(
-                            "the last column looks like an index, not a value ({why}); if every \
-                             line is only indices use --pattern, or --values-are-data to read it \
-                             as values"
-                        ),
-                    ));
-                }
-            }
-            self.values
-        };
+        let mut report = ReadReport::default();
         let dims = match &opts.dims {
             Some(d) => d.clone(),
             // The parser keeps indices below u32::MAX, so this cannot wrap.
             None => self.max.iter().map(|&m| m.saturating_add(1)).collect(),
         };
-        SparseTensor::new(dims, self.indices, values)
-            .map_err(|e| FormatError::file(path, e.to_string()))
+        let values = if opts.pattern {
+            vec![1.0; nnz]
+        } else {
+            if self.integer_tokens && !opts.allow_index_like_values {
+                if let Some(why) = index_like(&self.values, &dims) {
+                    report.warnings.push(format!(
+                        "{}: the last column looks like an index, not a value ({why}); it is \
+                         read as values of a {}-mode tensor: if every line is only indices, \
+                         use --pattern",
+                        path.display(),
+                        dims.len()
+                    ));
+                }
+            }
+            self.values
+        };
+        let start = std::time::Instant::now();
+        let (t, merged) = SparseTensor::new_with_merged(dims, self.indices, values)
+            .map_err(|e| FormatError::file(path, e.to_string()))?;
+        report.merged = merged;
+        report.coalesce_s = start.elapsed().as_secs_f64();
+        Ok((t, report))
     }
 }
 
-/// Why `values` look like an index column, or `None` if they do not.
-fn index_like(values: &[f32]) -> Option<String> {
+/// Why `values`, all written as plain integers, look like one more index
+/// column of a tensor whose index modes have dimensions `dims`, or `None`
+/// if they do not (see the module documentation for the rule).
+fn index_like(values: &[f32], dims: &[u32]) -> Option<String> {
     let n = values.len();
-    if n < INDEX_LIKE_MIN_DISTINCT {
-        return None;
-    }
-    if !values.par_iter().all(|&v| v >= 1.0 && v.fract() == 0.0) {
-        return None;
-    }
-    let ones = values.par_iter().filter(|&&v| v == 1.0).count();
-    if ones as f64 >= INDEX_LIKE_MAX_ONES * n as f64 {
+    if !values.par_iter().all(|&v| v >= 1.0) {
         return None;
     }
     let counts = values
@@ -752,14 +776,20 @@ fn index_like(values: &[f32]) -> Option<String> {
             big
         });
     let distinct = counts.len();
+    let smallest_dim = dims.iter().copied().min().unwrap_or(0) as usize;
+    let needed = INDEX_LIKE_MIN_DISTINCT.min(smallest_dim).max(2);
+    if distinct < needed {
+        return None;
+    }
     let top = counts.values().copied().max().unwrap_or(0);
-    if distinct < INDEX_LIKE_MIN_DISTINCT || top as f64 >= INDEX_LIKE_MAX_MODE_SHARE * n as f64 {
+    let top_share = top as f64 / n as f64;
+    if top_share > INDEX_LIKE_MAX_MODE_SHARE.max(1.0 / distinct as f64) {
         return None;
     }
     Some(format!(
-        "{distinct} distinct integers, the value 1 in {:.2}% of the lines, the most frequent value in {:.1}%",
-        100.0 * ones as f64 / n as f64,
-        100.0 * top as f64 / n as f64
+        "every value is a whole number written without a decimal point, {distinct} distinct, \
+         the most frequent in {:.1}% of the lines",
+        100.0 * top_share
     ))
 }
 
@@ -905,6 +935,7 @@ fn append_batch(
         cols.indices = vec![Vec::new(); first.cols.indices.len()];
         cols.max = vec![0; first.cols.indices.len()];
         cols.has_values = first.cols.has_values;
+        cols.integer_tokens = true;
     }
     let start = out.len;
     let end = start + parsed.iter().map(|b| b.cols.nnz()).sum::<usize>();
@@ -950,6 +981,7 @@ fn append_batch(
         for (m, &x) in out.cols.max.iter_mut().zip(&b.cols.max) {
             *m = (*m).max(x);
         }
+        out.cols.integer_tokens &= b.cols.integer_tokens;
     }
     for mut block in parsed {
         block.cols.clear();
@@ -1226,7 +1258,11 @@ fn parse_line(
             while p < n && !is_delim(b[p]) {
                 p += 1;
             }
-            cols.values.push(parse_value(&b[start..p])?);
+            let tok = &b[start..p];
+            if cols.integer_tokens && !tok.iter().all(u8::is_ascii_digit) {
+                cols.integer_tokens = false;
+            }
+            cols.values.push(parse_value(tok)?);
         }
     }
     while p < n && is_space(b[p]) {
@@ -1510,17 +1546,15 @@ mod tests {
         }
     }
 
-    fn data_dir() -> Option<PathBuf> {
-        let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data"));
-        if dir.is_dir() {
-            Some(dir)
-        } else {
-            eprintln!(
-                "note: {} is missing; skipping the shared-data test",
-                dir.display()
-            );
-            None
-        }
+    /// The repository's test tensors; missing, they fail the test.
+    fn data_dir() -> PathBuf {
+        let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../data"));
+        assert!(
+            dir.is_dir(),
+            "{} not found: the repository's test tensors are missing",
+            dir.display()
+        );
+        dir
     }
 
     #[test]
@@ -1613,7 +1647,7 @@ mod tests {
 
     #[test]
     fn zero_based_file() {
-        let Some(data) = data_dir() else { return };
+        let data = data_dir();
         let p = data.join("splatt-small4_zeroidx.tns");
         let opts = ReadOptions {
             zero_based: true,
@@ -1636,64 +1670,70 @@ mod tests {
     }
 
     #[test]
-    fn shared_data_files() {
-        let Some(data) = data_dir() else { return };
-        // README lists splatt-small4* as 6 nonzeros; the files hold 8.
+    fn repository_data_files() {
+        let data = data_dir();
+        // The SPLATT README lists splatt-small4* as 6 nonzeros; they hold 8.
         for (name, modes, nnz) in [
             ("splatt-small.tns", 3, 6),
             ("splatt-small4.tns", 4, 8),
-            ("splatt-med.tns", 3, 100_000),
-            ("splatt-med4.tns", 4, 100_000),
-            ("splatt-med5.tns", 5, 100_000),
+            ("splatt-med.tns.gz", 3, 100_000),
+            ("splatt-med4.tns.gz", 4, 100_000),
+            ("splatt-med5.tns.gz", 5, 100_000),
         ] {
-            let t = read(&data.join(name)).unwrap();
+            let (t, report) = read_tns_report(&data.join(name), &ReadOptions::default()).unwrap();
             assert_eq!((t.nmodes(), t.nnz()), (modes, nnz), "{name}");
+            assert_eq!((report.merged, report.warnings.len()), (0, 0), "{name}");
         }
-        let med = read(&data.join("splatt-med.tns")).unwrap();
+        let med = read(&data.join("splatt-med.tns.gz")).unwrap();
         assert_eq!(med.dims(), &[2425, 10816, 29567]);
         assert_eq!((med.mode_indices(1)[0], med.values()[0]), (200, 4.0));
         let small = read(&data.join("splatt-small.tns")).unwrap();
         assert_eq!(small.values(), &[6.0, 2.0, 1.0, 5.0, 3.0, 4.0]);
         assert_eq!(small.dims(), &[2, 3, 2]);
 
+        // The same tensor with repeated coordinates, shuffled: summed, it
+        // is splatt-med to the bit.
+        let (repeats, report) = read_tns_report(
+            &data.join("splatt-med-repeats.tns.gz"),
+            &ReadOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(report.merged, 1_979 + 2 * 1_031);
+        assert_eq!(repeats, med);
+
         for (name, modes, nnz) in [
-            ("kg-jf17k-4mode-novalues.tns", 4, 34544),
-            ("kg-jf17k-5mode-novalues.tns", 5, 9509),
-            ("kg-wikipeople-4mode-novalues.tns", 4, 25820),
+            ("kg-jf17k-4mode-novalues.tns.gz", 4, 34544),
+            ("kg-jf17k-5mode-novalues.tns.gz", 5, 9509),
+            ("kg-wikipeople-4mode-novalues.tns.gz", 4, 25820),
         ] {
             let p = data.join(name);
-            let err = file_err(&p, &ReadOptions::default());
-            assert!(
-                err.contains("looks like an index") && err.contains("--pattern"),
-                "{err}"
-            );
+            // Read as values, with a warning that names --pattern.
+            let (t, report) = read_tns_report(&p, &ReadOptions::default()).unwrap();
+            assert_eq!(t.nmodes(), modes - 1, "{name}");
+            assert_eq!(report.warnings.len(), 1, "{name}");
+            assert!(report.warnings[0].contains("--pattern"), "{name}");
             let pattern = ReadOptions {
                 pattern: true,
                 ..ReadOptions::default()
             };
-            let t = read_tns(&p, &pattern).unwrap();
+            let (t, report) = read_tns_report(&p, &pattern).unwrap();
             assert_eq!((t.nmodes(), t.nnz()), (modes, nnz), "{name}");
+            assert_eq!((report.merged, report.warnings.len()), (0, 0), "{name}");
             assert!(t.values().iter().all(|&v| v == 1.0));
-            let forced = ReadOptions {
-                allow_index_like_values: true,
-                ..ReadOptions::default()
-            };
-            let t = read_tns(&p, &forced).unwrap();
-            assert_eq!((t.nmodes(), t.nnz()), (modes - 1, nnz), "{name}");
         }
     }
 
     #[test]
     fn gzip_reads_and_progress_reaches_the_end() {
-        let Some(data) = data_dir() else { return };
-        let plain = data.join("splatt-med4.tns");
-        let want = read(&plain).unwrap();
+        let data = data_dir();
+        let gz = data.join("splatt-med4.tns.gz");
+        let mut text = Vec::new();
+        MultiGzDecoder::new(File::open(&gz).unwrap())
+            .read_to_end(&mut text)
+            .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let gz = write_file(
-            dir.path(),
-            "m.tns.gz",
-            &gzip(&std::fs::read(&plain).unwrap()),
-        );
+        let plain = write_file(dir.path(), "m.tns", &text);
+        let want = read(&plain).unwrap();
         let calls = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&calls);
         let opts = ReadOptions {
@@ -1909,39 +1949,83 @@ mod tests {
     }
 
     #[test]
-    fn index_like_values_detection() {
+    fn index_like_values_are_read_as_values_with_a_warning() {
         let dir = tempfile::tempdir().unwrap();
-        // 1000 lines whose last column is a scattered index.
+        let warnings = |name: &str, text: &str| -> (SparseTensor, Vec<String>) {
+            let p = write_file(dir.path(), name, text.as_bytes());
+            let (t, report) = read_tns_report(&p, &ReadOptions::default()).unwrap();
+            (t, report.warnings)
+        };
+        // 1000 lines whose last column is a scattered index: read as values
+        // of a 1-mode tensor, with one warning that names --pattern.
         let pattern: String = (0..1000u32)
             .map(|i| format!("{} {}\n", i % 13 + 1, (i * 7919) % 997 + 2))
             .collect();
-        let p = write_file(dir.path(), "pattern.tns", pattern.as_bytes());
-        let err = file_err(&p, &ReadOptions::default());
+        let (t, w) = warnings("pattern.tns", &pattern);
+        assert_eq!(t.nmodes(), 1);
+        assert_eq!(w.len(), 1, "{w:?}");
         assert!(
-            err.contains("looks like an index") && err.contains("--values-are-data"),
-            "{err}"
+            w[0].contains("pattern.tns")
+                && w[0].contains("looks like an index")
+                && w[0].contains("--pattern"),
+            "{w:?}"
         );
+        // The same rule on two lines: `1 1 1` / `2 2 2` is a 2-mode tensor
+        // with values 1 and 2, or a 3-mode pattern; the reader says so.
+        let (t, w) = warnings("tiny.tns", "1 1 1\n2 2 2\n");
+        assert_eq!((t.nmodes(), t.values()), (2, &[1.0f32, 2.0][..]));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("--pattern"), "{w:?}");
+        // A value written with a decimal point is never an index.
+        let (_, w) = warnings("tiny-point.tns", "1 1 1.0\n2 2 2.0\n");
+        assert!(w.is_empty(), "{w:?}");
+        let point: String = pattern.replace('\n', ".0\n");
+        assert!(warnings("point.tns", &point).1.is_empty());
+        // Asked for, the warning is not given.
+        let p = write_file(dir.path(), "pattern.tns", pattern.as_bytes());
+        let quiet = ReadOptions {
+            allow_index_like_values: true,
+            ..ReadOptions::default()
+        };
+        assert!(read_tns_report(&p, &quiet).unwrap().1.warnings.is_empty());
 
-        // Counts: mostly 1s, so they are data.
+        // Counts, mostly 1s: data, without a word.
         let counts: String = (0..1000u32)
             .map(|i| format!("{} {}\n", i + 1, if i % 3 == 0 { i + 2 } else { 1 }))
             .collect();
-        let p = write_file(dir.path(), "counts.tns", counts.as_bytes());
-        assert_eq!(read(&p).unwrap().nnz(), 1000);
-
+        let (t, w) = warnings("counts.tns", &counts);
+        assert_eq!((t.nnz(), w.len()), (1000, 0));
         // Few distinct values (ratings).
         let ratings: String = (0..1000u32)
             .map(|i| format!("{} {}\n", i + 1, i % 5 + 2))
             .collect();
-        let p = write_file(dir.path(), "ratings.tns", ratings.as_bytes());
-        assert_eq!(read(&p).unwrap().nnz(), 1000);
-
+        let (t, w) = warnings("ratings.tns", &ratings);
+        assert_eq!((t.nnz(), w.len()), (1000, 0));
         // One dominant value.
         let dominant: String = (0..1000u32)
             .map(|i| format!("{} {}\n", i + 1, if i % 4 == 0 { 7 } else { i + 2 }))
             .collect();
-        let p = write_file(dir.path(), "dominant.tns", dominant.as_bytes());
-        assert_eq!(read(&p).unwrap().nnz(), 1000);
+        let (t, w) = warnings("dominant.tns", &dominant);
+        assert_eq!((t.nnz(), w.len()), (1000, 0));
+    }
+
+    #[test]
+    fn repeated_coordinates_are_summed_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = "1 1 1 1.5\n2 1 1 1.0\n1 1 1 2.0\n1 2 1 4.0\n1 1 1 0.25\n";
+        let p = write_file(dir.path(), "r.tns", text.as_bytes());
+        let (t, report) = read_tns_report(&p, &ReadOptions::default()).unwrap();
+        assert_eq!(report.merged, 2);
+        assert_eq!(t.nnz(), 3);
+        // Coordinate order; (1,1,1) holds 1.5 + 2 + 0.25.
+        assert_eq!(t.mode_indices(0), &[0, 0, 1]);
+        assert_eq!(t.mode_indices(1), &[0, 1, 0]);
+        assert_eq!(t.values(), &[3.75, 4.0, 1.0]);
+        assert_eq!(t.norm_sq(), 3.75 * 3.75 + 16.0 + 1.0);
+        // Sums that f32 cannot hold are an error, not an infinity.
+        let p = write_file(dir.path(), "big.tns", b"1 1 3e38\n1 1 3e38\n");
+        let err = file_err(&p, &ReadOptions::default());
+        assert!(err.contains("sum to 6.0") && err.contains("f32"), "{err}");
     }
 
     #[test]
@@ -1952,7 +2036,7 @@ mod tests {
             if i % 100 == 0 {
                 text.push_str("# comment\n\n");
             }
-            text.push_str(&format!("{} {} {}\n", i % 50 + 1, i % 31 + 1, i % 17 + 2));
+            text.push_str(&format!("{} {} {}\n", i + 1, i % 31 + 1, i % 17 + 2));
         }
         let p = write_file(dir.path(), "ok.tns", text.as_bytes());
         let want = read(&p).unwrap();
@@ -1996,11 +2080,11 @@ mod tests {
         let n = 300_000;
         let mut text = String::with_capacity(n * 20);
         for i in 0..n {
-            text.push_str(&format!("{} {} {}.25\n", i % 977 + 1, i % 13 + 1, i % 101));
+            text.push_str(&format!("{} {} {}.25\n", i / 13 + 1, i % 13 + 1, i % 101));
         }
         let p = write_file(dir.path(), "ok.tns", text.as_bytes());
         let t = read(&p).unwrap();
-        assert_eq!((t.nnz(), t.dims()), (n, &[977u32, 13][..]));
+        assert_eq!((t.nnz(), t.dims()), (n, &[23_077u32, 13][..]));
         let bad_line = n - 5;
         text.push_str("1 2\n");
         let mut lines: Vec<&str> = text.lines().collect();
@@ -2315,14 +2399,17 @@ mod tests {
                     nnz,
                 ),
             )
-                .prop_map(|(dims, raw, values)| {
-                    let indices = raw
-                        .into_iter()
-                        .zip(&dims)
-                        .map(|(col, &d)| col.into_iter().map(|x| x % d).collect())
-                        .collect();
-                    SparseTensor::new(dims, indices, values).unwrap()
-                })
+                .prop_filter_map(
+                    "repeated coordinates sum beyond f32",
+                    |(dims, raw, values)| {
+                        let indices = raw
+                            .into_iter()
+                            .zip(&dims)
+                            .map(|(col, &d)| col.into_iter().map(|x| x % d).collect())
+                            .collect();
+                        SparseTensor::new(dims, indices, values).ok()
+                    },
+                )
         })
     }
 

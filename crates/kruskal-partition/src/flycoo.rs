@@ -93,7 +93,7 @@ mod tests {
             exponent in 0.0f64..1.8,
         ) {
             let dims: Vec<u32> = (0..nmodes).map(|m| 1 + ((seed >> (m * 8)) % 40) as u32).collect();
-            let mut spec = PowerLawSpec::new(dims, nnz).with_seed(seed);
+            let mut spec = PowerLawSpec::new(dims, nnz).with_draws().with_seed(seed);
             spec.exponents = vec![exponent; nmodes];
             let t = power_law(&spec).unwrap();
             let (f, summaries) = build_flycoo(&t, &LayoutOptions::new(kappa)).unwrap();

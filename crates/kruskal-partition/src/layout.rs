@@ -435,7 +435,7 @@ mod tests {
 
     fn tensor(dims: Vec<u32>, nnz: usize, exponent: f64, seed: u64) -> SparseTensor {
         let nmodes = dims.len();
-        let mut spec = PowerLawSpec::new(dims, nnz).with_seed(seed);
+        let mut spec = PowerLawSpec::new(dims, nnz).with_draws().with_seed(seed);
         spec.exponents = vec![exponent; nmodes];
         power_law(&spec).unwrap()
     }

@@ -437,7 +437,7 @@ mod tests {
             gpus in 1usize..6,
             exponent in 0.0f64..1.6,
         ) {
-            let mut spec = PowerLawSpec::new(vec![70, 40, 25, 9], nnz).with_seed(seed);
+            let mut spec = PowerLawSpec::new(vec![70, 40, 25, 9], nnz).with_draws().with_seed(seed);
             spec.exponents = vec![exponent; 4];
             let t = power_law(&spec).unwrap();
             let plan = RowShards::new(&t, gpus).unwrap();
@@ -525,7 +525,7 @@ mod tests {
             gpus in 1usize..5,
             exponent in 0.0f64..1.6,
         ) {
-            let mut spec = PowerLawSpec::new(vec![30, 17, 6], nnz.max(1)).with_seed(seed);
+            let mut spec = PowerLawSpec::new(vec![30, 17, 6], nnz.max(1)).with_draws().with_seed(seed);
             spec.exponents = vec![exponent; 3];
             let mut t = power_law(&spec).unwrap();
             if nnz == 0 {
@@ -548,9 +548,12 @@ mod tests {
 
     #[test]
     fn local_elements_across_many_scatter_chunks() {
-        let t =
-            power_law(&PowerLawSpec::new(vec![500, 300, 40], 3 * SCATTER_CHUNK + 17).with_seed(3))
-                .unwrap();
+        let t = power_law(
+            &PowerLawSpec::new(vec![500, 300, 40], 3 * SCATTER_CHUNK + 17)
+                .with_draws()
+                .with_seed(3),
+        )
+        .unwrap();
         check_local_elements(&t, &RowShards::new(&t, 3).unwrap());
     }
 
@@ -658,7 +661,11 @@ mod tests {
     fn rows_go_to_gpus_by_lpt_and_bad_arguments_are_errors() {
         let t = SparseTensor::new(
             vec![4, 2, 2],
-            vec![vec![0, 0, 0, 0, 1, 1, 2, 3], vec![0; 8], vec![1; 8]],
+            vec![
+                vec![0, 0, 0, 0, 1, 1, 2, 3],
+                vec![0, 1, 0, 1, 0, 1, 0, 0],
+                vec![0, 0, 1, 1, 0, 0, 0, 0],
+            ],
             vec![1.0; 8],
         )
         .unwrap();

@@ -145,7 +145,7 @@ mod tests {
             isps in 1usize..50,
             exponent in 0.0f64..1.8,
         ) {
-            let mut spec = PowerLawSpec::new(vec![60, 50, 40, 30], nnz).with_seed(seed);
+            let mut spec = PowerLawSpec::new(vec![60, 50, 40, 30], nnz).with_draws().with_seed(seed);
             spec.exponents = vec![exponent; 4];
             let t = power_law(&spec).unwrap();
             for plan in ShardPlan::for_all_modes(&t, &ShardOptions::new(gpus, isps)).unwrap() {
@@ -165,7 +165,7 @@ mod tests {
                     }
                     covered += shard.end - shard.start;
                 }
-                prop_assert_eq!(covered, nnz as u64);
+                prop_assert_eq!(covered, t.nnz() as u64);
                 // A row lives on one GPU unless it was split.
                 let rows = t.mode_indices(plan.mode());
                 let mut gpu_of = vec![usize::MAX; t.dims()[plan.mode()] as usize];
@@ -184,7 +184,7 @@ mod tests {
 
     #[test]
     fn rejects_zero_gpus_or_isps() {
-        let t = power_law(&PowerLawSpec::new(vec![5, 5, 5], 30)).unwrap();
+        let t = power_law(&PowerLawSpec::new(vec![5, 5, 5], 30).with_draws()).unwrap();
         assert!(ShardPlan::new(&t, 0, &ShardOptions::new(0, 4)).is_err());
         assert!(ShardPlan::new(&t, 0, &ShardOptions::new(2, 0)).is_err());
     }

@@ -26,9 +26,10 @@ use crate::errors::{format_error, value_error};
 ///
 /// Notes
 /// -----
-/// Repeated coordinates are summed, as pyttb does; the nonzeros are then
-/// sorted by coordinate. The indices are converted to kruskal's layout
-/// (one array per mode), which is one copy of the data.
+/// Repeated coordinates are summed, as pyttb does (with repeats the
+/// nonzeros come out in coordinate order; without, they keep their order). The indices are
+/// converted to kruskal's layout (one array per mode), which is one copy of
+/// the data.
 ///
 /// Raises
 /// ------
@@ -159,11 +160,8 @@ impl SparseTensor {
                 values.len()
             )));
         }
-        let tensor = py.detach(move || {
-            let mut t = kruskal_formats::SparseTensor::new(dims, columns, values)?;
-            t.coalesce();
-            Ok::<_, kruskal_formats::FormatError>(t)
-        });
+        // `new` sums repeated coordinates (in f64, rounded once).
+        let tensor = py.detach(move || kruskal_formats::SparseTensor::new(dims, columns, values));
         Ok(SparseTensor {
             inner: Arc::new(tensor.map_err(format_error)?),
         })

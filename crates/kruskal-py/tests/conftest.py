@@ -33,18 +33,18 @@ def read_tns(path):
 
 
 def small_tensors():
-    """(name, subs, vals, shape): generated ones, plus the repository's
-    small real tensors once `data/` is in the checkout."""
+    """(name, subs, vals, shape): generated ones and the repository's
+    small real ones."""
     out = [
         ("random-3mode", *random_sparse((30, 25, 20), 600, seed=3)),
         ("random-4mode", *random_sparse((12, 10, 9, 8), 500, seed=4)),
         ("repeated-coordinates", *random_sparse((20, 18, 15), 400, seed=5, repeats=80)),
     ]
-    # Real tensors (the second with repeated coordinates: 3,010 of its
-    # nonzeros are split over several lines), once `data/` is here.
+    # The repository's real tensors (the second with repeated coordinates:
+    # 3,010 of its nonzeros are split over several lines). A missing file
+    # fails, as data/README.md says of every test.
     for name in ("splatt-small.tns", "splatt-med-repeats.tns.gz"):
-        if (DATA / name).exists():
-            out.append((name, *read_tns(DATA / name)))
+        out.append((name, *read_tns(DATA / name)))
     return out
 
 

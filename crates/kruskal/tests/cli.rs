@@ -29,21 +29,19 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// The shared test tensors (beside the repository, or `KRUSKAL_TEST_DATA`);
-/// `None` with a note when there are none.
-fn data(name: &str) -> Option<PathBuf> {
+/// A test tensor of the repository's `data/` folder (or of the folder
+/// `KRUSKAL_TEST_DATA` names); a missing file fails the test.
+fn data(name: &str) -> PathBuf {
     let dir = std::env::var_os("KRUSKAL_TEST_DATA")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"));
-    if dir.is_dir() {
-        Some(dir.join(name))
-    } else {
-        eprintln!(
-            "note: {} not found; skipping the part that needs {name}",
-            dir.display()
-        );
-        None
-    }
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data"));
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} not found: the repository's test tensors are missing",
+        path.display()
+    );
+    path
 }
 
 /// Asserts a failed run: non-zero exit, one error line, no panic.
@@ -76,9 +74,7 @@ fn demo_reaches_the_planted_fit() {
 
 #[test]
 fn cpd_writes_numpy_files_and_restarts_from_them() {
-    let Some(file) = data("splatt-med.tns") else {
-        return;
-    };
+    let file = data("splatt-med.tns.gz");
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("model");
     let o = kruskal(&[
@@ -143,17 +139,164 @@ fn bad_lines_give_one_line_errors_with_file_and_line() {
 }
 
 #[test]
-fn pattern_files_need_the_pattern_flag() {
-    let Some(file) = data("kg-jf17k-4mode-novalues.tns") else {
-        return;
-    };
-    let o = kruskal(&["info", file.to_str().unwrap()]);
-    assert_clean_failure(&o, "--pattern");
+fn pattern_files_are_read_as_values_with_a_warning() {
+    let file = data("kg-jf17k-4mode-novalues.tns.gz");
+    let o = kruskal(&["info", file.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["nmodes"], 3);
+    let err = stderr(&o);
+    assert_eq!(
+        err.lines().filter(|l| l.contains("warning")).count(),
+        1,
+        "{err}"
+    );
+    assert!(
+        err.contains("looks like an index") && err.contains("--pattern"),
+        "{err}"
+    );
     let o = kruskal(&["info", file.to_str().unwrap(), "--pattern", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["nmodes"], 4);
     assert_eq!(v["nnz"], 34_544);
+
+    // The same rule for a two-line file.
+    let dir = tempfile::tempdir().unwrap();
+    let tiny = dir.path().join("tiny.tns");
+    std::fs::write(&tiny, "1 1 1\n2 2 2\n").unwrap();
+    let o = kruskal(&["info", tiny.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--pattern"), "{}", stderr(&o));
+    // Counts are values, without a word: large whole numbers, rarely 1.
+    let counts = dir.path().join("counts.tns");
+    let text: String = (0..3000u32)
+        .map(|i| {
+            format!(
+                "{} {} {}\n",
+                i % 60 + 1,
+                i / 60 + 1,
+                [3, 1, 12, 250, 7][i as usize % 5]
+            )
+        })
+        .collect();
+    std::fs::write(&counts, text).unwrap();
+    let o = kruskal(&["info", counts.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).is_empty(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        (v["nmodes"].as_u64(), v["nnz"].as_u64()),
+        (Some(2), Some(3000))
+    );
+}
+
+/// Per-iteration fits of a `kruskal cpd --json` run.
+fn cpd_fits(file: &Path, extra: &[&str]) -> (Vec<f64>, Output) {
+    let mut args = vec![
+        "cpd",
+        file.to_str().unwrap(),
+        "--rank",
+        "6",
+        "--iters",
+        "8",
+        "--tol",
+        "0",
+        "--seed",
+        "11",
+        "--backend",
+        "cpu",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let o = kruskal(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let fits = v["iterations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|it| it["fit"].as_f64().unwrap())
+        .collect();
+    (fits, o)
+}
+
+#[test]
+fn repeated_coordinates_give_the_fit_of_the_summed_tensor() {
+    // The repeats file is splatt-med with 4,041 extra lines (values split
+    // over two or three lines) in shuffled order.
+    let (clean, _) = cpd_fits(&data("splatt-med.tns.gz"), &[]);
+    let (repeats, o) = cpd_fits(&data("splatt-med-repeats.tns.gz"), &[]);
+    assert_eq!(clean.len(), 8);
+    assert_eq!(clean, repeats, "every iteration's fit");
+    assert!(clean.iter().all(|&f| f > 0.0 && f < 0.9), "{clean:?}");
+    let err = stderr(&o);
+    assert!(
+        err.contains("4,041 lines repeat a coordinate") && err.contains("100,000 nonzeros"),
+        "{err}"
+    );
+    // The same through a .ktns written from it, and `info` agrees.
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("r.ktns");
+    let o = kruskal(&[
+        "convert",
+        data("splatt-med-repeats.tns.gz").to_str().unwrap(),
+        bin.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (from_bin, o) = cpd_fits(&bin, &[]);
+    assert_eq!(from_bin, clean);
+    assert!(stderr(&o).is_empty(), "{}", stderr(&o));
+    let o = kruskal(&["info", bin.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        (v["nnz"].as_u64(), v["duplicates_merged"].as_u64()),
+        (Some(100_000), Some(0))
+    );
+}
+
+#[test]
+fn generated_tensors_have_the_nonzeros_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("g.tns");
+    let o = kruskal(&[
+        "gen",
+        t.to_str().unwrap(),
+        "--like",
+        "nell-2",
+        "--nnz",
+        "30k",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = kruskal(&["info", t.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).is_empty(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(
+        (v["nnz"].as_u64(), v["duplicates_merged"].as_u64()),
+        (Some(30_000), Some(0))
+    );
+    // A generated tensor's fit is below 1: its norm is that of distinct
+    // coordinates.
+    let o = kruskal(&[
+        "cpd",
+        "--like",
+        "nell-2",
+        "--nnz",
+        "30k",
+        "--rank",
+        "4",
+        "--iters",
+        "3",
+        "--backend",
+        "cpu",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let fit = v["fit"].as_f64().unwrap();
+    assert!(fit > 0.0 && fit < 0.99, "{fit}");
 }
 
 #[test]

@@ -196,6 +196,23 @@ fn distributed_arguments_are_checked_before_anything_runs() {
         .output()
         .unwrap();
     assert_clean_failure(&o, ".ktns");
+    // A version 1 .ktns may repeat coordinates, which ranks reading parts
+    // of it could not sum: refused, with the command that rewrites it.
+    let old = dir.path().join("old.ktns");
+    let mut bytes = std::fs::read(&file).unwrap();
+    // Version 1, no flags; 3 modes: the header checksum covers bytes 0..48.
+    bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+    bytes[28..32].copy_from_slice(&0u32.to_le_bytes());
+    let crc = crc32fast::hash(&bytes[..48]);
+    bytes[48..52].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&old, &bytes).unwrap();
+    let o = kruskal()
+        .args(["cpd", old.to_str().unwrap()])
+        .args(rank_args(0, 1))
+        .output()
+        .unwrap();
+    assert_clean_failure(&o, "kruskal convert");
+    assert!(text(&o.stderr).contains("version 1"), "{}", text(&o.stderr));
     // Several-GPU options without several GPUs.
     let o = kruskal()
         .args(["cpd", f, "--exchange", "p2p", "--backend", "cpu"])

@@ -15,7 +15,9 @@ pub fn generated() -> Vec<(String, SparseTensor)> {
     let mut out = Vec::new();
     for (nmodes, nnz, exponent) in [(3, 200_000, 1.1), (4, 150_000, 0.9), (5, 100_000, 1.2)] {
         let dims: Vec<u32> = (0..nmodes).map(|m| 3_000 + 1_700 * m as u32).collect();
-        let mut spec = PowerLawSpec::new(dims, nnz).with_seed(nmodes as u64);
+        let mut spec = PowerLawSpec::new(dims, nnz)
+            .with_draws()
+            .with_seed(nmodes as u64);
         spec.exponents = vec![exponent; nmodes];
         out.push((
             format!("power-law {nmodes} modes"),
@@ -34,22 +36,23 @@ pub fn generated() -> Vec<(String, SparseTensor)> {
     out
 }
 
-/// The real tensors of the shared data folder (beside the repository, or
-/// `KRUSKAL_TEST_DATA`); none, with a note, when the folder is absent.
+/// The real tensors of the repository's `data/` folder (or the folder
+/// `KRUSKAL_TEST_DATA` names); a missing folder fails the test.
 pub fn real() -> Vec<(String, SparseTensor)> {
     let dir = std::env::var_os("KRUSKAL_TEST_DATA").map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/data"),
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data"),
         PathBuf::from,
     );
-    if !dir.is_dir() {
-        eprintln!("note: {} not found; generated tensors only", dir.display());
-        return Vec::new();
-    }
+    assert!(
+        dir.is_dir(),
+        "{} not found: the repository's test tensors are missing",
+        dir.display()
+    );
     [
-        ("splatt-med.tns", false),
-        ("splatt-med4.tns", false),
-        ("splatt-med5.tns", false),
-        ("kg-jf17k-4mode-novalues.tns", true),
+        ("splatt-med.tns.gz", false),
+        ("splatt-med4.tns.gz", false),
+        ("splatt-med5.tns.gz", false),
+        ("kg-jf17k-4mode-novalues.tns.gz", true),
     ]
     .into_iter()
     .map(|(name, pattern)| {

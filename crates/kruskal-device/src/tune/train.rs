@@ -453,7 +453,12 @@ mod tests {
             (&[30, 20, 10], 15_000),
         ];
         for (k, (dims, nnz)) in shapes.into_iter().enumerate() {
-            let t = power_law(&PowerLawSpec::new(dims.to_vec(), nnz).with_seed(k as u64)).unwrap();
+            let t = power_law(
+                &PowerLawSpec::new(dims.to_vec(), nnz)
+                    .with_draws()
+                    .with_seed(k as u64),
+            )
+            .unwrap();
             let f = TensorFeatures::compute(&t);
             let features: Vec<Vec<f64>> = (0..t.nmodes()).map(|m| f.mode_vector(m)).collect();
             let mut runs = Vec::new();

@@ -63,6 +63,8 @@ pub struct MappedBinary {
     payload: usize,
     /// Bytes from one array to the next.
     stride: usize,
+    /// The header records distinct coordinates.
+    distinct: bool,
 }
 
 /// The CRC-32 of one contiguous part of the payload, and the part's length
@@ -160,6 +162,7 @@ impl MappedBinary {
             payload,
             stride,
             total,
+            distinct,
         } = read_header(path, &mut file)?;
         // SAFETY: the map is only read, through byte slices and the u32/f32
         // views below, which are sound as long as the file keeps its
@@ -188,7 +191,16 @@ impl MappedBinary {
             payload_crc,
             payload,
             stride,
+            distinct,
         })
+    }
+
+    /// Whether the file records that no two of its nonzeros share a
+    /// coordinate (every `.ktns` kruskal writes from version 2 on). A
+    /// process that reads only part of the file cannot sum repeats across
+    /// parts, so it needs this.
+    pub fn distinct(&self) -> bool {
+        self.distinct
     }
 
     /// The file this maps.

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use kruskal_formats::generate::{PowerLawSpec, power_law, preset};
-use kruskal_formats::{ReadOptions, SparseTensor, read_tensor};
+use kruskal_formats::{ReadOptions, ReadReport, SparseTensor, read_tensor_report};
 
 /// How to read a tensor file.
 #[derive(Args, Clone, Debug, Default)]
@@ -21,7 +21,7 @@ pub struct ReadArgs {
     /// column, e.g. knowledge-graph facts).
     #[arg(long)]
     pub pattern: bool,
-    /// Read the last column as values even when it looks like an index.
+    /// The last column is data: do not warn when it looks like an index.
     #[arg(long)]
     pub values_are_data: bool,
     /// The tensor's dimensions, e.g. 1000,800,600 (default: the largest
@@ -74,6 +74,11 @@ pub struct Loaded {
     pub tensor: SparseTensor,
     pub source: String,
     pub load_s: f64,
+    /// Lines of the file summed into others (repeated coordinates).
+    pub merged: usize,
+    /// Seconds of the load spent on repeated coordinates (the order check,
+    /// and the sort where needed).
+    pub coalesce_s: f64,
 }
 
 impl InputArgs {
@@ -92,23 +97,29 @@ impl InputArgs {
                 tensor,
                 source: format!("generated like {} (seed {})", p.name, self.gen_seed),
                 load_s: start.elapsed().as_secs_f64(),
+                merged: 0,
+                coalesce_s: 0.0,
             });
         }
         let path = self
             .file
             .as_deref()
             .context("give a tensor FILE, or --like NAME to generate one")?;
-        let tensor = load_file(path, &self.read)?;
+        let (tensor, report) = load_file(path, &self.read)?;
         Ok(Loaded {
             tensor,
             source: path.display().to_string(),
             load_s: start.elapsed().as_secs_f64(),
+            merged: report.merged,
+            coalesce_s: report.coalesce_s,
         })
     }
 }
 
-/// Reads a tensor file with a byte-progress bar on a terminal.
-pub fn load_file(path: &Path, read: &ReadArgs) -> Result<SparseTensor> {
+/// Reads a tensor file with a byte-progress bar on a terminal, and prints
+/// (on standard error, so `--json` output stays clean) one line for the
+/// repeated coordinates summed and one per warning of the reader.
+pub fn load_file(path: &Path, read: &ReadArgs) -> Result<(SparseTensor, ReadReport)> {
     let mut opts = read.options();
     let bar = ProgressBar::new(0);
     bar.set_style(
@@ -124,9 +135,33 @@ pub fn load_file(path: &Path, read: &ReadArgs) -> Result<SparseTensor> {
         b.set_length(total);
         b.set_position(done);
     }));
-    let tensor = read_tensor(path, &opts);
+    let read = read_tensor_report(path, &opts);
     bar.finish_and_clear();
-    Ok(tensor?)
+    let (tensor, report) = read?;
+    for w in &report.warnings {
+        warn(w);
+    }
+    if report.merged > 0 {
+        note(&format!(
+            "{}: {} lines repeat a coordinate and were summed into others ({} lines, {} nonzeros)",
+            path.display(),
+            thousands(report.merged as u64),
+            thousands((tensor.nnz() + report.merged) as u64),
+            thousands(tensor.nnz() as u64)
+        ));
+    }
+    Ok((tensor, report))
+}
+
+/// Prints a warning: something the user should check, that did not stop
+/// the work.
+pub fn warn(message: &str) {
+    eprintln!("kruskal: warning: {message}");
+}
+
+/// Prints a note: what the program did that the user did not ask for.
+pub fn note(message: &str) {
+    eprintln!("kruskal: note: {message}");
 }
 
 /// A spinner on stderr when it is a terminal (hidden otherwise).

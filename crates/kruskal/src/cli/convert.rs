@@ -16,8 +16,9 @@ pub struct ConvertArgs {
     pub input: PathBuf,
     /// Output tensor; its extension picks the format (.tns, .tns.gz, .ktns).
     pub output: PathBuf,
-    /// Sum nonzeros that share a coordinate before writing.
-    #[arg(long)]
+    /// Accepted for old scripts: nonzeros that share a coordinate are now
+    /// always summed when a tensor is read.
+    #[arg(long, hide = true)]
     pub coalesce: bool,
     #[command(flatten)]
     pub read: ReadArgs,
@@ -35,7 +36,7 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         );
     }
     let start = Instant::now();
-    let mut t = load_file(&args.input, &args.read)?;
+    let (t, _) = load_file(&args.input, &args.read)?;
     let read_s = start.elapsed().as_secs_f64();
     let in_bytes = size(&args.input);
     println!(
@@ -46,10 +47,6 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         in_bytes as f64 / 1e6 / read_s,
         t.nnz() as f64 / 1e6 / read_s
     );
-    if args.coalesce {
-        let merged = t.coalesce();
-        println!("merged {} duplicate nonzeros", thousands(merged as u64));
-    }
     let start = Instant::now();
     let bar = spinner(&format!("writing {}", args.output.display()));
     let written = write_tensor(&args.output, &t);

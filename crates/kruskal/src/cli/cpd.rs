@@ -105,6 +105,8 @@ fn demo_tensor() -> Result<(Loaded, kruskal_formats::generate::Planted)> {
             spec.rank, spec.seed
         ),
         load_s: start.elapsed().as_secs_f64(),
+        merged: 0,
+        coalesce_s: 0.0,
     };
     Ok((loaded, p))
 }
@@ -604,7 +606,9 @@ fn report(
             "source": loaded.source,
             "dims": t.dims(),
             "nnz": t.nnz(),
+            "duplicates_merged": loaded.merged,
             "load_s": loaded.load_s,
+            "coalesce_s": loaded.coalesce_s,
         },
         "backend": name,
         "device": device,

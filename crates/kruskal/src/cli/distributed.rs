@@ -97,6 +97,18 @@ pub fn run(args: &CpdArgs) -> Result<()> {
             path.display()
         );
     }
+    // Each rank reads only its share, so none could sum repeated
+    // coordinates that fall in different shares: the file must say that it
+    // has none (every .ktns written from format version 2 on does).
+    if !MappedBinary::open(path)?.distinct() {
+        bail!(
+            "{}: --distributed needs a .ktns file that records distinct coordinates, and this \
+             one was written by an older kruskal (format version 1) and may repeat some; \
+             rewrite it with `kruskal convert {} NEW.ktns`, which sums repeated coordinates",
+            path.display(),
+            path.display()
+        );
+    }
     if d.join_timeout_s == 0 || d.peer_timeout_s == 0 {
         bail!("--join-timeout-s and --peer-timeout-s must be at least 1");
     }

@@ -31,8 +31,9 @@ pub struct GenArgs {
     pub exponent: String,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Sum nonzeros that landed on the same coordinate.
-    #[arg(long)]
+    /// Accepted for old scripts: generated coordinates are always distinct
+    /// (the nonzero count is that of distinct coordinates).
+    #[arg(long, hide = true)]
     pub coalesce: bool,
     /// Generate a planted tensor of this rank instead of a power-law one.
     #[arg(long, value_name = "RANK")]
@@ -73,7 +74,7 @@ pub fn run(args: GenArgs) -> Result<()> {
     let nnz = args.nnz.or(default_nnz).context("give --nnz with --dims")?;
     let start = Instant::now();
     let bar = spinner(&format!("generating {} nonzeros", thousands(nnz as u64)));
-    let (mut tensor, truth) = if let Some(rank) = args.planted {
+    let (tensor, truth) = if let Some(rank) = args.planted {
         let p = planted(&PlantedSpec {
             dims: dims.clone(),
             rank,
@@ -98,21 +99,15 @@ pub fn run(args: GenArgs) -> Result<()> {
         spec.exponents = exponents;
         (power_law(&spec)?, None)
     };
-    let merged = if args.coalesce { tensor.coalesce() } else { 0 };
     bar.set_message(format!("writing {}", output.display()));
     write_tensor(&output, &tensor)?;
     bar.finish_and_clear();
     println!(
-        "wrote {}: {} modes, {}, {} nonzeros{} in {:.2} s",
+        "wrote {}: {} modes, {}, {} nonzeros in {:.2} s",
         output.display(),
         tensor.nmodes(),
         dims_text(tensor.dims()),
         thousands(tensor.nnz() as u64),
-        if args.coalesce {
-            format!(" ({} duplicates merged)", thousands(merged as u64))
-        } else {
-            String::new()
-        },
         start.elapsed().as_secs_f64()
     );
     if let (Some(dir), Some((lambda, factors))) = (&args.factors, truth) {

@@ -17,8 +17,9 @@ use super::common::{InputArgs, dims_text, thousands};
 pub struct InfoArgs {
     #[command(flatten)]
     pub input: InputArgs,
-    /// Also sum duplicate coordinates and report how many there were.
-    #[arg(long)]
+    /// Accepted for old scripts: lines that repeat a coordinate are always
+    /// summed, and their count is always shown.
+    #[arg(long, hide = true)]
     pub duplicates: bool,
     /// Report how evenly each mode's output rows spread over K partitions
     /// (FLYCOO thread blocks): greedy LPT with heavy rows split, against
@@ -59,12 +60,8 @@ pub fn run(args: InfoArgs) -> Result<()> {
         bail!("give a tensor FILE (or --like NAME), or --gpu");
     }
     let loaded = args.input.load()?;
-    let mut t = loaded.tensor;
-    let duplicates = if args.duplicates {
-        Some(t.coalesce())
-    } else {
-        None
-    };
+    let t = loaded.tensor;
+    let duplicates = loaded.merged;
     if args.kappa == Some(0) || args.gpus == Some(0) || args.isps == 0 {
         bail!("--kappa, --gpus and --isps must be at least 1");
     }
@@ -105,7 +102,8 @@ pub fn run(args: InfoArgs) -> Result<()> {
         let value = json!({
             "source": loaded.source, "nmodes": t.nmodes(), "dims": t.dims(), "nnz": s.nnz,
             "density": s.density, "norm": s.norm, "coo_bytes": bytes,
-            "duplicates_merged": duplicates, "load_s": loaded.load_s, "modes": modes,
+            "duplicates_merged": duplicates, "load_s": loaded.load_s,
+            "coalesce_s": loaded.coalesce_s, "modes": modes,
             "partitions": partitions.iter().enumerate().map(|(m, p)| p.json(m)).collect::<Vec<_>>(),
             "gpus": shards.iter().map(shard_json).collect::<Vec<_>>(),
             "features": features.as_ref().map(|(f, secs)| features_json(f, *secs)),
@@ -124,10 +122,14 @@ pub fn run(args: InfoArgs) -> Result<()> {
         bytes as f64 / (1 << 20) as f64,
         4 * t.nmodes() + 4
     );
-    if let Some(d) = duplicates {
-        println!("merged    {} duplicate nonzeros", thousands(d as u64));
-    }
-    println!("loaded in {:.2} s", loaded.load_s);
+    println!(
+        "merged    {} lines that repeat a coordinate",
+        thousands(duplicates as u64)
+    );
+    println!(
+        "loaded in {:.2} s ({:.2} s of it on repeated coordinates)",
+        loaded.load_s, loaded.coalesce_s
+    );
     println!();
     println!(
         "{:>5} {:>12} {:>12} {:>10} {:>8} {:>10} {:>12} {:>8} {:>12}",
