@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use ndarray::ArrayView2;
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2};
+use pyo3::exceptions::PyUserWarning;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use rayon::prelude::*;
@@ -271,7 +272,7 @@ impl SparseTensor {
 }
 
 /// Reads a tensor file: FROSTT text (`.tns`, `.tns.gz`) or kruskal's binary
-/// `.ktns`, as `kruskal cpd FILE` does.
+/// `.ktns`, as `kruskal cpd FILE` does (repeated coordinates summed).
 ///
 /// Parameters
 /// ----------
@@ -282,7 +283,9 @@ impl SparseTensor {
 /// pattern : bool, default False
 ///     Every column is an index and every value is 1.
 /// values_are_data : bool, default False
-///     Read the last column as values even when it looks like an index.
+///     The last column is values even though it looks like an index: no
+///     warning. (Without it such a file is still read with values, and a
+///     ``UserWarning`` suggests ``pattern=True``.)
 /// dims : sequence of int, optional
 ///     The dimensions (default: the largest index of each mode); an index
 ///     beyond them is an error.
@@ -315,9 +318,16 @@ pub fn read(
         dims,
         ..kruskal_formats::ReadOptions::default()
     };
-    let tensor = py
-        .detach(|| kruskal_formats::read_tensor(&path, &opts))
+    let (tensor, report) = py
+        .detach(|| kruskal_formats::read_tensor_report(&path, &opts))
         .map_err(format_error)?;
+    // The reader's warnings (a value column that looks like an index) as
+    // Python warnings, which the caller can filter or turn into errors.
+    for text in report.warnings {
+        let message = std::ffi::CString::new(format!("{}: {text}", path.display()))
+            .map_err(|e| value_error(e.to_string()))?;
+        PyErr::warn(py, &py.get_type::<PyUserWarning>(), &message, 1)?;
+    }
     Ok(SparseTensor {
         inner: Arc::new(tensor),
     })

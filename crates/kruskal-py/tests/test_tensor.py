@@ -7,6 +7,8 @@ import pytest
 
 import kruskal
 
+from conftest import DATA
+
 
 def parts(seed=0, shape=(6, 5, 4), nnz=30):
     rng = np.random.default_rng(seed)
@@ -94,6 +96,23 @@ def test_read_a_text_file(tmp_path):
         X = kruskal.read(path, dims=shape)
         np.testing.assert_array_equal(X.indices, subs)
         np.testing.assert_array_equal(X.values, vals.astype(np.float32))
+
+
+def test_reading_a_pattern_file_without_pattern_warns():
+    path = DATA / "kg-jf17k-4mode-novalues.tns.gz"
+    with pytest.warns(UserWarning, match="pattern"):
+        X = kruskal.read(path)
+    assert X.ndim == 3
+    X = kruskal.read(path, pattern=True)
+    assert X.ndim == 4 and X.nnz == 34_544
+
+
+def test_repeated_lines_of_a_file_are_summed():
+    plain = kruskal.read(DATA / "splatt-med.tns.gz")
+    repeats = kruskal.read(DATA / "splatt-med-repeats.tns.gz")
+    assert repeats.shape == plain.shape and repeats.nnz == plain.nnz == 100_000
+    np.testing.assert_array_equal(repeats.indices, plain.indices)
+    np.testing.assert_allclose(repeats.values, plain.values)
 
 
 def test_mttkrp_matches_numpy():
