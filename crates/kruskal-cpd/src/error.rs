@@ -12,6 +12,24 @@ pub enum CpdError {
     #[error("shape mismatch: {0}")]
     Shape(String),
 
+    /// Arguments that do not fit each other or the tensor; the message
+    /// names them as the command line does.
+    #[error("{0}")]
+    Invalid(String),
+
+    /// The GPU cannot take this run (its memory, say).
+    #[error("{0}")]
+    Gpu(String),
+
+    /// The host cannot take this run: the need, its parts and the memory
+    /// available, measured before anything sized by a dimension is made.
+    #[error("{0}")]
+    Memory(String),
+
+    /// The GPU or its libraries failed.
+    #[error(transparent)]
+    Device(#[from] kruskal_device::DeviceError),
+
     /// A failure reported by the backend (CPU or GPU).
     #[error("backend: {0}")]
     Backend(String),

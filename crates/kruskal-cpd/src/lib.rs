@@ -16,6 +16,7 @@
 
 pub mod als;
 pub mod backend;
+pub mod decompose;
 pub mod dense;
 pub mod error;
 pub mod gpu;
@@ -28,6 +29,9 @@ pub mod warnings;
 pub(crate) use als::check_factor_shapes;
 pub use als::{CpdOptions, Init, arrange, cpd_als, cpd_als_with, random_factors};
 pub use backend::{Backend, ColumnNorms, CpuBackend};
+pub use decompose::{
+    BackendChoice, Chosen, DecomposeOptions, Decomposition, Event, StartSummary, decompose,
+};
 pub use error::{CpdError, Result};
 pub use gpu::{GpuBackend, KernelPlan};
 pub use model::{IterationStats, KruskalModel, load_factors};

@@ -11,6 +11,7 @@
 use std::fmt;
 
 use kruskal_device::flycoo::element_stride;
+use kruskal_formats::SparseTensor;
 
 /// Rows one task of the CPU's dense steps widens to f64 at a time (as in
 /// the CPU backend).
@@ -207,6 +208,67 @@ pub fn parse_meminfo(text: &str) -> Option<u64> {
 /// (not Linux) or unreadable, and callers then skip the check.
 pub fn available_bytes() -> Option<u64> {
     parse_meminfo(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+/// Why a run that needs `need` of host memory cannot run here: the need
+/// with its parts, `MemAvailable`, and, where a mode's dimension dwarfs the
+/// indices that occur in it, which modes and that `compact_flag` relabels
+/// them (when the caller has such an option). `None` when it fits, or when
+/// the available memory cannot be read.
+pub fn host_refusal(
+    need: &MemoryNeed,
+    t: &SparseTensor,
+    compact_flag: Option<&str>,
+) -> Option<String> {
+    let available = available_bytes()?;
+    if need.total() <= available {
+        return None;
+    }
+    Some(format!(
+        "the run needs {need} and {} are available (MemAvailable){}",
+        bytes_text(available),
+        compact_flag.map_or(String::new(), |flag| compact_hint(t, flag))
+    ))
+}
+
+/// `; mode 1 has dimension 3,000,000,000 but 3 indices occur: --compact
+/// relabels ...`, or nothing when every mode is dense enough.
+fn compact_hint(t: &SparseTensor, compact_flag: &str) -> String {
+    // Per-mode statistics cost no memory sized by a dimension where it
+    // dwarfs the nonzeros.
+    let occurring: Vec<u64> = t.stats().modes.iter().map(|m| m.nonempty_slices).collect();
+    let modes = sparse_modes(t.dims(), &occurring);
+    if modes.is_empty() {
+        return String::new();
+    }
+    let listed: Vec<String> = modes
+        .iter()
+        .map(|&m| {
+            format!(
+                "mode {} has dimension {} but {} indices occur",
+                m + 1,
+                grouped(u64::from(t.dims()[m])),
+                grouped(occurring[m])
+            )
+        })
+        .collect();
+    format!(
+        "; {}: {compact_flag} relabels each mode to the indices that occur",
+        listed.join(", ")
+    )
+}
+
+/// `3,000,000,000`.
+fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (k, c) in digits.chars().enumerate() {
+        if k > 0 && (digits.len() - k) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 #[cfg(test)]

@@ -84,7 +84,7 @@ mod tests {
     fn a_huge_dimension_is_not_allocated() {
         let t = SparseTensor::new(
             vec![3_000_000_000, 4],
-            vec![vec![2_999_999_999, 5, 5], vec![0, 1, 1]],
+            vec![vec![2_999_999_999, 5, 5], vec![0, 1, 2]],
             vec![1.0, 2.0, 3.0],
         )
         .unwrap();

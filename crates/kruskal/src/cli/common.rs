@@ -263,20 +263,13 @@ impl MultiGpuArgs {
         let Some(text) = &self.gpus else {
             return Ok(None);
         };
-        let count = kruskal_device::Gpu::count()?;
         let n = if text == "all" {
-            count
+            kruskal_device::Gpu::count()?
         } else {
             text.parse::<usize>()
                 .map_err(|_| anyhow::anyhow!("--gpus takes a count or 'all', not '{text}'"))?
         };
-        if n == 0 {
-            bail!("--gpus must be at least 1");
-        }
-        if n > count {
-            bail!("--gpus {n}: this machine has {count} CUDA GPU(s)");
-        }
-        Ok(Some((0..n).collect()))
+        Ok(Some(kruskal_cpd::decompose::first_gpus(n)?))
     }
 
     pub fn options(&self) -> Result<kruskal_device::GroupOptions> {
@@ -317,28 +310,19 @@ impl MultiGpuArgs {
         kernel: &str,
         quiet: bool,
     ) -> Result<kruskal_device::GpuGroup> {
-        if !matches!(kernel, "auto" | "shard") {
-            bail!(
-                "--gpus runs the shard kernel on every GPU; --kernel {kernel} is for one GPU or the CPU"
-            );
-        }
         let opts = self.options()?;
-        let mut say = |line: &str| {
-            if !quiet {
-                println!("gpus       {line}");
-            }
-        };
-        let group = kruskal_device::GpuGroup::new(ordinals, t, rank, &opts, &mut say)?;
-        if !quiet {
-            for line in group.describe() {
-                println!("           {line}");
-            }
-            match (group.exchange(), group.exchange_note()) {
-                (Some(e), None) => println!("exchange   {}", e.name()),
-                (Some(_), Some(note)) => println!("exchange   {note}"),
-                (None, _) => println!("exchange   none (one GPU)"),
-            }
-        }
+        let group = kruskal_cpd::decompose::gpu_group(
+            ordinals,
+            t,
+            rank,
+            kernel,
+            &opts,
+            &mut |topic, text| {
+                if !quiet {
+                    println!("{topic:<11}{text}");
+                }
+            },
+        )?;
         Ok(group)
     }
 }

@@ -3,27 +3,22 @@
 
 use std::ops::ControlFlow;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+pub(super) use kruskal_cpd::decompose::Starts;
 use kruskal_cpd::{
-    Backend, CpdOptions, CpuBackend, GpuBackend, GroupBackend, Init, IterationStats, KernelPlan,
-    KruskalModel, cpd_als_with, factor_match_score, load_factors,
+    Backend, Chosen, CpdOptions, DecomposeOptions, Decomposition, Event, GroupBackend, Init,
+    IterationStats, KernelPlan, KruskalModel, StartSummary, factor_match_score, load_factors,
 };
-use kruskal_cpu::CpuKernel;
-use kruskal_device::{Gpu, GpuKernel};
-use kruskal_formats::SparseTensor;
 use kruskal_formats::generate::{PlantedSpec, planted};
 use serde_json::json;
 
-use super::common::{
-    GpuArgs, InputArgs, Loaded, MultiGpuArgs, dims_text, gib, set_threads, thousands,
-};
+use super::common::{GpuArgs, InputArgs, Loaded, MultiGpuArgs, dims_text, set_threads, thousands};
 use super::{compact, preflight};
-use kruskal_cpd::memory::{cpu_need, gpu_need};
 
 /// Where the decomposition runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -35,9 +30,6 @@ pub enum BackendChoice {
     /// The first CUDA GPU.
     Gpu,
 }
-
-/// The GPU engines `--kernel auto` tries on the first iteration.
-const AUTO_CANDIDATES: [GpuKernel; 3] = [GpuKernel::Fcoo, GpuKernel::Flycoo, GpuKernel::Hicoo];
 
 #[derive(Args, Debug)]
 pub struct CpdArgs {
@@ -211,34 +203,18 @@ pub fn run(args: CpdArgs) -> Result<()> {
 /// the per-iteration lines are printed unless `args.json`). `args.input`,
 /// `args.demo`, `args.out` and `args.threads` are not used here.
 pub fn measure(args: &CpdArgs, loaded: &Loaded) -> Result<serde_json::Value> {
-    static NEVER: AtomicUsize = AtomicUsize::new(0);
+    static NEVER: AtomicBool = AtomicBool::new(false);
     let done = decompose(args, loaded, &NEVER)?;
     report(loaded, &done, None, None)
 }
 
-/// A finished decomposition and how it ran.
-struct Decomposition {
-    /// The best start's model.
-    model: KruskalModel,
-    backend: Chosen,
-    /// Seconds to prepare the backend.
-    prep_s: f64,
-    /// Why the GPU was not used, when `auto` fell back to the CPU.
-    fallback: Option<String>,
-    /// Seconds of all starts.
-    cpd_s: f64,
-    starts: usize,
-    /// Seed, fit and iterations of every start.
-    summaries: Vec<serde_json::Value>,
-}
-
-/// Builds the backend and runs every start; keeps the best model. Stops
-/// after the current iteration once `stop` is non-zero.
-fn decompose(args: &CpdArgs, loaded: &Loaded, stop: &AtomicUsize) -> Result<Decomposition> {
+/// Builds the backend and runs every start (`kruskal_cpd::decompose`),
+/// printing what it chose and a line per iteration unless `args.json`.
+/// Stops after the current iteration once `stop` is set.
+fn decompose(args: &CpdArgs, loaded: &Loaded, stop: &AtomicBool) -> Result<Decomposition> {
     let tensor = &loaded.tensor;
-    let opts = cpd_options(args, tensor.nmodes())?;
-    let rank = opts.rank;
-    preflight::print_warnings(tensor, rank, opts.max_iters);
+    let opts = decompose_options(args, tensor.nmodes())?;
+    preflight::print_warnings(tensor, opts.cpd.rank, opts.cpd.max_iters);
     if !args.json {
         println!("tensor     {}", loaded.source);
         println!(
@@ -249,28 +225,39 @@ fn decompose(args: &CpdArgs, loaded: &Loaded, stop: &AtomicUsize) -> Result<Deco
             loaded.load_s
         );
     }
-    let prep = Instant::now();
-    let (mut backend, fallback) = make_backend(args, tensor, rank)?;
-    let prep_s = prep.elapsed().as_secs_f64();
+    let mut printer = Printer::new(args.json, &opts.cpd);
+    let done = kruskal_cpd::decompose(tensor, &opts, &mut |e| printer.event(e), stop);
+    printer.finish();
+    let done = done?;
     if !args.json {
-        if let Some(why) = &fallback {
-            println!("note       GPU not used: {why}; running on the CPU");
-        }
-        println!(
-            "backend    {} (prepared in {:.2} s)",
-            backend.describe(),
-            prep_s
-        );
+        print_starts(done.starts, &done.summaries);
     }
-    let runs = run_starts(args, backend.as_dyn(), &opts, args.json, stop)?;
-    Ok(Decomposition {
-        model: runs.model,
-        backend,
-        prep_s,
-        fallback,
-        cpd_s: runs.cpd_s,
-        starts: runs.starts,
-        summaries: runs.summaries,
+    Ok(done)
+}
+
+/// What `args` ask of `kruskal_cpd::decompose` for a tensor of `nmodes`
+/// modes.
+fn decompose_options(args: &CpdArgs, nmodes: usize) -> Result<DecomposeOptions> {
+    let gpus = args.multi.ordinals()?;
+    Ok(DecomposeOptions {
+        cpd: cpd_options(args, nmodes)?,
+        starts: args.starts.unwrap_or(if args.demo { 3 } else { 1 }),
+        seed: args.seed,
+        backend: match args.backend {
+            BackendChoice::Auto => kruskal_cpd::BackendChoice::Auto,
+            BackendChoice::Cpu => kruskal_cpd::BackendChoice::Cpu,
+            BackendChoice::Gpu => kruskal_cpd::BackendChoice::Gpu,
+        },
+        kernel: args.kernel.clone(),
+        gpu: args.gpu.options(),
+        no_model: args.gpu.no_model,
+        group: match gpus {
+            Some(_) => args.multi.options()?,
+            None => Default::default(),
+        },
+        gpus,
+        // Already relabeled, a tensor has no mode left to compact.
+        compact_flag: (!args.compact).then(|| "--compact".to_string()),
     })
 }
 
@@ -310,127 +297,144 @@ pub(super) fn cpd_options(args: &CpdArgs, nmodes: usize) -> Result<CpdOptions> {
     })
 }
 
-/// What [`run_starts`] found.
-pub(super) struct Starts {
-    /// The best start's model.
-    pub model: KruskalModel,
-    /// Seconds of all starts.
-    pub cpd_s: f64,
-    pub starts: usize,
-    /// Seed, fit and iterations of every start.
-    pub summaries: Vec<serde_json::Value>,
-}
-
 /// Runs every start `args` asks for on `backend` and keeps the best model;
 /// prints a line per iteration unless `quiet`. Stops after the current
-/// iteration once `stop` is non-zero.
+/// iteration once `stop` is set.
 pub(super) fn run_starts(
     args: &CpdArgs,
     backend: &mut dyn Backend,
     opts: &CpdOptions,
     quiet: bool,
-    stop: &AtomicUsize,
+    stop: &AtomicBool,
 ) -> Result<Starts> {
-    if !quiet {
-        println!(
-            "rank {}, up to {} iterations, tol {:e}",
-            opts.rank, opts.max_iters, opts.tol
-        );
-    }
+    let mut printer = Printer::new(quiet, opts);
+    printer.limits();
     let starts = args.starts.unwrap_or(if args.demo { 3 } else { 1 });
-    if starts == 0 {
-        bail!("--starts must be at least 1");
+    let runs = kruskal_cpd::decompose::run_starts(
+        backend,
+        opts,
+        args.seed,
+        starts,
+        &mut |e| printer.event(e),
+        stop,
+    );
+    printer.finish();
+    let runs = runs?;
+    if !quiet {
+        print_starts(runs.starts, &runs.summaries);
     }
-    let start = Instant::now();
-    let mut runs: Vec<(u64, KruskalModel)> = Vec::with_capacity(starts);
-    for k in 0..starts {
-        let seed = args.seed + k as u64;
-        let mut opts = opts.clone();
-        if starts > 1 {
-            opts.init = Init::Random { seed };
-            if !quiet {
-                println!("start {} of {starts} (seed {seed})", k + 1);
-            }
-        }
-        let model = run_one(backend, &opts, quiet, stop)?;
-        let interrupted = model.interrupted;
-        runs.push((seed, model));
-        if interrupted {
-            break;
-        }
-    }
-    let cpd_s = start.elapsed().as_secs_f64();
-    let summaries: Vec<_> = runs
-        .iter()
-        .map(|(seed, m)| json!({"seed": seed, "fit": m.fit(), "iterations": m.iterations.len()}))
-        .collect();
-    if starts > 1 && !quiet {
-        for (seed, m) in &runs {
+    Ok(runs)
+}
+
+/// Each start's seed, fit and iterations, when several were asked for.
+fn print_starts(starts: usize, summaries: &[StartSummary]) {
+    if starts > 1 {
+        for s in summaries {
             println!(
-                "start seed {seed}: fit {:.6} after {} iterations",
-                m.fit(),
-                m.iterations.len()
+                "start seed {}: fit {:.6} after {} iterations",
+                s.seed, s.fit, s.iterations
             );
         }
     }
-    let (_, model) = runs
-        .into_iter()
-        .max_by(|a, b| a.1.fit().total_cmp(&b.1.fit()))
-        .expect("at least one start");
-    Ok(Starts {
-        model,
-        cpd_s,
-        starts,
-        summaries,
-    })
 }
 
-/// The chosen backend.
-enum Chosen {
-    Cpu(CpuBackend),
-    Gpu(Box<GpuBackend>),
-    Group(Box<GroupBackend>),
-}
-
-impl Chosen {
-    fn as_dyn(&mut self) -> &mut dyn Backend {
-        match self {
-            Chosen::Cpu(b) => b,
-            Chosen::Gpu(b) => b.as_mut(),
-            Chosen::Group(b) => b.as_mut(),
-        }
-    }
-
-    fn describe(&self) -> String {
-        match self {
-            Chosen::Cpu(b) => b.describe(),
-            Chosen::Gpu(b) => b.describe(),
-            Chosen::Group(b) => b.describe(),
-        }
-    }
-
-    fn plan(&self) -> Option<KernelPlan> {
-        match self {
-            Chosen::Gpu(b) => Some(b.plan()),
-            Chosen::Cpu(_) | Chosen::Group(_) => None,
-        }
-    }
-}
-
-/// The group backend `--gpus` asks for: the `shard` kernel on every GPU.
-fn group_backend(
-    args: &CpdArgs,
-    ordinals: &[usize],
-    t: &SparseTensor,
+/// Shows `kruskal_cpd::decompose`'s events: its choices and a line per
+/// iteration unless `quiet`, and a progress bar (fit and time per
+/// iteration) on a terminal.
+struct Printer {
+    quiet: bool,
     rank: usize,
-) -> Result<Chosen> {
-    if args.backend == BackendChoice::Cpu {
-        bail!("--gpus runs on GPUs; it cannot be combined with --backend cpu");
+    max_iters: usize,
+    tol: f64,
+    spin: Option<ProgressBar>,
+    bar: Option<ProgressBar>,
+}
+
+impl Printer {
+    fn new(quiet: bool, opts: &CpdOptions) -> Self {
+        Printer {
+            quiet,
+            rank: opts.rank,
+            max_iters: opts.max_iters,
+            tol: opts.tol,
+            spin: None,
+            bar: None,
+        }
     }
-    let group = args
-        .multi
-        .group(ordinals, t, rank, &args.kernel, args.json)?;
-    Ok(Chosen::Group(Box::new(GroupBackend::new(group, t))))
+
+    /// `rank 10, up to 50 iterations, tol 1e-5`.
+    fn limits(&self) {
+        if !self.quiet {
+            println!(
+                "rank {}, up to {} iterations, tol {:e}",
+                self.rank, self.max_iters, self.tol
+            );
+        }
+    }
+
+    fn event(&mut self, event: Event<'_>) -> ControlFlow<()> {
+        match event {
+            Event::Note { topic, text } => {
+                if !self.quiet {
+                    println!("{topic:<11}{text}");
+                }
+            }
+            Event::Step(Some(what)) => self.spin = Some(super::common::spinner(what)),
+            Event::Step(None) => {
+                if let Some(spin) = self.spin.take() {
+                    spin.finish_and_clear();
+                }
+            }
+            Event::Ready {
+                backend,
+                prep_s,
+                fallback,
+            } => {
+                if !self.quiet {
+                    if let Some(why) = fallback {
+                        println!("note       GPU not used: {why}; running on the CPU");
+                    }
+                    println!("backend    {backend} (prepared in {prep_s:.2} s)");
+                }
+                self.limits();
+            }
+            Event::Start {
+                index,
+                starts,
+                seed,
+            } => {
+                self.finish();
+                if starts > 1 && !self.quiet {
+                    println!("start {} of {starts} (seed {seed})", index + 1);
+                }
+                let bar = ProgressBar::new(self.max_iters as u64);
+                bar.set_style(
+                    ProgressStyle::with_template("iterating [{bar:30}] {pos}/{len} {msg}")
+                        .expect("valid template")
+                        .progress_chars("=> "),
+                );
+                self.bar = Some(bar);
+            }
+            Event::Iteration(s) => {
+                if let Some(bar) = &self.bar {
+                    let total = s.mttkrp_s + s.other_s;
+                    bar.set_position(s.iteration as u64);
+                    bar.set_message(format!("fit {:.6}, {:.3} s/iteration", s.fit, total));
+                    if !self.quiet {
+                        bar.suspend(|| println!("{}", iteration_line(s)));
+                    }
+                }
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Clears the progress bar and spinner.
+    fn finish(&mut self) {
+        for bar in [self.bar.take(), self.spin.take()].into_iter().flatten() {
+            bar.finish_and_clear();
+        }
+    }
 }
 
 /// Per mode, where the time went on several GPUs (after the first
@@ -462,173 +466,15 @@ pub(super) fn print_breakdown(b: &GroupBackend, whose: &str) {
     }
 }
 
-/// Builds the backend `--backend` and `--kernel` ask for. With `auto`, a
-/// GPU that cannot be used (none, no memory for the run, a rank beyond the
-/// GPU kernels, a CPU-only kernel) gives the CPU backend and the reason.
-fn make_backend(args: &CpdArgs, t: &SparseTensor, rank: usize) -> Result<(Chosen, Option<String>)> {
-    if let Some(ordinals) = args.multi.ordinals()? {
-        return Ok((group_backend(args, &ordinals, t, rank)?, None));
-    }
-    let name = args.kernel.as_str();
-    let cpu_kernel = name.parse::<CpuKernel>().ok();
-    let gpu_kernel = name.parse::<GpuKernel>().ok();
-    if cpu_kernel.is_none() && gpu_kernel.is_none() {
-        bail!(
-            "unknown kernel '{name}' (CPU: auto, sorted, fcoo, flycoo, hicoo; GPU: auto, coo, fcoo, flycoo, hicoo)"
-        );
-    }
-    let cpu =
-        |kernel: Option<CpuKernel>, why: Option<String>| -> Result<(Chosen, Option<String>)> {
-            let Some(kernel) = kernel else {
-                bail!(
-                    "--kernel {name} runs on the GPU only{}",
-                    why.map(|w| format!(", and the GPU cannot be used: {w}"))
-                        .unwrap_or_default()
-                );
-            };
-            let starts = args.starts.unwrap_or(1);
-            let need = cpu_need(
-                t.dims(),
-                t.nnz(),
-                rank,
-                rayon::current_num_threads(),
-                starts,
-            );
-            preflight::check_host_memory(&need, t, Some("--compact"))?;
-            Ok((Chosen::Cpu(CpuBackend::with_kernel(t, kernel)?), why))
-        };
-    let gpu_run = || -> Result<GpuBackend> {
-        let Some(kernel) = gpu_kernel else {
-            bail!(
-                "--kernel {name} runs on the CPU only (GPU kernels: auto, coo, fcoo, flycoo, hicoo)"
-            );
-        };
-        kruskal_device::dense::check_rank(rank)?;
-        let gpu = Gpu::open(0)?;
-        let need = gpu_need(t.dims(), t.nnz(), rank);
-        let free = gpu.free_bytes()?;
-        if need.total() > free as u64 {
-            bail!(
-                "the run needs {need} on the GPU and {} are free there",
-                gib(free)
-            );
-        }
-        let candidates = gpu_candidates(args, t, rank, kernel, gpu.properties().sms);
-        let spin = super::common::spinner("uploading the tensor to the GPU");
-        let backend = GpuBackend::new(gpu, t, &candidates);
-        spin.finish_and_clear();
-        Ok(backend?)
-    };
-    match args.backend {
-        BackendChoice::Cpu => cpu(cpu_kernel, None),
-        BackendChoice::Gpu => Ok((Chosen::Gpu(Box::new(gpu_run()?)), None)),
-        BackendChoice::Auto => match gpu_run() {
-            Ok(b) => Ok((Chosen::Gpu(Box::new(b)), None)),
-            Err(e) => cpu(cpu_kernel, Some(short_reason(&e))),
-        },
-    }
-}
-
-/// The configurations the GPU backend builds: with `--kernel auto`, the
-/// fixed default and the tuning model's best others for this tensor's
-/// features (`tune::candidates`; without a trained model, fcoo, flycoo and
-/// hicoo at their defaults); with an engine
-/// named, that engine with the model's best parameter unless a flag gives
-/// it. Prints what was chosen and why.
-fn gpu_candidates(
-    args: &CpdArgs,
-    t: &SparseTensor,
-    rank: usize,
-    kernel: GpuKernel,
-    sms: usize,
-) -> Vec<(GpuKernel, kruskal_device::GpuOptions)> {
-    use kruskal_device::tune::{CANDIDATES, Config, TuneModel, choose, shortlist};
-    let given = args.gpu.options();
-    let say = |line: String| {
-        if !args.json {
-            println!("kernels    {line}");
-        }
-    };
-    let model = if args.gpu.no_model {
-        Err("--no-model".to_string())
-    } else {
-        TuneModel::usable()
-    };
-    let param_given = given.sets_parameter_of(kernel);
-    // The model's parameters, where no flag gives one.
-    let with = |k: GpuKernel, o: kruskal_device::GpuOptions| (k, given.or(&o));
-    let engine_defaults = |why: String| {
-        say(format!(
-            "timing fcoo, flycoo and hicoo at their defaults ({why})"
-        ));
-        AUTO_CANDIDATES
-            .iter()
-            .map(|&k| (k, given.clone()))
-            .collect()
-    };
-    match (kernel, model) {
-        (GpuKernel::Auto, Err(why)) => engine_defaults(why),
-        (_, Err(_)) => vec![(kernel, given)],
-        (_, Ok(_)) if param_given => vec![(kernel, given)],
-        (_, Ok(model)) => {
-            let start = Instant::now();
-            let features = kruskal_formats::TensorFeatures::compute(t);
-            let features_s = start.elapsed().as_secs_f64();
-            if kernel == GpuKernel::Auto {
-                let ranked = match model.predict(&features, rank) {
-                    Ok(ranked) => ranked,
-                    Err(e) => return engine_defaults(e.to_string()),
-                };
-                let top = shortlist(&ranked, Config::DEFAULT, CANDIDATES);
-                let names: Vec<String> = top
-                    .iter()
-                    .map(|&c| {
-                        let ms = ranked.iter().find(|p| p.config == c).map(|p| p.total_ms);
-                        format!("{} ({:.2} ms)", c.flags(sms), ms.unwrap_or(f64::NAN))
-                    })
-                    .collect();
-                say(format!(
-                    "the default and the tuning model's best {} others for this tensor (features in {features_s:.2} s): {}",
-                    top.len() - 1,
-                    names.join(", ")
-                ));
-                top.iter()
-                    .map(|c| with(c.kernel(), c.options(sms)))
-                    .collect()
-            } else {
-                let picked = choose(&features, rank, Some(kernel));
-                let why = match picked.reason.as_str() {
-                    "model" => format!("the tuning model's best {} parameter", kernel.name()),
-                    other => other.to_string(),
-                };
-                say(format!(
-                    "{} ({why}; features in {features_s:.2} s)",
-                    picked.config.flags(sms),
-                ));
-                vec![with(kernel, picked.config.options(sms))]
-            }
-        }
-    }
-}
-
-/// Why the GPU was not used, in a few words (the full list of library
-/// names tried is for `--backend gpu`'s error).
-fn short_reason(e: &anyhow::Error) -> String {
-    match e.downcast_ref::<kruskal_device::DeviceError>() {
-        Some(kruskal_device::DeviceError::MissingLibrary { library, .. }) => {
-            format!("no CUDA {library} library was found")
-        }
-        _ => super::errors::error_line(e),
-    }
-}
-
 /// Ctrl-C presses so far; the first stops the run after the current
-/// iteration, the second ends the program at once.
+/// iteration (through [`STOP`]), the second ends the program at once.
 static INTERRUPTS: AtomicUsize = AtomicUsize::new(0);
+static STOP: AtomicBool = AtomicBool::new(false);
 
 /// Installs the Ctrl-C handler (once per process).
-fn interrupt_flag() -> Result<&'static AtomicUsize> {
+fn interrupt_flag() -> Result<&'static AtomicBool> {
     ctrlc::set_handler(|| {
+        STOP.store(true, Ordering::SeqCst);
         if INTERRUPTS.fetch_add(1, Ordering::SeqCst) > 0 {
             eprintln!("kruskal: interrupted again; stopping now, nothing written");
             std::process::exit(130);
@@ -636,40 +482,7 @@ fn interrupt_flag() -> Result<&'static AtomicUsize> {
         eprintln!("kruskal: stopping after this iteration (Ctrl-C again to quit at once)");
     })
     .context("installing the Ctrl-C handler")?;
-    Ok(&INTERRUPTS)
-}
-
-/// One CPD run with a progress bar (fit and time per iteration) and,
-/// unless `json`, a line per iteration. Stops after the current iteration
-/// once `stop` is non-zero.
-fn run_one(
-    backend: &mut dyn Backend,
-    opts: &CpdOptions,
-    json: bool,
-    stop: &AtomicUsize,
-) -> Result<KruskalModel> {
-    let bar = ProgressBar::new(opts.max_iters as u64);
-    bar.set_style(
-        ProgressStyle::with_template("iterating [{bar:30}] {pos}/{len} {msg}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    let mut report = |s: &IterationStats| {
-        let total = s.mttkrp_s + s.other_s;
-        bar.set_position(s.iteration as u64);
-        bar.set_message(format!("fit {:.6}, {:.3} s/iteration", s.fit, total));
-        if !json {
-            bar.suspend(|| println!("{}", iteration_line(s)));
-        }
-        if stop.load(Ordering::SeqCst) > 0 {
-            ControlFlow::Break(())
-        } else {
-            ControlFlow::Continue(())
-        }
-    };
-    let model = cpd_als_with(backend, opts, &mut report);
-    bar.finish_and_clear();
-    Ok(model?)
+    Ok(&STOP)
 }
 
 /// `  its =   3 (0.512 s: mttkrp 0.410 [0.100 0.200 0.110], update 0.080,

@@ -22,7 +22,7 @@
 //! they stop with this rank's reason instead of waiting for it.
 
 use std::path::Path;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -305,7 +305,7 @@ fn work(
 
     // Ranks stop together, so none takes Ctrl-C on its own: an interrupt
     // ends the process and the others see it as lost.
-    static NEVER: AtomicUsize = AtomicUsize::new(0);
+    static NEVER: AtomicBool = AtomicBool::new(false);
     let runs = run_starts(args, &mut backend, &cpd, me != 0 || args.json, &NEVER)?;
     Ok(Done {
         backend,

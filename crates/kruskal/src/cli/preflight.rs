@@ -6,61 +6,21 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
-use kruskal_cpd::memory::{
-    MemoryNeed, available_bytes, bytes_text, model_file_bytes, sparse_modes,
-};
+use kruskal_cpd::memory::{MemoryNeed, bytes_text, host_refusal, model_file_bytes};
 use kruskal_formats::SparseTensor;
 
-use super::common::thousands;
-
 /// Refuses, in one line, a run that needs more host memory than the
-/// machine has available: the need with its parts, `MemAvailable`, and,
-/// where a mode's dimension dwarfs the indices that occur in it, which
-/// modes and that `compact_flag` relabels them (when the command has
-/// one). Does nothing where the available memory cannot be read.
+/// machine has available (see [`kruskal_cpd::memory::host_refusal`]), naming
+/// `compact_flag` where it would help.
 pub fn check_host_memory(
     need: &MemoryNeed,
     t: &SparseTensor,
     compact_flag: Option<&str>,
 ) -> Result<()> {
-    let Some(available) = available_bytes() else {
-        return Ok(());
-    };
-    if need.total() <= available {
-        return Ok(());
+    match host_refusal(need, t, compact_flag) {
+        Some(why) => bail!("{why}"),
+        None => Ok(()),
     }
-    bail!(
-        "the run needs {need} and {} are available (MemAvailable){}",
-        bytes_text(available),
-        compact_flag.map_or(String::new(), |flag| compact_hint(t, flag))
-    )
-}
-
-/// `; mode 1 has dimension 3,000,000,000 but 3 indices occur: --compact
-/// relabels ...`, or nothing when every mode is dense enough.
-fn compact_hint(t: &SparseTensor, compact_flag: &str) -> String {
-    // Per-mode statistics cost no memory sized by a dimension where it
-    // dwarfs the nonzeros.
-    let occurring: Vec<u64> = t.stats().modes.iter().map(|m| m.nonempty_slices).collect();
-    let modes = sparse_modes(t.dims(), &occurring);
-    if modes.is_empty() {
-        return String::new();
-    }
-    let listed: Vec<String> = modes
-        .iter()
-        .map(|&m| {
-            format!(
-                "mode {} has dimension {} but {} indices occur",
-                m + 1,
-                thousands(u64::from(t.dims()[m])),
-                thousands(occurring[m])
-            )
-        })
-        .collect();
-    format!(
-        "; {}: {compact_flag} relabels each mode to the indices that occur",
-        listed.join(", ")
-    )
 }
 
 /// Prints each warning of [`kruskal_cpd::warnings`] on stderr, one line

@@ -1,0 +1,727 @@
+//! One call from a tensor to a model: [`decompose`] chooses the backend
+//! (`auto`: the GPU when one is usable and the run fits in its memory, else
+//! the CPU, with the reason), the kernels (`auto`: the tuning model's
+//! candidates, timed on the first iteration), the GPU group for several
+//! GPUs, and runs every random start, keeping the best model.
+//!
+//! The `kruskal cpd` command and the Python package both call it, so the
+//! two make the same choices. It prints nothing: what a user may want to
+//! see (the kernels chosen, the GPU plan, each iteration) arrives as
+//! [`Event`]s, and the caller decides how to show it.
+//!
+//! Error messages name the options as the command line does (`--kernel`,
+//! `--gpus`); the Python package uses the same names.
+
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use kruskal_cpu::CpuKernel;
+use kruskal_device::{DeviceError, Gpu, GpuGroup, GpuKernel, GpuOptions, GroupOptions};
+use kruskal_formats::SparseTensor;
+
+use crate::backend::{Backend, CpuBackend};
+use crate::error::{CpdError, Result};
+use crate::gpu::{GpuBackend, KernelPlan};
+use crate::model::{IterationStats, KruskalModel};
+use crate::multi::GroupBackend;
+use crate::{CpdOptions, Init, cpd_als_with};
+
+/// Where the decomposition runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendChoice {
+    /// The GPU when one is usable and the run fits in its memory, else the
+    /// CPU ([`Decomposition::fallback`] says why).
+    Auto,
+    Cpu,
+    /// The first CUDA GPU.
+    Gpu,
+}
+
+impl std::str::FromStr for BackendChoice {
+    type Err = CpdError;
+
+    fn from_str(text: &str) -> Result<Self> {
+        match text {
+            "auto" => Ok(BackendChoice::Auto),
+            "cpu" => Ok(BackendChoice::Cpu),
+            "gpu" => Ok(BackendChoice::Gpu),
+            other => Err(CpdError::Invalid(format!(
+                "unknown backend '{other}' (auto, cpu or gpu)"
+            ))),
+        }
+    }
+}
+
+/// The GPU engines `--kernel auto` tries on the first iteration.
+const AUTO_CANDIDATES: [GpuKernel; 3] = [GpuKernel::Fcoo, GpuKernel::Flycoo, GpuKernel::Hicoo];
+
+/// What [`decompose`] does.
+#[derive(Clone, Debug)]
+pub struct DecomposeOptions {
+    /// Rank, iteration limit, tolerance and the initial factors of the
+    /// first start.
+    pub cpd: CpdOptions,
+    /// Random starts (seeds `seed`, `seed + 1`, ...); the best fit is kept.
+    /// More than one needs random initial factors.
+    pub starts: usize,
+    /// Seed of the first start (also reported when the factors are given).
+    pub seed: u64,
+    pub backend: BackendChoice,
+    /// MTTKRP engine. CPU: auto, sorted, fcoo, flycoo, hicoo. GPU: auto,
+    /// coo, fcoo, flycoo, hicoo; several GPUs: auto or shard.
+    pub kernel: String,
+    /// Launch parameters of the GPU engines; a parameter given here wins
+    /// over the tuning model's.
+    pub gpu: GpuOptions,
+    /// Ignore the tuning model (`--no-model`).
+    pub no_model: bool,
+    /// Run on these GPUs as one group (the shard kernel); `None`: one GPU
+    /// or the CPU, as `backend` says.
+    pub gpus: Option<Vec<usize>>,
+    /// Options of the group, with `gpus`.
+    pub group: GroupOptions,
+    /// The caller's option that relabels sparse modes (`--compact` on the
+    /// command line), named when the host's memory is too small for the
+    /// run and a mode's dimension dwarfs the indices that occur in it.
+    pub compact_flag: Option<String>,
+}
+
+impl DecomposeOptions {
+    /// Rank `rank` with the command line's defaults: one start, seed 1,
+    /// backend and kernel `auto`.
+    pub fn new(rank: usize) -> Self {
+        DecomposeOptions {
+            cpd: CpdOptions::new(rank),
+            starts: 1,
+            seed: 1,
+            backend: BackendChoice::Auto,
+            kernel: "auto".into(),
+            gpu: GpuOptions::default(),
+            no_model: false,
+            gpus: None,
+            group: GroupOptions::default(),
+            compact_flag: None,
+        }
+    }
+}
+
+/// What [`decompose`] tells its caller while it works.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// A choice made while preparing, for the user: `topic` is a short
+    /// word (`kernels`, `gpus`, `exchange`; empty for a continuation line).
+    Note { topic: &'a str, text: &'a str },
+    /// A step that may take a while begins (`Some`) or has ended (`None`).
+    Step(Option<&'a str>),
+    /// The backend is ready.
+    Ready {
+        backend: &'a str,
+        /// Seconds to prepare it.
+        prep_s: f64,
+        /// Why the GPU was not used, when `auto` fell back to the CPU.
+        fallback: Option<&'a str>,
+    },
+    /// A start begins (`index` from 0; `starts` in all).
+    Start {
+        index: usize,
+        starts: usize,
+        seed: u64,
+    },
+    /// An iteration of the current start is done.
+    Iteration(&'a IterationStats),
+}
+
+/// Seed, fit and iterations of one start.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StartSummary {
+    pub seed: u64,
+    pub fit: f64,
+    pub iterations: usize,
+}
+
+/// A finished decomposition and how it ran.
+pub struct Decomposition {
+    /// The best start's model.
+    pub model: KruskalModel,
+    pub backend: Chosen,
+    /// Seconds to prepare the backend.
+    pub prep_s: f64,
+    /// Why the GPU was not used, when `auto` fell back to the CPU.
+    pub fallback: Option<String>,
+    /// Seconds of all starts.
+    pub cpd_s: f64,
+    pub starts: usize,
+    /// Every start, in the order run.
+    pub summaries: Vec<StartSummary>,
+}
+
+/// Builds the backend and runs every start; keeps the best model.
+///
+/// `progress` hears every [`Event`]; returning `ControlFlow::Break` from
+/// it, or setting `stop`, stops the run after the current iteration (the
+/// model so far is returned, `interrupted` set, and no further start
+/// runs). The backend is dropped (GPU memory and worker threads released)
+/// when the returned [`Decomposition`] is.
+pub fn decompose(
+    tensor: &SparseTensor,
+    opts: &DecomposeOptions,
+    progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+    stop: &AtomicBool,
+) -> Result<Decomposition> {
+    let rank = opts.cpd.rank;
+    if rank == 0 {
+        return Err(CpdError::Invalid("--rank must be at least 1".into()));
+    }
+    let prep = Instant::now();
+    let (mut backend, fallback) = make_backend(opts, tensor, rank, progress)?;
+    let prep_s = prep.elapsed().as_secs_f64();
+    let _ = progress(Event::Ready {
+        backend: &backend.describe(),
+        prep_s,
+        fallback: fallback.as_deref(),
+    });
+    let runs = run_starts(
+        backend.as_dyn(),
+        &opts.cpd,
+        opts.seed,
+        opts.starts,
+        progress,
+        stop,
+    )?;
+    Ok(Decomposition {
+        model: runs.model,
+        backend,
+        prep_s,
+        fallback,
+        cpd_s: runs.cpd_s,
+        starts: runs.starts,
+        summaries: runs.summaries,
+    })
+}
+
+/// What [`run_starts`] found.
+pub struct Starts {
+    /// The best start's model.
+    pub model: KruskalModel,
+    /// Seconds of all starts.
+    pub cpd_s: f64,
+    pub starts: usize,
+    /// Every start, in the order run.
+    pub summaries: Vec<StartSummary>,
+}
+
+/// Runs `starts` starts on `backend` (the first from `opts.init`; with
+/// more than one, seeds `seed`, `seed + 1`, ...) and keeps the model with
+/// the best fit. Stops after the current iteration once `progress` breaks
+/// or `stop` is set.
+pub fn run_starts(
+    backend: &mut dyn Backend,
+    opts: &CpdOptions,
+    seed: u64,
+    starts: usize,
+    progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+    stop: &AtomicBool,
+) -> Result<Starts> {
+    if starts == 0 {
+        return Err(CpdError::Invalid("--starts must be at least 1".into()));
+    }
+    if starts > 1 && matches!(opts.init, Init::Given(_)) {
+        return Err(CpdError::Invalid(
+            "--starts above 1 draws random initial factors; it cannot be combined with given ones"
+                .into(),
+        ));
+    }
+    let start = Instant::now();
+    let mut runs: Vec<(u64, KruskalModel)> = Vec::with_capacity(starts);
+    for k in 0..starts {
+        let seed = seed + k as u64;
+        let mut opts = opts.clone();
+        if starts > 1 {
+            opts.init = Init::Random { seed };
+        }
+        let _ = progress(Event::Start {
+            index: k,
+            starts,
+            seed,
+        });
+        let mut report = |s: &IterationStats| {
+            let flow = progress(Event::Iteration(s));
+            if flow.is_break() || stop.load(Ordering::SeqCst) {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        };
+        let model = cpd_als_with(backend, &opts, &mut report)?;
+        let interrupted = model.interrupted;
+        runs.push((seed, model));
+        if interrupted {
+            break;
+        }
+    }
+    let cpd_s = start.elapsed().as_secs_f64();
+    let summaries: Vec<_> = runs
+        .iter()
+        .map(|(seed, m)| StartSummary {
+            seed: *seed,
+            fit: m.fit(),
+            iterations: m.iterations.len(),
+        })
+        .collect();
+    let Some((_, model)) = runs
+        .into_iter()
+        .max_by(|a, b| a.1.fit().total_cmp(&b.1.fit()))
+    else {
+        return Err(CpdError::Invalid("--starts must be at least 1".into()));
+    };
+    Ok(Starts {
+        model,
+        cpd_s,
+        starts,
+        summaries,
+    })
+}
+
+/// The chosen backend.
+pub enum Chosen {
+    Cpu(CpuBackend),
+    Gpu(Box<GpuBackend>),
+    Group(Box<GroupBackend>),
+}
+
+impl Chosen {
+    pub fn as_dyn(&mut self) -> &mut dyn Backend {
+        match self {
+            Chosen::Cpu(b) => b,
+            Chosen::Gpu(b) => b.as_mut(),
+            Chosen::Group(b) => b.as_mut(),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Chosen::Cpu(b) => b.describe(),
+            Chosen::Gpu(b) => b.describe(),
+            Chosen::Group(b) => b.describe(),
+        }
+    }
+
+    /// `cpu`, `gpu` or `gpus`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Chosen::Cpu(_) => "cpu",
+            Chosen::Gpu(_) => "gpu",
+            Chosen::Group(_) => "gpus",
+        }
+    }
+
+    pub fn plan(&self) -> Option<KernelPlan> {
+        match self {
+            Chosen::Gpu(b) => Some(b.plan()),
+            Chosen::Cpu(_) | Chosen::Group(_) => None,
+        }
+    }
+}
+
+/// The first `n` GPUs of this machine, for a group.
+pub fn first_gpus(n: usize) -> Result<Vec<usize>> {
+    let count = Gpu::count()?;
+    if n == 0 {
+        return Err(CpdError::Invalid("--gpus must be at least 1".into()));
+    }
+    if n > count {
+        return Err(CpdError::Invalid(format!(
+            "--gpus {n}: this machine has {count} CUDA GPU(s)"
+        )));
+    }
+    Ok((0..n).collect())
+}
+
+/// Builds a group on `ordinals` for the shard kernel, telling `note` its
+/// plan (placement and exchange). `kernel` is the run's `--kernel`: only
+/// `auto` and `shard` are accepted.
+pub fn gpu_group(
+    ordinals: &[usize],
+    t: &SparseTensor,
+    rank: usize,
+    kernel: &str,
+    opts: &GroupOptions,
+    note: &mut dyn FnMut(&str, &str),
+) -> Result<GpuGroup> {
+    if !matches!(kernel, "auto" | "shard") {
+        return Err(CpdError::Invalid(format!(
+            "--gpus runs the shard kernel on every GPU; --kernel {kernel} is for one GPU or the CPU"
+        )));
+    }
+    let group = GpuGroup::new(ordinals, t, rank, opts, &mut |line| note("gpus", line))?;
+    for line in group.describe() {
+        note("", &line);
+    }
+    match (group.exchange(), group.exchange_note()) {
+        (Some(e), None) => note("exchange", e.name()),
+        (Some(_), Some(text)) => note("exchange", text),
+        (None, _) => note("exchange", "none (one GPU)"),
+    }
+    Ok(group)
+}
+
+/// The group backend `--gpus` asks for: the `shard` kernel on every GPU.
+fn group_backend(
+    opts: &DecomposeOptions,
+    ordinals: &[usize],
+    t: &SparseTensor,
+    rank: usize,
+    progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+) -> Result<Chosen> {
+    if opts.backend == BackendChoice::Cpu {
+        return Err(CpdError::Invalid(
+            "--gpus runs on GPUs; it cannot be combined with --backend cpu".into(),
+        ));
+    }
+    let group = gpu_group(
+        ordinals,
+        t,
+        rank,
+        &opts.kernel,
+        &opts.group,
+        &mut |topic, text| {
+            let _ = progress(Event::Note { topic, text });
+        },
+    )?;
+    Ok(Chosen::Group(Box::new(GroupBackend::new(group, t))))
+}
+
+/// Builds the backend `opts.backend` and `opts.kernel` ask for. With
+/// `auto`, a GPU that cannot be used (none, no memory for the run, a rank
+/// beyond the GPU kernels, a CPU-only kernel) gives the CPU backend and the
+/// reason.
+fn make_backend(
+    opts: &DecomposeOptions,
+    t: &SparseTensor,
+    rank: usize,
+    progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+) -> Result<(Chosen, Option<String>)> {
+    if let Some(ordinals) = &opts.gpus {
+        return Ok((group_backend(opts, ordinals, t, rank, progress)?, None));
+    }
+    let name = opts.kernel.as_str();
+    let cpu_kernel = name.parse::<CpuKernel>().ok();
+    let gpu_kernel = name.parse::<GpuKernel>().ok();
+    if cpu_kernel.is_none() && gpu_kernel.is_none() {
+        return Err(CpdError::Invalid(format!(
+            "unknown kernel '{name}' (CPU: auto, sorted, fcoo, flycoo, hicoo; GPU: auto, coo, fcoo, flycoo, hicoo)"
+        )));
+    }
+    let cpu = |kernel: Option<CpuKernel>,
+               why: Option<String>|
+     -> Result<(Chosen, Option<String>)> {
+        let Some(kernel) = kernel else {
+            return Err(CpdError::Invalid(format!(
+                "--kernel {name} runs on the GPU only{}",
+                why.map(|w| format!(", and the GPU cannot be used: {w}"))
+                    .unwrap_or_default()
+            )));
+        };
+        let need = crate::memory::cpu_need(
+            t.dims(),
+            t.nnz(),
+            rank,
+            rayon::current_num_threads(),
+            opts.starts,
+        );
+        if let Some(refusal) = crate::memory::host_refusal(&need, t, opts.compact_flag.as_deref()) {
+            return Err(CpdError::Memory(refusal));
+        }
+        Ok((Chosen::Cpu(CpuBackend::with_kernel(t, kernel)?), why))
+    };
+    let mut gpu_run = || -> Result<GpuBackend> {
+        let Some(kernel) = gpu_kernel else {
+            return Err(CpdError::Invalid(format!(
+                "--kernel {name} runs on the CPU only (GPU kernels: auto, coo, fcoo, flycoo, hicoo)"
+            )));
+        };
+        kruskal_device::dense::check_rank(rank)?;
+        let gpu = Gpu::open(0)?;
+        let need = crate::memory::gpu_need(t.dims(), t.nnz(), rank);
+        let free = gpu.free_bytes()?;
+        if need.total() > free as u64 {
+            return Err(CpdError::Gpu(format!(
+                "the run needs {need} on the GPU and {} are free there",
+                crate::memory::bytes_text(free as u64)
+            )));
+        }
+        let candidates = gpu_candidates(opts, t, rank, kernel, gpu.properties().sms, progress);
+        let _ = progress(Event::Step(Some("uploading the tensor to the GPU")));
+        let backend = GpuBackend::new(gpu, t, &candidates);
+        let _ = progress(Event::Step(None));
+        backend
+    };
+    match opts.backend {
+        BackendChoice::Cpu => cpu(cpu_kernel, None),
+        BackendChoice::Gpu => Ok((Chosen::Gpu(Box::new(gpu_run()?)), None)),
+        BackendChoice::Auto => match gpu_run() {
+            Ok(b) => Ok((Chosen::Gpu(Box::new(b)), None)),
+            Err(e) => cpu(cpu_kernel, Some(short_reason(&e))),
+        },
+    }
+}
+
+/// The configurations the GPU backend builds: with `--kernel auto`, the
+/// fixed default and the tuning model's best others for this tensor's
+/// features (`tune::candidates`; without a trained model, fcoo, flycoo and
+/// hicoo at their defaults); with an engine
+/// named, that engine with the model's best parameter unless a flag gives
+/// it. Tells `progress` what was chosen and why.
+fn gpu_candidates(
+    opts: &DecomposeOptions,
+    t: &SparseTensor,
+    rank: usize,
+    kernel: GpuKernel,
+    sms: usize,
+    progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+) -> Vec<(GpuKernel, GpuOptions)> {
+    use kruskal_device::tune::{CANDIDATES, Config, TuneModel, choose, shortlist};
+    let given = opts.gpu.clone();
+    let mut say = |line: String| {
+        let _ = progress(Event::Note {
+            topic: "kernels",
+            text: &line,
+        });
+    };
+    let model = if opts.no_model {
+        Err("--no-model".to_string())
+    } else {
+        TuneModel::usable()
+    };
+    let param_given = given.sets_parameter_of(kernel);
+    // The model's parameters, where no flag gives one.
+    let with = |k: GpuKernel, o: GpuOptions| (k, given.or(&o));
+    let engine_defaults = |why: String, say: &mut dyn FnMut(String)| {
+        say(format!(
+            "timing fcoo, flycoo and hicoo at their defaults ({why})"
+        ));
+        AUTO_CANDIDATES
+            .iter()
+            .map(|&k| (k, given.clone()))
+            .collect()
+    };
+    match (kernel, model) {
+        (GpuKernel::Auto, Err(why)) => engine_defaults(why, &mut say),
+        (_, Err(_)) => vec![(kernel, given.clone())],
+        (_, Ok(_)) if param_given => vec![(kernel, given.clone())],
+        (_, Ok(model)) => {
+            let start = Instant::now();
+            let features = kruskal_formats::TensorFeatures::compute(t);
+            let features_s = start.elapsed().as_secs_f64();
+            if kernel == GpuKernel::Auto {
+                let ranked = match model.predict(&features, rank) {
+                    Ok(ranked) => ranked,
+                    Err(e) => return engine_defaults(e.to_string(), &mut say),
+                };
+                let top = shortlist(&ranked, Config::DEFAULT, CANDIDATES);
+                let names: Vec<String> = top
+                    .iter()
+                    .map(|&c| {
+                        let ms = ranked.iter().find(|p| p.config == c).map(|p| p.total_ms);
+                        format!("{} ({:.2} ms)", c.flags(sms), ms.unwrap_or(f64::NAN))
+                    })
+                    .collect();
+                say(format!(
+                    "the default and the tuning model's best {} others for this tensor (features in {features_s:.2} s): {}",
+                    top.len() - 1,
+                    names.join(", ")
+                ));
+                top.iter()
+                    .map(|c| with(c.kernel(), c.options(sms)))
+                    .collect()
+            } else {
+                let picked = choose(&features, rank, Some(kernel));
+                let why = match picked.reason.as_str() {
+                    "model" => format!("the tuning model's best {} parameter", kernel.name()),
+                    other => other.to_string(),
+                };
+                say(format!(
+                    "{} ({why}; features in {features_s:.2} s)",
+                    picked.config.flags(sms),
+                ));
+                vec![with(kernel, picked.config.options(sms))]
+            }
+        }
+    }
+}
+
+/// Why the GPU was not used, in a few words (the full list of library
+/// names tried is for `--backend gpu`'s error).
+fn short_reason(e: &CpdError) -> String {
+    if let CpdError::Device(DeviceError::MissingLibrary { library, .. }) = e {
+        return format!("no CUDA {library} library was found");
+    }
+    let mut parts = vec![e.to_string()];
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        parts.push(s.to_string());
+        source = s.source();
+    }
+    parts.join(": ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kruskal_formats::generate::{PlantedSpec, planted};
+
+    fn planted_tensor() -> SparseTensor {
+        let spec = PlantedSpec {
+            dims: vec![40, 30, 20],
+            rank: 3,
+            nnz: 4_000,
+            noise: 0.0,
+            seed: 3,
+        };
+        planted(&spec).unwrap().tensor
+    }
+
+    fn cpu_options(rank: usize) -> DecomposeOptions {
+        let mut opts = DecomposeOptions::new(rank);
+        opts.backend = BackendChoice::Cpu;
+        opts.cpd.max_iters = 60;
+        opts
+    }
+
+    /// Runs `decompose`, recording every event as a short string.
+    fn run(
+        t: &SparseTensor,
+        opts: &DecomposeOptions,
+        stop: &AtomicBool,
+        mut flow: impl FnMut(&Event<'_>) -> ControlFlow<()>,
+    ) -> (Result<Decomposition>, Vec<String>) {
+        let mut seen = Vec::new();
+        let done = decompose(
+            t,
+            opts,
+            &mut |e| {
+                seen.push(match &e {
+                    Event::Note { topic, .. } => format!("note {topic}"),
+                    Event::Step(_) => "step".into(),
+                    Event::Ready { .. } => "ready".into(),
+                    Event::Start { index, seed, .. } => format!("start {index} seed {seed}"),
+                    Event::Iteration(s) => format!("iteration {}", s.iteration),
+                });
+                flow(&e)
+            },
+            stop,
+        );
+        (done, seen)
+    }
+
+    #[test]
+    fn recovers_a_planted_tensor_and_reports_each_step() {
+        let t = planted_tensor();
+        let stop = AtomicBool::new(false);
+        let (done, seen) = run(&t, &cpu_options(3), &stop, |_| ControlFlow::Continue(()));
+        let done = done.unwrap();
+        assert!(done.model.fit() > 0.99, "fit {}", done.model.fit());
+        assert_eq!(done.backend.name(), "cpu");
+        assert!(done.fallback.is_none());
+        let its = done.model.iterations.len();
+        assert_eq!(seen[0], "ready");
+        assert_eq!(seen[1], "start 0 seed 1");
+        assert_eq!(seen.len(), 2 + its);
+        assert_eq!(seen.last().unwrap(), &format!("iteration {its}"));
+        assert_eq!(done.summaries.len(), 1);
+        assert_eq!(done.summaries[0].fit, done.model.fit());
+    }
+
+    #[test]
+    fn keeps_the_best_of_several_starts() {
+        let t = planted_tensor();
+        let mut opts = cpu_options(3);
+        opts.starts = 3;
+        opts.seed = 7;
+        opts.cpd.max_iters = 5;
+        let (done, _) = run(&t, &opts, &AtomicBool::new(false), |_| {
+            ControlFlow::Continue(())
+        });
+        let done = done.unwrap();
+        let seeds: Vec<u64> = done.summaries.iter().map(|s| s.seed).collect();
+        assert_eq!(seeds, [7, 8, 9]);
+        let best = done
+            .summaries
+            .iter()
+            .map(|s| s.fit)
+            .fold(f64::MIN, f64::max);
+        assert_eq!(done.model.fit(), best);
+    }
+
+    #[test]
+    fn the_callback_or_the_flag_stops_after_the_current_iteration() {
+        let t = planted_tensor();
+        let mut opts = cpu_options(3);
+        opts.starts = 2;
+        let stop = AtomicBool::new(false);
+        let (done, seen) = run(&t, &opts, &stop, |e| match e {
+            Event::Iteration(s) if s.iteration == 2 => ControlFlow::Break(()),
+            _ => ControlFlow::Continue(()),
+        });
+        let done = done.unwrap();
+        assert!(done.model.interrupted);
+        assert_eq!(done.model.iterations.len(), 2);
+        // The second start does not run.
+        assert_eq!(done.summaries.len(), 1);
+        assert!(!seen.iter().any(|e| e.starts_with("start 1")));
+
+        stop.store(true, Ordering::SeqCst);
+        let (done, _) = run(&t, &opts, &stop, |_| ControlFlow::Continue(()));
+        let done = done.unwrap();
+        assert!(done.model.interrupted);
+        assert_eq!(done.model.iterations.len(), 1);
+    }
+
+    #[test]
+    fn bad_options_are_refused_before_any_work() {
+        let t = planted_tensor();
+        let stop = AtomicBool::new(false);
+        let refuse = |opts: &DecomposeOptions, needle: &str| {
+            let (done, seen) = run(&t, opts, &stop, |_| ControlFlow::Continue(()));
+            match done {
+                Err(CpdError::Invalid(text)) => assert!(text.contains(needle), "{text}"),
+                Err(e) => panic!("{e}"),
+                Ok(_) => panic!("accepted; expected '{needle}'"),
+            }
+            assert!(!seen.iter().any(|e| e.starts_with("iteration")));
+        };
+        refuse(&cpu_options(0), "--rank must be at least 1");
+        let mut opts = cpu_options(3);
+        opts.kernel = "bogus".into();
+        refuse(&opts, "unknown kernel 'bogus'");
+        opts.kernel = "coo".into();
+        refuse(&opts, "runs on the GPU only");
+        let mut opts = cpu_options(3);
+        opts.starts = 0;
+        refuse(&opts, "--starts must be at least 1");
+        opts.starts = 2;
+        opts.cpd.init = Init::Given(crate::random_factors(t.dims(), 3, 1));
+        refuse(&opts, "cannot be combined with given ones");
+        let mut opts = cpu_options(3);
+        opts.gpus = Some(vec![0]);
+        refuse(&opts, "cannot be combined with --backend cpu");
+    }
+
+    #[test]
+    fn auto_says_why_the_gpu_was_not_used() {
+        if Gpu::count().is_ok_and(|n| n > 0) {
+            return; // the fallback is for machines without a usable GPU
+        }
+        let t = planted_tensor();
+        let mut opts = cpu_options(3);
+        opts.backend = BackendChoice::Auto;
+        opts.cpd.max_iters = 2;
+        let (done, _) = run(&t, &opts, &AtomicBool::new(false), |_| {
+            ControlFlow::Continue(())
+        });
+        let done = done.unwrap();
+        assert_eq!(done.backend.name(), "cpu");
+        assert!(done.fallback.unwrap().contains("CUDA"));
+    }
+}

@@ -1,0 +1,375 @@
+"""CP decomposition (CPD-ALS) of large sparse tensors on GPUs and CPUs.
+
+The Python face of kruskal: the same decomposition as ``kruskal cpd``
+(one library call makes the same choices of backend, kernels and GPUs),
+with numpy arrays in and out.
+
+Examples
+--------
+>>> import numpy as np, kruskal
+>>> X = kruskal.SparseTensor(np.array([[0, 0, 0], [1, 2, 3]]), np.array([1.0, 2.0]), (2, 3, 4))
+>>> m = kruskal.cp_als(X, rank=1, iters=10, progress=False)
+>>> m.factors[0].shape
+(2, 1)
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, List, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _kruskal
+from ._kruskal import GpuError, SparseTensor, read
+
+__all__ = [
+    "GpuError",
+    "KruskalModel",
+    "SparseTensor",
+    "cp_als",
+    "devices",
+    "mttkrp",
+    "read",
+]
+__version__: str = _kruskal.__version__
+
+#: Defaults shared with ``kruskal cpd`` (``--iters``, ``--tol``).
+DEFAULT_ITERS = 50
+DEFAULT_TOL = 1e-5
+
+
+class KruskalModel:
+    """A CP model ``sum_r weights[r] * a_r(1) o ... o a_r(N)`` and its run.
+
+    Attributes
+    ----------
+    weights : numpy.ndarray
+        float64, shape (rank,), largest first.
+    factors : list of numpy.ndarray
+        One (dims[n], rank) matrix per mode with unit 2-norm columns, in
+        the dtype ``cp_als`` was asked for (float32 by default).
+    fit : float
+        ``1 - ||X - model|| / ||X||`` after the last iteration.
+    fits : numpy.ndarray
+        The fit after every iteration of the kept start.
+    iterations : list of dict
+        Per iteration: ``iteration``, ``fit``, ``delta``, ``mttkrp_s``,
+        ``other_s``, ``mttkrp_modes_s``, ``update_s``, ``fit_s`` (the
+        fields of ``kruskal cpd --json``).
+    converged : bool
+        The fit changed less than ``tol`` before the iteration limit.
+    interrupted : bool
+        The run was stopped (the callback returned False) before it ended.
+    backend : str
+        ``"cpu"``, ``"gpu"`` or ``"gpus"``.
+    info : dict
+        How the run went: ``describe`` (the backend in words), ``fallback``
+        (why ``backend="auto"`` did not use the GPU, or None),
+        ``prepare_s``, ``cpd_s``, ``starts`` (seed, fit, iterations of each
+        start), ``pseudo_inverse_solves``, ``notes`` (the choices
+        ``kruskal cpd`` prints).
+    """
+
+    def __init__(self, weights: np.ndarray, factors: List[np.ndarray], iterations: List[dict],
+                 converged: bool = False, interrupted: bool = False, backend: str = "cpu",
+                 info: Optional[dict] = None) -> None:
+        self.weights = weights
+        self.factors = factors
+        self.iterations = iterations
+        self.converged = converged
+        self.interrupted = interrupted
+        self.backend = backend
+        self.info = info or {}
+
+    @property
+    def rank(self) -> int:
+        """The number of components."""
+        return len(self.weights)
+
+    @property
+    def fits(self) -> np.ndarray:
+        """The fit after every iteration (float64)."""
+        return np.array([it["fit"] for it in self.iterations], dtype=np.float64)
+
+    @property
+    def fit(self) -> float:
+        """The fit after the last iteration (0.0 when none ran)."""
+        return float(self.iterations[-1]["fit"]) if self.iterations else 0.0
+
+    def full(self) -> np.ndarray:
+        """The model as a dense numpy array (float64): for small tensors only."""
+        shape = tuple(f.shape[0] for f in self.factors)
+        out = np.zeros(shape)
+        letters = "abcdefghijklmnopqrstuvwxy"[: len(shape)]
+        spec = ",".join(f"{c}z" for c in letters) + ",z->" + letters
+        out += np.einsum(spec, *[f.astype(np.float64) for f in self.factors], self.weights)
+        return out
+
+    def to_pyttb(self) -> Any:
+        """The model as a ``pyttb.ktensor`` (needs pyttb).
+
+        The factors are converted to float64, pyttb's dtype.
+        """
+        import pyttb
+
+        return pyttb.ktensor([np.asarray(f, dtype=np.float64) for f in self.factors],
+                             np.asarray(self.weights, dtype=np.float64))
+
+    def to_tensorly(self) -> Any:
+        """The model as a ``tensorly.cp_tensor.CPTensor`` (needs TensorLy)."""
+        from tensorly.cp_tensor import CPTensor
+
+        return CPTensor((np.asarray(self.weights), [np.asarray(f) for f in self.factors]))
+
+    def __repr__(self) -> str:
+        shape = ", ".join(str(f.shape[0]) for f in self.factors)
+        state = "converged" if self.converged else "interrupted" if self.interrupted else "limit"
+        return (f"kruskal.KruskalModel(shape=({shape}), rank={self.rank}, fit={self.fit:.6f}, "
+                f"iterations={len(self.iterations)} ({state}), backend={self.backend!r})")
+
+
+def _as_tensor(X: Any) -> SparseTensor:
+    """``X`` as a SparseTensor: itself, or converted from pyttb, pydata
+    sparse or scipy.sparse."""
+    if isinstance(X, SparseTensor):
+        return X
+    kind = type(X).__module__.split(".")[0]
+    if kind == "pyttb":
+        return SparseTensor.from_pyttb(X)
+    if kind == "sparse":
+        return SparseTensor.from_sparse(X)
+    if kind == "scipy":
+        return SparseTensor.from_scipy(X)
+    raise ValueError(
+        f"expected a kruskal.SparseTensor, pyttb.sptensor, sparse.COO or scipy.sparse matrix, "
+        f"not {type(X).__name__}")
+
+
+def _factors_f32(factors: Sequence[Any], what: str) -> List[np.ndarray]:
+    """Factor matrices as float32 2-D arrays (no copy when they already are)."""
+    if isinstance(factors, np.ndarray) or not isinstance(factors, (list, tuple)):
+        raise ValueError(f"{what} must be a list of arrays, one per mode")
+    out = []
+    for n, f in enumerate(factors):
+        a = np.asarray(f)
+        if a.dtype.kind not in "fiu":
+            raise ValueError(f"{what}[{n}] must hold real numbers, not {a.dtype}")
+        if a.ndim != 2:
+            raise ValueError(f"{what}[{n}] must be 2-D (rows x rank), not {a.ndim}-D")
+        out.append(a.astype(np.float32, copy=False))
+    return out
+
+
+class _Progress:
+    """A progress bar (tqdm, terminal or Jupyter) or a status line on stderr."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.bar = None
+        try:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc="cp_als", unit="it", leave=False)
+        except ImportError:
+            pass
+
+    def update(self, start: int, iteration: int, fit: float, seconds: float) -> None:
+        text = f"start {start + 1}, fit {fit:.6f}, {seconds:.3f} s/iteration"
+        if self.bar is not None:
+            if iteration == 1:
+                self.bar.reset(total=self.total)
+            self.bar.update(1)
+            self.bar.set_postfix_str(text, refresh=False)
+        else:
+            sys.stderr.write(f"\rcp_als {iteration}/{self.total}: {text}")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        else:
+            sys.stderr.write("\n")
+
+
+def cp_als(
+    X: Any,
+    rank: int = 10,
+    *,
+    backend: str = "auto",
+    gpus: int = 1,
+    iters: int = DEFAULT_ITERS,
+    tol: float = DEFAULT_TOL,
+    init: Union[str, Sequence[np.ndarray]] = "random",
+    seed: int = 1,
+    starts: int = 1,
+    kernel: str = "auto",
+    progress: bool = True,
+    callback: Optional[Callable[[int, float], Optional[bool]]] = None,
+    dtype: Any = np.float32,
+) -> KruskalModel:
+    """CP decomposition by alternating least squares, as ``kruskal cpd``.
+
+    Follows pyttb's ``cp_als`` step by step (normalization, fit, stopping
+    rule): from the same initial factors both give the same fits.
+
+    Parameters
+    ----------
+    X : SparseTensor, pyttb.sptensor, sparse.COO or scipy.sparse matrix
+        The tensor (converted to a SparseTensor when it is not one).
+    rank : int, default 10
+        Number of components (``--rank``).
+    backend : {"auto", "cpu", "gpu"}, default "auto"
+        ``auto`` runs on the GPU when one is usable and the run fits in
+        its memory, else on the CPU (``info["fallback"]`` says why).
+    gpus : int, default 1
+        GPUs of this machine to run on; from 2 on, the tensor is sharded
+        over them (``--gpus``).
+    iters : int, default 50
+        Iteration limit (``--iters``).
+    tol : float, default 1e-5
+        Stop when the fit changes by less than this (``--tol``).
+    init : "random" or list of array_like, default "random"
+        ``"random"``: uniform in [0, 1) from ``seed`` (the factors
+        ``kruskal cpd --seed`` draws). Otherwise one (dims[n], rank) matrix
+        per mode (used as float32; ``--init``).
+    seed : int, default 1
+        Seed of the random initial factors (``--seed``).
+    starts : int, default 1
+        Run from this many random starts (seeds ``seed``, ``seed + 1``,
+        ...) and keep the best fit (``--starts``).
+    kernel : str, default "auto"
+        MTTKRP engine (``--kernel``). CPU: auto, sorted, fcoo, flycoo,
+        hicoo. GPU: auto (times fcoo, flycoo and hicoo on the first
+        iteration and keeps the fastest per mode), coo, fcoo, flycoo, hicoo.
+    progress : bool, default True
+        Show a progress bar (tqdm when installed, in a terminal or in
+        Jupyter; else a status line on stderr).
+    callback : callable, optional
+        ``callback(iteration, fit)`` after every iteration; returning False
+        stops the run (the model so far is returned, ``interrupted`` set).
+    dtype : numpy dtype, default numpy.float32
+        dtype of the returned factors: float32 (as computed) or float64.
+
+    Returns
+    -------
+    KruskalModel
+
+    Raises
+    ------
+    ValueError
+        Bad arguments (rank 0, unknown backend or kernel, factors of the
+        wrong shape) or data.
+    GpuError
+        ``backend="gpu"`` or ``gpus >= 2`` and the GPU cannot be used or
+        fails.
+    KeyboardInterrupt
+        Ctrl-C: heard after the current iteration; the run stops and its
+        memory (GPU included) is released.
+    """
+    if not isinstance(rank, (int, np.integer)) or isinstance(rank, bool) or rank < 1:
+        raise ValueError(f"rank must be an integer >= 1, not {rank!r}")
+    if not isinstance(iters, (int, np.integer)) or iters < 0:
+        raise ValueError(f"iters must be an integer >= 0, not {iters!r}")
+    if not isinstance(starts, (int, np.integer)) or starts < 1:
+        raise ValueError(f"starts must be an integer >= 1, not {starts!r}")
+    if not isinstance(gpus, (int, np.integer)) or gpus < 1:
+        raise ValueError(f"gpus must be an integer >= 1, not {gpus!r}")
+    if not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, not {seed!r}")
+    out_dtype = np.dtype(dtype)
+    if out_dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"dtype must be float32 or float64, not {out_dtype}")
+    tensor = _as_tensor(X)
+    if isinstance(init, str):
+        if init != "random":
+            raise ValueError(f"init must be 'random' or a list of factor matrices, not {init!r}")
+        given = None
+    else:
+        given = _factors_f32(init, "init")
+        if given and given[0].shape[1] != rank:
+            raise ValueError(f"the initial factors have rank {given[0].shape[1]}, rank is {rank}")
+    bar = _Progress(int(iters)) if progress else None
+
+    def hear(start: int, iteration: int, fit: float, seconds: float) -> bool:
+        if bar is not None:
+            bar.update(start, iteration, fit, seconds)
+        if callback is not None:
+            return callback(iteration, fit) is not False
+        return True
+
+    try:
+        out = _kruskal.cp_als(
+            tensor, int(rank), backend=backend, gpus=int(gpus), iters=int(iters),
+            tol=float(tol), init=given, seed=int(seed), starts=int(starts), kernel=kernel,
+            callback=hear if (bar is not None or callback is not None) else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    factors = [f if out_dtype == f.dtype else f.astype(out_dtype) for f in out["factors"]]
+    info = {k: out[k] for k in ("describe", "fallback", "prepare_s", "cpd_s",
+                                "pseudo_inverse_solves", "notes")}
+    info["starts"] = [dict(zip(("seed", "fit", "iterations"), s)) for s in out["starts"]]
+    return KruskalModel(out["weights"], factors, out["iterations"], out["converged"],
+                        out["interrupted"], out["backend"], info)
+
+
+def mttkrp(X: Any, factors: Sequence[np.ndarray], mode: int, *, backend: str = "auto",
+           kernel: str = "auto") -> np.ndarray:
+    """One MTTKRP: ``X_(mode) (khatri-rao of the other factors)``.
+
+    For users writing their own solvers. The product skips ``factors[mode]``
+    (it must still have the right shape).
+
+    Parameters
+    ----------
+    X : SparseTensor, pyttb.sptensor, sparse.COO or scipy.sparse matrix
+        The tensor.
+    factors : list of array_like
+        One (dims[n], rank) matrix per mode (used as float32).
+    mode : int
+        The output mode, 0-based.
+    backend : {"auto", "cpu", "gpu"}, default "auto"
+        ``auto``: the GPU when one is usable, else the CPU.
+    kernel : str, default "auto"
+        The engine, as for ``cp_als``.
+
+    Returns
+    -------
+    numpy.ndarray
+        float32, shape (dims[mode], rank).
+
+    Raises
+    ------
+    ValueError
+        Shapes that do not fit the tensor, a mode out of range.
+    GpuError
+        ``backend="gpu"`` and the GPU cannot be used or fails.
+    """
+    if not isinstance(mode, (int, np.integer)) or isinstance(mode, bool) or mode < 0:
+        raise ValueError(f"mode must be an integer >= 0, not {mode!r}")
+    return _kruskal.mttkrp(_as_tensor(X), _factors_f32(factors, "factors"), int(mode),
+                           backend=backend, kernel=kernel)
+
+
+class Devices(list):
+    """The usable CUDA GPUs (a list of dicts: ordinal, name, arch, sms,
+    total_bytes, free_bytes); ``reason`` says why it is empty."""
+
+    reason: Optional[str]
+
+
+def devices() -> Devices:
+    """The CUDA GPUs kruskal can use, or why none can be.
+
+    Returns
+    -------
+    Devices
+        A list with one dict per GPU (``ordinal``, ``name``, ``arch``,
+        ``sms``, ``total_bytes``, ``free_bytes``); when empty, its
+        ``reason`` attribute says why (no driver, no GPU).
+    """
+    found, reason = _kruskal.devices()
+    out = Devices(found)
+    out.reason = reason
+    return out

@@ -1,0 +1,293 @@
+//! CPD-ALS (`kruskal_cpd::decompose`, the call `kruskal cpd` makes), one
+//! MTTKRP, and the GPUs.
+
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use kruskal_cpd::{BackendChoice, CpdOptions, DecomposeOptions, Event, Init};
+use kruskal_device::{Gpu, GpuKernel, GpuOptions};
+use ndarray::Array2;
+use numpy::{IntoPyArray, PyReadonlyArray2};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use crate::errors::{cpd_error, device_error, value_error};
+use crate::tensor::SparseTensor;
+
+/// Owned row-major copies of the factors (the backends take ownership of
+/// them: one copy, the layout kruskal computes in).
+fn owned_factors(factors: &[PyReadonlyArray2<'_, f32>]) -> Vec<Array2<f32>> {
+    factors
+        .iter()
+        .map(|f| f.as_array().as_standard_layout().into_owned())
+        .collect()
+}
+
+/// What a decomposition leaves for Python.
+struct Finished {
+    model: kruskal_cpd::KruskalModel,
+    name: &'static str,
+    describe: String,
+    fallback: Option<String>,
+    prep_s: f64,
+    cpd_s: f64,
+    summaries: Vec<kruskal_cpd::StartSummary>,
+}
+
+/// What the Python layer's `cp_als` passes down; see its docstring.
+#[pyfunction]
+#[pyo3(signature = (tensor, rank, *, backend, gpus, iters, tol, init, seed, starts, kernel, callback))]
+#[allow(clippy::too_many_arguments)]
+pub fn cp_als<'py>(
+    py: Python<'py>,
+    tensor: &SparseTensor,
+    rank: usize,
+    backend: &str,
+    gpus: usize,
+    iters: usize,
+    tol: f64,
+    init: Option<Vec<PyReadonlyArray2<'py, f32>>>,
+    seed: u64,
+    starts: usize,
+    kernel: &str,
+    callback: Option<Py<PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let backend: BackendChoice = backend.parse().map_err(|e| cpd_error(e, false))?;
+    if !(tol.is_finite() && tol >= 0.0) {
+        return Err(value_error(format!("tol {tol} must be finite and >= 0")));
+    }
+    let init = match init {
+        None => Init::Random { seed },
+        Some(factors) => Init::Given(owned_factors(&factors)),
+    };
+    let gpus = match gpus {
+        0 => return Err(value_error("gpus must be at least 1")),
+        // One GPU is the single-GPU backend (all engines, kernel auto);
+        // a group only from two on.
+        1 => None,
+        n => Some(kruskal_cpd::decompose::first_gpus(n).map_err(|e| cpd_error(e, true))?),
+    };
+    let opts = DecomposeOptions {
+        cpd: CpdOptions {
+            rank,
+            max_iters: iters,
+            tol,
+            init,
+        },
+        starts,
+        seed,
+        backend,
+        kernel: kernel.to_string(),
+        gpu: GpuOptions::default(),
+        no_model: false,
+        gpus,
+        group: Default::default(),
+        compact_flag: None,
+    };
+    let t = tensor.inner.clone();
+    let stop = AtomicBool::new(false);
+    let mut notes: Vec<String> = Vec::new();
+    let mut on_gpu = opts.gpus.is_some() || backend == BackendChoice::Gpu;
+    let mut raised: Option<PyErr> = None;
+    let mut start_index = 0usize;
+    let done = py.detach(|| {
+        let mut progress = |event: Event<'_>| -> ControlFlow<()> {
+            match event {
+                Event::Note { topic, text } => notes.push(format!("{topic:<11}{text}")),
+                Event::Ready {
+                    backend, fallback, ..
+                } => {
+                    on_gpu = !backend.starts_with("cpu");
+                    if let Some(why) = fallback {
+                        notes.push(format!(
+                            "note       GPU not used: {why}; running on the CPU"
+                        ));
+                    }
+                    notes.push(format!("backend    {backend}"));
+                }
+                Event::Start { index, .. } => start_index = index,
+                Event::Step(_) => {}
+                Event::Iteration(s) => {
+                    // Back into Python for a moment: Ctrl-C and the
+                    // callback are heard once per iteration.
+                    let keep_going = Python::attach(|py| -> PyResult<bool> {
+                        py.check_signals()?;
+                        match &callback {
+                            Some(f) => f
+                                .call1(
+                                    py,
+                                    (start_index, s.iteration, s.fit, s.mttkrp_s + s.other_s),
+                                )?
+                                .is_truthy(py),
+                            None => Ok(true),
+                        }
+                    });
+                    match keep_going {
+                        Ok(true) => {}
+                        Ok(false) => return ControlFlow::Break(()),
+                        Err(e) => {
+                            raised = Some(e);
+                            stop.store(true, Ordering::SeqCst);
+                            return ControlFlow::Break(());
+                        }
+                    }
+                }
+            }
+            ControlFlow::Continue(())
+        };
+        // The backend (not `Send`: it holds GPU handles) is dropped here,
+        // still without the GIL; what Python needs comes out.
+        kruskal_cpd::decompose(&t, &opts, &mut progress, &stop).map(|d| Finished {
+            name: d.backend.name(),
+            describe: d.backend.describe(),
+            model: d.model,
+            fallback: d.fallback,
+            prep_s: d.prep_s,
+            cpd_s: d.cpd_s,
+            summaries: d.summaries,
+        })
+    });
+    if let Some(e) = raised {
+        // The run stopped after the iteration that heard the signal or
+        // the exception; its backend is already released.
+        return Err(e);
+    }
+    let done = done.map_err(|e| cpd_error(e, on_gpu))?;
+    let model = done.model;
+    let out = PyDict::new(py);
+    out.set_item("weights", model.lambda.clone().into_pyarray(py))?;
+    let factors = PyList::empty(py);
+    for f in model.factors {
+        factors.append(f.into_pyarray(py))?;
+    }
+    out.set_item("factors", factors)?;
+    let iterations = PyList::empty(py);
+    for s in &model.iterations {
+        let d = PyDict::new(py);
+        d.set_item("iteration", s.iteration)?;
+        d.set_item("fit", s.fit)?;
+        d.set_item("delta", s.delta)?;
+        d.set_item("mttkrp_s", s.mttkrp_s)?;
+        d.set_item("other_s", s.other_s)?;
+        d.set_item("mttkrp_modes_s", s.mttkrp_modes_s.clone())?;
+        d.set_item("update_s", s.update_s)?;
+        d.set_item("fit_s", s.fit_s)?;
+        iterations.append(d)?;
+    }
+    out.set_item("iterations", iterations)?;
+    out.set_item("converged", model.converged)?;
+    out.set_item("interrupted", model.interrupted)?;
+    out.set_item("pseudo_inverse_solves", model.pseudo_inverse_solves)?;
+    out.set_item("backend", done.name)?;
+    out.set_item("describe", done.describe)?;
+    out.set_item("fallback", done.fallback)?;
+    out.set_item("prepare_s", done.prep_s)?;
+    out.set_item("cpd_s", done.cpd_s)?;
+    let summaries = PyList::empty(py);
+    for s in &done.summaries {
+        summaries.append((s.seed, s.fit, s.iterations))?;
+    }
+    out.set_item("starts", summaries)?;
+    out.set_item("notes", notes)?;
+    Ok(out)
+}
+
+/// One MTTKRP; see the Python layer's docstring.
+#[pyfunction]
+#[pyo3(signature = (tensor, factors, mode, *, backend, kernel))]
+pub fn mttkrp<'py>(
+    py: Python<'py>,
+    tensor: &SparseTensor,
+    factors: Vec<PyReadonlyArray2<'py, f32>>,
+    mode: usize,
+    backend: &str,
+    kernel: &str,
+) -> PyResult<Bound<'py, numpy::PyArray2<f32>>> {
+    let backend: BackendChoice = backend.parse().map_err(|e| cpd_error(e, false))?;
+    let t = tensor.inner.clone();
+    let dims = t.dims().to_vec();
+    if mode >= dims.len() {
+        return Err(value_error(format!(
+            "mode {mode} is not below the number of modes {}",
+            dims.len()
+        )));
+    }
+    if factors.len() != dims.len() {
+        return Err(value_error(format!(
+            "{} factor matrices for a {}-mode tensor",
+            factors.len(),
+            dims.len()
+        )));
+    }
+    let factors = owned_factors(&factors);
+    let rank = factors[0].ncols();
+    for (m, (f, &d)) in factors.iter().zip(&dims).enumerate() {
+        if f.nrows() != d as usize || f.ncols() != rank || rank == 0 {
+            return Err(value_error(format!(
+                "factor {m} is {} x {}, expected {d} x {rank} (rank at least 1)",
+                f.nrows(),
+                f.ncols()
+            )));
+        }
+    }
+    let mut out = Array2::<f32>::zeros((dims[mode] as usize, rank));
+    let cpu = |out: &mut Array2<f32>| -> PyResult<()> {
+        let kernel: kruskal_cpu::CpuKernel = kernel
+            .parse()
+            .map_err(|e: kruskal_cpu::CpuError| value_error(e.to_string()))?;
+        let mut engine = kernel.build(&t).map_err(|e| value_error(e.to_string()))?;
+        engine
+            .mttkrp(mode, &factors, out)
+            .map_err(|e| value_error(e.to_string()))
+    };
+    let gpu = |out: &mut Array2<f32>| -> PyResult<()> {
+        let kernel: GpuKernel = kernel.parse().map_err(value_error)?;
+        let gpu = Gpu::open(0).map_err(device_error)?;
+        let mut engine = kruskal_device::build_engine(kernel, gpu, &t, &GpuOptions::default())
+            .map_err(device_error)?;
+        engine
+            .mttkrp_host(mode, &factors, out)
+            .map_err(device_error)
+    };
+    py.detach(|| match backend {
+        BackendChoice::Cpu => cpu(&mut out),
+        BackendChoice::Gpu => gpu(&mut out),
+        BackendChoice::Auto => gpu(&mut out).or_else(|_| cpu(&mut out)),
+    })?;
+    Ok(out.into_pyarray(py))
+}
+
+/// The CUDA GPUs: a list of dicts (ordinal, name, arch, sms, total_bytes,
+/// free_bytes), and the reason none can be used (None when some can).
+#[pyfunction]
+pub fn devices(py: Python<'_>) -> PyResult<(Vec<Bound<'_, PyDict>>, Option<String>)> {
+    let found = py.detach(|| -> Result<Vec<kruskal_device::GpuProperties>, String> {
+        let count = Gpu::count().map_err(|e| e.to_string())?;
+        if count == 0 {
+            return Err("the CUDA driver reports no GPU".into());
+        }
+        (0..count)
+            .map(|o| Gpu::open(o).map(|g| g.properties().clone()))
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())
+    });
+    match found {
+        Err(why) => Ok((Vec::new(), Some(why))),
+        Ok(props) => {
+            let list = props
+                .iter()
+                .map(|p| {
+                    let d = PyDict::new(py);
+                    d.set_item("ordinal", p.ordinal)?;
+                    d.set_item("name", &p.name)?;
+                    d.set_item("arch", p.arch())?;
+                    d.set_item("sms", p.sms)?;
+                    d.set_item("total_bytes", p.total_bytes)?;
+                    d.set_item("free_bytes", p.free_bytes)?;
+                    Ok(d)
+                })
+                .collect::<PyResult<Vec<_>>>()?;
+            Ok((list, None))
+        }
+    }
+}

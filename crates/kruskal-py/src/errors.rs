@@ -1,0 +1,67 @@
+//! The library's errors as Python exceptions: `ValueError` for arguments
+//! and data, `OSError` for files, `GpuError` for the device.
+
+use kruskal_cpd::CpdError;
+use kruskal_device::DeviceError;
+use kruskal_formats::FormatError;
+use pyo3::PyErr;
+use pyo3::exceptions::{
+    PyFileNotFoundError, PyMemoryError, PyOSError, PyRuntimeError, PyValueError,
+};
+
+pyo3::create_exception!(
+    kruskal,
+    GpuError,
+    PyRuntimeError,
+    "The GPU could not be used or failed (no CUDA driver or GPU, out of memory, a kernel error)."
+);
+
+/// The message with its causes, one line, as the command line prints it.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        // `#[error(transparent)]` and `{source}` in a message repeat the
+        // cause; print it once.
+        if !parts.last().is_some_and(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        source = s.source();
+    }
+    parts.join(": ")
+}
+
+pub fn format_error(e: FormatError) -> PyErr {
+    let text = chain(&e);
+    match &e {
+        FormatError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            PyFileNotFoundError::new_err(text)
+        }
+        FormatError::Io { .. } | FormatError::File { .. } => PyOSError::new_err(text),
+        _ => PyValueError::new_err(text),
+    }
+}
+
+pub fn device_error(e: DeviceError) -> PyErr {
+    GpuError::new_err(chain(&e))
+}
+
+/// `on_gpu`: the run was on a GPU, so a backend failure is the device's.
+pub fn cpd_error(e: CpdError, on_gpu: bool) -> PyErr {
+    let text = chain(&e);
+    match e {
+        CpdError::Option(_) | CpdError::Shape(_) | CpdError::Invalid(_) => {
+            PyValueError::new_err(text)
+        }
+        CpdError::Gpu(_) | CpdError::Device(_) => GpuError::new_err(text),
+        CpdError::File { .. } => PyOSError::new_err(text),
+        CpdError::Memory(_) => PyMemoryError::new_err(text),
+        CpdError::Backend(_) if on_gpu => GpuError::new_err(text),
+        CpdError::Backend(_) => PyRuntimeError::new_err(text),
+    }
+}
+
+pub fn value_error(text: impl Into<String>) -> PyErr {
+    PyValueError::new_err(text.into())
+}

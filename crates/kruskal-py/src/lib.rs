@@ -1,0 +1,30 @@
+//! The native part of the Python package `kruskal` (`kruskal._kruskal`):
+//! the sparse tensor, reading files, CPD-ALS through
+//! `kruskal_cpd::decompose` (the call `kruskal cpd` makes), one MTTKRP, and
+//! the GPUs. The Python layer (`python/kruskal/__init__.py`) adds the model
+//! class, the progress bar and the conversions to and from pyttb, TensorLy,
+//! pydata `sparse` and scipy.
+//!
+//! Every long call releases the GIL; errors become `ValueError` (arguments
+//! and data), `OSError` (files) or `kruskal.GpuError` (the device), with
+//! the command line's messages.
+
+use pyo3::prelude::*;
+
+mod cpd;
+mod errors;
+mod tensor;
+
+pub use errors::GpuError;
+
+#[pymodule]
+fn _kruskal(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<tensor::SparseTensor>()?;
+    m.add_function(wrap_pyfunction!(tensor::read, m)?)?;
+    m.add_function(wrap_pyfunction!(cpd::cp_als, m)?)?;
+    m.add_function(wrap_pyfunction!(cpd::mttkrp, m)?)?;
+    m.add_function(wrap_pyfunction!(cpd::devices, m)?)?;
+    m.add("GpuError", m.py().get_type::<GpuError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
