@@ -18,8 +18,8 @@
 #
 #   bash bench/python-gpu-check.sh [NNZ] [RANK] [ITERS]
 #
-# It makes a virtual environment from /opt/torch/.venv/bin/python (numpy
-# there; no internet needed) and installs the wheel into it.
+# It installs the wheel into a scratch folder put on PYTHONPATH and runs
+# /opt/torch/.venv/bin/python (numpy there; no internet needed).
 set -euo pipefail
 NNZ=${1:-20M}
 RANK=${2:-32}
@@ -32,16 +32,17 @@ mkdir -p "$SCRATCH"
 wheels=(gpu-run/kruskal-*-abi3-*.whl)
 [ -f "${wheels[0]}" ] || { echo "no wheel in gpu-run/ (see the header of $0)" >&2; exit 1; }
 [ -x "$K" ] || { echo "no $K (see the header of $0)" >&2; exit 1; }
-venv="$SCRATCH/venv"
-if [ ! -x "$venv/bin/python" ]; then
-  "$PY" -m venv --system-site-packages "$venv"
-fi
-"$venv/bin/pip" install --quiet --no-index --force-reinstall --no-deps "${wheels[0]}"
-"$venv/bin/python" -c 'import kruskal; d = kruskal.devices(); print("gpus", [g["name"] for g in d] or d.reason)'
+# The wheel goes into a folder of its own on PYTHONPATH: a virtual
+# environment made from the PyTorch one would not see that one's numpy.
+site="$SCRATCH/site"
+rm -rf "$site"
+"$PY" -m pip install --quiet --no-index --no-deps --target "$site" "${wheels[0]}"
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+"$PY" -c 'import kruskal; d = kruskal.devices(); print("gpus", [g["name"] for g in d] or d.reason)'
 
 T="$SCRATCH/nell-2.ktns"
 [ -f "$T" ] || "$K" gen --like nell-2 --nnz "$NNZ" "$T" > /dev/null
-ngpus=$("$venv/bin/python" -c 'import kruskal; print(len(kruskal.devices()))')
+ngpus=$("$PY" -c 'import kruskal; print(len(kruskal.devices()))')
 A=(--rank "$RANK" --iters "$ITERS" --tol 0 --seed 1 --json)
 
 "$K" cpd "$T" --backend gpu "${A[@]}" > "$SCRATCH/cli-gpu.json"
@@ -49,7 +50,7 @@ if [ "$ngpus" -ge 2 ]; then
   "$K" cpd "$T" --gpus 2 "${A[@]}" > "$SCRATCH/cli-gpus2.json"
 fi
 
-"$venv/bin/python" - "$T" "$SCRATCH" "$RANK" "$ITERS" "$ngpus" <<'PY'
+"$PY" - "$T" "$SCRATCH" "$RANK" "$ITERS" "$ngpus" <<'PY'
 import json, sys
 import numpy as np
 import kruskal
