@@ -177,6 +177,34 @@ def test_bad_arguments_raise_value_error():
         kruskal.cp_als(np.ones((3, 3)), 2)
 
 
+def test_refused_input_leaks_nothing():
+    """Refused calls give back what they took: 40 refusals of a 48 MB
+    input (a bad index in its last row) would hold about 2 GB if each kept
+    what it had converted; the process may grow by far less."""
+    resource = pytest.importorskip("resource")
+    nnz = 2_000_000
+    indices = np.arange(3 * nnz, dtype=np.int64).reshape(nnz, 3) % 1000
+    indices[-1, 0] = -1
+    values = np.ones(nnz)
+
+    def peak_mb():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    # The first refusal sets the peak that later ones must not raise.
+    with pytest.raises(ValueError, match="index -1 is not in"):
+        kruskal.SparseTensor(indices, values, (1000, 1000, 1000))
+    before = peak_mb()
+    for _ in range(40):
+        with pytest.raises(ValueError, match="index -1 is not in"):
+            kruskal.SparseTensor(indices, values, (1000, 1000, 1000))
+    X = kruskal.SparseTensor(*parts(3))
+    bad = [np.full((d, 2), np.nan) for d in X.shape]
+    for _ in range(40):
+        with pytest.raises(ValueError, match="not finite"):
+            kruskal.cp_als(X, 2, init=bad, progress=False)
+    assert peak_mb() - before < 300, (before, peak_mb())
+
+
 def test_files_raise_os_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.tns"):
         kruskal.read(tmp_path / "missing.tns")
