@@ -26,8 +26,9 @@ pub enum CpdError {
     #[error("{0}")]
     Memory(String),
 
-    /// The GPU or its libraries failed.
-    #[error(transparent)]
+    /// The GPU or its libraries failed. The device's error is this one's
+    /// source (not hidden behind it), so callers find it in the chain.
+    #[error("{0}")]
     Device(#[from] kruskal_device::DeviceError),
 
     /// A failure reported by the backend (CPU or GPU).

@@ -247,8 +247,8 @@ fn compact_hint(t: &SparseTensor, compact_flag: &str) -> String {
             format!(
                 "mode {} has dimension {} but {} indices occur",
                 m + 1,
-                grouped(u64::from(t.dims()[m])),
-                grouped(occurring[m])
+                thousands(u64::from(t.dims()[m])),
+                thousands(occurring[m])
             )
         })
         .collect();
@@ -258,8 +258,9 @@ fn compact_hint(t: &SparseTensor, compact_flag: &str) -> String {
     )
 }
 
-/// `3,000,000,000`.
-fn grouped(n: u64) -> String {
+/// `3,000,000,000`: a count with thousands separators, as every message
+/// of the library and the program writes counts.
+pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (k, c) in digits.chars().enumerate() {

@@ -405,18 +405,7 @@ pub fn dims_text(dims: &[u32]) -> String {
         .join(" x ")
 }
 
-/// `76,879,419`.
-pub fn thousands(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::with_capacity(s.len() + s.len() / 3);
-    for (k, c) in s.chars().enumerate() {
-        if k > 0 && (s.len() - k) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
+pub use kruskal_cpd::memory::thousands;
 
 #[cfg(test)]
 mod tests {

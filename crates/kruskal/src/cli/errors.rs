@@ -26,20 +26,11 @@ pub fn error_line(e: &anyhow::Error) -> String {
 /// True when the error says no GPU can be used at all (no CUDA library,
 /// no device), where the advice depends on the command that was run.
 pub fn is_no_gpu(e: &anyhow::Error) -> bool {
-    let no_gpu = |d: &DeviceError| {
-        matches!(
-            d,
-            DeviceError::MissingLibrary { .. } | DeviceError::NoDevice { .. }
-        )
-    };
     e.chain().any(|c| {
-        // The decomposition's error wraps the device's transparently, so
-        // the device error is not a link of the chain of its own.
-        c.downcast_ref::<DeviceError>().is_some_and(no_gpu)
-            || matches!(
-                c.downcast_ref::<kruskal_cpd::CpdError>(),
-                Some(kruskal_cpd::CpdError::Device(d)) if no_gpu(d)
-            )
+        matches!(
+            c.downcast_ref::<DeviceError>(),
+            Some(DeviceError::MissingLibrary { .. } | DeviceError::NoDevice { .. })
+        )
     })
 }
 
