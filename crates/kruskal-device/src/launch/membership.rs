@@ -209,15 +209,21 @@ impl Membership {
     /// too.
     pub fn abort(&self, reason: &str) {
         let inner = &self.inner;
+        let lost = Lost {
+            rank: inner.me,
+            reason: format!("aborted: {reason}"),
+        };
+        // Recorded before the frame goes out: rank 0's relay of this very
+        // abort may come back before this thread runs on.
+        let recorded = inner.record(&lost);
         if inner.me != 0 {
             for p in &inner.peers {
                 let _ = p.send_last(inner, Kind::Abort, inner.me, wire::clip(reason));
             }
         }
-        inner.fire(Lost {
-            rank: inner.me,
-            reason: format!("aborted: {reason}"),
-        });
+        if recorded {
+            inner.announce(&lost);
+        }
     }
 
     /// Waits until every rank has called `barrier` as often as this one
@@ -416,16 +422,29 @@ impl Inner {
     /// Records `lost` unless a loss is already known or the membership has
     /// stopped; rank 0 relays it; the callbacks run.
     fn fire(&self, lost: Lost) {
+        if self.record(&lost) {
+            self.announce(&lost);
+        }
+    }
+
+    /// Records `lost` as this membership's loss and wakes the waiters;
+    /// false when a loss is already known or the membership has stopped.
+    fn record(&self, lost: &Lost) -> bool {
         if lock(&self.state).stopped {
-            return;
+            return false;
         }
         if self.lost.set(lost.clone()).is_err() {
-            return;
+            return false;
         }
         (self.log)(&format!("membership (rank {}): {lost}", self.me));
         // Taking the lock orders this after any waiter's check of `lost`.
         drop(lock(&self.state));
         self.changed.notify_all();
+        true
+    }
+
+    /// What follows a recorded loss: rank 0 relays it, the callbacks run.
+    fn announce(&self, lost: &Lost) {
         let relay = format!("{} (seen by rank 0)", lost.reason);
         let relay = wire::clip(&relay);
         if self.me == 0 {
@@ -435,7 +454,7 @@ impl Inner {
         }
         let callbacks = std::mem::take(&mut *lock(&self.on_loss));
         for callback in callbacks {
-            callback(&lost);
+            callback(lost);
         }
         // Last, as it may be the slow one: tell the lost rank, in case it
         // is alive but cut off or hung.
