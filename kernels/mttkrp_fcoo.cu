@@ -34,7 +34,40 @@
 // bit flags, and NMODES - 1 factor row segments of TILE floats. Writes: one
 // output row (TILE floats) per segment.
 //
-// Requires -DNMODES, -DRANK, -DWARPS.
+// Fiber reuse (-DFIBER=1). Within a segment the F-COO orders nonzeros by
+// the index of one product mode, the *fiber mode* (product number
+// `fiber`), so nonzeros sharing it are adjacent: a fiber. Their products
+// share the fiber mode's factor row, so the kernel sums
+//   part = sum over the fiber of val * prod_{w != mode, fiber} Y_w(i_w, :)
+// (f32 products, f64 sum) and multiplies the fiber mode's row in once, when
+// the fiber ends: acc += part * Y_fiber(j, :). A fiber ends where the next
+// nonzero has another fiber index, where a segment ends, and at the end of
+// the warp's range (whose partial sums leave through the slots). The warp
+// finds fiber ends for 32 nonzeros at once by comparing each lane's fiber
+// index with its right neighbour's (one ballot); the row of a fiber end is
+// loaded beside the other gathers of its UNROLL group, and not at all for
+// the other nonzeros (the condition is the same on every lane). Gathers per
+// nonzero drop from NMODES - 1 to NMODES - 2 + fibers / nnz.
+//
+// Lane teams (-DTEAMS=1, for RANK 16, 32, 64 or 128): at rank 32 the plain
+// mapping spends a whole warp instruction on one nonzero's one column per
+// lane, and `ncu` shows the kernel bound by instruction issue, not by L1 or
+// L2. With teams, TL = RANK / 4 lanes hold one nonzero's row as float4s
+// (lane l: columns 4 (l % TL) .. + 3), so NT = 32 / TL teams take NT
+// consecutive nonzeros in one *round*: one shuffle per index and value, one
+// 16-byte gather per product mode, for NT nonzeros. Each lane sums its
+// team's products of the open segment in four f64 accumulators. Where a
+// segment ends inside a round, the teams holding its nonzeros add them,
+// the segment's sum is reduced across the teams (shuffles), and team 0
+// stores it (or hands it to the warp's slot as above); then every
+// accumulator restarts. The slots and the block epilogue are as above.
+//
+// Half-precision gathers (-DHALF=1 bf16, -DHALF=2 f16): the factor rows
+// are read from a 16-bit copy (made by fcoo_to_half before each MTTKRP),
+// halving the bytes gathered; each value becomes f32 before the products,
+// which, like the sums, keep their precision.
+//
+// Requires -DNMODES, -DRANK, -DWARPS; -DFIBER=1 needs NMODES >= 2.
 
 #include "common.cuh"
 
@@ -53,6 +86,82 @@
 #define FULL 0xffffffffu
 // Nonzeros whose factor rows are gathered before any is added.
 #define UNROLL 4
+#ifndef FIBER
+#define FIBER 0
+#endif
+#if FIBER && NPROD < 1
+#error "FIBER needs a product mode (NMODES >= 2)"
+#endif
+#ifndef HALF
+#define HALF 0
+#endif
+
+// A factor value as gathered: f32, or the 16 bits of a bf16 or f16 (PTX
+// conversions, so NVRTC needs no CUDA headers).
+#if HALF
+typedef unsigned short factor_t;
+__device__ __forceinline__ float load_factor(const factor_t* p)
+{
+    const unsigned short h = __ldg(p);
+#if HALF == 1
+    return __uint_as_float((u32)h << 16);
+#else
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#endif
+}
+#else
+typedef float factor_t;
+__device__ __forceinline__ float load_factor(const factor_t* p) { return __ldg(p); }
+#endif
+
+#ifndef TEAMS
+#define TEAMS 0
+#endif
+#if TEAMS
+#if RANK != 16 && RANK != 32 && RANK != 64 && RANK != 128
+#error "TEAMS needs RANK 16, 32, 64 or 128"
+#endif
+#if FIBER
+#error "TEAMS and FIBER do not combine"
+#endif
+// Lanes per team, and teams per warp.
+#define TL (RANK / 4)
+#define NT (WARP / TL)
+
+// Four consecutive factor values (16-byte aligned as f32, 8 as 16-bit).
+__device__ __forceinline__ float4 load_factor4(const factor_t* p)
+{
+#if HALF
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+#if HALF == 1
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+#else
+    float a, b, c, d;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(a) : "h"((unsigned short)(u.x & 0xffffu)));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"((unsigned short)(u.x >> 16)));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(c) : "h"((unsigned short)(u.y & 0xffffu)));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(d) : "h"((unsigned short)(u.y >> 16)));
+    return make_float4(a, b, c, d);
+#endif
+#else
+    return __ldg(reinterpret_cast<const float4*>(p));
+#endif
+}
+
+// acc, summed over the teams of the warp (every lane gets its columns' sum).
+__device__ __forceinline__ void team_sum(const double (&acc)[4], double (&sum)[4])
+{
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        sum[c] = acc[c];
+#pragma unroll
+        for (int d = TL; d < WARP; d *= 2) sum[c] += __shfl_xor_sync(FULL, sum[c], d);
+    }
+}
+#endif
 
 extern "C" __global__ void __launch_bounds__(32 * WARPS) mttkrp_fcoo(
     const u32* __restrict__ prod_idx,    // NPROD x nnz, product modes in increasing order
@@ -62,13 +171,14 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mttkrp_fcoo(
     const u32* __restrict__ seg_rows,    // segments: output row of each
     const u32* __restrict__ block_seg,   // thread blocks + 1: segment of each block's first nonzero
     const u32* __restrict__ edge_slot,   // 2 x thread blocks: slot of the head / tail segment, or NONE
-    const float* __restrict__ factors,
+    const factor_t* __restrict__ factors,
     const u64* __restrict__ row_offset,
     float* __restrict__ out,             // dims[mode] x RANK, zeroed by the caller
     double* __restrict__ edge_sums,      // slots x RANK, zeroed by the caller
     u64 nnz,
     u32 threadlen,
-    int mode)
+    int mode,
+    int fiber)                           // FIBER: the fiber mode's product number
 {
     __shared__ double slot_sum[2 * WARPS][TILE];
     __shared__ u32 slot_seg[2 * WARPS];
@@ -101,23 +211,17 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mttkrp_fcoo(
         // start-flag word: 0 means the first segment began in an earlier warp.
         const bool head_shared = !(start_flags[w_lo / warp_nnz] & 1u);
 
-        // Factor rows of product mode p start at base[p]; lane l reads
-        // columns col[c] (clamped below RANK: lanes past RANK load a valid
-        // column and never store it, so no load is predicated).
-        const float* base[NPROD_ARR];
+#if TEAMS
+        const u32 team = lane / TL;
+        const u32 tcol = 4 * (lane % TL);
+        const factor_t* base[NPROD_ARR];
 #pragma unroll
         for (int p = 0; p < NPROD; ++p) {
             const int w = p < mode ? p : p + 1;
-            base[p] = factors + row_offset[w] * RANK;
+            base[p] = factors + row_offset[w] * RANK + tcol;
         }
-        u32 col[TILE_CPL];
-#pragma unroll
-        for (int c = 0; c < TILE_CPL; ++c) col[c] = min(col0 + c * WARP, (u32)RANK - 1);
-
-        double acc[TILE_CPL];
-#pragma unroll
-        for (int c = 0; c < TILE_CPL; ++c) acc[c] = 0.0;
-        bool first = true; // the current segment is the warp's first
+        double acc[4] = {0.0, 0.0, 0.0, 0.0};
+        bool first = true; // the next segment to close is the warp's first
         bool open = false; // acc holds part of an unfinished segment
 
         for (u64 g = w_lo; g < w_hi; g += WARP) {
@@ -133,11 +237,130 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mttkrp_fcoo(
             }
             const u32 bits = bit_flags[g / 32];
 
+            for (u32 j = 0; j < n; j += NT) {
+                // Team t takes nonzero j + t of the group (a repeat of the
+                // last one past n, never added).
+                const u32 src = min(j + team, n - 1);
+                const bool live = j + team < n;
+                const float v = __shfl_sync(FULL, val, src);
+                float4 prod = make_float4(v, v, v, v);
+#pragma unroll
+                for (int p = 0; p < NPROD; ++p) {
+                    const float4 y = load_factor4(base[p] + (u64)__shfl_sync(FULL, idx[p], src) * RANK);
+                    prod.x *= y.x;
+                    prod.y *= y.y;
+                    prod.z *= y.z;
+                    prod.w *= y.w;
+                }
+                // Segment ends among this round's live nonzeros.
+                const u32 live_n = min((u32)NT, n - j);
+                u32 e = (bits >> j) & (live_n == 32 ? FULL : (1u << live_n) - 1);
+                u32 from = 0; // first team of the open segment in this round
+                while (e) {
+                    const u32 end = __ffs(e) - 1;
+                    e &= e - 1;
+                    if (team >= from && team <= end) {
+                        acc[0] += (double)prod.x;
+                        acc[1] += (double)prod.y;
+                        acc[2] += (double)prod.z;
+                        acc[3] += (double)prod.w;
+                    }
+                    double sum[4];
+                    team_sum(acc, sum);
+                    if (first && head_shared) {
+                        if (team == 0) {
+#pragma unroll
+                            for (int c = 0; c < 4; ++c) slot_sum[2 * warp][tcol + c] = sum[c];
+                        }
+                        if (lane == 0) slot_seg[2 * warp] = seg;
+                    } else if (team == 0) {
+                        float4* o = reinterpret_cast<float4*>(out + (u64)seg_rows[seg] * RANK + tcol);
+                        *o = make_float4((float)sum[0], (float)sum[1], (float)sum[2], (float)sum[3]);
+                    }
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) acc[c] = 0.0;
+                    ++seg;
+                    first = false;
+                    from = end + 1;
+                }
+                if (live && team >= from) {
+                    acc[0] += (double)prod.x;
+                    acc[1] += (double)prod.y;
+                    acc[2] += (double)prod.z;
+                    acc[3] += (double)prod.w;
+                }
+                open = !((bits >> (j + live_n - 1)) & 1u);
+            }
+        }
+        // The last segment runs on past the warp.
+        if (open) {
+            double sum[4];
+            team_sum(acc, sum);
+            const int s = (first && head_shared) ? 2 * warp : 2 * warp + 1;
+            if (team == 0) {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) slot_sum[s][tcol + c] = sum[c];
+            }
+            if (lane == 0) slot_seg[s] = seg;
+        }
+#else
+        // Factor rows of product mode p start at base[p]; lane l reads
+        // columns col[c] (clamped below RANK: lanes past RANK load a valid
+        // column and never store it, so no load is predicated).
+        const factor_t* base[NPROD_ARR];
+#pragma unroll
+        for (int p = 0; p < NPROD; ++p) {
+            const int w = p < mode ? p : p + 1;
+            base[p] = factors + row_offset[w] * RANK;
+        }
+        u32 col[TILE_CPL];
+#pragma unroll
+        for (int c = 0; c < TILE_CPL; ++c) col[c] = min(col0 + c * WARP, (u32)RANK - 1);
+
+        double acc[TILE_CPL];
+#pragma unroll
+        for (int c = 0; c < TILE_CPL; ++c) acc[c] = 0.0;
+#if FIBER
+        // The open fiber's sum, not yet multiplied by its row.
+        double part[TILE_CPL];
+#pragma unroll
+        for (int c = 0; c < TILE_CPL; ++c) part[c] = 0.0;
+#endif
+        bool first = true; // the current segment is the warp's first
+        bool open = false; // acc holds part of an unfinished segment
+
+        for (u64 g = w_lo; g < w_hi; g += WARP) {
+            const u32 n = (u32)min((u64)WARP, w_hi - g);
+            u32 idx[NPROD_ARR];
+            float val = 0.0f;
+#pragma unroll
+            for (int p = 0; p < NPROD_ARR; ++p) idx[p] = 0;
+            if ((u32)lane < n) {
+#pragma unroll
+                for (int p = 0; p < NPROD; ++p) idx[p] = prod_idx[(u64)p * nnz + g + lane];
+                val = vals[g + lane];
+            }
+            const u32 bits = bit_flags[g / 32];
+#if FIBER
+            // This lane's fiber index (a select, not a dynamic register
+            // index), and the fiber ends of the 32 nonzeros.
+            u32 fidx = 0;
+#pragma unroll
+            for (int p = 0; p < NPROD; ++p)
+                if (p == fiber) fidx = idx[p];
+            u32 next = __shfl_down_sync(FULL, fidx, 1);
+            if ((u32)lane == n - 1) next = g + n < w_hi ? prod_idx[(u64)fiber * nnz + g + n] : ~fidx;
+            const u32 fends = __ballot_sync(FULL, (u32)lane < n && next != fidx) | bits;
+#endif
+
             for (u32 j = 0; j < n; j += UNROLL) {
                 // UNROLL nonzeros' products first (their gathers are
                 // independent), then added in order, closing segments at
                 // set flags. Past n a nonzero is repeated and not added.
                 float prod[UNROLL][TILE_CPL];
+#if FIBER
+                float frow[UNROLL][TILE_CPL];
+#endif
 #pragma unroll
                 for (int u = 0; u < UNROLL; ++u) {
                     const u32 src = min(j + u, n - 1);
@@ -146,16 +369,43 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mttkrp_fcoo(
                     for (int c = 0; c < TILE_CPL; ++c) prod[u][c] = v;
 #pragma unroll
                     for (int p = 0; p < NPROD; ++p) {
-                        const float* y = base[p] + (u64)__shfl_sync(FULL, idx[p], src) * RANK;
+                        const u32 i = __shfl_sync(FULL, idx[p], src);
+#if FIBER
+                        if (p == fiber) {
+                            // Only a fiber's last nonzero loads the row.
+                            const bool end = j + u < n && ((fends >> (j + u)) & 1u);
+                            const factor_t* y = base[p] + (u64)i * RANK;
 #pragma unroll
-                        for (int c = 0; c < TILE_CPL; ++c) prod[u][c] *= __ldg(y + col[c]);
+                            for (int c = 0; c < TILE_CPL; ++c) frow[u][c] = 0.0f;
+                            if (end) {
+#pragma unroll
+                                for (int c = 0; c < TILE_CPL; ++c) frow[u][c] = load_factor(y + col[c]);
+                            }
+                            continue;
+                        }
+#endif
+                        const factor_t* y = base[p] + (u64)i * RANK;
+#pragma unroll
+                        for (int c = 0; c < TILE_CPL; ++c) prod[u][c] *= load_factor(y + col[c]);
                     }
                 }
 #pragma unroll
                 for (int u = 0; u < UNROLL; ++u) {
                     if (j + u >= n) break;
+#if FIBER
+#pragma unroll
+                    for (int c = 0; c < TILE_CPL; ++c) part[c] += (double)prod[u][c];
+                    if ((fends >> (j + u)) & 1u) {
+#pragma unroll
+                        for (int c = 0; c < TILE_CPL; ++c) {
+                            acc[c] += part[c] * (double)frow[u][c];
+                            part[c] = 0.0;
+                        }
+                    }
+#else
 #pragma unroll
                     for (int c = 0; c < TILE_CPL; ++c) acc[c] += (double)prod[u][c];
+#endif
                     open = !((bits >> (j + u)) & 1u);
                     if (open) continue;
                     // Nonzero j + u ends segment `seg`.
@@ -183,6 +433,7 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mttkrp_fcoo(
             for (int c = 0; c < TILE_CPL; ++c) slot_sum[s][lane + c * WARP] = acc[c];
             if (lane == 0) slot_seg[s] = seg;
         }
+#endif
     }
     __syncthreads();
 
@@ -238,3 +489,24 @@ extern "C" __global__ void fcoo_store_edges(
     for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (u64)blockDim.x)
         out[(u64)rows[e / RANK] * RANK + e % RANK] = (float)sums[e];
 }
+
+#if HALF
+// The 16-bit copy of n factor values, rounded to nearest even (grid-stride,
+// one value per thread). bf16 keeps NaN a NaN; f16 turns values beyond
+// 65504 into infinities (the MTTKRP then holds them: `--verify` shows it).
+extern "C" __global__ void fcoo_to_half(const float* __restrict__ src, factor_t* __restrict__ dst, u64 n)
+{
+    for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (u64)blockDim.x) {
+        const float f = src[e];
+#if HALF == 1
+        const u32 x = __float_as_uint(f);
+        dst[e] = (x & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((x >> 16) | 0x40u)
+                                                 : (unsigned short)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+#else
+        unsigned short h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+        dst[e] = h;
+#endif
+    }
+}
+#endif

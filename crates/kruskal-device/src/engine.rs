@@ -82,6 +82,53 @@ impl FromStr for GpuKernel {
     }
 }
 
+/// The precision of the factor rows an engine gathers (fcoo).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum FactorPrecision {
+    /// The factors as they are.
+    #[default]
+    F32,
+    /// A bfloat16 copy (8 bits of mantissa, f32's range).
+    Bf16,
+    /// An IEEE half copy (11 bits of mantissa, values up to 65504).
+    F16,
+}
+
+impl FactorPrecision {
+    /// The name `--factor-precision` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            FactorPrecision::F32 => "f32",
+            FactorPrecision::Bf16 => "bf16",
+            FactorPrecision::F16 => "f16",
+        }
+    }
+
+    /// The kernels' `HALF` define: 0, 1 (bf16) or 2 (f16).
+    pub fn half_define(self) -> i64 {
+        match self {
+            FactorPrecision::F32 => 0,
+            FactorPrecision::Bf16 => 1,
+            FactorPrecision::F16 => 2,
+        }
+    }
+}
+
+impl FromStr for FactorPrecision {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "f32" => Ok(FactorPrecision::F32),
+            "bf16" => Ok(FactorPrecision::Bf16),
+            "f16" => Ok(FactorPrecision::F16),
+            other => Err(format!(
+                "unknown factor precision '{other}' (choose f32, bf16 or f16)"
+            )),
+        }
+    }
+}
+
 /// Knobs of the engines; `Default` gives kruskal's choices.
 #[derive(Clone, Debug, Default)]
 pub struct GpuOptions {
@@ -96,6 +143,14 @@ pub struct GpuOptions {
     /// hicoo: block width is `2^block_bits` (1 to 8; default
     /// `Hicoo::DEFAULT_BLOCK_BITS`, 7).
     pub block_bits: Option<u32>,
+    /// fcoo: reuse each fiber's factor row (default
+    /// [`crate::fcoo::DEFAULT_FIBER`]).
+    pub fiber: Option<bool>,
+    /// fcoo: gather factor rows from a 16-bit copy (default f32).
+    pub precision: FactorPrecision,
+    /// fcoo: lane teams at ranks 16, 32, 64 and 128 (default
+    /// [`crate::fcoo::DEFAULT_TEAMS`]).
+    pub teams: Option<bool>,
 }
 
 /// The launch parameters an engine is built with: [`GpuOptions`] with
@@ -108,6 +163,8 @@ pub struct LaunchParams {
     pub threadlen: usize,
     /// hicoo: log2 of the block width.
     pub block_bits: u32,
+    /// fcoo: fiber reuse.
+    pub fiber: bool,
 }
 
 impl GpuOptions {
@@ -131,7 +188,10 @@ impl GpuOptions {
             kappa: self.kappa.or(fill.kappa),
             threadlen: self.threadlen.or(fill.threadlen),
             block_bits: self.block_bits.or(fill.block_bits),
+            fiber: self.fiber.or(fill.fiber),
             deterministic: self.deterministic,
+            precision: self.precision,
+            teams: self.teams.or(fill.teams),
         }
     }
 
@@ -146,6 +206,7 @@ impl GpuOptions {
             block_bits: self
                 .block_bits
                 .unwrap_or(u32::from(Hicoo::DEFAULT_BLOCK_BITS)),
+            fiber: self.fiber.unwrap_or(crate::fcoo::DEFAULT_FIBER),
         }
     }
 }
@@ -161,6 +222,7 @@ pub fn build_engine(
         kappa,
         threadlen,
         block_bits: bits,
+        fiber,
     } = opts.resolve(gpu.properties().sms);
     Ok(match kernel.resolve() {
         GpuKernel::CooAtomic => Box::new(crate::CooAtomic::new(gpu, t)?),
@@ -177,7 +239,12 @@ pub fn build_engine(
             engine.set_deterministic(opts.deterministic);
             Box::new(engine)
         }
-        GpuKernel::Fcoo => Box::new(crate::FcooGpu::new(gpu, t, threadlen)?),
+        GpuKernel::Fcoo => {
+            let mut engine = crate::FcooGpu::new(gpu, t, threadlen, fiber)?;
+            engine.set_precision(opts.precision);
+            engine.set_teams(opts.teams.unwrap_or(crate::fcoo::DEFAULT_TEAMS));
+            Box::new(engine)
+        }
         GpuKernel::Hicoo => {
             let bits = u8::try_from(bits).map_err(|_| DeviceError::Prepare {
                 format: "HiCOO",

@@ -17,6 +17,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kruskal_formats::{Fcoo, FcooOp, SparseTensor};
 
 use crate::coo::{DeviceFactors, check_operands};
+use crate::engine::FactorPrecision;
 use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 
 /// Warps per thread block: a block holds `threadlen * 32 * WARPS`
@@ -24,6 +25,16 @@ use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 pub const WARPS: u32 = 16;
 /// Nonzeros per thread by default: 8, one byte of bit flags, as in the paper.
 pub const DEFAULT_THREADLEN: usize = 8;
+/// Fiber reuse by default (measured in docs/performance.md).
+pub const DEFAULT_FIBER: bool = false;
+/// Lane teams by default, where the rank allows them ([`teams_fit`]).
+pub const DEFAULT_TEAMS: bool = true;
+
+/// Whether the lane-team kernel exists for `rank` (a team of `rank / 4`
+/// lanes holds a row as float4s).
+pub fn teams_fit(rank: usize) -> bool {
+    matches!(rank, 16 | 32 | 64 | 128)
+}
 /// No slot (the kernel's `NONE`).
 const NONE: u32 = u32::MAX;
 
@@ -114,6 +125,9 @@ struct ModeTables {
     nnz: usize,
     blocks: usize,
     slots: usize,
+    /// With fiber reuse: the fiber mode's product number and the fibers
+    /// (rows of it gathered); `None` without.
+    fiber: Option<(i32, usize)>,
     /// `(nmodes - 1) x nnz`, product modes in increasing order.
     prod_idx: CudaSlice<u32>,
     vals: CudaSlice<f32>,
@@ -126,8 +140,15 @@ struct ModeTables {
 }
 
 impl ModeTables {
-    fn upload(gpu: &Gpu, f: &Fcoo, plan: &BlockPlan) -> Result<Self> {
+    fn upload(gpu: &Gpu, f: &Fcoo, plan: &BlockPlan, fiber: bool) -> Result<Self> {
         gpu.ensure_free("an F-COO mode", FcooGpu::mode_bytes(f, plan))?;
+        // A warp walks threadlen * 32 nonzeros; its fibers end with them.
+        let fiber = match (fiber, f.fiber_product()) {
+            (true, Some(p)) => f
+                .fibers(f.threadlen() * 32)
+                .map(|fibers| (p as i32, fibers)),
+            _ => None,
+        };
         let mut prod = Vec::with_capacity(f.nnz() * f.product_idx().len());
         for idx in f.product_idx() {
             prod.extend_from_slice(idx);
@@ -137,6 +158,7 @@ impl ModeTables {
             nnz: f.nnz(),
             blocks: plan.blocks(),
             slots: plan.slots(),
+            fiber,
             prod_idx: gpu.upload("F-COO indices", &prod)?,
             vals: gpu.upload("F-COO values", f.values())?,
             bit_flags: gpu.upload("F-COO bit flags", f.bit_flags())?,
@@ -154,6 +176,11 @@ pub struct FcooGpu {
     gpu: Arc<Gpu>,
     dims: Vec<u32>,
     threadlen: usize,
+    fiber: bool,
+    teams: bool,
+    precision: FactorPrecision,
+    /// The 16-bit copy of the factors (half precision), sized at first use.
+    half: Option<CudaSlice<u16>>,
     modes: Vec<ModeTables>,
     resident_bytes: usize,
     /// f64 sums of edge slots, sized for the largest call so far.
@@ -172,8 +199,15 @@ impl FcooGpu {
 
     /// Builds the F-COO of every mode with `threadlen` nonzeros per thread
     /// (a power of two from 1 to 256) and uploads each, checked against
-    /// free memory first. One mode's host copy exists at a time.
-    pub fn new(gpu: Arc<Gpu>, tensor: &SparseTensor, threadlen: usize) -> Result<Self> {
+    /// free memory first. One mode's host copy exists at a time. With
+    /// `fiber`, the kernel reuses each fiber's factor row (see
+    /// `kernels/mttkrp_fcoo.cu`; the layout is the same).
+    pub fn new(
+        gpu: Arc<Gpu>,
+        tensor: &SparseTensor,
+        threadlen: usize,
+        fiber: bool,
+    ) -> Result<Self> {
         let mut modes = Vec::with_capacity(tensor.nmodes());
         let mut resident_bytes = 0;
         for mode in 0..tensor.nmodes() {
@@ -184,12 +218,16 @@ impl FcooGpu {
                 })?;
             let plan = BlockPlan::new(&f, block_nnz(threadlen));
             resident_bytes += Self::mode_bytes(&f, &plan);
-            modes.push(ModeTables::upload(&gpu, &f, &plan)?);
+            modes.push(ModeTables::upload(&gpu, &f, &plan, fiber)?);
         }
         Ok(FcooGpu {
             gpu,
             dims: tensor.dims().to_vec(),
             threadlen,
+            fiber,
+            teams: DEFAULT_TEAMS,
+            precision: FactorPrecision::F32,
+            half: None,
             modes,
             resident_bytes,
             edge_sums: None,
@@ -198,7 +236,7 @@ impl FcooGpu {
 
     /// Uploads F-COOs already built: `fcoos[m]` must be the MTTKRP F-COO
     /// of mode `m`, all of one tensor and one `threadlen`.
-    pub fn from_fcoos(gpu: Arc<Gpu>, fcoos: &[Fcoo]) -> Result<Self> {
+    pub fn from_fcoos(gpu: Arc<Gpu>, fcoos: &[Fcoo], fiber: bool) -> Result<Self> {
         let first = fcoos
             .first()
             .ok_or_else(|| DeviceError::Shape("no F-COO given".into()))?;
@@ -217,12 +255,16 @@ impl FcooGpu {
             }
             let plan = BlockPlan::new(f, block_nnz(threadlen));
             resident_bytes += Self::mode_bytes(f, &plan);
-            modes.push(ModeTables::upload(&gpu, f, &plan)?);
+            modes.push(ModeTables::upload(&gpu, f, &plan, fiber)?);
         }
         Ok(FcooGpu {
             gpu,
             dims,
             threadlen,
+            fiber,
+            teams: DEFAULT_TEAMS,
+            precision: FactorPrecision::F32,
+            half: None,
             modes,
             resident_bytes,
             edge_sums: None,
@@ -235,6 +277,43 @@ impl FcooGpu {
 
     pub fn threadlen(&self) -> usize {
         self.threadlen
+    }
+
+    /// Gathers factor rows from a 16-bit copy made before each MTTKRP
+    /// (`F32`: from the factors themselves).
+    pub fn set_precision(&mut self, precision: FactorPrecision) {
+        self.precision = precision;
+    }
+
+    pub fn precision(&self) -> FactorPrecision {
+        self.precision
+    }
+
+    /// Runs the lane-team kernel where the rank allows it (and fiber reuse
+    /// is off); else the plain one.
+    pub fn set_teams(&mut self, teams: bool) {
+        self.teams = teams;
+    }
+
+    /// Whether an MTTKRP of `mode` at `rank` runs the lane-team kernel.
+    pub fn uses_teams(&self, mode: usize, rank: usize) -> bool {
+        self.teams && teams_fit(rank) && self.modes[mode].fiber.is_none()
+    }
+
+    /// Whether the kernel reuses fiber rows.
+    pub fn fiber(&self) -> bool {
+        self.fiber
+    }
+
+    /// Factor rows gathered per nonzero of `mode`: `nmodes - 1`, less the
+    /// rows fiber reuse saves.
+    pub fn gathers_per_nonzero(&self, mode: usize) -> f64 {
+        let t = &self.modes[mode];
+        let n = self.dims.len().saturating_sub(1) as f64;
+        match t.fiber {
+            Some((_, fibers)) if t.nnz > 0 => n - 1.0 + fibers as f64 / t.nnz as f64,
+            _ => n,
+        }
     }
 
     /// Bytes of every mode's tables on the device (not counting the edge
@@ -254,28 +333,45 @@ impl FcooGpu {
         let n = self.dims.len();
         let rank = check_operands(&self.dims, mode, factors, out.len())?;
         let tiles = rank.div_ceil(column_tile(rank));
-        let defines = [
+        let fiber = self.modes[mode].fiber;
+        let mut defines = vec![
             ("NMODES", n as i64),
             ("RANK", rank as i64),
             ("WARPS", i64::from(WARPS)),
         ];
+        // Only what differs from the plain kernel is defined, so the plain
+        // kernel keeps its cache key.
+        if fiber.is_some() {
+            defines.push(("FIBER", 1));
+        }
+        if self.uses_teams(mode, rank) {
+            defines.push(("TEAMS", 1));
+        }
+        let half = self.precision.half_define();
+        if half != 0 {
+            defines.push(("HALF", half));
+        }
+        let defines = &defines[..];
         let ctx = self.gpu.context();
         let main = self
             .gpu
             .kernels()
-            .function(ctx, "mttkrp_fcoo.cu", "mttkrp_fcoo", &defines)?;
+            .function(ctx, "mttkrp_fcoo.cu", "mttkrp_fcoo", defines)?;
         let store =
             self.gpu
                 .kernels()
-                .function(ctx, "mttkrp_fcoo.cu", "fcoo_store_edges", &defines)?;
+                .function(ctx, "mttkrp_fcoo.cu", "fcoo_store_edges", defines)?;
         let stream = self.gpu.stream().clone();
         stream
             .memset_zeros(out)
             .map_err(driver("zeroing the output"))?;
-        let t = &self.modes[mode];
-        if t.nnz == 0 {
+        if self.modes[mode].nnz == 0 {
             return Ok(());
         }
+        if half != 0 {
+            self.convert_factors(mode, factors, defines)?;
+        }
+        let t = &self.modes[mode];
         let (blocks, tiles) = match (u32::try_from(t.blocks), u32::try_from(tiles)) {
             (Ok(b), Ok(y)) if b <= i32::MAX as u32 && y <= 65_535 => (b, y),
             _ => {
@@ -300,6 +396,7 @@ impl FcooGpu {
         let nnz = t.nnz as u64;
         let threadlen = self.threadlen as u32;
         let mode_i = mode as i32;
+        let fiber_p = fiber.map_or(0, |(p, _)| p);
         let mut launch = stream.launch_builder(&main);
         launch
             .arg(&t.prod_idx)
@@ -308,14 +405,19 @@ impl FcooGpu {
             .arg(&t.start_flags)
             .arg(&t.seg_rows)
             .arg(&t.block_seg)
-            .arg(&t.edge_slot)
-            .arg(&factors.data)
+            .arg(&t.edge_slot);
+        match &self.half {
+            Some(h) if half != 0 => launch.arg(h),
+            _ => launch.arg(&factors.data),
+        };
+        launch
             .arg(&factors.row_offset)
             .arg(&mut *out)
             .arg(&mut sums)
             .arg(&nnz)
             .arg(&threadlen)
-            .arg(&mode_i);
+            .arg(&mode_i)
+            .arg(&fiber_p);
         // SAFETY: block b reads nonzeros [b * block_nnz, (b + 1) * block_nnz)
         // clipped to nnz, with blocks = ceil(nnz / block_nnz) for this
         // threadlen: prod_idx holds (N - 1) x nnz indices and vals nnz
@@ -328,7 +430,14 @@ impl FcooGpu {
         // factors' dims match (checked above), so factor rows lie in `data`
         // and output rows in `out` (dims[mode] x rank, checked). Columns are
         // guarded by `< RANK`; the shared slots hold 2 x WARPS x TILE
-        // doubles, TILE = column_tile(rank) (at most 32 KiB).
+        // doubles, TILE = column_tile(rank) (at most 32 KiB); with TEAMS
+        // (rank 16, 32, 64 or 128, one column tile) lanes write columns
+        // below RANK <= TILE, and float4 accesses are 16-byte aligned (rows
+        // of RANK floats, a multiple of 4, in buffers allocated whole;
+        // 8-byte for the 16-bit copy). With FIBER,
+        // fiber_p is a product number below N - 1 (Fcoo::fiber_product) and
+        // the extra read of a fiber index (nonzero g + n of the warp's
+        // range) happens only below the range's end, so below nnz.
         unsafe {
             launch.launch(LaunchConfig {
                 grid_dim: (blocks, tiles, 1),
@@ -356,7 +465,52 @@ impl FcooGpu {
     }
 }
 
-forward_gpu_mttkrp!(FcooGpu, "fcoo");
+impl FcooGpu {
+    /// Rounds the rows of every product mode of `mode` into the 16-bit
+    /// copy (kernel `fcoo_to_half`), allocating it at first use.
+    fn convert_factors(
+        &mut self,
+        mode: usize,
+        factors: &DeviceFactors,
+        defines: &[(&str, i64)],
+    ) -> Result<()> {
+        let len = factors.data.len();
+        if self.half.as_ref().is_none_or(|h| h.len() < len) {
+            self.half = None;
+            self.half = Some(self.gpu.alloc_zeros::<u16>("the 16-bit factor copy", len)?);
+        }
+        let convert = self.gpu.kernels().function(
+            self.gpu.context(),
+            "mttkrp_fcoo.cu",
+            "fcoo_to_half",
+            defines,
+        )?;
+        let stream = self.gpu.stream().clone();
+        let rank = factors.rank();
+        let half = self.half.as_mut().expect("allocated above");
+        let mut first = 0usize;
+        for (w, &d) in factors.dims().iter().enumerate() {
+            let rows = d as usize;
+            if w != mode && rows > 0 {
+                let (lo, hi) = (first * rank, (first + rows) * rank);
+                let src = factors.data.slice(lo..hi);
+                let mut dst = half.slice_mut(lo..hi);
+                let n = (hi - lo) as u64;
+                let mut launch = stream.launch_builder(&convert);
+                launch.arg(&src).arg(&mut dst).arg(&n);
+                // SAFETY: src and dst are views of n = rows x rank elements
+                // of the factors and of the copy (as long as the factors,
+                // checked above), and each thread touches element e < n.
+                unsafe { launch.launch(grid_stride(n, 256)) }
+                    .map_err(driver("launching fcoo_to_half"))?;
+            }
+            first += rows;
+        }
+        Ok(())
+    }
+}
+
+forward_gpu_mttkrp!(FcooGpu, "fcoo", gathers);
 
 #[cfg(test)]
 mod tests {
@@ -646,10 +800,65 @@ mod tests {
     fn fcoo_equals_the_f64_reference() {
         let gpu = Gpu::open(0).expect("a GPU");
         for t in hot_tensors(37) {
-            let mut engine = FcooGpu::new(gpu.clone(), &t, DEFAULT_THREADLEN).unwrap();
-            for rank in [1, 7, 16, 32, 64, 100, 256, 300] {
-                check_engine(&mut engine, &t, rank, &format!("{} modes", t.nmodes()));
+            for (fiber, teams) in [(false, true), (false, false), (true, false)] {
+                let mut engine = FcooGpu::new(gpu.clone(), &t, DEFAULT_THREADLEN, fiber).unwrap();
+                engine.set_teams(teams);
+                for rank in [1, 7, 16, 32, 64, 100, 128, 256, 300] {
+                    let what = format!("{} modes, fiber {fiber}, teams {teams}", t.nmodes());
+                    check_engine(&mut engine, &t, rank, &what);
+                }
             }
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn half_precision_gathers_err_within_their_rounding() {
+        use crate::engine::FactorPrecision;
+        let gpu = Gpu::open(0).expect("a GPU");
+        let t = &hot_tensors(37)[1];
+        for (precision, tol) in [(FactorPrecision::Bf16, 1e-2), (FactorPrecision::F16, 2e-3)] {
+            for teams in [true, false] {
+                let mut engine = FcooGpu::new(gpu.clone(), t, DEFAULT_THREADLEN, false).unwrap();
+                engine.set_precision(precision);
+                engine.set_teams(teams);
+                for rank in [7, 32] {
+                    let f = factors(t.dims(), rank, 3);
+                    let views: Vec<_> = f.iter().map(|a| a.view()).collect();
+                    for mode in 0..t.nmodes() {
+                        let mut out = Array2::from_elem((t.dims()[mode] as usize, rank), f32::NAN);
+                        engine.mttkrp_host(mode, &f, &mut out).unwrap();
+                        let exact = mttkrp_reference(t, &views, mode).unwrap();
+                        let err = kruskal_cpu::relative_error(out.view(), exact.view());
+                        // Above f32's error (the copy is what was read), within
+                        // what the rounding of the factors allows.
+                        let what = format!("{precision:?} teams {teams} rank {rank} mode {mode}");
+                        assert!(err > 1e-6 && err < tol, "{what}: {err}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn fiber_reuse_gathers_fewer_rows_and_matches_plain_fcoo() {
+        let gpu = Gpu::open(0).expect("a GPU");
+        for t in hot_tensors(37) {
+            let plain = FcooGpu::new(gpu.clone(), &t, DEFAULT_THREADLEN, false).unwrap();
+            let mut fiber = FcooGpu::new(gpu.clone(), &t, DEFAULT_THREADLEN, true).unwrap();
+            let n = t.nmodes() as f64 - 1.0;
+            for mode in 0..t.nmodes() {
+                assert_eq!(plain.gathers_per_nonzero(mode), n);
+                // Hot rows of small modes repeat their fiber index often.
+                let g = fiber.gathers_per_nonzero(mode);
+                assert!(g > n - 1.0 && g < n - 0.1, "mode {mode}: {g}");
+            }
+            // Fibers cut at every nonzero (threadlen 1 still has fibers
+            // within a warp's 32 nonzeros) still give the same result.
+            let mut one = FcooGpu::new(gpu.clone(), &t, 1, true).unwrap();
+            check_engine(&mut one, &t, 32, "fiber, threadlen 1");
+            check_engine(&mut fiber, &t, 33, "fiber");
         }
     }
 
@@ -660,48 +869,53 @@ mod tests {
         let tensors = hot_tensors(37);
         for threadlen in [1, 2, 4, 16, 64, 256] {
             for t in &tensors[..2] {
-                let mut engine = FcooGpu::new(gpu.clone(), t, threadlen).unwrap();
-                for rank in [7, 32] {
-                    check_engine(&mut engine, t, rank, &format!("threadlen {threadlen}"));
+                for fiber in [false, true] {
+                    let mut engine = FcooGpu::new(gpu.clone(), t, threadlen, fiber).unwrap();
+                    for rank in [7, 32] {
+                        let what = format!("threadlen {threadlen}, fiber {fiber}");
+                        check_engine(&mut engine, t, rank, &what);
+                    }
                 }
             }
         }
         // Empty rows (half of each mode unused), one- and two-mode tensors,
         // and an empty tensor: unwritten rows must come back 0, not NaN.
-        let t = SparseTensor::new(
+        let small = SparseTensor::new(
             vec![6, 2, 2],
             vec![vec![4, 4, 1], vec![0, 1, 1], vec![1, 1, 0]],
             vec![1.0, 2.0, 3.0],
         )
         .unwrap();
-        let mut engine = FcooGpu::new(gpu.clone(), &t, 1).unwrap();
-        check_engine(&mut engine, &t, 3, "small");
-        let t =
+        let one_mode =
             SparseTensor::new(vec![7], vec![vec![3, 1, 3, 6]], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
-        check_engine(
-            &mut FcooGpu::new(gpu.clone(), &t, 1).unwrap(),
-            &t,
-            5,
-            "one mode",
-        );
         let mut spec = PowerLawSpec::new(vec![90, 70], 5_000).with_draws();
         spec.exponents = vec![1.3; 2];
-        let t = power_law(&spec).unwrap();
-        check_engine(
-            &mut FcooGpu::new(gpu.clone(), &t, 2).unwrap(),
-            &t,
-            33,
-            "two modes",
-        );
-        let t = SparseTensor::new(vec![3, 2, 4], vec![vec![], vec![], vec![]], vec![]).unwrap();
-        let mut engine = FcooGpu::new(gpu.clone(), &t, 8).unwrap();
-        let f = factors(t.dims(), 4, 1);
-        let mut out = Array2::from_elem((2, 4), f32::NAN);
-        engine.mttkrp_host(1, &f, &mut out).unwrap();
-        assert!(out.iter().all(|&x| x == 0.0));
+        let two_modes = power_law(&spec).unwrap();
+        let empty = SparseTensor::new(vec![3, 2, 4], vec![vec![], vec![], vec![]], vec![]).unwrap();
+        for fiber in [false, true] {
+            let mut engine = FcooGpu::new(gpu.clone(), &small, 1, fiber).unwrap();
+            check_engine(&mut engine, &small, 3, "small");
+            check_engine(
+                &mut FcooGpu::new(gpu.clone(), &one_mode, 1, fiber).unwrap(),
+                &one_mode,
+                5,
+                "one mode",
+            );
+            check_engine(
+                &mut FcooGpu::new(gpu.clone(), &two_modes, 2, fiber).unwrap(),
+                &two_modes,
+                33,
+                "two modes",
+            );
+            let mut engine = FcooGpu::new(gpu.clone(), &empty, 8, fiber).unwrap();
+            let f = factors(empty.dims(), 4, 1);
+            let mut out = Array2::from_elem((2, 4), f32::NAN);
+            engine.mttkrp_host(1, &f, &mut out).unwrap();
+            assert!(out.iter().all(|&x| x == 0.0));
+        }
         // Bad threadlen is a typed error.
         assert!(matches!(
-            FcooGpu::new(gpu, &t, 3),
+            FcooGpu::new(gpu, &empty, 3, false),
             Err(DeviceError::Prepare { .. })
         ));
     }

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use cudarc::driver::sys::cudaError_enum;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaSlice, CudaStream, DeviceRepr, DriverError, ValidAsZeroBits,
+    CudaContext, CudaEvent, CudaSlice, CudaStream, DeviceRepr, DriverError, PushKernelArg,
+    ValidAsZeroBits,
 };
 
 use crate::kernels::KernelCache;
@@ -221,6 +222,61 @@ impl Gpu {
         ms.sort_by(f32::total_cmp);
         let median_s = f64::from(ms[ms.len() / 2]) * 1e-3;
         Ok(2.0 * (n * 4) as f64 / median_s)
+    }
+
+    /// The bandwidth (bytes per second) of gathering factor-like rows of
+    /// `rank` f32 from L2: kernel `l2_gather` of `kernels/probe.cu` on a
+    /// buffer of at most a quarter of L2 (so it stays resident), loads that
+    /// bypass L1, one warm-up launch, then the median of 5 timed launches.
+    pub fn l2_gather_bandwidth(&self, rank: usize) -> Result<f64> {
+        let rank = rank.max(1);
+        let row_bytes = rank * 4;
+        let budget = (self.props.l2_bytes / 4).max(row_bytes * 64);
+        // The largest power of two of rows within the budget.
+        let rows = 1usize << (usize::BITS - 1 - (budget / row_bytes).leading_zeros());
+        let buf = self.alloc_zeros::<f32>("the L2 probe", rows * rank)?;
+        const THREADS: u32 = 256;
+        const ITERS: u32 = 2048;
+        let blocks = (self.props.sms as u32 * 8).max(1);
+        let mut out = self.alloc_zeros::<f32>("the L2 probe", (blocks * THREADS) as usize)?;
+        let f = self.kernels().function(
+            &self.ctx,
+            "probe.cu",
+            "l2_gather",
+            &[("RANK", rank as i64)],
+        )?;
+        let (start, end) = (self.timing_event()?, self.timing_event()?);
+        let rows_u32 = rows as u32;
+        let mut ms = Vec::new();
+        for run in 0..6 {
+            start
+                .record(&self.stream)
+                .map_err(driver("recording an event"))?;
+            let mut launch = self.stream.launch_builder(&f);
+            launch.arg(&buf).arg(&rows_u32).arg(&ITERS).arg(&mut out);
+            // SAFETY: row numbers are masked below `rows` (a power of two)
+            // and columns guarded below RANK, so every load lies in `buf`
+            // (rows x rank floats); thread t of the grid writes out[t], and
+            // `out` holds blocks x THREADS floats.
+            unsafe {
+                launch.launch(cudarc::driver::LaunchConfig {
+                    grid_dim: (blocks, 1, 1),
+                    block_dim: (THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }
+            .map_err(driver("launching l2_gather"))?;
+            end.record(&self.stream)
+                .map_err(driver("recording an event"))?;
+            end.synchronize().map_err(driver("waiting for the probe"))?;
+            if run > 0 {
+                ms.push(start.elapsed_ms(&end).map_err(driver("reading an event"))?);
+            }
+        }
+        ms.sort_by(f32::total_cmp);
+        let median_s = f64::from(ms[ms.len() / 2]) * 1e-3;
+        let warps = u64::from(blocks * THREADS / 32);
+        Ok((warps * u64::from(ITERS) * row_bytes as u64) as f64 / median_s)
     }
 
     /// An event that can time (`CU_EVENT_DEFAULT`; the default flags of

@@ -46,7 +46,23 @@ pub const SOURCES: &[KernelSource] = &[
         file: "mttkrp_fcoo.cu",
         text: include_str!("../../../kernels/mttkrp_fcoo.cu"),
         per_mode: true,
-        variants: &[&[("WARPS", crate::fcoo::WARPS as i64)]],
+        variants: &[
+            &[("WARPS", crate::fcoo::WARPS as i64)],
+            &[("WARPS", crate::fcoo::WARPS as i64), ("FIBER", 1)],
+            &[("WARPS", crate::fcoo::WARPS as i64), ("HALF", 1)],
+            &[
+                ("WARPS", crate::fcoo::WARPS as i64),
+                ("FIBER", 1),
+                ("HALF", 2),
+            ],
+            // Lane teams exist for ranks 16, 32, 64 and 128 only.
+            &[("WARPS", crate::fcoo::WARPS as i64), ("TEAMS", 1)],
+            &[
+                ("WARPS", crate::fcoo::WARPS as i64),
+                ("TEAMS", 1),
+                ("HALF", 1),
+            ],
+        ],
     },
     KernelSource {
         file: "mttkrp_hicoo.cu",
@@ -75,12 +91,21 @@ pub const SOURCES: &[KernelSource] = &[
         per_mode: false,
         variants: &[&[]],
     },
+    KernelSource {
+        file: "probe.cu",
+        text: include_str!("../../../kernels/probe.cu"),
+        per_mode: false,
+        variants: &[&[]],
+    },
 ];
 
 /// Mode counts and ranks every kernel is checked with (`cargo xtask
 /// kernels`, `kruskal check`).
 pub const CHECK_MODES: [i64; 4] = [3, 4, 5, 6];
 pub const CHECK_RANKS: [i64; 6] = [1, 7, 16, 32, 64, 100];
+/// [`CHECK_RANKS`] and 128, the largest rank of fcoo's lane teams (which
+/// are compiled for the ranks [`crate::fcoo::teams_fit`] accepts only).
+const TEAM_RANKS_TOO: [i64; 7] = [1, 7, 16, 32, 64, 100, 128];
 /// Ranks the mode-independent kernels (`dense.cu`) are checked with: the
 /// MTTKRP ranks plus the edges of their launch shapes (2 and 3 columns,
 /// W read through the cache above 64, the Gram split over blockIdx.y above
@@ -113,8 +138,17 @@ pub fn catalog() -> Vec<Specialization> {
             continue;
         }
         for &n in &CHECK_MODES {
-            for &r in &CHECK_RANKS {
+            for &r in &TEAM_RANKS_TOO {
                 for variant in src.variants {
+                    let teams = variant.iter().any(|&(k, _)| k == "TEAMS");
+                    let wanted = if teams {
+                        crate::fcoo::teams_fit(r as usize)
+                    } else {
+                        CHECK_RANKS.contains(&r)
+                    };
+                    if !wanted {
+                        continue;
+                    }
                     let mut defines = vec![("NMODES", n), ("RANK", r)];
                     defines.extend_from_slice(variant);
                     if src.file == "mttkrp_flycoo.cu" {

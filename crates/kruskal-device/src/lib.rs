@@ -49,7 +49,19 @@
 /// an inherent `mttkrp`, under the name `--kernel` spells.
 macro_rules! forward_gpu_mttkrp {
     ($engine:ty, $name:literal) => {
+        forward_gpu_mttkrp!($engine, $name, {});
+    };
+    // An engine with its own count of gathered rows.
+    ($engine:ty, $name:literal, gathers) => {
+        forward_gpu_mttkrp!($engine, $name, {
+            fn gathers_per_nonzero(&self, mode: usize) -> f64 {
+                <$engine>::gathers_per_nonzero(self, mode)
+            }
+        });
+    };
+    ($engine:ty, $name:literal, { $($extra:item)* }) => {
         impl $crate::GpuMttkrp for $engine {
+            $($extra)*
             fn name(&self) -> &'static str {
                 $name
             }
@@ -99,10 +111,16 @@ mod tests {
         // 3 modes: 16 bytes per nonzero; (10 + 20 + 30) rows of 4 floats.
         assert_eq!(super::floor_bytes(&[10, 20, 30], 1000, 4), 16_000 + 60 * 16);
     }
+
+    #[test]
+    fn the_l2_floor_counts_every_gathered_row() {
+        // 1000 nonzeros, 1.5 rows each, 32 floats per row.
+        assert_eq!(super::l2_floor_bytes(1000, 1.5, 32), 1000.0 * 1.5 * 128.0);
+    }
 }
 
 pub use coo::CooAtomic;
-pub use engine::{GpuKernel, GpuOptions, LaunchParams, build_engine};
+pub use engine::{FactorPrecision, GpuKernel, GpuOptions, LaunchParams, build_engine};
 pub use fcoo::FcooGpu;
 pub use flycoo::FlycooGpu;
 pub use gpu::{Gpu, GpuProperties};
@@ -203,6 +221,13 @@ pub trait GpuMttkrp {
         out: &mut cudarc::driver::CudaSlice<f32>,
     ) -> Result<()>;
 
+    /// Factor rows the engine gathers per nonzero of `mode` (on average):
+    /// `nmodes - 1` unless it reuses rows (fcoo's fiber reuse). Times the
+    /// row bytes, the L2 traffic of its gathers ([`l2_floor_bytes`]).
+    fn gathers_per_nonzero(&self, mode: usize) -> f64 {
+        let _ = mode;
+        self.dims().len().saturating_sub(1) as f64
+    }
     /// Host-to-host convenience (tests, `kruskal check`): uploads the
     /// factors and `out`'s current contents (fill it with NaN to see rows
     /// an engine leaves unwritten), runs `mode` and copies the result back
@@ -269,6 +294,15 @@ pub trait GpuMttkrp {
 pub fn floor_bytes(dims: &[u32], nnz: usize, rank: usize) -> usize {
     let rows: usize = dims.iter().map(|&d| d as usize).sum();
     nnz * 4 * (dims.len() + 1) + rows * rank * 4
+}
+
+/// Bytes of factor rows one MTTKRP of a mode gathers: `nnz` nonzeros times
+/// `gathers_per_nonzero` rows of `rank` f32. Divided by the measured L2
+/// gather bandwidth ([`Gpu::l2_gather_bandwidth`]) it is the *L2 gather
+/// floor*: where the factors fit in L2, the gathers, not DRAM, bound an
+/// engine (rows found in L1 can still beat it).
+pub fn l2_floor_bytes(nnz: usize, gathers_per_nonzero: f64, rank: usize) -> f64 {
+    nnz as f64 * gathers_per_nonzero * (rank * 4) as f64
 }
 
 /// Launch shape of a grid-stride kernel of 256-thread blocks over `items`

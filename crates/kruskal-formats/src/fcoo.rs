@@ -80,6 +80,8 @@ pub struct Fcoo {
     start_flags: Vec<u32>,
     segment_idx: Vec<Vec<u32>>,
     segments: usize,
+    /// The product mode ordering nonzeros within a segment (MTTKRP only).
+    fiber_mode: Option<usize>,
 }
 
 impl Fcoo {
@@ -232,6 +234,10 @@ impl Fcoo {
             start_flags,
             segment_idx,
             segments: firsts.len(),
+            fiber_mode: match op {
+                FcooOp::Mttkrp { .. } => key_modes.get(1).copied(),
+                FcooOp::Ttm { .. } => None,
+            },
         })
     }
 
@@ -298,6 +304,44 @@ impl Fcoo {
     /// Modes whose indices are stored per nonzero.
     pub fn product_modes(&self) -> &[usize] {
         &self.product_modes
+    }
+
+    /// For an MTTKRP F-COO of two or more modes, the product mode whose
+    /// index orders the nonzeros of a segment (the one of smallest
+    /// dimension): nonzeros of a segment sharing its index are adjacent,
+    /// a *fiber*, and share its factor row.
+    pub fn fiber_mode(&self) -> Option<usize> {
+        self.fiber_mode
+    }
+
+    /// The position of [`Fcoo::fiber_mode`] among the product modes.
+    pub fn fiber_product(&self) -> Option<usize> {
+        let w = self.fiber_mode?;
+        self.product_modes.iter().position(|&m| m == w)
+    }
+
+    /// Fibers when the nonzeros are walked in runs of `run` (a GPU warp's
+    /// range; a fiber is also cut where a run ends): the nonzeros ending a
+    /// segment, a run, or a stretch of one fiber-mode index. An engine with
+    /// fiber reuse gathers `fibers` rows of the fiber mode where one
+    /// without gathers `nnz`. `None` without a fiber mode.
+    ///
+    /// Cost: one parallel pass over the nonzeros.
+    pub fn fibers(&self, run: usize) -> Option<usize> {
+        let idx = &self.product_idx[self.fiber_product()?];
+        let nnz = self.nnz();
+        let run = run.max(1);
+        Some(
+            (0..nnz)
+                .into_par_iter()
+                .filter(|&k| {
+                    k + 1 == nnz
+                        || (k + 1) % run == 0
+                        || self.ends_segment(k)
+                        || idx[k] != idx[k + 1]
+                })
+                .count(),
+        )
     }
 
     /// Nonzeros per GPU thread (a power of two in `1..=256`).
@@ -580,6 +624,13 @@ mod tests {
         assert_eq!(f.values(), &[2.0, 4.0, 6.0, 3.0, 5.0, 1.0]);
         assert_eq!(f.product_idx()[1], vec![1, 1, 2, 0, 1, 2]);
         assert_eq!(f.segment_idx(), &[vec![1, 3]]);
+        // Fibers: the nonzeros of row 1 with k = 1 share one; every other
+        // nonzero is a fiber of its own. Runs of 1 cut every fiber.
+        assert_eq!((f.fiber_mode(), f.fiber_product()), (Some(2), Some(1)));
+        assert_eq!(f.fibers(1 << 20), Some(5));
+        assert_eq!(f.fibers(3), Some(5));
+        assert_eq!(f.fibers(1), Some(6));
+        assert_eq!(Fcoo::for_ttm(&t, 0, 1).unwrap().fibers(32), None);
         assert_eq!(f.bit_flags(), &[0b100100]);
         // One nonzero per chunk: chunks 0 and 3 start rows.
         assert_eq!(f.start_flags(), &[0b001001]);

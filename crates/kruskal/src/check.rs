@@ -539,6 +539,25 @@ pub fn gpu_engines(gpu: &Arc<Gpu>) -> Vec<EngineSpec> {
             }),
         });
     }
+    // fcoo's other kernels: fiber reuse, and the plain mapping where lane
+    // teams are the default (ranks 16, 32, 64, 128).
+    for (label, fiber, teams) in [("fiber=on", true, false), ("teams=off", false, false)] {
+        let gpu = gpu.clone();
+        let opts = GpuOptions {
+            fiber: Some(fiber),
+            teams: Some(teams),
+            ..GpuOptions::default()
+        };
+        specs.push(EngineSpec {
+            label: format!("gpu fcoo {label}"),
+            determinism: false,
+            build: Box::new(move |t| {
+                let e = build_engine(GpuKernel::Fcoo, gpu.clone(), t, &opts)
+                    .map_err(|e| e.to_string())?;
+                Ok(Box::new(GpuEngine(e)))
+            }),
+        });
+    }
     let gpu = gpu.clone();
     specs.push(EngineSpec {
         label: format!("gpu flycoo kappa={SPLIT_KAPPA} deterministic"),

@@ -189,6 +189,21 @@ pub struct GpuArgs {
     /// GPU hicoo: blocks 2^b indices wide, b from 1 to 8 (default 7).
     #[arg(long)]
     pub block_bits: Option<u32>,
+    /// GPU fcoo: fiber reuse, a fiber's factor row gathered once per fiber
+    /// of an output row instead of once per nonzero (default off).
+    #[arg(long, value_enum)]
+    pub fiber: Option<OnOff>,
+    /// GPU fcoo: gather factor rows from a 16-bit copy, bf16 or f16
+    /// (half the bytes; products and sums keep f32/f64; the relative error
+    /// grows to about 1e-3 for bf16, 1e-4 for f16; f16 holds values up to
+    /// 65504).
+    #[arg(long, default_value = "f32", value_parser = parse_precision)]
+    pub factor_precision: kruskal_device::FactorPrecision,
+    /// GPU fcoo at ranks 16, 32, 64 and 128: lane teams, rank / 4 lanes per
+    /// nonzero with 16-byte gathers, 128 / rank nonzeros per warp step
+    /// (default on).
+    #[arg(long, value_enum)]
+    pub teams: Option<OnOff>,
     /// GPU: ignore the tuning model; `auto` is the fixed default and every
     /// parameter not given is the fixed default.
     #[arg(long)]
@@ -202,8 +217,22 @@ impl GpuArgs {
             deterministic: self.deterministic,
             threadlen: self.threadlen,
             block_bits: self.block_bits,
+            fiber: self.fiber.map(|f| f == OnOff::On),
+            precision: self.factor_precision,
+            teams: self.teams.map(|t| t == OnOff::On),
         }
     }
+}
+
+fn parse_precision(s: &str) -> std::result::Result<kruskal_device::FactorPrecision, String> {
+    s.parse()
+}
+
+/// A switch given as `on` or `off`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnOff {
+    On,
+    Off,
 }
 
 /// Defaults of the several-GPU options (also what [`MultiGpuArgs::check_used`]
