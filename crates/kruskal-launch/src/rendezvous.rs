@@ -1,6 +1,6 @@
 //! The meeting of all ranks: rank 0 listens, the others connect and say
 //! HELLO, rank 0 answers each with the same payload (protocol and
-//! timeouts in the [`super`] module doc).
+//! timeouts in the [crate] doc).
 
 use std::fmt;
 use std::io;

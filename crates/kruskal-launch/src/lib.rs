@@ -1,7 +1,7 @@
 //! Several processes, one per GPU, possibly on several hosts: who is who,
 //! how they meet, and how they notice that one of them is gone.
 //!
-//! This module moves no GPU data and needs no GPU. It gives the processes
+//! This crate moves no GPU data and needs no GPU. It gives the processes
 //! of one job what NCCL needs to build a communicator across them (every
 //! rank's number, the world size, and the NCCL unique id that rank 0
 //! creates), and a liveness channel that turns a crashed or hung peer into
@@ -20,7 +20,7 @@
 //! - [`wire`]: the framing every message uses.
 //!
 //! ```no_run
-//! use kruskal_device::launch::{Launch, Rendezvous, RendezvousOptions};
+//! use kruskal_launch::{Launch, Rendezvous, RendezvousOptions};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let launch = Launch::from_env()?;

@@ -1,5 +1,5 @@
 //! After the rendezvous: the same connections, kept open as a liveness
-//! channel (failure model in the [`super`] module doc).
+//! channel (failure model in the [crate] doc).
 //!
 //! Each side runs one heartbeat thread and one reader thread per
 //! connection (rank 0: one per other rank; the others: one, to rank 0).

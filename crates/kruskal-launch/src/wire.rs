@@ -1,6 +1,6 @@
-//! The frames of the rendezvous protocol (layout in the [`super`] module
-//! doc): encoding, and a reader that keeps partial frames across read
-//! timeouts and checks each header as soon as it has arrived.
+//! The frames of the rendezvous protocol (layout in the [crate] doc):
+//! encoding, and a reader that keeps partial frames across read timeouts
+//! and checks each header as soon as it has arrived.
 
 use std::io::{self, Read, Write};
 
