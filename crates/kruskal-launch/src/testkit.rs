@@ -1,12 +1,13 @@
 //! Helpers for the rendezvous and membership tests: ranks as threads of
 //! this process, over 127.0.0.1, rank 0 on an ephemeral port.
 
-use std::io::Read;
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::auth::{Admitted, JobKey, Nonce, Session};
 use super::wire::{self, FrameReader, Kind};
 use super::{HostPort, Launch, Membership, Rendezvous, RendezvousOptions, Result};
 
@@ -113,28 +114,65 @@ pub(crate) fn world(n: usize, opts: &RendezvousOptions) -> Vec<Membership> {
     all
 }
 
-/// A hand-made peer: connected, nothing sent yet.
+/// A hand-made peer: connected, nothing read or sent yet.
 pub(crate) fn raw(port: u16) -> TcpStream {
     let s = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     s
 }
 
-/// A HELLO as rank `rank` of `world` would send it with `token`.
-pub(crate) fn hello(rank: u32, world: u32, token: &str) -> Vec<u8> {
-    wire::encode(
-        Kind::Hello,
-        &wire::token_digest(token),
-        rank,
-        &world.to_be_bytes(),
-    )
+/// Reads rank 0's CHALLENGE on a hand-made peer's connection.
+pub(crate) fn challenge(s: &mut TcpStream) -> Nonce {
+    let f = next_plain(s);
+    assert_eq!(f.kind, Kind::Challenge, "{f:?}");
+    f.payload.try_into().unwrap()
 }
 
-/// The next frame on a hand-made peer's connection.
-pub(crate) fn next_frame(s: &mut TcpStream, token: &str) -> wire::Frame {
-    FrameReader::new(wire::token_digest(token))
+/// The HELLO with which rank `rank` of `world` holding `token` answers
+/// `challenge`, and the session it opens.
+pub(crate) fn hello(challenge: &Nonce, rank: u32, world: u32, token: &str) -> (Vec<u8>, Session) {
+    JobKey::new(token).hello(challenge, rank, world).unwrap()
+}
+
+/// A hand-made rank that has answered its connection's challenge.
+pub(crate) fn say_hello(port: u16, rank: u32, world: u32, token: &str) -> (TcpStream, Session) {
+    let mut s = raw(port);
+    let c = challenge(&mut s);
+    let (bytes, session) = hello(&c, rank, world, token);
+    s.write_all(&bytes).unwrap();
+    (s, session)
+}
+
+/// A hand-made rank 0: accepts one connection, challenges it and admits
+/// its HELLO under [`TOKEN`].
+pub(crate) fn accept_hello(listener: &TcpListener) -> (TcpStream, Admitted) {
+    let (mut s, _) = listener.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let challenge = super::auth::nonce().unwrap();
+    wire::send(&mut s, &wire::plain(Kind::Challenge, 0, &challenge)).unwrap();
+    let hello = next_plain(&mut s);
+    assert_eq!(hello.kind, Kind::Hello, "{hello:?}");
+    let admitted = JobKey::new(TOKEN)
+        .admit(&challenge, &hello)
+        .unwrap_or_else(|e| panic!("HELLO refused: {e}"));
+    (s, admitted)
+}
+
+/// The next frame on a hand-made peer's connection, its code unchecked
+/// (CHALLENGE, REFUSE).
+pub(crate) fn next_plain(s: &mut TcpStream) -> wire::Frame {
+    FrameReader::new()
         .read(s)
         .unwrap_or_else(|e| panic!("no frame: {e:?}"))
+}
+
+/// The next frame of a hand-made peer's session, its code checked.
+pub(crate) fn next_frame(s: &mut TcpStream, session: &mut Session) -> wire::Frame {
+    let f = next_plain(s);
+    if let Err(e) = session.opener.open(&f) {
+        panic!("{e}: {f:?}");
+    }
+    f
 }
 
 /// Whether the peer closed `s` (reads to the end).
