@@ -661,10 +661,9 @@ fn beat_loop(inner: &Inner) {
 #[cfg(test)]
 mod tests {
     use std::io::Write;
-    use std::net::{Ipv4Addr, TcpListener};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use super::super::testkit::{self, TOKEN, eventually, payload};
+    use super::super::testkit::{self, eventually};
     use super::super::wire;
     use super::*;
 
@@ -767,19 +766,10 @@ mod tests {
         // Rank 2 is hand-made: it joins, then says nothing but keeps its
         // connection open (a hung process).
         let (opts, _) = testkit::options();
-        let (root, port) = testkit::bind_root(3, &opts);
-        let root = testkit::spawn_root(root);
-        let one = testkit::spawn_rank(1, 3, port, &opts);
-        let (mut hung, mut session) = testkit::say_hello(port, 2, 3, TOKEN);
-        let (_, m0) = root.join().unwrap().unwrap();
-        let (_, m1) = one.join().unwrap().unwrap();
-        let root_frame = testkit::next_frame(&mut hung, &mut session);
-        assert_eq!(
-            (root_frame.kind, root_frame.payload),
-            (Kind::Root, payload())
-        );
+        let (world, mut hung, mut session) = testkit::world_with_hand_made_last(3, &opts);
+        let (m0, m1) = (&world[0], &world[1]);
         let start = Instant::now();
-        let lost = lost_soon(&m0);
+        let lost = lost_soon(m0);
         let took = start.elapsed();
         assert_eq!(lost.rank, 2);
         assert!(
@@ -788,7 +778,7 @@ mod tests {
             lost.reason
         );
         assert!(took >= opts.peer_timeout / 2 && took < SOON, "{took:?}");
-        assert_eq!(lost_soon(&m1).rank, 2);
+        assert_eq!(lost_soon(m1).rank, 2);
         // The hung rank is told too, should it wake up.
         let abort = eventually(SOON, || {
             let f = testkit::next_frame(&mut hung, &mut session);
@@ -802,10 +792,8 @@ mod tests {
     fn a_silent_rank_0_is_lost_after_the_peer_timeout() {
         // Rank 0 is hand-made: it hands out the payload, then hangs.
         let (opts, _) = testkit::options();
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let one = testkit::spawn_rank(1, 2, port, &opts);
-        let (mut hung, mut hello) = testkit::accept_hello(&listener);
+        let (mut hung, one) = testkit::hand_made_root(&opts);
+        let mut hello = testkit::challenge_and_admit(&mut hung);
         assert_eq!((hello.rank, hello.world_size), (1, 2));
         let root = hello.session.sealer.seal(Kind::Root, 1, b"id");
         wire::send(&mut hung, &root).unwrap();
@@ -825,23 +813,17 @@ mod tests {
         // Rank 2 is hand-made: it joins, sends one good heartbeat, then
         // the same heartbeat again (as someone replaying it would).
         let (opts, _) = testkit::options();
-        let (root, port) = testkit::bind_root(3, &opts);
-        let root = testkit::spawn_root(root);
-        let one = testkit::spawn_rank(1, 3, port, &opts);
-        let (mut two, mut session) = testkit::say_hello(port, 2, 3, TOKEN);
-        let (_, m0) = root.join().unwrap().unwrap();
-        let (_, m1) = one.join().unwrap().unwrap();
-        assert_eq!(testkit::next_frame(&mut two, &mut session).kind, Kind::Root);
+        let (world, mut two, mut session) = testkit::world_with_hand_made_last(3, &opts);
         let beat = session.sealer.seal(Kind::Heartbeat, 2, &[]);
         two.write_all(&beat).unwrap();
         two.write_all(&beat).unwrap();
-        let lost = lost_soon(&m0);
+        let lost = lost_soon(&world[0]);
         assert_eq!(
             lost.to_string(),
             "rank 2 was lost: sent an invalid message: its authentication code does not match \
              (a forged message, or one replayed from another connection or out of order)"
         );
-        assert_eq!(lost_soon(&m1).rank, 2);
+        assert_eq!(lost_soon(&world[1]).rank, 2);
     }
 
     #[test]
@@ -849,15 +831,11 @@ mod tests {
         // Rank 1 is hand-made with the right token for the handshake, then
         // seals a frame with a session of another job.
         let (opts, _) = testkit::options();
-        let (root, port) = testkit::bind_root(2, &opts);
-        let root = testkit::spawn_root(root);
-        let (mut one, mut session) = testkit::say_hello(port, 1, 2, TOKEN);
-        let (_, m0) = root.join().unwrap().unwrap();
-        assert_eq!(testkit::next_frame(&mut one, &mut session).kind, Kind::Root);
+        let (world, mut one, _) = testkit::world_with_hand_made_last(2, &opts);
         let mut other = testkit::hello(&[1; 32], 1, 2, "another-job-token").1;
         let forged = other.sealer.seal(Kind::Abort, 1, b"forged");
         one.write_all(&forged).unwrap();
-        let lost = lost_soon(&m0);
+        let lost = lost_soon(&world[0]);
         assert_eq!(lost.rank, 1);
         assert!(
             lost.reason

@@ -827,18 +827,17 @@ mod tests {
         assert!(again.is_some(), "{:?}", log.lines());
         let two = testkit::spawn_rank(2, 3, port, &opts);
         let (_, _m0) = root.join().unwrap().unwrap();
-        assert_eq!(one.join().unwrap().unwrap().0, payload());
-        assert_eq!(two.join().unwrap().unwrap().0, payload());
+        for rank in [one, two] {
+            assert_eq!(rank.join().unwrap().unwrap().0, payload());
+        }
     }
 
     #[test]
     fn a_rank_answers_only_a_challenge() {
         // Something that is not rank 0 accepts and says ROOT at once.
         let (opts, _) = testkit::options();
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let one = testkit::spawn_rank(1, 2, port, &opts);
-        let (mut s, _) = listener.accept().unwrap();
+        let (mut s, one) = testkit::hand_made_root(&opts);
+        let port = s.local_addr().unwrap().port();
         let root = wire::encode(Kind::Root, &[0; 32], 1, b"id");
         wire::send(&mut s, &root).unwrap();
         let e = one.join().unwrap().unwrap_err();

@@ -13,6 +13,9 @@ use super::{HostPort, Launch, Membership, Rendezvous, RendezvousOptions, Result}
 
 pub(crate) const TOKEN: &str = "launch-test-token";
 
+/// A rank run on a thread: what its rendezvous returns.
+pub(crate) type RankThread = JoinHandle<Result<(Vec<u8>, Membership)>>;
+
 /// The payload rank 0 hands out: 128 bytes, like an NCCL unique id.
 pub(crate) fn payload() -> Vec<u8> {
     (0..128u8).collect()
@@ -81,7 +84,7 @@ pub(crate) fn bind_root(world: usize, opts: &RendezvousOptions) -> (Rendezvous, 
 }
 
 /// Completes rank 0 on a thread with [`payload`].
-pub(crate) fn spawn_root(root: Rendezvous) -> JoinHandle<Result<(Vec<u8>, Membership)>> {
+pub(crate) fn spawn_root(root: Rendezvous) -> RankThread {
     std::thread::spawn(move || root.complete(|| Ok::<_, String>(payload())))
 }
 
@@ -91,7 +94,7 @@ pub(crate) fn spawn_rank(
     world: usize,
     port: u16,
     opts: &RendezvousOptions,
-) -> JoinHandle<Result<(Vec<u8>, Membership)>> {
+) -> RankThread {
     let opts = opts.clone();
     std::thread::spawn(move || {
         Rendezvous::run(&launch(rank, world, port), &opts, || {
@@ -112,6 +115,24 @@ pub(crate) fn world(n: usize, opts: &RendezvousOptions) -> Vec<Membership> {
         all.push(membership);
     }
     all
+}
+
+/// A world of `n` whose last rank is hand-made: the memberships of the
+/// real ranks, by rank, and the hand-made rank's connection and session,
+/// its ROOT read.
+pub(crate) fn world_with_hand_made_last(
+    n: usize,
+    opts: &RendezvousOptions,
+) -> (Vec<Membership>, TcpStream, Session) {
+    let (root, port) = bind_root(n, opts);
+    let root = spawn_root(root);
+    let others: Vec<_> = (1..n - 1).map(|r| spawn_rank(r, n, port, opts)).collect();
+    let (mut s, mut session) = say_hello(port, n as u32 - 1, n as u32, TOKEN);
+    let mut real = vec![root.join().unwrap().unwrap().1];
+    real.extend(others.into_iter().map(|t| t.join().unwrap().unwrap().1));
+    let f = next_frame(&mut s, &mut session);
+    assert_eq!((f.kind, f.payload), (Kind::Root, payload()));
+    (real, s, session)
 }
 
 /// A hand-made peer: connected, nothing read or sent yet.
@@ -143,19 +164,27 @@ pub(crate) fn say_hello(port: u16, rank: u32, world: u32, token: &str) -> (TcpSt
     (s, session)
 }
 
-/// A hand-made rank 0: accepts one connection, challenges it and admits
-/// its HELLO under [`TOKEN`].
-pub(crate) fn accept_hello(listener: &TcpListener) -> (TcpStream, Admitted) {
-    let (mut s, _) = listener.accept().unwrap();
+/// A real rank 1 of 2 on a thread, and a hand-made rank 0's end of its
+/// connection (accepted, nothing sent yet).
+pub(crate) fn hand_made_root(opts: &RendezvousOptions) -> (TcpStream, RankThread) {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let one = spawn_rank(1, 2, port, opts);
+    let (s, _) = listener.accept().unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    (s, one)
+}
+
+/// A hand-made rank 0's half of the handshake on `s`: challenges it and
+/// admits its HELLO under [`TOKEN`].
+pub(crate) fn challenge_and_admit(s: &mut TcpStream) -> Admitted {
     let challenge = super::auth::nonce().unwrap();
-    wire::send(&mut s, &wire::plain(Kind::Challenge, 0, &challenge)).unwrap();
-    let hello = next_plain(&mut s);
+    wire::send(s, &wire::plain(Kind::Challenge, 0, &challenge)).unwrap();
+    let hello = next_plain(s);
     assert_eq!(hello.kind, Kind::Hello, "{hello:?}");
-    let admitted = JobKey::new(TOKEN)
+    JobKey::new(TOKEN)
         .admit(&challenge, &hello)
-        .unwrap_or_else(|e| panic!("HELLO refused: {e}"));
-    (s, admitted)
+        .unwrap_or_else(|e| panic!("HELLO refused: {e}"))
 }
 
 /// The next frame on a hand-made peer's connection, its code unchecked
