@@ -25,11 +25,10 @@
 //!   row shards resident or streamed from pinned host memory, factor rows
 //!   all-gathered by NCCL or peer-to-peer copies after every mode.
 //! - [`nccl`]: NCCL, found and loaded by kruskal (`libnccl.so.2`).
-//! - [`launch`]: several processes, one per GPU, on one or several hosts
-//!   (no GPU needed): each process's rank from the launcher's variables
-//!   (kruskal's, torchrun's, OpenMPI's, Slurm's), a TCP rendezvous with a
-//!   job token that hands rank 0's NCCL unique id to every rank, and a
-//!   heartbeat membership that names a lost rank on every rank.
+//! - [`process`]: this process's GPU in a job of several processes (the
+//!   NCCL communicator across them). How the processes find each other,
+//!   agree on rank 0's NCCL unique id and notice a lost peer needs no GPU
+//!   and lives in the `kruskal-launch` crate.
 //! - [`tune`]: the adaptive choice of engine and launch parameters from a
 //!   tensor's features (a trained regression tree, the sweep that measures
 //!   its training data, training and evaluation).
@@ -95,7 +94,6 @@ pub mod gpu;
 pub mod group;
 pub mod hicoo;
 pub mod kernels;
-pub mod launch;
 pub mod nccl;
 pub mod probe;
 pub mod process;

@@ -3,9 +3,9 @@
 //! all-reduces of host vectors through it, and aborting it from another
 //! thread when a peer is lost.
 //!
-//! The processes meet through [`crate::launch`], which hands every rank
-//! the bytes of rank 0's NCCL unique id; [`ProcessComm::init`] turns them
-//! into a communicator. A [`GpuGroup`](crate::GpuGroup) made with
+//! The processes meet through the `kruskal-launch` crate, which hands
+//! every rank the bytes of rank 0's NCCL unique id; [`ProcessComm::init`]
+//! turns them into a communicator. A [`GpuGroup`](crate::GpuGroup) made with
 //! [`GpuGroup::distributed`](crate::GpuGroup::distributed) then exchanges
 //! factor rows through it and all-reduces its Grams and column statistics.
 //!

@@ -3,7 +3,7 @@
 //!
 //! 1. Who is who: rank, world size, local GPU, rendezvous address and job
 //!    token from the launcher's variables or the flags
-//!    ([`kruskal_device::launch::Launch`]).
+//!    ([`kruskal_launch::Launch`]).
 //! 2. Rendezvous: rank 0 makes the NCCL unique id and hands it to every
 //!    rank over TCP; the connections stay open as the membership that
 //!    notices a lost rank.
@@ -28,10 +28,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use kruskal_cpd::{Backend, GroupBackend};
-use kruskal_device::launch::{Launch, LaunchOverrides, Membership, Rendezvous, RendezvousOptions};
 use kruskal_device::nccl::{Nccl, Reduce};
 use kruskal_device::{Gpu, GpuGroup, ProcessComm};
 use kruskal_formats::{CrcPart, MappedBinary};
+use kruskal_launch::{Launch, LaunchOverrides, Membership, Rendezvous, RendezvousOptions};
 use kruskal_partition::RowShards;
 use serde_json::json;
 

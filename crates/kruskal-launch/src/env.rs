@@ -27,8 +27,10 @@ use std::fmt;
 
 use super::{LaunchError, Result};
 
-/// The fewest characters a job token may have.
-pub const MIN_TOKEN_CHARS: usize = 8;
+/// The fewest characters a job token may have. The token is the key of
+/// every authentication code; `openssl rand -hex 16` gives 32 characters
+/// (128 random bits).
+pub const MIN_TOKEN_CHARS: usize = 16;
 
 const TOKEN_VAR: &str = "KRUSKAL_JOB_TOKEN";
 const TOKEN_HOWTO: &str = "every rank of a job needs the same secret token: create one \
@@ -289,19 +291,16 @@ impl Launch {
             None => rendezvous_from_env(&lookup)?,
         };
 
-        let token = match &overrides.token {
-            Some(token) => token.clone(),
-            None => lookup(TOKEN_VAR).ok_or_else(|| {
-                LaunchError::Token(format!("{TOKEN_VAR} is not set; {TOKEN_HOWTO}"))
-            })?,
+        let (token, from) = match &overrides.token {
+            Some(token) => (token.clone(), "the job token given by the caller"),
+            None => (
+                lookup(TOKEN_VAR).ok_or_else(|| {
+                    LaunchError::Token(format!("{TOKEN_VAR} is not set; {TOKEN_HOWTO}"))
+                })?,
+                TOKEN_VAR,
+            ),
         };
-        let chars = token.chars().count();
-        if chars < MIN_TOKEN_CHARS {
-            return Err(LaunchError::Token(format!(
-                "the job token has {chars} characters, at least {MIN_TOKEN_CHARS} are \
-                 needed; {TOKEN_HOWTO}"
-            )));
-        }
+        check_token(&token, from)?;
 
         Ok(Launch {
             rank,
@@ -312,6 +311,19 @@ impl Launch {
             source,
         })
     }
+}
+
+/// Refuses a token shorter than [`MIN_TOKEN_CHARS`]; `from` says where it
+/// came from. The token's value is never shown.
+pub(crate) fn check_token(token: &str, from: &str) -> Result<()> {
+    let chars = token.chars().count();
+    if chars < MIN_TOKEN_CHARS {
+        return Err(LaunchError::Token(format!(
+            "{from} has {chars} characters, at least {MIN_TOKEN_CHARS} are needed; \
+             {TOKEN_HOWTO}"
+        )));
+    }
+    Ok(())
 }
 
 /// The message when no family gives a rank.
@@ -584,7 +596,7 @@ mod tests {
             world_size: Some(3),
             local_gpu: Some(2),
             rendezvous: Some("[::1]:7000".into()),
-            token: Some("from-the-flag".into()),
+            token: Some("from-the-overrides".into()),
         };
         let l = Launch::from_lookup_with(
             env(&[
@@ -600,7 +612,7 @@ mod tests {
         .unwrap();
         assert_eq!((l.rank, l.world_size, l.local_gpu), (1, 3, 2));
         assert_eq!(l.rendezvous.to_string(), "[::1]:7000");
-        assert_eq!(l.token, "from-the-flag");
+        assert_eq!(l.token, "from-the-overrides");
         assert_eq!(l.source, "--process-rank");
         // Flags alone are enough.
         let l = Launch::from_lookup_with(env(&[]), &overrides).unwrap();
@@ -668,7 +680,7 @@ mod tests {
         short.push(("KRUSKAL_JOB_TOKEN", "s3cret"));
         let e = message(&short);
         assert!(
-            e.starts_with("the job token has 6 characters, at least 8"),
+            e.starts_with("KRUSKAL_JOB_TOKEN has 6 characters, at least 16 are needed; "),
             "{e}"
         );
         assert!(!e.contains("s3cret"), "{e}");
@@ -676,6 +688,45 @@ mod tests {
         good.push(("KRUSKAL_JOB_TOKEN", TOKEN));
         let l = launch(&good).unwrap();
         assert!(!format!("{l:?}").contains(TOKEN));
+    }
+
+    #[test]
+    fn a_token_needs_16_characters() {
+        let with = |token: &'static str| {
+            launch(&[
+                ("KRUSKAL_RANK", "0"),
+                ("KRUSKAL_WORLD_SIZE", "1"),
+                ("KRUSKAL_LOCAL_GPU", "0"),
+                ("KRUSKAL_RENDEZVOUS", "h:1"),
+                ("KRUSKAL_JOB_TOKEN", token),
+            ])
+        };
+        let e = with("0123456789abcde").unwrap_err().to_string();
+        assert!(
+            e.starts_with("KRUSKAL_JOB_TOKEN has 15 characters, at least 16 are needed; "),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+        assert_eq!(with("0123456789abcdef").unwrap().token, "0123456789abcdef");
+        // Characters, not bytes, are counted.
+        assert!(with("ééééééééééééééé").is_err());
+        // A token from the caller is held to the same minimum.
+        let e = Launch::from_lookup_with(
+            env(&[]),
+            &LaunchOverrides {
+                rank: Some(0),
+                world_size: Some(1),
+                local_gpu: Some(0),
+                rendezvous: Some("h:1".into()),
+                token: Some("short".into()),
+            },
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("the job token given by the caller has 5 characters"),
+            "{e}"
+        );
     }
 
     #[test]

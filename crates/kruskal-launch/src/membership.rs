@@ -1,5 +1,5 @@
 //! After the rendezvous: the same connections, kept open as a liveness
-//! channel (failure model in the [`super`] module doc).
+//! channel (failure model in the [crate] doc).
 //!
 //! Each side runs one heartbeat thread and one reader thread per
 //! connection (rank 0: one per other rank; the others: one, to rank 0).
@@ -12,8 +12,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::auth::Sealer;
 use super::rendezvous::RendezvousOptions;
-use super::wire::{self, FrameReader, Kind, ReadError, TokenDigest};
+use super::wire::{self, Kind, ReadError, SessionReader};
 use super::{LaunchError, LogFn, Result, lock, ranks_phrase, secs};
 
 /// A rank that is gone, and why.
@@ -47,7 +48,6 @@ pub struct Membership {
 struct Inner {
     me: usize,
     world: usize,
-    digest: TokenDigest,
     heartbeat: Duration,
     peer_timeout: Duration,
     finish_timeout: Duration,
@@ -70,6 +70,8 @@ struct Peer {
 
 struct Outgoing {
     stream: TcpStream,
+    /// Seals the frames to this peer, in the order they go out.
+    sealer: Sealer,
     /// False once GOODBYE or ABORT has gone out: nothing follows them.
     open: bool,
 }
@@ -85,14 +87,21 @@ struct State {
     generation: u64,
 }
 
+/// One connection after its handshake, as the rendezvous hands it over.
+pub(crate) struct Link {
+    /// The rank at the other end.
+    pub rank: usize,
+    pub stream: TcpStream,
+    pub reader: SessionReader,
+    pub sealer: Sealer,
+}
+
 impl Membership {
-    /// Starts watching `peers` (rank, connection, its reader) from rank
-    /// `me` of `world`.
+    /// Starts watching `peers` from rank `me` of `world`.
     pub(crate) fn start(
         me: usize,
         world: usize,
-        digest: TokenDigest,
-        peers: Vec<(usize, TcpStream, FrameReader)>,
+        peers: Vec<Link>,
         opts: &RendezvousOptions,
     ) -> Result<Membership> {
         let io = |what: &'static str| {
@@ -103,7 +112,13 @@ impl Membership {
         };
         let mut readers = Vec::with_capacity(peers.len());
         let mut out = Vec::with_capacity(peers.len());
-        for (rank, stream, reader) in peers {
+        for Link {
+            rank,
+            stream,
+            reader,
+            sealer,
+        } in peers
+        {
             // Writes that cannot go out within half the peer timeout mean
             // the peer is not reading: better lost than a blocked thread.
             stream
@@ -120,6 +135,7 @@ impl Membership {
                 rank,
                 out: Mutex::new(Outgoing {
                     stream: writer,
+                    sealer,
                     open: true,
                 }),
                 socket,
@@ -128,7 +144,6 @@ impl Membership {
         let inner = Arc::new(Inner {
             me,
             world,
-            digest,
             heartbeat: opts.heartbeat.max(Duration::from_millis(1)),
             peer_timeout: opts.peer_timeout,
             finish_timeout: opts.finish_timeout,
@@ -218,7 +233,7 @@ impl Membership {
         let recorded = inner.record(&lost);
         if inner.me != 0 {
             for p in &inner.peers {
-                let _ = p.send_last(inner, Kind::Abort, inner.me, wire::clip(reason));
+                let _ = p.send_last(Kind::Abort, inner.me, wire::clip(reason));
             }
         }
         if recorded {
@@ -245,7 +260,7 @@ impl Membership {
         if inner.me != 0 {
             let rank0 = &inner.peers[0];
             rank0
-                .send(inner, Kind::Barrier, inner.me, &payload)
+                .send(Kind::Barrier, inner.me, &payload)
                 .map_err(|e| inner.loss_error(0, format!("sending to it failed: {e}")))?;
             inner
                 .wait_until(deadline, |s| s.barrier[0] >= generation)
@@ -273,7 +288,7 @@ impl Membership {
             }
             late?;
             for p in &inner.peers {
-                p.send(inner, Kind::Barrier, 0, &payload)
+                p.send(Kind::Barrier, 0, &payload)
                     .map_err(|e| inner.loss_error(p.rank, format!("sending to it failed: {e}")))?;
             }
             Ok(())
@@ -312,7 +327,7 @@ impl Membership {
             // Rank 0 gives up first and says which rank it waited for.
             let deadline = start + inner.finish_timeout + FINISH_GRACE;
             inner.peers[0]
-                .send_last(inner, Kind::Goodbye, inner.me, &[])
+                .send_last(Kind::Goodbye, inner.me, &[])
                 .map_err(|e| inner.loss_error(0, format!("saying GOODBYE failed: {e}")))?;
             inner
                 .wait_until(deadline, |s| s.goodbye[0])
@@ -350,7 +365,7 @@ impl Membership {
                 Err(e) => return Err(e),
             }
             for p in &inner.peers {
-                if let Err(e) = p.send_last(inner, Kind::Goodbye, 0, &[]) {
+                if let Err(e) = p.send_last(Kind::Goodbye, 0, &[]) {
                     // That rank has finished; it will report rank 0 lost.
                     (inner.log)(&format!(
                         "membership: the final GOODBYE to rank {} failed: {e}",
@@ -393,28 +408,32 @@ impl Drop for Membership {
 
 impl Peer {
     /// Sends a frame unless GOODBYE or ABORT has already gone out.
-    fn send(&self, inner: &Inner, kind: Kind, rank: usize, payload: &[u8]) -> std::io::Result<()> {
-        let mut out = lock(&self.out);
-        if !out.open {
-            return Ok(());
-        }
-        wire::send(&mut out.stream, kind, &inner.digest, rank as u32, payload)
+    fn send(&self, kind: Kind, rank: usize, payload: &[u8]) -> std::io::Result<()> {
+        self.send_then(kind, rank, payload, true)
     }
 
     /// Sends a frame that ends this side of the conversation.
-    fn send_last(
+    fn send_last(&self, kind: Kind, rank: usize, payload: &[u8]) -> std::io::Result<()> {
+        self.send_then(kind, rank, payload, false)
+    }
+
+    /// Seals and sends a frame under the lock (so frames leave in the
+    /// order of their sequence numbers), leaving the conversation `open`
+    /// or not.
+    fn send_then(
         &self,
-        inner: &Inner,
         kind: Kind,
         rank: usize,
         payload: &[u8],
+        open: bool,
     ) -> std::io::Result<()> {
         let mut out = lock(&self.out);
         if !out.open {
             return Ok(());
         }
-        out.open = false;
-        wire::send(&mut out.stream, kind, &inner.digest, rank as u32, payload)
+        out.open = open;
+        let frame = out.sealer.seal(kind, rank as u32, payload);
+        wire::send(&mut out.stream, &frame)
     }
 }
 
@@ -449,7 +468,7 @@ impl Inner {
         let relay = wire::clip(&relay);
         if self.me == 0 {
             for p in self.peers.iter().filter(|p| p.rank != lost.rank) {
-                let _ = p.send_last(self, Kind::Abort, lost.rank, relay);
+                let _ = p.send_last(Kind::Abort, lost.rank, relay);
             }
         }
         let callbacks = std::mem::take(&mut *lock(&self.on_loss));
@@ -460,7 +479,7 @@ impl Inner {
         // is alive but cut off or hung.
         if self.me == 0 {
             for p in self.peers.iter().filter(|p| p.rank == lost.rank) {
-                let _ = p.send_last(self, Kind::Abort, lost.rank, relay);
+                let _ = p.send_last(Kind::Abort, lost.rank, relay);
             }
         }
     }
@@ -566,7 +585,7 @@ impl Inner {
                 self.changed.notify_all();
                 true
             }
-            Kind::Hello | Kind::Root | Kind::Refuse => {
+            Kind::Hello | Kind::Root | Kind::Refuse | Kind::Challenge => {
                 invalid(format!("{} after the rendezvous", frame.kind.name()))
             }
         }
@@ -574,7 +593,7 @@ impl Inner {
 }
 
 /// Reads `peer`'s frames until the connection ends, a loss, or the stop.
-fn read_loop(inner: &Inner, peer: usize, mut stream: TcpStream, mut reader: FrameReader) {
+fn read_loop(inner: &Inner, peer: usize, mut stream: TcpStream, mut reader: SessionReader) {
     // Wake up often enough to notice silence and the stop flag.
     let tick = (inner.heartbeat / 2).clamp(Duration::from_millis(5), Duration::from_millis(500));
     if let Err(e) = stream.set_read_timeout(Some(tick)) {
@@ -624,7 +643,7 @@ fn read_loop(inner: &Inner, peer: usize, mut stream: TcpStream, mut reader: Fram
 fn beat_loop(inner: &Inner) {
     loop {
         for p in &inner.peers {
-            if let Err(e) = p.send(inner, Kind::Heartbeat, inner.me, &[]) {
+            if let Err(e) = p.send(Kind::Heartbeat, inner.me, &[]) {
                 inner.peer_failed(p.rank, format!("sending a heartbeat failed: {e}"));
             }
         }
@@ -642,10 +661,9 @@ fn beat_loop(inner: &Inner) {
 #[cfg(test)]
 mod tests {
     use std::io::Write;
-    use std::net::{Ipv4Addr, TcpListener};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use super::super::testkit::{self, TOKEN, eventually, payload};
+    use super::super::testkit::{self, eventually};
     use super::super::wire;
     use super::*;
 
@@ -748,20 +766,10 @@ mod tests {
         // Rank 2 is hand-made: it joins, then says nothing but keeps its
         // connection open (a hung process).
         let (opts, _) = testkit::options();
-        let (root, port) = testkit::bind_root(3, &opts);
-        let root = testkit::spawn_root(root);
-        let one = testkit::spawn_rank(1, 3, port, &opts);
-        let mut hung = testkit::raw(port);
-        hung.write_all(&testkit::hello(2, 3, TOKEN)).unwrap();
-        let (_, m0) = root.join().unwrap().unwrap();
-        let (_, m1) = one.join().unwrap().unwrap();
-        let root_frame = testkit::next_frame(&mut hung, TOKEN);
-        assert_eq!(
-            (root_frame.kind, root_frame.payload),
-            (Kind::Root, payload())
-        );
+        let (world, mut hung, mut session) = testkit::world_with_hand_made_last(3, &opts);
+        let (m0, m1) = (&world[0], &world[1]);
         let start = Instant::now();
-        let lost = lost_soon(&m0);
+        let lost = lost_soon(m0);
         let took = start.elapsed();
         assert_eq!(lost.rank, 2);
         assert!(
@@ -770,10 +778,10 @@ mod tests {
             lost.reason
         );
         assert!(took >= opts.peer_timeout / 2 && took < SOON, "{took:?}");
-        assert_eq!(lost_soon(&m1).rank, 2);
+        assert_eq!(lost_soon(m1).rank, 2);
         // The hung rank is told too, should it wake up.
         let abort = eventually(SOON, || {
-            let f = testkit::next_frame(&mut hung, TOKEN);
+            let f = testkit::next_frame(&mut hung, &mut session);
             (f.kind == Kind::Abort).then_some(f)
         })
         .unwrap();
@@ -784,23 +792,54 @@ mod tests {
     fn a_silent_rank_0_is_lost_after_the_peer_timeout() {
         // Rank 0 is hand-made: it hands out the payload, then hangs.
         let (opts, _) = testkit::options();
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let one = testkit::spawn_rank(1, 2, port, &opts);
-        let (mut hung, _) = listener.accept().unwrap();
-        let hello = testkit::next_frame(&mut hung, TOKEN);
-        assert_eq!(
-            (hello.kind, hello.rank, hello.number()),
-            (Kind::Hello, 1, 2)
-        );
-        let digest = wire::token_digest(TOKEN);
-        wire::send(&mut hung, Kind::Root, &digest, 1, b"id").unwrap();
+        let (mut hung, one) = testkit::hand_made_root(&opts);
+        let mut hello = testkit::challenge_and_admit(&mut hung);
+        assert_eq!((hello.rank, hello.world_size), (1, 2));
+        let root = hello.session.sealer.seal(Kind::Root, 1, b"id");
+        wire::send(&mut hung, &root).unwrap();
         let (got, m1) = one.join().unwrap().unwrap();
         assert_eq!(got, b"id");
         let lost = lost_soon(&m1);
         assert_eq!(lost.rank, 0);
         assert!(
             lost.reason.starts_with("no heartbeat for "),
+            "{}",
+            lost.reason
+        );
+    }
+
+    #[test]
+    fn a_replayed_frame_loses_its_sender() {
+        // Rank 2 is hand-made: it joins, sends one good heartbeat, then
+        // the same heartbeat again (as someone replaying it would).
+        let (opts, _) = testkit::options();
+        let (world, mut two, mut session) = testkit::world_with_hand_made_last(3, &opts);
+        let beat = session.sealer.seal(Kind::Heartbeat, 2, &[]);
+        two.write_all(&beat).unwrap();
+        two.write_all(&beat).unwrap();
+        let lost = lost_soon(&world[0]);
+        assert_eq!(
+            lost.to_string(),
+            "rank 2 was lost: sent an invalid message: its authentication code does not match \
+             (a forged message, or one replayed from another connection or out of order)"
+        );
+        assert_eq!(lost_soon(&world[1]).rank, 2);
+    }
+
+    #[test]
+    fn a_frame_sealed_under_another_token_loses_its_sender() {
+        // Rank 1 is hand-made with the right token for the handshake, then
+        // seals a frame with a session of another job.
+        let (opts, _) = testkit::options();
+        let (world, mut one, _) = testkit::world_with_hand_made_last(2, &opts);
+        let mut other = testkit::hello(&[1; 32], 1, 2, "another-job-token").1;
+        let forged = other.sealer.seal(Kind::Abort, 1, b"forged");
+        one.write_all(&forged).unwrap();
+        let lost = lost_soon(&world[0]);
+        assert_eq!(lost.rank, 1);
+        assert!(
+            lost.reason
+                .starts_with("sent an invalid message: its authentication code does not match"),
             "{}",
             lost.reason
         );
@@ -900,9 +939,7 @@ mod tests {
         let one = world.remove(1);
         let one = std::thread::spawn(move || {
             // Stands for rank 1's finish racing its own exit.
-            one.inner.peers[0]
-                .send_last(&one.inner, Kind::Goodbye, 1, &[])
-                .unwrap();
+            one.inner.peers[0].send_last(Kind::Goodbye, 1, &[]).unwrap();
             drop(one);
         });
         one.join().unwrap();

@@ -1,6 +1,6 @@
 //! The meeting of all ranks: rank 0 listens, the others connect and say
 //! HELLO, rank 0 answers each with the same payload (protocol and
-//! timeouts in the [`super`] module doc).
+//! timeouts in the [crate] doc).
 
 use std::fmt;
 use std::io;
@@ -8,8 +8,9 @@ use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream,
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
-use super::membership::Membership;
-use super::wire::{self, FrameReader, Kind, NO_DIGEST, ReadError, TokenDigest};
+use super::auth::{self, JobKey, Nonce, Sealer};
+use super::membership::{Link, Membership};
+use super::wire::{self, Frame, FrameReader, Kind, ReadError, SessionReader};
 use super::{Launch, LaunchError, LogFn, Result, ranks_phrase, secs, stderr_log};
 
 /// How often rank 0 looks for new connections and finished handshakes.
@@ -76,7 +77,7 @@ impl fmt::Debug for RendezvousOptions {
 pub struct Rendezvous {
     launch: Launch,
     opts: RendezvousOptions,
-    digest: TokenDigest,
+    key: JobKey,
     listener: Option<TcpListener>,
 }
 
@@ -93,8 +94,10 @@ impl Rendezvous {
     }
 
     /// On rank 0 of a world of several, binds the rendezvous listener
-    /// (see [`RendezvousOptions::bind`]); elsewhere only checks `launch`.
+    /// (see [`RendezvousOptions::bind`]); elsewhere only checks `launch`
+    /// (its token too, however it was made).
     pub fn bind(launch: &Launch, opts: &RendezvousOptions) -> Result<Rendezvous> {
+        super::env::check_token(&launch.token, "the job token")?;
         if launch.world_size == 0 || launch.world_size > u32::MAX as usize {
             return Err(LaunchError::Inconsistent(format!(
                 "a world of {} ranks cannot meet",
@@ -129,7 +132,7 @@ impl Rendezvous {
         Ok(Rendezvous {
             launch: launch.clone(),
             opts: opts.clone(),
-            digest: wire::token_digest(&launch.token),
+            key: JobKey::new(&launch.token),
             listener,
         })
     }
@@ -149,14 +152,14 @@ impl Rendezvous {
         match self.listener {
             None if self.launch.rank == 0 => {
                 let payload = root_payload(payload_of_root).map_err(LaunchError::Aborted)?;
-                let membership = Membership::start(0, 1, self.digest, Vec::new(), &self.opts)?;
+                let membership = Membership::start(0, 1, Vec::new(), &self.opts)?;
                 Ok((payload, membership))
             }
-            None => join(&self.launch, &self.opts, self.digest),
+            None => join(&self.launch, &self.opts, &self.key),
             Some(listener) => host(
                 &self.launch,
                 &self.opts,
-                self.digest,
+                self.key,
                 listener,
                 payload_of_root,
             ),
@@ -179,27 +182,30 @@ fn root_payload<E: fmt::Display>(
     Ok(payload)
 }
 
-/// A connection that said HELLO, as its handshake thread hands it over.
+/// A connection whose HELLO answered its challenge under the token, as
+/// its handshake thread hands it over.
 struct Hello {
     stream: TcpStream,
     peer: SocketAddr,
     rank: u32,
     world_size: u64,
-    reader: FrameReader,
+    reader: SessionReader,
+    sealer: Sealer,
 }
 
 /// A rank that has joined.
 struct Joined {
     stream: TcpStream,
     peer: SocketAddr,
-    reader: FrameReader,
+    reader: SessionReader,
+    sealer: Sealer,
 }
 
 /// Rank 0's side.
 fn host<E: fmt::Display>(
     launch: &Launch,
     opts: &RendezvousOptions,
-    digest: TokenDigest,
+    key: JobKey,
     listener: TcpListener,
     payload_of_root: impl FnOnce() -> Result<Vec<u8>, E>,
 ) -> Result<(Vec<u8>, Membership)> {
@@ -229,13 +235,13 @@ fn host<E: fmt::Display>(
                 ranks_phrase(&missing),
                 secs(opts.join_timeout)
             );
-            abandon(&joined, &digest, &why);
+            abandon(&mut joined, &why);
             return Err(LaunchError::Timeout(why));
         }
         loop {
             match listener.accept() {
                 Ok((stream, peer)) => {
-                    spawn_handshake(stream, peer, digest, opts, tx.clone());
+                    spawn_handshake(stream, peer, key.clone(), opts, tx.clone());
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) => {
@@ -265,41 +271,44 @@ fn host<E: fmt::Display>(
     let payload = match root_payload(payload_of_root) {
         Ok(p) => p,
         Err(why) => {
-            abandon(&joined, &digest, &why);
+            abandon(&mut joined, &why);
             return Err(LaunchError::Aborted(why));
         }
     };
-    let mut peers = Vec::with_capacity(world - 1);
-    for (rank, slot) in joined.iter_mut().enumerate() {
-        let Some(j) = slot.take() else { continue };
-        let mut stream = j.stream;
-        if let Err(source) = wire::send(&mut stream, Kind::Root, &digest, rank as u32, &payload) {
+    let mut peers: Vec<Link> = Vec::with_capacity(world - 1);
+    for rank in 0..world {
+        let Some(mut j) = joined[rank].take() else {
+            continue;
+        };
+        let root = j.sealer.seal(Kind::Root, rank as u32, &payload);
+        if let Err(source) = wire::send(&mut j.stream, &root) {
             let why = format!("sending the payload to rank {rank} ({}) failed", j.peer);
-            for (_, s, _) in &peers {
-                let _ = wire::send(
-                    &mut &*s,
-                    Kind::Abort,
-                    &digest,
-                    rank as u32,
-                    wire::clip(&why),
-                );
+            for p in &mut peers {
+                let abort = p.sealer.seal(Kind::Abort, rank as u32, wire::clip(&why));
+                let _ = wire::send(&mut p.stream, &abort);
             }
-            abandon(&joined, &digest, &why);
+            abandon(&mut joined, &why);
             return Err(LaunchError::Io { what: why, source });
         }
-        peers.push((rank, stream, j.reader));
+        peers.push(Link {
+            rank,
+            stream: j.stream,
+            reader: j.reader,
+            sealer: j.sealer,
+        });
     }
-    let membership = Membership::start(0, world, digest, peers, opts)?;
+    let membership = Membership::start(0, world, peers, opts)?;
     Ok((payload, membership))
 }
 
-/// Reads one new connection's HELLO on its own thread, so that a silent
-/// or slow stray cannot hold up the real peers; refusals it can decide
-/// alone (bad frames, wrong token) it makes and logs itself.
+/// Challenges one new connection and reads its HELLO on its own thread,
+/// so that a silent or slow stray cannot hold up the real peers; refusals
+/// it can decide alone (bad frames, wrong token, a replayed HELLO) it
+/// makes and logs itself.
 fn spawn_handshake(
     stream: TcpStream,
     peer: SocketAddr,
-    digest: TokenDigest,
+    key: JobKey,
     opts: &RendezvousOptions,
     tx: Sender<Hello>,
 ) {
@@ -307,7 +316,7 @@ fn spawn_handshake(
     let log = opts.log.clone();
     let spawned = std::thread::Builder::new()
         .name("kruskal-rendezvous-hello".into())
-        .spawn(move || match read_hello(stream, peer, digest, timeout) {
+        .spawn(move || match read_hello(stream, peer, &key, timeout) {
             Ok(hello) => {
                 // The receiver is gone only when the rendezvous has ended.
                 let _ = tx.send(hello);
@@ -321,10 +330,12 @@ fn spawn_handshake(
     }
 }
 
+/// Rank 0's half of the handshake: a fresh challenge out, a HELLO that
+/// answers it under the token back.
 fn read_hello(
     mut stream: TcpStream,
     peer: SocketAddr,
-    digest: TokenDigest,
+    key: &JobKey,
     timeout: Duration,
 ) -> std::result::Result<Hello, String> {
     // Accepted sockets must block (with timeouts), whatever the listener.
@@ -334,7 +345,10 @@ fn read_hello(
         .and_then(|()| stream.set_write_timeout(Some(STRAY_WRITE)))
         .map_err(|e| format!("setting up the connection: {e}"))?;
     let deadline = Instant::now() + timeout;
-    let mut reader = FrameReader::new(digest);
+    let challenge = auth::nonce().map_err(|e| format!("making its challenge: {e}"))?;
+    wire::send(&mut stream, &wire::plain(Kind::Challenge, 0, &challenge))
+        .map_err(|e| format!("sending its challenge: {e}"))?;
+    let mut reader = FrameReader::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -345,13 +359,20 @@ fn read_hello(
             .map_err(|e| format!("setting a read timeout: {e}"))?;
         match reader.read(&mut stream) {
             Ok(frame) if frame.kind == Kind::Hello => {
-                return Ok(Hello {
-                    stream,
-                    peer,
-                    rank: frame.rank,
-                    world_size: frame.number(),
-                    reader,
-                });
+                return match key.admit(&challenge, &frame) {
+                    Ok(admitted) => Ok(Hello {
+                        stream,
+                        peer,
+                        rank: admitted.rank,
+                        world_size: admitted.world_size,
+                        reader: SessionReader::new(admitted.session.opener),
+                        sealer: admitted.session.sealer,
+                    }),
+                    Err(why) => {
+                        refuse(&stream, frame.rank, why);
+                        Err(why.into())
+                    }
+                };
             }
             Ok(frame) => {
                 let why = format!("sent {} instead of HELLO", frame.kind.name());
@@ -376,10 +397,7 @@ fn read_hello(
 fn refuse(stream: &TcpStream, rank: u32, reason: &str) {
     let _ = wire::send(
         &mut &*stream,
-        Kind::Refuse,
-        &NO_DIGEST,
-        rank,
-        wire::clip(reason),
+        &wire::plain(Kind::Refuse, rank, wire::clip(reason)),
     );
     let _ = stream.shutdown(Shutdown::Both);
 }
@@ -423,6 +441,7 @@ fn admit(hello: Hello, world: usize, joined: &mut [Option<Joined>], opts: &Rende
                 stream: hello.stream,
                 peer: hello.peer,
                 reader: hello.reader,
+                sealer: hello.sealer,
             });
         }
     }
@@ -444,19 +463,17 @@ fn is_closed(stream: &TcpStream) -> bool {
 }
 
 /// Tells every joined rank that the rendezvous is off, and closes.
-fn abandon(joined: &[Option<Joined>], digest: &TokenDigest, why: &str) {
-    for j in joined.iter().flatten() {
-        let _ = wire::send(&mut &j.stream, Kind::Abort, digest, 0, wire::clip(why));
+fn abandon(joined: &mut [Option<Joined>], why: &str) {
+    for j in joined.iter_mut().flatten() {
+        let abort = j.sealer.seal(Kind::Abort, 0, wire::clip(why));
+        let _ = wire::send(&mut j.stream, &abort);
         let _ = j.stream.shutdown(Shutdown::Both);
     }
 }
 
-/// Every other rank's side.
-fn join(
-    launch: &Launch,
-    opts: &RendezvousOptions,
-    digest: TokenDigest,
-) -> Result<(Vec<u8>, Membership)> {
+/// Every other rank's side: answers rank 0's challenge with HELLO, then
+/// waits for the payload.
+fn join(launch: &Launch, opts: &RendezvousOptions, key: &JobKey) -> Result<(Vec<u8>, Membership)> {
     let addr = launch.rendezvous.to_string();
     let me = launch.rank as u32;
     let io = |what: &str| {
@@ -468,79 +485,131 @@ fn join(
         .set_nodelay(true)
         .and_then(|()| stream.set_write_timeout(Some(opts.peer_timeout)))
         .map_err(io("setting up the connection to rank 0"))?;
-    wire::send(
-        &mut stream,
-        Kind::Hello,
-        &digest,
-        me,
-        &(launch.world_size as u32).to_be_bytes(),
-    )
-    .map_err(io("saying HELLO to rank 0"))?;
 
-    let wait = opts.join_timeout + ROOT_GRACE;
-    let deadline = Instant::now() + wait;
-    let mut reader = FrameReader::new(digest);
-    let protocol = |message: String| LaunchError::Protocol {
-        addr: addr.clone(),
-        message,
+    // One deadline for the challenge and the payload: rank 0 accepts as
+    // soon as it listens, but sends the payload only once all have joined.
+    let rank0 = FromRank0 {
+        addr: &addr,
+        me,
+        wait: opts.join_timeout + ROOT_GRACE,
+        deadline: Instant::now() + opts.join_timeout + ROOT_GRACE,
     };
-    let payload = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(LaunchError::Timeout(format!(
-                "rank 0 at {addr} did not send the payload within {} of rank {me} joining",
-                secs(wait)
+    let mut frames = FrameReader::new();
+    let frame = rank0.next(&mut stream, "its challenge", |s| frames.read(s))?;
+    let challenge: Nonce = match frame.kind {
+        // The frame reader has checked the length of a challenge.
+        Kind::Challenge => frame.payload[..]
+            .try_into()
+            .unwrap_or([0; auth::NONCE_BYTES]),
+        Kind::Refuse => return Err(rank0.refused(launch, &frame)),
+        kind => {
+            return Err(rank0.protocol(format!(
+                "rank 0 sent {} instead of a challenge",
+                kind.name()
             )));
         }
-        stream
-            .set_read_timeout(Some(left))
-            .map_err(io("setting a read timeout"))?;
-        match reader.read(&mut stream) {
-            Ok(frame) => match frame.kind {
-                Kind::Root if frame.rank == me => break frame.payload,
-                Kind::Refuse => {
-                    return Err(LaunchError::Refused {
-                        addr,
-                        rank: launch.rank,
-                        reason: frame.text(),
-                    });
-                }
-                Kind::Abort => return Err(LaunchError::Aborted(frame.text())),
-                kind => {
-                    return Err(protocol(format!(
-                        "rank 0 sent {} (rank {}) instead of this rank's payload",
-                        kind.name(),
-                        frame.rank
-                    )));
-                }
-            },
-            Err(ReadError::Pending) => {}
-            Err(ReadError::Closed) => {
-                return Err(protocol(
-                    "rank 0 closed the connection before sending the payload".into(),
-                ));
-            }
-            Err(ReadError::Io(source)) => {
-                return Err(LaunchError::Io {
-                    what: format!("waiting for rank 0's payload (rendezvous at {addr})"),
-                    source,
-                });
-            }
-            Err(ReadError::Invalid { reason, .. }) => {
-                return Err(protocol(format!(
-                    "rank 0 sent an invalid message: {reason}"
-                )));
-            }
+    };
+    let (hello, session) = key
+        .hello(&challenge, me, launch.world_size as u32)
+        .map_err(io("answering rank 0's challenge"))?;
+    wire::send(&mut stream, &hello).map_err(io("saying HELLO to rank 0"))?;
+
+    let mut reader = SessionReader::new(session.opener);
+    let frame = rank0.next(&mut stream, "the payload", |s| reader.read(s))?;
+    let payload = match frame.kind {
+        Kind::Root if frame.rank == me => frame.payload,
+        Kind::Refuse => return Err(rank0.refused(launch, &frame)),
+        Kind::Abort => return Err(LaunchError::Aborted(frame.text())),
+        kind => {
+            return Err(rank0.protocol(format!(
+                "rank 0 sent {} (rank {}) instead of this rank's payload",
+                kind.name(),
+                frame.rank
+            )));
         }
     };
     let membership = Membership::start(
         launch.rank,
         launch.world_size,
-        digest,
-        vec![(0, stream, reader)],
+        vec![Link {
+            rank: 0,
+            stream,
+            reader,
+            sealer: session.sealer,
+        }],
         opts,
     )?;
     Ok((payload, membership))
+}
+
+/// What a joining rank awaits from rank 0, and until when.
+struct FromRank0<'a> {
+    addr: &'a str,
+    me: u32,
+    wait: Duration,
+    deadline: Instant,
+}
+
+impl FromRank0<'_> {
+    /// The next frame `read` gets from `stream` before the deadline;
+    /// `what` (the awaited message) names it in the errors.
+    fn next(
+        &self,
+        stream: &mut TcpStream,
+        what: &str,
+        mut read: impl FnMut(&mut TcpStream) -> std::result::Result<Frame, ReadError>,
+    ) -> Result<Frame> {
+        let addr = self.addr;
+        loop {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(LaunchError::Timeout(format!(
+                    "rank 0 at {addr} did not send {what} within {} of rank {} connecting",
+                    secs(self.wait),
+                    self.me
+                )));
+            }
+            stream
+                .set_read_timeout(Some(left))
+                .map_err(|source| LaunchError::Io {
+                    what: format!("setting a read timeout (rendezvous at {addr})"),
+                    source,
+                })?;
+            match read(stream) {
+                Ok(frame) => return Ok(frame),
+                Err(ReadError::Pending) => {}
+                Err(ReadError::Closed) => {
+                    return Err(self.protocol(format!(
+                        "rank 0 closed the connection before sending {what}"
+                    )));
+                }
+                Err(ReadError::Io(source)) => {
+                    return Err(LaunchError::Io {
+                        what: format!("waiting for {what} of rank 0 (rendezvous at {addr})"),
+                        source,
+                    });
+                }
+                Err(ReadError::Invalid { reason, .. }) => {
+                    return Err(self.protocol(format!("rank 0 sent an invalid message: {reason}")));
+                }
+            }
+        }
+    }
+
+    fn protocol(&self, message: String) -> LaunchError {
+        LaunchError::Protocol {
+            addr: self.addr.to_string(),
+            message,
+        }
+    }
+
+    fn refused(&self, launch: &Launch, frame: &Frame) -> LaunchError {
+        LaunchError::Refused {
+            addr: self.addr.to_string(),
+            rank: launch.rank,
+            reason: frame.text(),
+        }
+    }
 }
 
 /// Connects to rank 0, retrying with backoff (rank 0 may start later, its
@@ -582,7 +651,7 @@ fn connect(launch: &Launch, timeout: Duration) -> Result<TcpStream> {
 #[cfg(test)]
 mod tests {
     use std::io::Write;
-    use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+    use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
     use std::time::{Duration, Instant};
 
     use super::super::testkit::{self, TOKEN, payload};
@@ -613,6 +682,23 @@ mod tests {
     }
 
     #[test]
+    fn a_short_token_is_refused_however_the_launch_was_made() {
+        let (opts, _) = testkit::options();
+        let mut launch = testkit::launch(1, 2, 1);
+        launch.token = "0123456789abcde".into();
+        let e = Rendezvous::bind(&launch, &opts)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.starts_with("the job token has 15 characters, at least 16")),
+            "{e:?}"
+        );
+        launch.token.push('f');
+        assert!(Rendezvous::bind(&launch, &opts).is_ok());
+    }
+
+    #[test]
     fn a_rank_started_before_rank_0_still_joins() {
         let (mut opts, _) = testkit::options();
         // A free port, released again so that nothing listens on it yet.
@@ -631,16 +717,21 @@ mod tests {
         drop((m0, m1));
     }
 
-    /// A stray connects first and sends `bytes` (nothing if empty); the
-    /// real rank 1 joins after rank 0 has logged the refusal that
-    /// contains `logged`.
-    fn stray_then_real_peer(bytes: &[u8], logged: &str, hello_timeout: Duration) {
+    /// A stray connects first and sends the bytes `make` gives it
+    /// (nothing if empty); the real rank 1 joins after rank 0 has logged
+    /// the refusal that contains `logged`.
+    fn stray_then_real_peer(
+        make: impl FnOnce(&mut TcpStream) -> Vec<u8>,
+        logged: &str,
+        hello_timeout: Duration,
+    ) {
         let (mut opts, log) = testkit::options();
         opts.hello_timeout = hello_timeout;
         let (root, port) = testkit::bind_root(2, &opts);
         let root = testkit::spawn_root(root);
         let mut stray = testkit::raw(port);
-        stray.write_all(bytes).unwrap();
+        let bytes = make(&mut stray);
+        stray.write_all(&bytes).unwrap();
         if !bytes.is_empty() {
             let line = log.wait_for(logged, Duration::from_secs(3));
             let line = line.unwrap_or_else(|| panic!("no refusal in {:?}", log.lines()));
@@ -667,7 +758,7 @@ mod tests {
     #[test]
     fn a_wrong_token_is_refused_and_told_why() {
         stray_then_real_peer(
-            &testkit::hello(1, 2, "not-the-job-token"),
+            |s| testkit::hello(&testkit::challenge(s), 1, 2, "not-the-job-token").0,
             "wrong job token",
             Duration::from_secs(2),
         );
@@ -675,11 +766,8 @@ mod tests {
         let (opts, _) = testkit::options();
         let (root, port) = testkit::bind_root(2, &opts);
         let _root = testkit::spawn_root(root);
-        let mut stray = testkit::raw(port);
-        stray
-            .write_all(&testkit::hello(1, 2, "not-the-job-token"))
-            .unwrap();
-        let f = testkit::next_frame(&mut stray, "anything");
+        let (mut stray, _) = testkit::say_hello(port, 1, 2, "not-the-job-token");
+        let f = testkit::next_plain(&mut stray);
         assert_eq!(
             (f.kind, f.text().as_str()),
             (Kind::Refuse, "wrong job token")
@@ -695,9 +783,74 @@ mod tests {
     }
 
     #[test]
+    fn a_replayed_or_altered_hello_is_refused_and_told_why() {
+        let (opts, log) = testkit::options();
+        let (root, port) = testkit::bind_root(3, &opts);
+        let root = testkit::spawn_root(root);
+        // A HELLO captured on the way: a real rank 1 sent it, answering
+        // its own connection's challenge (the connection stays open).
+        let mut first = testkit::raw(port);
+        let (captured, _) = testkit::hello(&testkit::challenge(&mut first), 1, 3, TOKEN);
+        first.write_all(&captured).unwrap();
+
+        // Sent again on a new connection: refused, whatever rank it claims.
+        let mut replay = testkit::raw(port);
+        testkit::challenge(&mut replay);
+        replay.write_all(&captured).unwrap();
+        let f = testkit::next_plain(&mut replay);
+        let why = "its HELLO answers another connection's challenge (a replayed message)";
+        assert_eq!((f.kind, f.text().as_str()), (Kind::Refuse, why));
+        assert!(testkit::closed(&mut replay));
+        let here = replay.local_addr().unwrap();
+        let line = log.wait_for(why, Duration::from_secs(1));
+        assert_eq!(line, Some(format!("rendezvous: refused {here}: {why}")));
+
+        // With the new challenge patched in, its code no longer verifies.
+        let mut forged = testkit::raw(port);
+        let challenge = testkit::challenge(&mut forged);
+        let mut bytes = captured.clone();
+        let echo = wire::HEADER_BYTES + 4;
+        bytes[echo..echo + challenge.len()].copy_from_slice(&challenge);
+        forged.write_all(&bytes).unwrap();
+        let f = testkit::next_plain(&mut forged);
+        assert_eq!(
+            (f.kind, f.text().as_str()),
+            (Kind::Refuse, "wrong job token")
+        );
+
+        // Rank 0 is still waiting: the real ranks join, rank 1 again (its
+        // first connection gone) before rank 2 completes the world.
+        drop(first);
+        std::thread::sleep(Duration::from_millis(100));
+        let one = testkit::spawn_rank(1, 3, port, &opts);
+        let again = log.wait_for("rendezvous: rank 1 joins again", Duration::from_secs(2));
+        assert!(again.is_some(), "{:?}", log.lines());
+        let two = testkit::spawn_rank(2, 3, port, &opts);
+        let (_, _m0) = root.join().unwrap().unwrap();
+        for rank in [one, two] {
+            assert_eq!(rank.join().unwrap().unwrap().0, payload());
+        }
+    }
+
+    #[test]
+    fn a_rank_answers_only_a_challenge() {
+        // Something that is not rank 0 accepts and says ROOT at once.
+        let (opts, _) = testkit::options();
+        let (mut s, one) = testkit::hand_made_root(&opts);
+        let port = s.local_addr().unwrap().port();
+        let root = wire::encode(Kind::Root, &[0; 32], 1, b"id");
+        wire::send(&mut s, &root).unwrap();
+        let e = one.join().unwrap().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("rendezvous at 127.0.0.1:{port}: rank 0 sent ROOT instead of a challenge")
+        );
+    }
+
+    #[test]
     fn garbage_is_refused() {
         stray_then_real_peer(
-            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+            |_| b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
             "not a kruskal rendezvous message (bad magic)",
             Duration::from_secs(2),
         );
@@ -705,11 +858,13 @@ mod tests {
 
     #[test]
     fn an_over_long_length_is_refused() {
-        let mut bytes = testkit::hello(1, 2, TOKEN);
-        bytes[44..48].copy_from_slice(&u32::MAX.to_be_bytes());
-        bytes.truncate(wire::HEADER_BYTES);
         stray_then_real_peer(
-            &bytes,
+            |s| {
+                let mut bytes = testkit::hello(&testkit::challenge(s), 1, 2, TOKEN).0;
+                bytes[44..48].copy_from_slice(&u32::MAX.to_be_bytes());
+                bytes.truncate(wire::HEADER_BYTES);
+                bytes
+            },
             "a payload of 4294967295 bytes (at most 4096)",
             Duration::from_secs(2),
         );
@@ -717,7 +872,11 @@ mod tests {
 
     #[test]
     fn a_silent_connection_is_dropped() {
-        stray_then_real_peer(&[], "said nothing valid within 1 s", Duration::from_secs(1));
+        stray_then_real_peer(
+            |_| Vec::new(),
+            "said nothing valid within 1 s",
+            Duration::from_secs(1),
+        );
     }
 
     #[test]
@@ -727,8 +886,7 @@ mod tests {
         let root = testkit::spawn_root(root);
 
         // A rank 1 that closes before the rendezvous ends may join again.
-        let mut gone = testkit::raw(port);
-        gone.write_all(&testkit::hello(1, 3, TOKEN)).unwrap();
+        let (gone, _) = testkit::say_hello(port, 1, 3, TOKEN);
         std::thread::sleep(Duration::from_millis(200));
         drop(gone);
         std::thread::sleep(Duration::from_millis(100));
@@ -761,11 +919,8 @@ mod tests {
             (0, 3, "rank 0 is out of range: ranks 1 to 2 join rank 0"),
             (2, 4, "rank 2 has world size 4, rank 0 has 3"),
         ] {
-            let mut stray = testkit::raw(port);
-            stray
-                .write_all(&testkit::hello(rank, world, TOKEN))
-                .unwrap();
-            let f = testkit::next_frame(&mut stray, TOKEN);
+            let (mut stray, _) = testkit::say_hello(port, rank, world, TOKEN);
+            let f = testkit::next_plain(&mut stray);
             assert_eq!((f.kind, f.text().as_str()), (Kind::Refuse, why));
             assert!(testkit::closed(&mut stray));
             assert!(log.wait_for(why, Duration::from_secs(1)).is_some());

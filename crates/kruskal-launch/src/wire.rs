@@ -1,23 +1,17 @@
-//! The frames of the rendezvous protocol (layout in the [`super`] module
-//! doc): encoding, and a reader that keeps partial frames across read
-//! timeouts and checks each header as soon as it has arrived.
+//! The frames of the rendezvous protocol (layout in the [crate] doc):
+//! encoding, and a reader that keeps partial frames across read timeouts
+//! and checks each header as soon as it has arrived.
 
 use std::io::{self, Read, Write};
 
-use sha2::{Digest, Sha256};
+use super::auth::{HELLO_BYTES, NO_TAG, NONCE_BYTES, Opener, Tag};
 
 /// The largest payload a frame may carry, in bytes.
 pub const MAX_PAYLOAD_BYTES: usize = 4096;
 
 pub(crate) const MAGIC: [u8; 4] = *b"KRDV";
-pub(crate) const VERSION: u16 = 1;
+pub(crate) const VERSION: u16 = 2;
 pub(crate) const HEADER_BYTES: usize = 48;
-
-/// SHA-256 of the job token, the only form of it that travels.
-pub(crate) type TokenDigest = [u8; 32];
-
-/// What REFUSE carries instead of a digest.
-pub(crate) const NO_DIGEST: TokenDigest = [0; 32];
 
 /// The message kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +23,7 @@ pub(crate) enum Kind {
     Abort = 5,
     Refuse = 6,
     Barrier = 7,
+    Challenge = 8,
 }
 
 impl Kind {
@@ -41,6 +36,7 @@ impl Kind {
             5 => Kind::Abort,
             6 => Kind::Refuse,
             7 => Kind::Barrier,
+            8 => Kind::Challenge,
             _ => return None,
         })
     }
@@ -54,6 +50,7 @@ impl Kind {
             Kind::Abort => "ABORT",
             Kind::Refuse => "REFUSE",
             Kind::Barrier => "BARRIER",
+            Kind::Challenge => "CHALLENGE",
         }
     }
 
@@ -61,7 +58,8 @@ impl Kind {
     /// [`MAX_PAYLOAD_BYTES`]).
     fn payload_fits(self, bytes: usize) -> bool {
         match self {
-            Kind::Hello => bytes == 4,
+            Kind::Hello => bytes == HELLO_BYTES,
+            Kind::Challenge => bytes == NONCE_BYTES,
             Kind::Heartbeat | Kind::Goodbye => bytes == 0,
             Kind::Barrier => bytes == 8,
             Kind::Root | Kind::Abort | Kind::Refuse => true,
@@ -73,6 +71,8 @@ impl Kind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Frame {
     pub kind: Kind,
+    /// The authentication code (all zeros on CHALLENGE and REFUSE).
+    pub tag: Tag,
     pub rank: u32,
     pub payload: Vec<u8>,
 }
@@ -83,7 +83,7 @@ impl Frame {
         String::from_utf8_lossy(&self.payload).into_owned()
     }
 
-    /// The payload as a big-endian u32 (HELLO) or u64 (BARRIER).
+    /// The payload as a big-endian u64 (BARRIER).
     pub(crate) fn number(&self) -> u64 {
         self.payload
             .iter()
@@ -91,47 +91,33 @@ impl Frame {
     }
 }
 
-pub(crate) fn token_digest(token: &str) -> TokenDigest {
-    let mut h = Sha256::new();
-    h.update(b"kruskal job token v1\0");
-    h.update(token.as_bytes());
-    h.finalize().into()
-}
-
-/// Compares two digests in time independent of where they differ.
-pub(crate) fn same_digest(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y));
-    std::hint::black_box(diff) == 0
-}
-
-/// The bytes of one frame. The caller keeps `payload` within
-/// [`MAX_PAYLOAD_BYTES`] (see [`clip`]).
-pub(crate) fn encode(kind: Kind, digest: &TokenDigest, rank: u32, payload: &[u8]) -> Vec<u8> {
+/// The bytes of one frame with the code `tag` (made by [`super::auth`]).
+/// The caller keeps `payload` within [`MAX_PAYLOAD_BYTES`] (see [`clip`]).
+pub(crate) fn encode(kind: Kind, tag: &Tag, rank: u32, payload: &[u8]) -> Vec<u8> {
     debug_assert!(payload.len() <= MAX_PAYLOAD_BYTES);
     let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&VERSION.to_be_bytes());
     out.push(kind as u8);
     out.push(0);
-    out.extend_from_slice(digest);
+    out.extend_from_slice(tag);
     out.extend_from_slice(&rank.to_be_bytes());
     out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
     out.extend_from_slice(payload);
     out
 }
 
-/// Writes one frame in one call (small frames leave in one segment).
-pub(crate) fn send(
-    w: &mut impl Write,
-    kind: Kind,
-    digest: &TokenDigest,
-    rank: u32,
-    payload: &[u8],
-) -> io::Result<()> {
-    w.write_all(&encode(kind, digest, rank, payload))?;
+/// The bytes of a frame that carries no code: CHALLENGE and REFUSE, the
+/// two kinds sent to a peer that has not proved it knows the token.
+pub(crate) fn plain(kind: Kind, rank: u32, payload: &[u8]) -> Vec<u8> {
+    debug_assert!(matches!(kind, Kind::Challenge | Kind::Refuse));
+    encode(kind, &NO_TAG, rank, payload)
+}
+
+/// Writes one encoded frame in one call (small frames leave in one
+/// segment).
+pub(crate) fn send(w: &mut impl Write, frame: &[u8]) -> io::Result<()> {
+    w.write_all(frame)?;
     w.flush()
 }
 
@@ -161,15 +147,14 @@ pub(crate) enum ReadError {
 }
 
 /// Reads frames from a stream, one at a time, never past the current one.
+/// It checks their form only; [`SessionReader`] checks their codes too.
 pub(crate) struct FrameReader {
-    digest: TokenDigest,
     buf: Vec<u8>,
 }
 
 impl FrameReader {
-    pub(crate) fn new(digest: TokenDigest) -> Self {
+    pub(crate) fn new() -> Self {
         FrameReader {
-            digest,
             buf: Vec::with_capacity(HEADER_BYTES),
         }
     }
@@ -250,9 +235,6 @@ impl FrameReader {
                 true,
             );
         }
-        if kind != Kind::Refuse && !same_digest(&b[8..40], &self.digest) {
-            return invalid("wrong job token".into(), true);
-        }
         Ok(HEADER_BYTES + len)
     }
 
@@ -261,11 +243,44 @@ impl FrameReader {
         let frame = Frame {
             // needed() has checked the kind byte.
             kind: Kind::from_byte(b[6]).unwrap_or(Kind::Refuse),
+            tag: b[8..40].try_into().unwrap_or(NO_TAG),
             rank: u32::from_be_bytes([b[40], b[41], b[42], b[43]]),
             payload: b[HEADER_BYTES..].to_vec(),
         };
         self.buf.clear();
         frame
+    }
+}
+
+/// Reads the frames of one connection after its handshake: each must be
+/// the next frame the other side sealed (see [`Opener::open`]), except a
+/// REFUSE, which carries no code and can only end the conversation.
+pub(crate) struct SessionReader {
+    frames: FrameReader,
+    opener: Opener,
+}
+
+impl SessionReader {
+    pub(crate) fn new(opener: Opener) -> Self {
+        SessionReader {
+            frames: FrameReader::new(),
+            opener,
+        }
+    }
+
+    /// The next frame whose code verifies; [`FrameReader::read`] says how
+    /// timeouts and partial frames are handled.
+    pub(crate) fn read(&mut self, r: &mut impl Read) -> Result<Frame, ReadError> {
+        let frame = self.frames.read(r)?;
+        if frame.kind != Kind::Refuse {
+            self.opener
+                .open(&frame)
+                .map_err(|reason| ReadError::Invalid {
+                    reason: reason.into(),
+                    peer: true,
+                })?;
+        }
+        Ok(frame)
     }
 }
 
@@ -295,12 +310,11 @@ mod tests {
         }
     }
 
-    fn digest() -> TokenDigest {
-        token_digest("launch-test-token")
-    }
+    /// A code as a sealer would make it (the reader does not check it).
+    const TAG: Tag = [7; 32];
 
     fn read_all(bytes: Vec<u8>) -> Result<Frame, ReadError> {
-        FrameReader::new(digest()).read(&mut Chunks([Some(bytes)].into()))
+        FrameReader::new().read(&mut Chunks([Some(bytes)].into()))
     }
 
     fn reason(r: Result<Frame, ReadError>) -> (String, bool) {
@@ -312,25 +326,28 @@ mod tests {
 
     #[test]
     fn launch_frames_round_trip() {
-        let bytes = encode(Kind::Root, &digest(), 7, &[1, 2, 3]);
+        let bytes = encode(Kind::Root, &TAG, 7, &[1, 2, 3]);
         assert_eq!(bytes.len(), HEADER_BYTES + 3);
         let f = read_all(bytes).unwrap();
         assert_eq!(
             f,
             Frame {
                 kind: Kind::Root,
+                tag: TAG,
                 rank: 7,
                 payload: vec![1, 2, 3]
             }
         );
-        let hello = read_all(encode(Kind::Hello, &digest(), 1, &3u32.to_be_bytes())).unwrap();
-        assert_eq!(hello.number(), 3);
+        let barrier = read_all(encode(Kind::Barrier, &TAG, 1, &3u64.to_be_bytes())).unwrap();
+        assert_eq!(barrier.number(), 3);
+        let challenge = read_all(plain(Kind::Challenge, 0, &[9; NONCE_BYTES])).unwrap();
+        assert_eq!((challenge.tag, challenge.payload), (NO_TAG, vec![9; 32]));
     }
 
     #[test]
     fn partial_frames_survive_timeouts() {
-        let mut bytes = encode(Kind::Abort, &digest(), 2, b"gone");
-        bytes.extend(encode(Kind::Heartbeat, &digest(), 0, &[]));
+        let mut bytes = encode(Kind::Abort, &TAG, 2, b"gone");
+        bytes.extend(encode(Kind::Heartbeat, &TAG, 0, &[]));
         let mut src = Chunks(
             [
                 Some(bytes[..3].to_vec()),
@@ -341,7 +358,7 @@ mod tests {
             ]
             .into(),
         );
-        let mut r = FrameReader::new(digest());
+        let mut r = FrameReader::new();
         assert!(matches!(r.read(&mut src), Err(ReadError::Pending)));
         assert!(matches!(r.read(&mut src), Err(ReadError::Pending)));
         let f = r.read(&mut src).unwrap();
@@ -355,23 +372,22 @@ mod tests {
 
     #[test]
     fn invalid_frames_are_named() {
-        let good = encode(Kind::Heartbeat, &digest(), 1, &[]);
+        let good = encode(Kind::Heartbeat, &TAG, 1, &[]);
         let (why, peer) = reason(read_all(b"GET / HTTP/1.1\r\n".to_vec()));
         assert_eq!(
             (why.as_str(), peer),
             ("not a kruskal rendezvous message (bad magic)", false)
         );
         // Garbage is refused from its first bytes, before a header's worth.
-        let (why, _) = reason(
-            FrameReader::new(digest()).read(&mut Chunks([Some(b"KRx".to_vec()), None].into())),
-        );
+        let (why, _) =
+            reason(FrameReader::new().read(&mut Chunks([Some(b"KRx".to_vec()), None].into())));
         assert!(why.contains("bad magic"));
 
         let mut b = good.clone();
         b[5] = 9;
         assert_eq!(
             reason(read_all(b)).0,
-            "protocol version 9; this build speaks version 1"
+            "protocol version 9; this build speaks version 2"
         );
         let mut b = good.clone();
         b[6] = 42;
@@ -379,41 +395,32 @@ mod tests {
         let mut b = good.clone();
         b[7] = 1;
         assert_eq!(reason(read_all(b)).0, "reserved byte is 1, not 0");
-        let mut b = encode(Kind::Root, &digest(), 1, &[]);
+        let mut b = encode(Kind::Root, &TAG, 1, &[]);
         b[44..48].copy_from_slice(&(1u32 << 30).to_be_bytes());
         assert_eq!(
             reason(read_all(b)).0,
             "a payload of 1073741824 bytes (at most 4096)"
         );
         assert_eq!(
-            reason(read_all(encode(Kind::Heartbeat, &digest(), 1, &[0]))).0,
+            reason(read_all(encode(Kind::Heartbeat, &TAG, 1, &[0]))).0,
             "HEARTBEAT with a payload of 1 bytes"
         );
-        let wrong = encode(
-            Kind::Hello,
-            &token_digest("another-token"),
-            1,
-            &[0, 0, 0, 2],
-        );
         assert_eq!(
-            reason(read_all(wrong)),
-            ("wrong job token".to_string(), true)
+            reason(read_all(encode(Kind::Hello, &TAG, 1, &[0, 0, 0, 2]))).0,
+            "HELLO with a payload of 4 bytes"
         );
         let (why, _) = reason(read_all(good[..20].to_vec()));
         assert_eq!(
             why,
             "the connection closed in the middle of a message (20 bytes)"
         );
-        // REFUSE travels without the digest.
-        let refuse = encode(Kind::Refuse, &NO_DIGEST, 3, b"no");
+        // REFUSE travels without a code.
+        let refuse = plain(Kind::Refuse, 3, b"no");
         assert_eq!(read_all(refuse).unwrap().text(), "no");
     }
 
     #[test]
-    fn digests_and_clipping() {
-        assert!(same_digest(&digest(), &token_digest("launch-test-token")));
-        assert!(!same_digest(&digest(), &token_digest("launch-test-tokem")));
-        assert!(!same_digest(&digest(), &digest()[..31]));
+    fn text_is_clipped_at_a_character_edge() {
         let long = "é".repeat(MAX_PAYLOAD_BYTES);
         let clipped = clip(&long);
         assert!(clipped.len() <= MAX_PAYLOAD_BYTES);

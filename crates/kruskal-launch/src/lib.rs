@@ -1,26 +1,28 @@
 //! Several processes, one per GPU, possibly on several hosts: who is who,
 //! how they meet, and how they notice that one of them is gone.
 //!
-//! This module moves no GPU data and needs no GPU. It gives the processes
+//! This crate moves no GPU data and needs no GPU. It gives the processes
 //! of one job what NCCL needs to build a communicator across them (every
 //! rank's number, the world size, and the NCCL unique id that rank 0
 //! creates), and a liveness channel that turns a crashed or hung peer into
 //! a prompt, named error instead of a collective that never returns.
 //!
-//! - [`env`](mod@env): [`Launch`], this process's rank, world size, local GPU,
-//!   rendezvous address and job token, read from the variables a launcher
-//!   sets (kruskal's own, torchrun's, OpenMPI's, Slurm's), with explicit
-//!   values ([`LaunchOverrides`], from command-line flags) on top.
+//! - [`env`](mod@env): [`Launch`], the job identity of this process: its
+//!   rank, the world size, its local GPU, the rendezvous address and the
+//!   job token, read from the variables a launcher sets (kruskal's own,
+//!   torchrun's, OpenMPI's, Slurm's), with explicit values
+//!   ([`LaunchOverrides`], from command-line flags) on top.
 //! - [`rendezvous`]: [`Rendezvous`], rank 0 listens on the rendezvous port,
-//!   every other rank connects and says HELLO; once all have, rank 0 sends
-//!   each of them the same opaque payload (the NCCL unique id).
+//!   every other rank connects and proves it holds the job token; once all
+//!   have, rank 0 sends each of them the same opaque payload (the NCCL
+//!   unique id).
 //! - [`membership`]: [`Membership`], the rendezvous connections kept open
 //!   for the whole run: heartbeats both ways, loss detection, ABORT
 //!   relayed by rank 0 to everyone, a final GOODBYE barrier.
 //! - [`wire`]: the framing every message uses.
 //!
 //! ```no_run
-//! use kruskal_device::launch::{Launch, Rendezvous, RendezvousOptions};
+//! use kruskal_launch::{Launch, Rendezvous, RendezvousOptions};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let launch = Launch::from_env()?;
@@ -43,17 +45,18 @@
 //! | bytes | field                                                      |
 //! |-------|------------------------------------------------------------|
 //! | 4     | magic `KRDV`                                               |
-//! | 2     | protocol version, 1                                        |
+//! | 2     | protocol version, 2                                        |
 //! | 1     | kind (below)                                               |
 //! | 1     | reserved, 0                                                |
-//! | 32    | token digest: SHA-256 of `kruskal job token v1\0` + token  |
+//! | 32    | authentication code, HMAC-SHA256 (below)                   |
 //! | 4     | rank (what it means depends on the kind)                   |
 //! | 4     | payload length, at most [`MAX_PAYLOAD_BYTES`]              |
 //! | n     | payload                                                    |
 //!
 //! | kind          | from      | rank            | payload                  |
 //! |---------------|-----------|-----------------|--------------------------|
-//! | 1 HELLO       | rank k    | k               | world size, u32          |
+//! | 8 CHALLENGE   | rank 0    | 0               | nonce C, 32 bytes        |
+//! | 1 HELLO       | rank k    | k               | world size u32, C, nonce A (32 bytes) |
 //! | 2 ROOT        | rank 0    | k (recipient)   | rank 0's payload         |
 //! | 3 HEARTBEAT   | both      | sender          | none                     |
 //! | 4 GOODBYE     | both      | sender          | none                     |
@@ -61,30 +64,79 @@
 //! | 6 REFUSE      | rank 0    | claimed rank    | reason, UTF-8            |
 //! | 7 BARRIER     | both      | sender          | generation, u64          |
 //!
-//! A frame whose magic, version, kind, reserved byte, length or token
-//! digest is wrong is invalid; so is a payload of the wrong size for its
-//! kind. Headers are checked as they arrive, so an over-long length is
-//! refused before its payload is read. Token digests are compared in
-//! constant time; the token itself never travels. REFUSE is the one kind
-//! sent without the digest (all zeros): it goes to a peer that has not
-//! proved it knows the token, and all it can do is end that peer's attempt.
+//! A frame whose magic, version, kind, reserved byte or length is wrong is
+//! invalid; so is a payload of the wrong size for its kind. Headers are
+//! checked as they arrive, so an over-long length is refused before its
+//! payload is read; the code is checked once the whole frame is in.
 //!
-//! Flow: each rank k connects (retrying with backoff until rank 0 is up)
-//! and sends HELLO. Rank 0 reads each new connection on its own thread
-//! with a short timeout; a connection that sends garbage, a bad header, a
-//! wrong token, a rank out of range, another world size or a rank that
-//! has already joined, or that stays silent, is dropped with one line on
-//! the log (well-framed ones get a REFUSE saying why), and rank 0 goes on
-//! waiting for the real peers. When every rank 1..n-1 has joined, rank 0
-//! computes its payload and sends ROOT to each. From then on both sides
-//! send HEARTBEAT every [`RendezvousOptions::heartbeat`].
+//! Flow, on each connection:
+//!
+//! 1. Rank k connects (retrying with backoff until rank 0 is up). Rank 0
+//!    sends CHALLENGE with a fresh random nonce C (32 bytes from the
+//!    operating system's generator).
+//! 2. Rank k answers HELLO: its world size, C echoed, and a fresh nonce A
+//!    of its own, with the code HMAC(token, `kruskal hello v2\0` ‖ C ‖
+//!    kind ‖ rank ‖ length ‖ payload).
+//! 3. Rank 0 checks that C is this connection's challenge (else: "its HELLO
+//!    answers another connection's challenge (a replayed message)"), then
+//!    the code, in constant time (else: "wrong job token", which is also
+//!    what an altered HELLO gets), then the rank and world size. Each
+//!    refusal is one line on rank 0's log and a REFUSE to the peer saying
+//!    why; rank 0 goes on waiting for the real peers.
+//! 4. Both sides derive the connection's two keys, one per direction:
+//!    HMAC(token, `kruskal session v2\0` ‖ `from rank 0` or `to rank 0` ‖
+//!    C ‖ A).
+//! 5. When every rank 1..n-1 has joined, rank 0 computes its payload and
+//!    sends ROOT to each. From then on both sides send HEARTBEAT every
+//!    [`RendezvousOptions::heartbeat`], and BARRIER, GOODBYE and ABORT as
+//!    the run needs them.
+//!
+//! Every frame from ROOT on carries HMAC(direction's key, n ‖ kind ‖ rank
+//! ‖ length ‖ payload), where n counts the frames sent in that direction
+//! from 0. The receiver expects the next n; a frame whose code does not
+//! verify ends the connection (the sender is lost, "sent an invalid
+//! message: its authentication code does not match ..."). CHALLENGE and
+//! REFUSE carry no code (all zeros): they go to a peer that has not proved
+//! anything yet, and all a REFUSE can do is end that peer's attempt.
+//!
+//! # The job token
+//!
+//! Every rank of a job holds the same secret, the job token
+//! (`KRUSKAL_JOB_TOKEN`, at least [`MIN_TOKEN_CHARS`] characters; `openssl
+//! rand -hex 16` makes a good one). It never travels; it is the key of the
+//! HELLO's code and of the keys derived from it. What that protects:
+//!
+//! - Only a process that holds the token joins: a stray connection,
+//!   garbage, another job's rank (another token) or a rank started with
+//!   the wrong variables is refused with a reason.
+//! - A HELLO captured on the network is good on its own connection only:
+//!   sent on a new one it answers the wrong challenge. Rank 0's frames are
+//!   likewise bound to the nonce A that the joining rank chose, so a
+//!   joining rank also knows that rank 0 holds the token.
+//! - After the handshake, no frame can be forged, altered, replayed,
+//!   reordered, sent back to its sender or moved from one connection (or
+//!   job) to another: each code covers the frame, its direction, its
+//!   position, and the connection's nonces.
+//!
+//! What it does not protect:
+//!
+//! - Nothing is encrypted: anyone who can read the network sees the NCCL
+//!   unique id in ROOT, the ranks, world size, abort reasons and timing.
+//!   (NCCL's own traffic is not protected by kruskal at all.)
+//! - Someone who can drop, delay or cut the traffic (or send a REFUSE, or
+//!   reset the connection) can stop the job; the ranks then stop with an
+//!   error naming the lost rank, as for a crash.
+//! - A token is only as good as its secrecy and randomness: a short or
+//!   guessable one can be found by trying HELLOs, or offline from one
+//!   captured HELLO, and one that leaks (shell history, a world-readable
+//!   job script) admits anyone.
 //!
 //! # Timeouts and failure model
 //!
 //! - Joining: [`RendezvousOptions::join_timeout`] (120 s by default) for
 //!   the whole rendezvous; rank 0's error names the ranks that did not
 //!   join, and it tells the ranks that did (ABORT) before closing.
-//! - A new connection must say HELLO within
+//! - A new connection must answer its challenge with HELLO within
 //!   [`RendezvousOptions::hello_timeout`] (5 s), so a stray connection
 //!   costs rank 0 one thread for that long and never delays a real peer.
 //! - A peer is lost when its connection closes or fails without a prior
@@ -102,11 +154,8 @@
 //!   them, then answers GOODBYE to each: a final barrier after which rank 0
 //!   may write its output. Dropping a [`Membership`] without `finish`
 //!   closes its connections, which the peers see as a loss.
-//!
-//! What this is not: the token keeps stray and mismatched processes out
-//! (another job, a rank started with the wrong variables); it is not
-//! encryption or protection against someone who can read the network.
 
+mod auth;
 pub mod env;
 pub mod membership;
 pub mod rendezvous;
