@@ -327,5 +327,12 @@ mod tests {
         assert_eq!(gpu.stream().clone_dtoh(&dev).unwrap(), host);
         let bw = gpu.copy_bandwidth().unwrap();
         assert!(bw > 1e11, "copy bandwidth {bw} bytes/s");
+        // Rows gathered from L2 come faster than DRAM copies (rows of at
+        // least two 32-byte sectors; narrower rows waste most of each
+        // sector they read, and so do the engines' gathers of them).
+        for rank in [16, 32, 100] {
+            let l2 = gpu.l2_gather_bandwidth(rank).unwrap();
+            assert!(l2 > bw, "rank {rank}: L2 gathers {l2} <= copy {bw} bytes/s");
+        }
     }
 }
