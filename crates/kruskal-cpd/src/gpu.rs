@@ -47,6 +47,10 @@ pub struct KernelPlan {
     pub trial_ms: Vec<Vec<f32>>,
     /// The engine chosen for each mode.
     pub per_mode: Vec<String>,
+    /// Seconds the choice cost the first iteration: the warm-up sweep of
+    /// every candidate (kernel compilation included) and the timed runs of
+    /// the candidates that were not the fastest; 0 with one candidate.
+    pub choice_s: f64,
 }
 
 /// Device bytes a run needs at `rank` with the engine that needs the most
@@ -68,6 +72,8 @@ pub struct GpuBackend {
     /// Trial milliseconds, candidate x mode (NaN until measured).
     trial_ms: Vec<Vec<f32>>,
     warmed: bool,
+    /// What choosing cost so far ([`KernelPlan::choice_s`]).
+    choice_s: f64,
     factors: Option<DeviceFactors>,
     dense: Option<DenseKernels>,
     outputs: Vec<Option<CudaSlice<f32>>>,
@@ -161,6 +167,7 @@ impl GpuBackend {
         Ok(GpuBackend {
             trial_ms: vec![vec![f32::NAN; n]; built.len()],
             warmed: plan.is_some(),
+            choice_s: 0.0,
             candidates: built,
             plan,
             gpu,
@@ -195,6 +202,7 @@ impl GpuBackend {
                 Vec::new()
             },
             per_mode,
+            choice_s: self.choice_s,
         }
     }
 
@@ -228,6 +236,7 @@ impl GpuBackend {
     /// One untimed sweep of every candidate over every mode: compiles the
     /// kernels (NVRTC, or the disk cache), so the trial times only runs.
     fn warm_up(&mut self) -> Result<()> {
+        let start = std::time::Instant::now();
         for m in 0..self.dims.len() {
             self.ensure_output(m)?;
         }
@@ -245,6 +254,7 @@ impl GpuBackend {
             .synchronize()
             .map_err(|e| CpdError::Backend(format!("waiting for the warm-up: {e}")))?;
         self.warmed = true;
+        self.choice_s += start.elapsed().as_secs_f64();
         Ok(())
     }
 
@@ -288,6 +298,9 @@ impl GpuBackend {
                 }
             }
         }
+        // The runs of this mode beyond the fastest were the choice's cost.
+        let runs: f64 = self.trial_ms.iter().map(|t| f64::from(t[mode])).sum();
+        self.choice_s += (runs - f64::from(best)) * 1e-3;
         if self.trial_ms.iter().all(|t| t.iter().all(|x| !x.is_nan())) {
             self.settle();
         }

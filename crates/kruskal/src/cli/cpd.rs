@@ -519,6 +519,10 @@ fn print_plan(plan: &KernelPlan) {
             "           chosen by timing each once on iteration 1 (ms per mode): {}",
             rows.join("; ")
         );
+        println!(
+            "           the choice cost {:.3} s of iteration 1 (warm-up with kernel compilation, and the slower candidates' runs)",
+            plan.choice_s
+        );
     }
 }
 
