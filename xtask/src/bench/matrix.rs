@@ -13,6 +13,12 @@
 //! nnz = "20M"          # size of the generated stand-in (default: real count)
 //! frostt = true        # use DATA_DIR/nell-2.ktns when it is there
 //!
+//! [[tensor]]
+//! name = "t3"
+//! like = "nell-2"      # still required: the shape it has
+//! path = "anchors/t3.ktns"   # a tensor file (relative to where the bench runs)
+//! make = "python3 bench/gen_anchor.py t3 anchors/t3.ktns"  # how to make it
+//!
 //! [[mttkrp]]           # per-mode MTTKRP times of single-device engines
 //! backend = "gpu"      # cpu | gpu
 //! tensors = ["nell-2"]
@@ -28,16 +34,27 @@
 //! exchange = ["nccl", "p2p"]
 //! ranks = [32]
 //! iters = 6            # the first iteration is not counted
+//!
+//! [[reference]]        # a figure measured elsewhere, shown beside ours
+//! tool = "BLCO f32 (-k 10)"
+//! tensor = "t3"        # a [[tensor]] of this file
+//! rank = 32
+//! ms = 3.91            # all-mode MTTKRP time
+//! date = "2026-11-22"
+//! machine = "one H100 80GB HBM3"
+//! source = "mean of 20 after warm-up; ANCHORS.md"
 //! ```
 //!
 //! Unknown keys are errors (a misspelt key would otherwise be ignored
-//! silently), as are names of tensors the file does not define.
+//! silently), as are names of tensors the file does not define. A tensor
+//! with a `path` must have its file when the bench runs: the bench stops
+//! before measuring anything and shows the `make` command.
 
 use std::collections::HashSet;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -50,6 +67,10 @@ pub struct Matrix {
     pub mttkrp: Vec<MttkrpEntry>,
     #[serde(default)]
     pub cpd: Vec<CpdEntry>,
+    /// Figures measured elsewhere (another tool, another day), carried
+    /// into the results and shown in the report beside ours.
+    #[serde(default, rename = "reference")]
+    pub references: Vec<Reference>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -93,6 +114,31 @@ pub struct TensorSpec {
     /// Check every MTTKRP against the f64 reference (slow on big tensors).
     #[serde(default)]
     pub verify: bool,
+    /// A tensor file to read instead of generating one (relative to the
+    /// directory the bench runs in); `like` still names its shape.
+    pub path: Option<String>,
+    /// The command that makes `path`, shown when the file is missing.
+    pub make: Option<String>,
+}
+
+/// An all-mode MTTKRP time measured elsewhere (by another tool, on
+/// another day), for the report to set beside this run's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reference {
+    /// The tool and how it ran, e.g. `BLCO f32 (-k 10)`.
+    pub tool: String,
+    /// A tensor name of the matrix.
+    pub tensor: String,
+    pub rank: usize,
+    /// All modes, ms.
+    pub ms: f64,
+    /// When it was measured.
+    pub date: String,
+    /// What it was measured on.
+    pub machine: String,
+    /// Where the figure comes from (free text).
+    pub source: String,
 }
 
 fn one() -> u64 {
@@ -190,6 +236,20 @@ impl Matrix {
                 kruskal::cli::common::parse_count(nnz)
                     .map_err(|e| anyhow::anyhow!("tensor '{}': nnz: {e}", t.name))?;
             }
+            // A file is read as it is: the keys of the generated stand-in
+            // (or of the FROSTT file) would be silently ignored.
+            if t.path.is_some() && (t.nnz.is_some() || t.frostt) {
+                bail!(
+                    "tensor '{}': path reads a file; nnz and frostt do not apply",
+                    t.name
+                );
+            }
+            if t.make.is_some() && t.path.is_none() {
+                bail!(
+                    "tensor '{}': make says how to make path, but there is no path",
+                    t.name
+                );
+            }
         }
         let known = |what: &str, list: &[String]| -> Result<()> {
             if list.is_empty() {
@@ -231,6 +291,23 @@ impl Matrix {
                 }
             }
         }
+        for r in &self.references {
+            if !names.contains(r.tensor.as_str()) {
+                bail!(
+                    "[[reference]] '{}' names tensor '{}', which no [[tensor]] defines",
+                    r.tool,
+                    r.tensor
+                );
+            }
+            // `!(ms > 0)` also refuses NaN.
+            if !(r.ms > 0.0 && r.ms.is_finite()) || r.rank == 0 {
+                bail!(
+                    "[[reference]] '{}' on '{}': ms must be above 0 and rank at least 1",
+                    r.tool,
+                    r.tensor
+                );
+            }
+        }
         Ok(())
     }
 
@@ -240,9 +317,13 @@ impl Matrix {
 }
 
 impl TensorSpec {
-    /// `kruskal` input arguments for this tensor: the FROSTT file when it
-    /// is wanted and present, else the generated stand-in.
+    /// `kruskal` input arguments for this tensor: its own file when it
+    /// has a `path`, the FROSTT file when it is wanted and present, else
+    /// the generated stand-in.
     pub fn input_args(&self, data_dir: &Path) -> Vec<String> {
+        if let Some(path) = &self.path {
+            return vec![path.clone()];
+        }
         let file = data_dir.join(format!("{}.ktns", self.like.to_lowercase()));
         if self.frostt && file.is_file() {
             return vec![file.display().to_string()];
@@ -253,6 +334,28 @@ impl TensorSpec {
         }
         args.extend(["--gen-seed".to_string(), self.seed.to_string()]);
         args
+    }
+
+    /// Fails when the tensor has a `path` and no file is there, with
+    /// the command that makes it (relative paths from `base`, the
+    /// directory the bench runs in).
+    pub fn check_file(&self, base: &Path) -> Result<()> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        if base.join(path).is_file() {
+            return Ok(());
+        }
+        match &self.make {
+            Some(make) => bail!(
+                "tensor '{}': {path} not found; the matrix says to make it with `{make}`",
+                self.name
+            ),
+            None => bail!(
+                "tensor '{}': {path} not found (the matrix gives no `make` command for it)",
+                self.name
+            ),
+        }
     }
 }
 
@@ -307,6 +410,80 @@ iters = 3
         assert!(args[0].ends_with("nell-2.ktns"), "{args:?}");
     }
 
+    /// A tensor read from a file, and a figure measured elsewhere on it.
+    const WITH_FILE: &str = r#"
+[[tensor]]
+name = "t3"
+like = "nell-2"
+path = "anchors/t3.ktns"
+make = "python3 bench/gen_anchor.py t3 anchors/t3.ktns"
+
+[[mttkrp]]
+backend = "gpu"
+tensors = ["t3"]
+engines = ["fcoo"]
+
+[[reference]]
+tool = "BLCO f32 (-k 10)"
+tensor = "t3"
+rank = 32
+ms = 3.91
+date = "2026-11-22"
+machine = "one H100"
+source = "ANCHORS.md"
+"#;
+
+    #[test]
+    fn a_tensor_file_and_its_make_command_parse_and_are_used() {
+        let m = Matrix::parse(WITH_FILE).unwrap();
+        let t = m.tensor("t3").unwrap();
+        assert_eq!(t.path.as_deref(), Some("anchors/t3.ktns"));
+        assert_eq!(
+            t.make.as_deref(),
+            Some("python3 bench/gen_anchor.py t3 anchors/t3.ktns")
+        );
+        // The file, whatever the data folder; `like` only names the shape.
+        assert_eq!(t.input_args(Path::new("frostt")), ["anchors/t3.ktns"]);
+        assert_eq!(
+            m.references,
+            [Reference {
+                tool: "BLCO f32 (-k 10)".into(),
+                tensor: "t3".into(),
+                rank: 32,
+                ms: 3.91,
+                date: "2026-11-22".into(),
+                machine: "one H100".into(),
+                source: "ANCHORS.md".into(),
+            }]
+        );
+        // Tensors without a path are left as they were.
+        assert_eq!(Matrix::parse(GOOD).unwrap().tensors[0].path, None);
+    }
+
+    #[test]
+    fn a_missing_tensor_file_is_one_line_with_its_make_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = Matrix::parse(WITH_FILE).unwrap();
+        let t = m.tensor("t3").unwrap();
+        let e = format!("{:#}", t.check_file(dir.path()).unwrap_err());
+        assert_eq!(
+            e,
+            "tensor 't3': anchors/t3.ktns not found; the matrix says to make it with \
+             `python3 bench/gen_anchor.py t3 anchors/t3.ktns`"
+        );
+        let mut bare = t.clone();
+        bare.make = None;
+        let e = format!("{:#}", bare.check_file(dir.path()).unwrap_err());
+        assert!(e.contains("no `make` command"), "{e}");
+        std::fs::create_dir(dir.path().join("anchors")).unwrap();
+        std::fs::write(dir.path().join("anchors/t3.ktns"), b"x").unwrap();
+        t.check_file(dir.path()).unwrap();
+        // Generated tensors have no file to check.
+        Matrix::parse(GOOD).unwrap().tensors[0]
+            .check_file(dir.path())
+            .unwrap();
+    }
+
     #[test]
     fn mistakes_are_one_line_errors() {
         let cases = [
@@ -352,6 +529,30 @@ iters = 3
             (
                 format!("{GOOD}\n[[cpd]]\ntensors = [\"small\"]\nexchange = [\"mpi\"]\n"),
                 "'mpi'",
+            ),
+            (
+                GOOD.replace("nnz = \"2k\"", "nnz = \"2k\"\npath = \"small.ktns\""),
+                "nnz and frostt do not apply",
+            ),
+            (
+                GOOD.replace("nnz = \"2k\"", "make = \"true\""),
+                "there is no path",
+            ),
+            (
+                WITH_FILE.replace("tensor = \"t3\"", "tensor = \"t5\""),
+                "names tensor 't5'",
+            ),
+            (
+                WITH_FILE.replace("ms = 3.91", "ms = 0.0"),
+                "ms must be above 0",
+            ),
+            (
+                WITH_FILE.replace("ms = 3.91", "ms = nan"),
+                "ms must be above 0",
+            ),
+            (
+                WITH_FILE.replace("source = \"ANCHORS.md\"", ""),
+                "missing field `source`",
             ),
         ];
         for (text, want) in cases {

@@ -30,7 +30,7 @@ pub mod plot;
 pub mod report;
 
 use kruskal::cli::common::median;
-use matrix::{Matrix, TensorSpec};
+use matrix::{Matrix, Reference, TensorSpec};
 
 pub const USAGE: &str = "cargo xtask bench [--matrix FILE] [--out DIR] [--only TENSOR]... [--data DIR] [--no-torch] [--python PATH] [--append]\n       cargo xtask bench report RESULTS.json... --out DIR [--doc FILE --image-dir DIR]";
 
@@ -159,6 +159,10 @@ pub struct Results {
     pub measurements: Vec<Measurement>,
     #[serde(default)]
     pub skipped: Vec<Skipped>,
+    /// The matrix's figures measured elsewhere, one of each (absent from
+    /// files written before they existed).
+    #[serde(default)]
+    pub references: Vec<Reference>,
 }
 
 impl Results {
@@ -166,6 +170,19 @@ impl Results {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+
+    /// Adds figures measured elsewhere, one per tool, tensor and rank: a
+    /// later copy (the matrix of a later run) replaces an earlier one in
+    /// its place.
+    fn add_references(&mut self, refs: impl IntoIterator<Item = Reference>) {
+        for r in refs {
+            let same = |o: &Reference| o.tool == r.tool && o.tensor == r.tensor && o.rank == r.rank;
+            match self.references.iter_mut().find(|o| same(o)) {
+                Some(o) => *o = r,
+                None => self.references.push(r),
+            }
+        }
     }
 
     /// Writes through a temporary file, so the file is always whole.
@@ -202,6 +219,7 @@ pub fn bench(args: &[String]) -> Result<()> {
             let r = Results::load(p)?;
             all.measurements.extend(r.measurements);
             all.skipped.extend(r.skipped);
+            all.add_references(r.references);
         }
         std::fs::create_dir_all(out)?;
         let md = report::write(&all, out)?;
@@ -305,13 +323,38 @@ fn run_matrix(cli: &BenchCli) -> Result<()> {
             );
         }
     }
+    // The tensors this run measures: those selected that an entry uses.
+    let selected: Vec<&TensorSpec> = matrix
+        .tensors
+        .iter()
+        .filter(|t| cli.only.is_empty() || cli.only.contains(&t.name))
+        .filter(|t| {
+            let uses = |list: &[String]| list.contains(&t.name);
+            matrix.mttkrp.iter().any(|e| uses(&e.tensors))
+                || matrix.cpd.iter().any(|e| uses(&e.tensors))
+        })
+        .collect();
+    // A tensor file that is not there stops the run before anything is
+    // measured, rather than after an hour of the tensors before it.
+    for spec in &selected {
+        spec.check_file(Path::new("."))?;
+    }
     std::fs::create_dir_all(&cli.out).with_context(|| format!("creating {}", cli.out.display()))?;
     let results_path = cli.out.join("results.json");
-    let results = if cli.append && results_path.exists() {
+    let mut results = if cli.append && results_path.exists() {
         Results::load(&results_path)?
     } else {
         Results::default()
     };
+    // The figures measured elsewhere on this run's tensors go with its
+    // results, for the report.
+    results.add_references(
+        matrix
+            .references
+            .iter()
+            .filter(|r| selected.iter().any(|t| t.name == r.tensor))
+            .cloned(),
+    );
     let machine = machine();
     println!(
         "machine  {} ({}, {} cores, {:.0} GiB){}",
@@ -344,16 +387,10 @@ fn run_matrix(cli: &BenchCli) -> Result<()> {
     } else {
         Torch::Unknown
     };
-    for spec in &matrix.tensors {
-        if !cli.only.is_empty() && !cli.only.contains(&spec.name) {
-            continue;
-        }
+    for spec in selected {
         let uses = |list: &[String]| list.contains(&spec.name);
         let mttkrp: Vec<_> = matrix.mttkrp.iter().filter(|e| uses(&e.tensors)).collect();
         let cpd: Vec<_> = matrix.cpd.iter().filter(|e| uses(&e.tensors)).collect();
-        if mttkrp.is_empty() && cpd.is_empty() {
-            continue;
-        }
         let input = spec.input_args(&data_dir);
         let loaded = parse_as::<MttkrpCli>("mttkrp", &input)?
             .args
@@ -844,5 +881,44 @@ mod tests {
         assert_eq!(driver_version(open).as_deref(), Some("580.159.04"));
         assert_eq!(driver_version(closed).as_deref(), Some("550.54.15"));
         assert_eq!(driver_version(""), None);
+    }
+
+    fn reference(tool: &str, tensor: &str, ms: f64) -> Reference {
+        Reference {
+            tool: tool.into(),
+            tensor: tensor.into(),
+            rank: 32,
+            ms,
+            date: "2026-11-22".into(),
+            machine: "one H100".into(),
+            source: "ANCHORS.md".into(),
+        }
+    }
+
+    #[test]
+    fn references_are_kept_once_and_old_results_still_load() {
+        // A results file from before references existed.
+        let old: Results = serde_json::from_str(r#"{"measurements": [], "skipped": []}"#).unwrap();
+        assert!(old.references.is_empty());
+        let mut r = Results::default();
+        r.add_references([reference("BLCO", "t3", 3.91), reference("BLCO", "t4", 7.79)]);
+        // An appending run with the same matrix, one figure corrected.
+        r.add_references([
+            reference("BLCO", "t3", 3.9),
+            reference("MM-CSF", "t3", 10.14),
+        ]);
+        let got: Vec<_> = r
+            .references
+            .iter()
+            .map(|x| (x.tool.as_str(), x.tensor.as_str(), x.ms))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("BLCO", "t3", 3.9),
+                ("BLCO", "t4", 7.79),
+                ("MM-CSF", "t3", 10.14)
+            ]
+        );
     }
 }

@@ -10,6 +10,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 
+use super::matrix::Reference;
 use super::plot::{self, Bars, Lines};
 use super::{Measurement, Results};
 
@@ -109,8 +110,8 @@ pub fn write(results: &Results, out: &Path) -> Result<String> {
         all.len()
     )?;
     runs_table(&mut md, &all)?;
-    mttkrp_sections(&mut md, &all, out, true)?;
-    mttkrp_sections(&mut md, &all, out, false)?;
+    mttkrp_sections(&mut md, &all, &results.references, out, true)?;
+    mttkrp_sections(&mut md, &all, &[], out, false)?;
     cpd_sections(&mut md, &all, out)?;
     if !results.skipped.is_empty() {
         writeln!(md, "\n#### Not measured\n")?;
@@ -179,10 +180,81 @@ fn cell(m: &Measurement, value: f64, fastest: bool) -> String {
     s
 }
 
-/// Single-device MTTKRP: for each device and rank, the all-modes table,
-/// the per-mode table and the plots. `gpu` picks the GPU (with PyTorch and
-/// the floor) or the CPU measurements.
-fn mttkrp_sections(md: &mut String, all: &[&Measurement], out: &Path, gpu: bool) -> Result<()> {
+/// How kruskal compares with a figure measured elsewhere: `kruskal x1.9
+/// faster` when the reference took 1.9 times as long.
+fn versus(reference_ms: f64, kruskal_ms: f64) -> String {
+    let r = reference_ms / kruskal_ms;
+    if r >= 1.0 {
+        format!("kruskal x{r:.1} faster")
+    } else {
+        format!("kruskal x{:.1} slower", 1.0 / r)
+    }
+}
+
+/// Free text made safe for a table cell.
+fn cell_text(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+/// The figures measured elsewhere on a section's tensors at its rank, in
+/// a small table after its main one, each against the fastest kruskal
+/// engine of this run on the same tensor and rank (`fastest`).
+fn reference_table<'a>(
+    md: &mut String,
+    refs: &[Reference],
+    tensors: &[String],
+    rank: usize,
+    fastest: impl Fn(&str) -> Option<&'a Measurement>,
+) -> Result<()> {
+    let shown: Vec<&Reference> = refs
+        .iter()
+        .filter(|r| r.rank == rank && tensors.contains(&r.tensor))
+        .collect();
+    if shown.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        md,
+        "\nReference figures measured elsewhere (other tools, not run by this bench), rank {rank}, all modes:\n"
+    )?;
+    writeln!(
+        md,
+        "| tensor | reference | ms | fastest kruskal here, ms | reference / kruskal | source |"
+    )?;
+    writeln!(md, "|{}", " --- |".repeat(6))?;
+    for r in shown {
+        let ours = fastest(&r.tensor);
+        writeln!(
+            md,
+            "| {} | {}, measured elsewhere ({}, {}) | {} | {} | {} | {} |",
+            r.tensor,
+            cell_text(&r.tool),
+            cell_text(&r.date),
+            cell_text(&r.machine),
+            ms(r.ms),
+            ours.map_or("-".into(), |m| format!(
+                "{} (`{}`)",
+                ms(m.total_ms),
+                m.label
+            )),
+            ours.map_or("-".into(), |m| versus(r.ms, m.total_ms)),
+            cell_text(&r.source)
+        )?;
+    }
+    Ok(())
+}
+
+/// Single-device MTTKRP: for each device and rank, the all-modes table
+/// (with the figures measured elsewhere, `refs`, after it), the per-mode
+/// table and the plots. `gpu` picks the GPU (with PyTorch and the floor)
+/// or the CPU measurements.
+fn mttkrp_sections(
+    md: &mut String,
+    all: &[&Measurement],
+    refs: &[Reference],
+    out: &Path,
+    gpu: bool,
+) -> Result<()> {
     let want = |m: &&&Measurement| {
         if gpu {
             (m.kind == "mttkrp" && m.backend == "gpu") || m.kind == "torch"
@@ -280,6 +352,15 @@ fn mttkrp_sections(md: &mut String, all: &[&Measurement], out: &Path, gpu: bool)
                     .1
                     .push(floor.zip(*m).map(|(f, m)| f / m.total_ms));
             }
+        }
+        if gpu {
+            let fastest = |t: &str| {
+                engines
+                    .iter()
+                    .filter_map(|e| find(t, e))
+                    .min_by(|a, b| a.total_ms.total_cmp(&b.total_ms))
+            };
+            reference_table(md, refs, &tensors, rank, fastest)?;
         }
         // Per mode.
         writeln!(md, "\n{what} MTTKRP on {dev}, rank {rank}, ms per mode:\n")?;
@@ -630,5 +711,84 @@ mod tests {
         std::fs::write(&doc, "no markers\n").unwrap();
         assert!(splice_into(&doc, "x").is_err());
         assert_eq!(std::fs::read_to_string(&doc).unwrap(), "no markers\n");
+    }
+
+    /// A GPU MTTKRP measurement on an H100 (the fields the report reads).
+    fn gpu_mttkrp(tensor: &str, label: &str, total_ms: f64) -> Measurement {
+        Measurement {
+            kind: "mttkrp".into(),
+            tensor: tensor.into(),
+            source: "anchors/t3.ktns".into(),
+            dims: vec![12092, 9184, 28818],
+            nnz: 11_746_773,
+            backend: "gpu".into(),
+            label: label.into(),
+            engine: label.into(),
+            rank: 32,
+            gpus: 1,
+            exchange: None,
+            mode_ms: vec![total_ms / 3.0; 3],
+            total_ms,
+            floor_ms: Some(0.3),
+            max_relative_error: None,
+            fit: None,
+            machine: super::super::Machine {
+                gpu: Some("NVIDIA H100 80GB HBM3".into()),
+                gpus: 1,
+                ..Default::default()
+            },
+            commit: "abc".into(),
+            date: "2026-11-25T00:00:00Z".into(),
+            report: serde_json::Value::Null,
+        }
+    }
+
+    #[test]
+    fn a_reference_is_shown_against_the_fastest_engine_of_its_tensor_and_rank() {
+        let reference = |tool: &str, rank: usize, ms: f64| Reference {
+            tool: tool.into(),
+            tensor: "t3".into(),
+            rank,
+            ms,
+            date: "2026-11-22".into(),
+            machine: "one H100 80GB HBM3".into(),
+            source: "ANCHORS.md".into(),
+        };
+        let results = Results {
+            measurements: vec![
+                gpu_mttkrp("t3", "fcoo", 2.05),
+                gpu_mttkrp("t3", "coo", 30.0),
+            ],
+            skipped: Vec::new(),
+            references: vec![
+                reference("BLCO f32 (-k 10)", 32, 3.91),
+                reference("MM-CSF f32", 32, 1.025),
+                // No kruskal measurement at rank 16: not shown.
+                reference("BLCO f32 (-k 10)", 16, 2.0),
+            ],
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let md = write(&results, dir.path()).unwrap();
+        let rows: Vec<&str> = md
+            .lines()
+            .filter(|l| l.starts_with("| t3 |") && l.contains("measured elsewhere"))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                "| t3 | BLCO f32 (-k 10), measured elsewhere (2026-11-22, one H100 80GB HBM3) \
+                 | 3.910 | 2.050 (`fcoo`) | kruskal x1.9 faster | ANCHORS.md |",
+                "| t3 | MM-CSF f32, measured elsewhere (2026-11-22, one H100 80GB HBM3) \
+                 | 1.025 | 2.050 (`fcoo`) | kruskal x2.0 slower | ANCHORS.md |",
+            ],
+            "{md}"
+        );
+        // The small table follows the section's main table.
+        let main = md
+            .find("#### GPU MTTKRP on NVIDIA H100 80GB HBM3, rank 32")
+            .unwrap();
+        let refs = md.find("Reference figures measured elsewhere").unwrap();
+        let per_mode = md.find("rank 32, ms per mode").unwrap();
+        assert!(main < refs && refs < per_mode, "{md}");
     }
 }
