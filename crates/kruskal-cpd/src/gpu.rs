@@ -17,7 +17,7 @@ use cudarc::driver::CudaSlice;
 use kruskal_device::coo::DeviceFactors;
 use kruskal_device::dense::{DenseKernels, check_rank};
 use kruskal_device::flycoo::element_stride;
-use kruskal_device::{DeviceError, Gpu, GpuKernel, GpuMttkrp, GpuOptions, build_engine};
+use kruskal_device::{DeviceError, Gpu, GpuKernel, GpuMttkrp, GpuOptions, build_engines};
 use kruskal_formats::SparseTensor;
 use ndarray::Array2;
 use serde::Serialize;
@@ -145,9 +145,10 @@ impl GpuBackend {
         }
         let mut built = Vec::new();
         let mut last_err = None;
-        for (kernel, opts) in candidates {
+        let engines = build_engines(gpu.clone(), t, candidates);
+        for ((kernel, opts), engine) in candidates.iter().zip(engines) {
             let kernel = kernel.resolve();
-            match build_engine(kernel, gpu.clone(), t, opts) {
+            match engine {
                 Ok(engine) => built.push(Candidate {
                     label: label(kernel, opts),
                     kernel,

@@ -239,12 +239,7 @@ pub fn build_engine(
             engine.set_deterministic(opts.deterministic);
             Box::new(engine)
         }
-        GpuKernel::Fcoo => {
-            let mut engine = crate::FcooGpu::new(gpu, t, threadlen, fiber)?;
-            engine.set_precision(opts.precision);
-            engine.set_teams(opts.teams.unwrap_or(crate::fcoo::DEFAULT_TEAMS));
-            Box::new(engine)
-        }
+        GpuKernel::Fcoo => configured_fcoo(crate::FcooGpu::new(gpu, t, threadlen, fiber)?, opts),
         GpuKernel::Hicoo => {
             let bits = u8::try_from(bits).map_err(|_| DeviceError::Prepare {
                 format: "HiCOO",
@@ -254,6 +249,49 @@ pub fn build_engine(
         }
         GpuKernel::Auto => unreachable!("resolved above"),
     })
+}
+
+/// An fcoo engine with the kernel options of `opts` (16-bit gathers, lane
+/// teams) set.
+fn configured_fcoo(mut engine: crate::FcooGpu, opts: &GpuOptions) -> Box<dyn GpuMttkrp> {
+    engine.set_precision(opts.precision);
+    engine.set_teams(opts.teams.unwrap_or(crate::fcoo::DEFAULT_TEAMS));
+    Box::new(engine)
+}
+
+/// Builds each of `candidates` as [`build_engine`] would, except that the
+/// fcoo ones share one sort per mode ([`crate::FcooGpu::new_variants`]):
+/// the candidates `kruskal cpd --kernel auto` times are often fcoo at
+/// several threadlens. Entry `k` is candidate `k`'s engine or its error.
+pub fn build_engines(
+    gpu: Arc<Gpu>,
+    t: &SparseTensor,
+    candidates: &[(GpuKernel, GpuOptions)],
+) -> Vec<Result<Box<dyn GpuMttkrp>>> {
+    let sms = gpu.properties().sms;
+    let fcoo: Vec<usize> = (0..candidates.len())
+        .filter(|&k| candidates[k].0.resolve() == GpuKernel::Fcoo)
+        .collect();
+    let mut built: Vec<Option<Result<Box<dyn GpuMttkrp>>>> =
+        (0..candidates.len()).map(|_| None).collect();
+    if fcoo.len() > 1 {
+        let variants: Vec<(usize, bool)> = fcoo
+            .iter()
+            .map(|&k| {
+                let p = candidates[k].1.resolve(sms);
+                (p.threadlen, p.fiber)
+            })
+            .collect();
+        let engines = crate::FcooGpu::new_variants(gpu.clone(), t, &variants);
+        for (&k, engine) in fcoo.iter().zip(engines) {
+            built[k] = Some(engine.map(|e| configured_fcoo(e, &candidates[k].1)));
+        }
+    }
+    built
+        .into_iter()
+        .zip(candidates)
+        .map(|(b, (kernel, opts))| b.unwrap_or_else(|| build_engine(*kernel, gpu.clone(), t, opts)))
+        .collect()
 }
 
 #[cfg(test)]

@@ -140,13 +140,20 @@ struct ModeTables {
 }
 
 impl ModeTables {
-    fn upload(gpu: &Gpu, f: &Fcoo, plan: &BlockPlan, fiber: bool) -> Result<Self> {
+    /// Uploads `f` with the chunk-start bits of `threadlen` (`start_flags`:
+    /// `f`'s own, or [`Fcoo::start_flags_for`] another threadlen).
+    fn upload(
+        gpu: &Gpu,
+        f: &Fcoo,
+        plan: &BlockPlan,
+        fiber: bool,
+        threadlen: usize,
+        start_flags: &[u32],
+    ) -> Result<Self> {
         gpu.ensure_free("an F-COO mode", FcooGpu::mode_bytes(f, plan))?;
         // A warp walks threadlen * 32 nonzeros; its fibers end with them.
         let fiber = match (fiber, f.fiber_product()) {
-            (true, Some(p)) => f
-                .fibers(f.threadlen() * 32)
-                .map(|fibers| (p as i32, fibers)),
+            (true, Some(p)) => f.fibers(threadlen * 32).map(|fibers| (p as i32, fibers)),
             _ => None,
         };
         let mut prod = Vec::with_capacity(f.nnz() * f.product_idx().len());
@@ -162,7 +169,7 @@ impl ModeTables {
             prod_idx: gpu.upload("F-COO indices", &prod)?,
             vals: gpu.upload("F-COO values", f.values())?,
             bit_flags: gpu.upload("F-COO bit flags", f.bit_flags())?,
-            start_flags: gpu.upload("F-COO start flags", f.start_flags())?,
+            start_flags: gpu.upload("F-COO start flags", start_flags)?,
             seg_rows: gpu.upload("F-COO segment rows", seg_rows)?,
             block_seg: gpu.upload("F-COO block segments", &plan.block_seg)?,
             edge_slot: gpu.upload("F-COO edge slots", &plan.edge_slot)?,
@@ -208,30 +215,98 @@ impl FcooGpu {
         threadlen: usize,
         fiber: bool,
     ) -> Result<Self> {
-        let mut modes = Vec::with_capacity(tensor.nmodes());
-        let mut resident_bytes = 0;
-        for mode in 0..tensor.nmodes() {
-            let f =
-                Fcoo::for_mttkrp(tensor, mode, threadlen).map_err(|e| DeviceError::Prepare {
-                    format: "F-COO",
-                    message: e.to_string(),
-                })?;
-            let plan = BlockPlan::new(&f, block_nnz(threadlen));
-            resident_bytes += Self::mode_bytes(&f, &plan);
-            modes.push(ModeTables::upload(&gpu, &f, &plan, fiber)?);
+        Self::new_variants(gpu, tensor, &[(threadlen, fiber)])
+            .pop()
+            .expect("one engine per variant")
+    }
+
+    /// One engine per `(threadlen, fiber)` of `variants`, all of `tensor`,
+    /// from one sort per mode: the F-COO layout depends on the threadlen
+    /// only through its chunk-start bits ([`Fcoo::start_flags_for`]), so
+    /// the candidates that `kruskal cpd --kernel auto` times cost one
+    /// preparation. Each entry is that variant's engine or its error (a
+    /// variant that does not fit in memory leaves the others be); one
+    /// mode's host F-COO exists at a time.
+    pub fn new_variants(
+        gpu: Arc<Gpu>,
+        tensor: &SparseTensor,
+        variants: &[(usize, bool)],
+    ) -> Vec<Result<Self>> {
+        let prepare = |e: kruskal_formats::FormatError| DeviceError::Prepare {
+            format: "F-COO",
+            message: e.to_string(),
+        };
+        let mut built: Vec<Result<(Vec<ModeTables>, usize)>> = variants
+            .iter()
+            .map(|&(threadlen, _)| {
+                Fcoo::check_threadlen(threadlen)
+                    .map(|()| (Vec::with_capacity(tensor.nmodes()), 0))
+                    .map_err(prepare)
+            })
+            .collect();
+        // Sorted with the first valid threadlen; the others take their
+        // start bits from it.
+        let sort_threadlen = variants
+            .iter()
+            .zip(&built)
+            .find(|(_, b)| b.is_ok())
+            .map(|(&(threadlen, _), _)| threadlen);
+        if let Some(sort_threadlen) = sort_threadlen {
+            for mode in 0..tensor.nmodes() {
+                let f = match Fcoo::for_mttkrp(tensor, mode, sort_threadlen) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        let message = e.to_string();
+                        for b in built.iter_mut().filter(|b| b.is_ok()) {
+                            *b = Err(DeviceError::Prepare {
+                                format: "F-COO",
+                                message: message.clone(),
+                            });
+                        }
+                        break;
+                    }
+                };
+                for (b, &(threadlen, fiber)) in built.iter_mut().zip(variants) {
+                    let Ok((modes, bytes)) = b else { continue };
+                    let plan = BlockPlan::new(&f, block_nnz(threadlen));
+                    let tables = f
+                        .start_flags_for(threadlen)
+                        .map_err(prepare)
+                        .and_then(|start| {
+                            // This threadlen's start bits in place of the sort's.
+                            let size = Self::mode_bytes(&f, &plan) + 4 * start.len()
+                                - 4 * f.start_flags().len();
+                            ModeTables::upload(&gpu, &f, &plan, fiber, threadlen, &start)
+                                .map(|t| (t, size))
+                        });
+                    match tables {
+                        Ok((t, size)) => {
+                            *bytes += size;
+                            modes.push(t);
+                        }
+                        Err(e) => *b = Err(e),
+                    }
+                }
+            }
         }
-        Ok(FcooGpu {
-            gpu,
-            dims: tensor.dims().to_vec(),
-            threadlen,
-            fiber,
-            teams: DEFAULT_TEAMS,
-            precision: FactorPrecision::F32,
-            half: None,
-            modes,
-            resident_bytes,
-            edge_sums: None,
-        })
+        built
+            .into_iter()
+            .zip(variants)
+            .map(|(b, &(threadlen, fiber))| {
+                b.map(|(modes, resident_bytes)| FcooGpu {
+                    gpu: gpu.clone(),
+                    dims: tensor.dims().to_vec(),
+                    threadlen,
+                    fiber,
+                    teams: DEFAULT_TEAMS,
+                    precision: FactorPrecision::F32,
+                    half: None,
+                    modes,
+                    resident_bytes,
+                    edge_sums: None,
+                })
+            })
+            .collect()
     }
 
     /// Uploads F-COOs already built: `fcoos[m]` must be the MTTKRP F-COO
@@ -255,7 +330,14 @@ impl FcooGpu {
             }
             let plan = BlockPlan::new(f, block_nnz(threadlen));
             resident_bytes += Self::mode_bytes(f, &plan);
-            modes.push(ModeTables::upload(&gpu, f, &plan, fiber)?);
+            modes.push(ModeTables::upload(
+                &gpu,
+                f,
+                &plan,
+                fiber,
+                threadlen,
+                f.start_flags(),
+            )?);
         }
         Ok(FcooGpu {
             gpu,
@@ -808,6 +890,31 @@ mod tests {
                     check_engine(&mut engine, &t, rank, &what);
                 }
             }
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn variants_from_one_sort_equal_engines_built_alone() {
+        let gpu = Gpu::open(0).expect("a GPU");
+        let t = &hot_tensors(37)[0];
+        let variants = [(8, false), (4, false), (16, true), (3, false)];
+        let built = FcooGpu::new_variants(gpu.clone(), t, &variants);
+        assert!(matches!(built[3], Err(DeviceError::Prepare { .. })));
+        let f = factors(t.dims(), 32, 5);
+        for (engine, &(threadlen, fiber)) in built.into_iter().zip(&variants).take(3) {
+            let mut shared = engine.unwrap();
+            let mut alone = FcooGpu::new(gpu.clone(), t, threadlen, fiber).unwrap();
+            assert_eq!(shared.resident_bytes(), alone.resident_bytes());
+            for mode in 0..t.nmodes() {
+                let mut a = Array2::from_elem((t.dims()[mode] as usize, 32), f32::NAN);
+                let mut b = a.clone();
+                shared.mttkrp_host(mode, &f, &mut a).unwrap();
+                alone.mttkrp_host(mode, &f, &mut b).unwrap();
+                // Same layout, same kernel: the same bits.
+                assert_eq!(a, b, "threadlen {threadlen} fiber {fiber} mode {mode}");
+            }
+            check_engine(&mut shared, t, 32, "shared sort");
         }
     }
 

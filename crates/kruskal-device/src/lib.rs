@@ -118,7 +118,9 @@ mod tests {
 }
 
 pub use coo::CooAtomic;
-pub use engine::{FactorPrecision, GpuKernel, GpuOptions, LaunchParams, build_engine};
+pub use engine::{
+    FactorPrecision, GpuKernel, GpuOptions, LaunchParams, build_engine, build_engines,
+};
 pub use fcoo::FcooGpu;
 pub use flycoo::FlycooGpu;
 pub use gpu::{Gpu, GpuProperties};

@@ -54,6 +54,21 @@
 use rayon::prelude::*;
 
 use crate::coo::SparseTensor;
+
+/// Chunk-start bits for chunks of `threadlen` nonzeros: bit `c` is set iff
+/// chunk `c` is the first or nonzero `c * threadlen - 1` ends a segment.
+fn chunk_starts(bit_flags: &[u32], nnz: usize, threadlen: usize) -> Vec<u32> {
+    let ends_at = |k: usize| bit_flags[k / 32] >> (k % 32) & 1 == 1;
+    let chunks = nnz.div_ceil(threadlen);
+    (0..chunks.div_ceil(32))
+        .into_par_iter()
+        .map(|w| {
+            (w * 32..chunks.min(w * 32 + 32))
+                .filter(|&c| c == 0 || ends_at(c * threadlen - 1))
+                .fold(0u32, |word, c| word | 1 << (c % 32))
+        })
+        .collect()
+}
 use crate::error::{FormatError, Result};
 
 /// The operation an [`Fcoo`] was built for.
@@ -202,15 +217,7 @@ impl Fcoo {
             })
             .collect();
         let ends_at = |k: usize| bit_flags[k / 32] >> (k % 32) & 1 == 1;
-        let chunks = nnz.div_ceil(threadlen);
-        let start_flags: Vec<u32> = (0..chunks.div_ceil(32))
-            .into_par_iter()
-            .map(|w| {
-                (w * 32..chunks.min(w * 32 + 32))
-                    .filter(|&c| c == 0 || ends_at(c * threadlen - 1))
-                    .fold(0u32, |word, c| word | 1 << (c % 32))
-            })
-            .collect();
+        let start_flags = chunk_starts(&bit_flags, nnz, threadlen);
 
         // A segment's coordinates are those of its first nonzero.
         let firsts: Vec<usize> = (0..nnz)
@@ -342,6 +349,15 @@ impl Fcoo {
                 })
                 .count(),
         )
+    }
+
+    /// The chunk-start bits ([`Fcoo::start_flags`]) this F-COO would have
+    /// with `threadlen` nonzeros per thread: the only part of the layout
+    /// that depends on it, so engines of several threadlens can share one
+    /// sort. Errors: a bad `threadlen`, as [`Fcoo::for_mttkrp`].
+    pub fn start_flags_for(&self, threadlen: usize) -> Result<Vec<u32>> {
+        Self::check_threadlen(threadlen)?;
+        Ok(chunk_starts(&self.bit_flags, self.nnz(), threadlen))
     }
 
     /// Nonzeros per GPU thread (a power of two in `1..=256`).
@@ -600,6 +616,11 @@ mod tests {
                 prop_assert_eq!(back.dims(), t.dims());
                 prop_assert_eq!(multiset(&back), multiset(&t));
             }
+            // Start flags for another threadlen match a fresh build's.
+            let other = 1usize << ((log_threadlen + 3) % 9);
+            let f = Fcoo::for_mttkrp(&t, mode, threadlen).unwrap();
+            let g = Fcoo::for_mttkrp(&t, mode, other).unwrap();
+            prop_assert_eq!(f.start_flags_for(other).unwrap(), g.start_flags().to_vec());
         }
     }
 
@@ -637,8 +658,13 @@ mod tests {
         assert_eq!(f.segment_of_chunk(2), 0);
         assert_eq!(f.segment_of_chunk(3), 1);
         // Two per chunk: chunk 1 (nonzeros 2, 3) starts inside row 1.
+        let one = f.clone();
         let f = Fcoo::for_mttkrp(&t, 0, 2).unwrap();
         assert_eq!(f.start_flags(), &[0b001]);
+        // Another threadlen's flags from a built F-COO are that F-COO's.
+        assert_eq!(one.start_flags_for(2).unwrap(), f.start_flags());
+        assert_eq!(f.start_flags_for(1).unwrap(), one.start_flags());
+        assert!(f.start_flags_for(3).is_err());
         assert_eq!(f.segment_of_chunk(2), 1);
     }
 
