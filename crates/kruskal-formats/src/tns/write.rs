@@ -71,12 +71,16 @@ fn compress(text: &[u8]) -> std::io::Result<Vec<u8>> {
     enc.finish()
 }
 
+/// The text of nonzeros `start..end`: 1-based indices, then the value.
 fn format_range(t: &SparseTensor, start: usize, end: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity((end - start) * (8 * t.nmodes() + 12));
-    let mut digits = [0u8; 20];
+    // Indices are most of the text; itoa writes their digits into a stack
+    // buffer without going through the formatting machinery.
+    let mut digits = itoa::Buffer::new();
     for k in start..end {
         for idx in t.indices() {
-            out.extend_from_slice(format_u64(u64::from(idx[k]) + 1, &mut digits));
+            // Plus one in u64: index u32::MAX - 1 is written as 4294967295.
+            out.extend_from_slice(digits.format(u64::from(idx[k]) + 1).as_bytes());
             out.push(b' ');
         }
         // Writing to a Vec cannot fail.
@@ -84,18 +88,6 @@ fn format_range(t: &SparseTensor, start: usize, end: usize) -> Vec<u8> {
         out.push(b'\n');
     }
     out
-}
-
-fn format_u64(mut v: u64, buf: &mut [u8; 20]) -> &[u8] {
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            return &buf[i..];
-        }
-    }
 }
 
 #[cfg(test)]
@@ -162,6 +154,31 @@ mod tests {
             std::fs::read_to_string(&p).unwrap(),
             "1 3 0.1\n2 1 16777216\n"
         );
+    }
+
+    #[test]
+    fn written_indices_are_plain_decimals() {
+        // Every digit count, the ends of each, and the largest index: the
+        // same text as Rust's own formatting of the 1-based index.
+        let mut idx: Vec<u32> = (0..10u32)
+            .flat_map(|e| {
+                let p = 10u64.pow(e);
+                [p - 1, p, p + 1]
+            })
+            .filter_map(|v| u32::try_from(v).ok())
+            .collect();
+        idx.extend([u32::MAX - 2, u32::MAX - 1]);
+        let n = idx.len();
+        let t = SparseTensor::new(vec![u32::MAX], vec![idx.clone()], vec![1.0; n]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("i.tns");
+        write_tns(&p, &t, false).unwrap();
+        let want: String = t
+            .mode_indices(0)
+            .iter()
+            .map(|&i| format!("{} 1\n", u64::from(i) + 1))
+            .collect();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), want);
     }
 
     fn tensor_strategy() -> impl Strategy<Value = SparseTensor> {
