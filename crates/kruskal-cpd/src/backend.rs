@@ -80,9 +80,7 @@ impl CpuBackend {
 
     /// Prepares the tensor for the engine `kernel` names.
     pub fn with_kernel(tensor: &SparseTensor, kernel: CpuKernel) -> Result<Self> {
-        let engine = kernel
-            .build(tensor)
-            .map_err(|e| CpdError::Backend(e.to_string()))?;
+        let engine = kernel.build(tensor)?;
         Ok(Self::with_engine(tensor, engine))
     }
 
@@ -213,9 +211,7 @@ impl Backend for CpuBackend {
             Some(out) => out,
             None => Array2::zeros((self.dims()[mode] as usize, rank)),
         };
-        self.engine
-            .mttkrp(mode, &self.factors, &mut out)
-            .map_err(|e| CpdError::Backend(e.to_string()))?;
+        self.engine.mttkrp(mode, &self.factors, &mut out)?;
         self.mttkrp_out[mode] = Some(out);
         Ok(())
     }

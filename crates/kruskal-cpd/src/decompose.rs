@@ -560,7 +560,12 @@ fn short_reason(e: &CpdError) -> String {
     let mut parts = vec![e.to_string()];
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
-        parts.push(s.to_string());
+        // A device error is the source of the decomposition's error whose
+        // message it already is; say each cause once.
+        let text = s.to_string();
+        if !parts.last().is_some_and(|p| p.contains(&text)) {
+            parts.push(text);
+        }
         source = s.source();
     }
     parts.join(": ")
@@ -723,5 +728,23 @@ mod tests {
         let done = done.unwrap();
         assert_eq!(done.backend.name(), "cpu");
         assert!(done.fallback.unwrap().contains("CUDA"));
+    }
+
+    #[test]
+    fn the_reason_for_the_cpu_says_each_cause_once() {
+        // The device's error is both the message and the source.
+        let e = CpdError::from(DeviceError::NoDevice {
+            ordinal: 0,
+            count: 0,
+        });
+        assert_eq!(
+            short_reason(&e),
+            "no CUDA GPU 0 (the driver reports 0 device(s))"
+        );
+        let e = CpdError::from(DeviceError::MissingLibrary {
+            library: "driver",
+            tried: vec!["libcuda.so.1".into()],
+        });
+        assert_eq!(short_reason(&e), "no CUDA driver library was found");
     }
 }

@@ -26,12 +26,20 @@ pub enum CpdError {
     #[error("{0}")]
     Memory(String),
 
-    /// The GPU or its libraries failed. The device's error is this one's
-    /// source (not hidden behind it), so callers find it in the chain.
+    /// The GPU or its libraries failed, opening the device or during the
+    /// run. The device's error is this one's source (not hidden behind
+    /// it), so callers find it in the chain and match on its kind.
     #[error("{0}")]
     Device(#[from] kruskal_device::DeviceError),
 
-    /// A failure reported by the backend (CPU or GPU).
+    /// A CPU engine failed: a format that cannot hold the tensor, or
+    /// operands of the wrong shape. The engine's error is the source.
+    #[error("backend: {0}")]
+    Cpu(#[from] kruskal_cpu::CpuError),
+
+    /// The run itself went wrong, whatever the backend: the fit diverged,
+    /// or the backend was asked for results before it made them. Library
+    /// failures are [`CpdError::Device`] and [`CpdError::Cpu`].
     #[error("backend: {0}")]
     Backend(String),
 
@@ -50,3 +58,34 @@ impl CpdError {
 }
 
 pub type Result<T, E = CpdError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kruskal_cpu::CpuError;
+    use kruskal_device::DeviceError;
+    use std::error::Error;
+
+    #[test]
+    fn library_errors_keep_their_kind_and_message() {
+        // A CPU engine's failure reads as it did when it was carried as
+        // text, and its kind is still there to match on.
+        let e = CpdError::from(CpuError::Shape("factor 1 has 3 rows".into()));
+        assert_eq!(
+            e.to_string(),
+            "backend: shape mismatch: factor 1 has 3 rows"
+        );
+        assert!(matches!(e, CpdError::Cpu(CpuError::Shape(_))));
+        // A device failure is its own message, and the source of the chain.
+        let e = CpdError::from(DeviceError::NoDevice {
+            ordinal: 0,
+            count: 0,
+        });
+        assert_eq!(
+            e.to_string(),
+            "no CUDA GPU 0 (the driver reports 0 device(s))"
+        );
+        let source = e.source().and_then(|s| s.downcast_ref::<DeviceError>());
+        assert!(matches!(source, Some(DeviceError::NoDevice { .. })));
+    }
+}

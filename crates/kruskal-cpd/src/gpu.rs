@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, DriverError};
 use kruskal_device::coo::DeviceFactors;
 use kruskal_device::dense::{DenseKernels, check_rank};
 use kruskal_device::flycoo::element_stride;
@@ -25,8 +25,15 @@ use serde::Serialize;
 use crate::backend::{Backend, ColumnNorms};
 use crate::error::{CpdError, Result};
 
-pub(crate) fn device(e: DeviceError) -> CpdError {
-    CpdError::Backend(e.to_string())
+/// A failed driver call of this backend, as the device crate reports its
+/// own: `CUDA {what}: {the driver's error}`.
+fn driver(what: &'static str) -> impl Fn(DriverError) -> CpdError + Copy {
+    move |source| {
+        CpdError::Device(DeviceError::Driver {
+            what: what.to_string(),
+            source,
+        })
+    }
 }
 
 /// One candidate engine: what it is, and the engine while it is kept.
@@ -157,11 +164,11 @@ impl GpuBackend {
                 Err(e @ DeviceError::OutOfMemory { .. }) if candidates.len() > 1 => {
                     last_err = Some(e)
                 }
-                Err(e) => return Err(device(e)),
+                Err(e) => return Err(e.into()),
             }
         }
         if built.is_empty() {
-            return Err(device(last_err.expect("an error per candidate")));
+            return Err(last_err.expect("an error per candidate").into());
         }
         let n = t.nmodes();
         let plan = (built.len() == 1).then(|| vec![0; n]);
@@ -225,11 +232,7 @@ impl GpuBackend {
         let len = self.dims[mode] as usize * self.rank()?;
         if self.outputs[mode].as_ref().is_none_or(|o| o.len() != len) {
             self.outputs[mode] = None;
-            self.outputs[mode] = Some(
-                self.gpu
-                    .alloc_zeros("an MTTKRP output", len)
-                    .map_err(device)?,
-            );
+            self.outputs[mode] = Some(self.gpu.alloc_zeros("an MTTKRP output", len)?);
         }
         Ok(())
     }
@@ -245,15 +248,13 @@ impl GpuBackend {
         for c in &mut self.candidates {
             let engine = c.engine.as_mut().expect("all kept before the plan");
             for (m, out) in self.outputs.iter_mut().enumerate() {
-                engine
-                    .mttkrp(m, factors, out.as_mut().expect("allocated above"))
-                    .map_err(device)?;
+                engine.mttkrp(m, factors, out.as_mut().expect("allocated above"))?;
             }
         }
         self.gpu
             .stream()
             .synchronize()
-            .map_err(|e| CpdError::Backend(format!("waiting for the warm-up: {e}")))?;
+            .map_err(driver("waiting for the warm-up"))?;
         self.warmed = true;
         self.choice_s += start.elapsed().as_secs_f64();
         Ok(())
@@ -267,16 +268,10 @@ impl GpuBackend {
         }
         self.ensure_output(mode)?;
         let len = self.dims[mode] as usize * self.rank()?;
-        let mut spare = self
-            .gpu
-            .alloc_zeros::<f32>("a trial MTTKRP output", len)
-            .map_err(device)?;
+        let mut spare = self.gpu.alloc_zeros::<f32>("a trial MTTKRP output", len)?;
         let stream = self.gpu.stream().clone();
-        let (start, end) = (
-            self.gpu.timing_event().map_err(device)?,
-            self.gpu.timing_event().map_err(device)?,
-        );
-        let event = |e: cudarc::driver::DriverError| CpdError::Backend(format!("timing: {e}"));
+        let (start, end) = (self.gpu.timing_event()?, self.gpu.timing_event()?);
+        let event = driver("timing a trial");
         let mut best = f32::INFINITY;
         let factors = self.factors.as_ref().expect("checked by the caller");
         for (k, c) in self.candidates.iter_mut().enumerate() {
@@ -287,7 +282,7 @@ impl GpuBackend {
                 &mut spare
             };
             start.record(&stream).map_err(event)?;
-            engine.mttkrp(mode, factors, out).map_err(device)?;
+            engine.mttkrp(mode, factors, out)?;
             end.record(&stream).map_err(event)?;
             end.synchronize().map_err(event)?;
             let ms = start.elapsed_ms(&end).map_err(event)?;
@@ -399,12 +394,12 @@ impl Backend for GpuBackend {
 
     fn load_factors(&mut self, factors: Vec<Array2<f32>>) -> Result<()> {
         let rank = crate::check_factor_shapes(&self.dims, &factors)?;
-        check_rank(rank).map_err(device)?;
+        check_rank(rank)?;
         self.factors = None;
-        self.factors = Some(DeviceFactors::upload(&self.gpu, &factors).map_err(device)?);
+        self.factors = Some(DeviceFactors::upload(&self.gpu, &factors)?);
         if self.dense.as_ref().is_none_or(|d| d.rank() != rank) {
             self.dense = None;
-            self.dense = Some(DenseKernels::new(self.gpu.clone(), rank).map_err(device)?);
+            self.dense = Some(DenseKernels::new(self.gpu.clone(), rank)?);
         }
         self.inner = vec![None; self.dims.len()];
         Ok(())
@@ -415,9 +410,7 @@ impl Backend for GpuBackend {
         let rank = self.rank()?;
         let dense = self.dense.as_mut().expect("made with the factors");
         let factors = self.factors.as_mut().expect("checked by rank()");
-        let g = dense
-            .scale_gram(&mut factors.mode_mut(mode), None, rows)
-            .map_err(device)?;
+        let g = dense.scale_gram(&mut factors.mode_mut(mode), None, rows)?;
         square(g, rank)
     }
 
@@ -440,14 +433,14 @@ impl Backend for GpuBackend {
                 factors,
                 self.outputs[mode].as_mut().expect("allocated"),
             )
-            .map_err(device)
+            .map_err(CpdError::from)
     }
 
     fn sync(&mut self) -> Result<()> {
         self.gpu
             .stream()
             .synchronize()
-            .map_err(|e| CpdError::Backend(format!("CUDA: {e}")))
+            .map_err(driver("synchronizing the stream"))
     }
 
     fn solve_update(&mut self, mode: usize, w: &Array2<f64>) -> Result<ColumnNorms> {
@@ -459,14 +452,12 @@ impl Backend for GpuBackend {
         let w = w.as_standard_layout();
         let dense = self.dense.as_mut().expect("made with the factors");
         let factors = self.factors.as_mut().expect("checked by rank()");
-        let stats = dense
-            .update(
-                m,
-                w.as_slice().expect("standard layout"),
-                &mut factors.mode_mut(mode),
-                rows,
-            )
-            .map_err(device)?;
+        let stats = dense.update(
+            m,
+            w.as_slice().expect("standard layout"),
+            &mut factors.mode_mut(mode),
+            rows,
+        )?;
         self.inner[mode] = Some(InnerSums::new(stats.inner));
         Ok(ColumnNorms {
             two: stats.sumsq.into_iter().map(f64::sqrt).collect(),
@@ -481,9 +472,7 @@ impl Backend for GpuBackend {
         let inv: Vec<f32> = divisors.iter().map(|&d| (1.0 / d) as f32).collect();
         let dense = self.dense.as_mut().expect("made with the factors");
         let factors = self.factors.as_mut().expect("checked by rank()");
-        let g = dense
-            .scale_gram(&mut factors.mode_mut(mode), Some(&inv), rows)
-            .map_err(device)?;
+        let g = dense.scale_gram(&mut factors.mode_mut(mode), Some(&inv), rows)?;
         if let Some(inner) = &mut self.inner[mode] {
             inner.scale(&inv);
         }
@@ -502,7 +491,7 @@ impl Backend for GpuBackend {
             .factors
             .take()
             .ok_or_else(|| CpdError::Backend("no factors loaded".into()))?;
-        factors.download(&self.gpu).map_err(device)
+        factors.download(&self.gpu).map_err(CpdError::from)
     }
 }
 

@@ -11,8 +11,8 @@ use ndarray::Array2;
 use serde::Serialize;
 
 use crate::backend::{Backend, ColumnNorms};
-use crate::error::Result;
-use crate::gpu::{InnerSums, device, square};
+use crate::error::{CpdError, Result};
+use crate::gpu::{InnerSums, square};
 
 /// Where one mode's time went, summed over the iterations measured.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -119,25 +119,25 @@ impl Backend for GroupBackend {
 
     fn load_factors(&mut self, factors: Vec<Array2<f32>>) -> Result<()> {
         crate::check_factor_shapes(&self.dims, &factors)?;
-        self.group.load_factors(&factors).map_err(device)?;
+        self.group.load_factors(&factors)?;
         self.inner = vec![None; self.dims.len()];
         Ok(())
     }
 
     fn gram(&mut self, mode: usize) -> Result<Array2<f64>> {
-        let g = self.group.scale_gram(mode, None).map_err(device)?;
+        let g = self.group.scale_gram(mode, None)?;
         square(g, self.group.rank())
     }
 
     fn mttkrp(&mut self, mode: usize) -> Result<()> {
         self.inner[mode] = None;
         self.current = mode;
-        self.group.mttkrp(mode).map_err(device)
+        self.group.mttkrp(mode).map_err(CpdError::from)
     }
 
     fn sync(&mut self) -> Result<()> {
         // The driver calls sync right after each mode's MTTKRP.
-        let times: Vec<MttkrpTimes> = self.group.sync().map_err(device)?;
+        let times: Vec<MttkrpTimes> = self.group.sync()?;
         let mode = self.current;
         if !self.counting(mode) {
             return Ok(());
@@ -160,8 +160,7 @@ impl Backend for GroupBackend {
         let w = w.as_standard_layout();
         let stats = self
             .group
-            .update(mode, w.as_slice().expect("standard layout"))
-            .map_err(device)?;
+            .update(mode, w.as_slice().expect("standard layout"))?;
         if self.counting(mode) {
             self.breakdown[mode].update_ms += t.elapsed().as_secs_f64() * 1e3;
         }
@@ -175,12 +174,12 @@ impl Backend for GroupBackend {
     fn scale_and_gram(&mut self, mode: usize, divisors: &[f64]) -> Result<Array2<f64>> {
         let t = Instant::now();
         let inv: Vec<f32> = divisors.iter().map(|&d| (1.0 / d) as f32).collect();
-        let g = self.group.scale_gram(mode, Some(&inv)).map_err(device)?;
+        let g = self.group.scale_gram(mode, Some(&inv))?;
         if let Some(inner) = &mut self.inner[mode] {
             inner.scale(&inv);
         }
         let update_ms = t.elapsed().as_secs_f64() * 1e3;
-        let exchange_ms = self.group.exchange_rows(mode).map_err(device)?;
+        let exchange_ms = self.group.exchange_rows(mode)?;
         if self.counting(mode) {
             let b = &mut self.breakdown[mode];
             b.update_ms += update_ms;
@@ -196,6 +195,6 @@ impl Backend for GroupBackend {
     }
 
     fn take_factors(&mut self) -> Result<Vec<Array2<f32>>> {
-        self.group.factors().map_err(device)
+        self.group.factors().map_err(CpdError::from)
     }
 }

@@ -240,12 +240,13 @@ impl CooAtomic {
             .arg(&mut sums)
             .arg(&nnz)
             .arg(&mode);
-        // SAFETY: the kernel reads idx[0 .. NMODES * nnz) and vals[0 .. nnz),
-        // both uploaded with exactly those lengths; every index is below its
-        // mode's dimension (SparseTensor checks it), so factor rows
-        // row_offset[w] + idx lie inside `data` (the dims match, checked
-        // above) and sum rows inside `sums` (dims[mode] * rank long).
         if self.nnz > 0 {
+            // SAFETY: the kernel reads idx[0 .. NMODES * nnz) and
+            // vals[0 .. nnz), both uploaded with exactly those lengths;
+            // every index is below its mode's dimension (SparseTensor
+            // checks it), so factor rows row_offset[w] + idx lie inside
+            // `data` (the dims match, checked above) and sum rows inside
+            // `sums` (dims[mode] * rank long).
             unsafe { launch.launch(cfg) }.map_err(driver("launching mttkrp_coo_atomic"))?;
         }
         let n_out = len as u64;

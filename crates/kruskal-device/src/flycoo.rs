@@ -224,10 +224,10 @@ impl FlycooGpu {
         };
         let mut launch = stream.launch_builder(&f);
         launch.arg(src).arg(dst).arg(&nnz).arg(&mode_i);
-        // SAFETY: both copies hold nnz * stride words; every remap id is
-        // below nnz (checked when the Flycoo was built), so writes stay
-        // inside `dst`.
         if nnz > 0 {
+            // SAFETY: both copies hold nnz * stride words; every remap id
+            // is below nnz (checked when the Flycoo was built), so writes
+            // stay inside `dst`.
             unsafe {
                 launch.launch(LaunchConfig {
                     grid_dim: (blocks, 1, 1),

@@ -370,6 +370,9 @@ pub struct Comm(ncclComm_t);
 // the group uses each from one thread at a time (its worker, or the
 // coordinator once the workers have stopped).
 unsafe impl Send for Comm {}
+// SAFETY: a shared `&Comm` only hands the raw handle to NCCL calls, and
+// the group never calls NCCL on one communicator from two threads at once
+// (the discipline above), so sharing the reference races on nothing.
 unsafe impl Sync for Comm {}
 
 #[cfg(test)]

@@ -418,6 +418,10 @@ impl SharedOut {
     /// `pos` must be in bounds and written by this caller only.
     #[allow(clippy::mut_from_ref)]
     unsafe fn element(&self, pos: usize, stride: usize) -> &mut [u32] {
+        // SAFETY: the caller promises that element `pos` lies within the
+        // buffer, so the `stride` words from `pos * stride` are in one
+        // allocation, and that no other task touches them while the slice
+        // lives, so the `&mut` aliases nothing.
         unsafe { std::slice::from_raw_parts_mut(self.0.add(pos * stride), stride) }
     }
 }

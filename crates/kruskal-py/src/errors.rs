@@ -47,7 +47,9 @@ pub fn device_error(e: DeviceError) -> PyErr {
     GpuError::new_err(chain(&e))
 }
 
-/// `on_gpu`: the run was on a GPU, so a backend failure is the device's.
+/// `on_gpu`: the run was on a GPU, so a failure of the run itself (a
+/// diverged fit) is reported as the GPU's. Failures of the device and of
+/// the CPU engines say which they are by their kind.
 pub fn cpd_error(e: CpdError, on_gpu: bool) -> PyErr {
     let text = chain(&e);
     match e {
@@ -57,6 +59,7 @@ pub fn cpd_error(e: CpdError, on_gpu: bool) -> PyErr {
         CpdError::Gpu(_) | CpdError::Device(_) => GpuError::new_err(text),
         CpdError::File { .. } => PyOSError::new_err(text),
         CpdError::Memory(_) => PyMemoryError::new_err(text),
+        CpdError::Cpu(_) => PyRuntimeError::new_err(text),
         CpdError::Backend(_) if on_gpu => GpuError::new_err(text),
         CpdError::Backend(_) => PyRuntimeError::new_err(text),
     }

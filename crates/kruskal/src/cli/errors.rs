@@ -97,4 +97,19 @@ mod tests {
         let other = anyhow::anyhow!("something else");
         assert_eq!(report("cpd", &other), "something else");
     }
+
+    #[test]
+    fn a_device_error_inside_the_decompositions_is_found_and_said_once() {
+        // The decomposition carries the device's error as its kind, not as
+        // text, so the advice finds it.
+        let e = anyhow::Error::new(kruskal_cpd::CpdError::from(DeviceError::NoDevice {
+            ordinal: 0,
+            count: 0,
+        }));
+        assert_eq!(
+            report("cpd", &e),
+            "no CUDA GPU 0 (the driver reports 0 device(s)); install the NVIDIA driver, or use \
+             --backend cpu"
+        );
+    }
 }
