@@ -18,8 +18,8 @@
 //!   parameters on the generated training set; see `tune.rs`).
 //! - `train [--measurements FILE]... [--model FILE] [--held-out FILE]
 //!   [--max-depth D] [--min-leaf N] [--trees T]`: fit the tuning model to
-//!   the measurements in `crates/kruskal-device/tune/`, print how good its
-//!   choices are, and write `crates/kruskal-device/tune/model.json`.
+//!   the measurements in `crates/kruskal-tune/model/`, print how good its
+//!   choices are, and write `crates/kruskal-tune/model/model.json`.
 //! - `fetch-frostt NAME... | --list | --all [--dir DIR] [--mirror URL]
 //!   [--manifest FILE] [--timeout-s S]`: download FROSTT tensors (resuming
 //!   a partial download), check their size and SHA-256 against
@@ -87,7 +87,7 @@ fn run() -> Result<()> {
                 "  tune     on a GPU machine: time every engine over its launch parameters (kruskal tune sweep)"
             );
             eprintln!(
-                "  train    fit the tuning model to the measurements and write crates/kruskal-device/tune/model.json"
+                "  train    fit the tuning model to the measurements and write crates/kruskal-tune/model/model.json"
             );
             eprintln!(
                 "  fetch-frostt  download FROSTT tensors, check them against xtask/frostt-manifest.json, convert to .ktns"

@@ -1,22 +1,23 @@
 //! `cargo xtask tune` and `cargo xtask train`: measuring the GPU engines
 //! over their launch parameters, and fitting the tuning model to the
-//! measurements (`kruskal_device::tune`).
+//! measurements (`kruskal_tune`; the sweep itself is
+//! `kruskal_device::tune::sweep`, run by the `kruskal` binary).
 //!
 //! The sweep runs the release `kruskal tune sweep` (a GPU machine without a
 //! Rust toolchain runs the bundled binary the same way: `gpu-run/tune.sh`).
 //! Training needs no GPU: it reads the measurements committed under
-//! `crates/kruskal-device/tune/`, prints how good the choices of a model
+//! `crates/kruskal-tune/model/`, prints how good the choices of a model
 //! fitted without each tensor are, and writes the model file that the
 //! binaries embed.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use kruskal_device::tune::train::{
+use kruskal_tune::train::{
     MARGIN_GRID, TrainParams, best_margin, evaluate, leave_one_out_by_margin, margin_markdown,
     markdown, summarize, train,
 };
-use kruskal_device::tune::{CANDIDATES, Config, MARGIN, Measurements, TuneModel};
+use kruskal_tune::{CANDIDATES, Config, MARGIN, Measurements, TuneModel};
 
 use crate::{cargo, workspace_root};
 
@@ -24,9 +25,10 @@ pub const TUNE_USAGE: &str = "cargo xtask tune [--out DIR] [KRUSKAL TUNE SWEEP O
 pub const TRAIN_USAGE: &str = "cargo xtask train [--measurements FILE]... [--model FILE] \
      [--held-out FILE] [--max-depth D] [--min-leaf N] [--trees T] [--seed S] [--no-loo]";
 
-/// Where the measurements and the model live in the repository.
+/// Where the measurements and the model live in the repository (the
+/// model is embedded by `kruskal-tune`'s `model.rs`).
 fn tune_dir() -> PathBuf {
-    workspace_root().join("crates/kruskal-device/tune")
+    workspace_root().join("crates/kruskal-tune/model")
 }
 
 /// Builds the release `kruskal` and runs `kruskal tune sweep --out DIR`
@@ -224,8 +226,8 @@ mod tests {
     fn train_options_parse_and_bad_ones_are_refused() {
         let o = parse_train(&args(&["--trees", "8", "--max-depth", "9", "--no-loo"])).unwrap();
         assert_eq!((o.params.trees, o.params.max_depth, o.loo), (8, 9, false));
-        assert!(o.measurements[0].ends_with("tune/measurements.json"));
-        assert!(o.model.ends_with("tune/model.json"));
+        assert!(o.measurements[0].ends_with("kruskal-tune/model/measurements.json"));
+        assert!(o.model.ends_with("kruskal-tune/model/model.json"));
         for bad in [
             &["--max-depth", "0"][..],
             &["--trees", "x"],

@@ -481,7 +481,8 @@ fn gpu_candidates(
     sms: usize,
     progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
 ) -> Vec<(GpuKernel, GpuOptions)> {
-    use kruskal_device::tune::{CANDIDATES, Config, TuneModel, choose, shortlist};
+    use kruskal_device::tune::ConfigEngine;
+    use kruskal_tune::{CANDIDATES, Config, TuneModel, choose, shortlist};
     let given = opts.gpu.clone();
     let mut say = |line: String| {
         let _ = progress(Event::Note {
@@ -512,7 +513,7 @@ fn gpu_candidates(
         (_, Ok(_)) if param_given => vec![(kernel, given.clone())],
         (_, Ok(model)) => {
             let start = Instant::now();
-            let features = kruskal_formats::TensorFeatures::compute(t);
+            let features = kruskal_tune::TensorFeatures::compute(t);
             let features_s = start.elapsed().as_secs_f64();
             if kernel == GpuKernel::Auto {
                 let ranked = match model.predict(&features, rank) {
@@ -536,7 +537,7 @@ fn gpu_candidates(
                     .map(|c| with(c.kernel(), c.options(sms)))
                     .collect()
             } else {
-                let picked = choose(&features, rank, Some(kernel));
+                let picked = choose(&features, rank, kernel.tune_engine());
                 let why = match picked.reason.as_str() {
                     "model" => format!("the tuning model's best {} parameter", kernel.name()),
                     other => other.to_string(),

@@ -29,9 +29,11 @@
 //!   NCCL communicator across them). How the processes find each other,
 //!   agree on rank 0's NCCL unique id and notice a lost peer needs no GPU
 //!   and lives in the `kruskal-launch` crate.
-//! - [`tune`]: the adaptive choice of engine and launch parameters from a
-//!   tensor's features (a trained regression tree, the sweep that measures
-//!   its training data, training and evaluation).
+//! - [`tune`]: the GPU's part of the adaptive choice of engine and launch
+//!   parameters: the sweep that measures the model's training data, and
+//!   the mapping of a tuning configuration to an engine and its options.
+//!   The configuration space, the tensor features, the model, its training
+//!   and evaluation need no GPU and are the `kruskal-tune` crate.
 //!
 //! This crate builds and its CPU-side tests run everywhere; everything that
 //! needs a GPU returns [`DeviceError`] when there is none.
@@ -198,10 +200,6 @@ pub enum DeviceError {
     /// An NCCL call failed, or NCCL was asked for and is missing.
     #[error("NCCL: {0}")]
     Nccl(String),
-
-    /// A tuning model or measurements file that cannot be used.
-    #[error("tuning: {0}")]
-    Tune(String),
 }
 
 pub type Result<T, E = DeviceError> = std::result::Result<T, E>;

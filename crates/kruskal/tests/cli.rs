@@ -723,9 +723,8 @@ fn info_prints_tensor_features() {
 /// through `KRUSKAL_TUNE_MODEL`.
 #[test]
 fn tune_predicts_and_judges_with_a_given_model() {
-    use kruskal_device::tune::train::{TrainParams, train};
-    use kruskal_device::tune::{Config, Measurements, Run, TensorRuns, TensorSpec};
-    use kruskal_formats::TensorFeatures;
+    use kruskal_tune::train::{TrainParams, train};
+    use kruskal_tune::{Config, Measurements, Run, TensorFeatures, TensorRuns, TensorSpec};
 
     let dir = tempfile::tempdir().unwrap();
     let mut m = Measurements::new("Made-up GPU", 100, 1);

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kruskal_formats::SparseTensor;
+use kruskal_tune::{Config, Failure, Run};
 
-use super::{Config, Failure, Run};
+use super::ConfigEngine;
 use crate::coo::DeviceFactors;
 use crate::{Gpu, GpuMttkrp, Result, build_engine};
 

@@ -7,9 +7,9 @@ use anyhow::{Result, bail};
 use clap::Args;
 use serde_json::json;
 
-use kruskal_formats::{ModeFeatures, TensorFeatures};
 use kruskal_partition::layout::unit_weights;
 use kruskal_partition::{Balance, ShardOptions, ShardPlan, cyclic, lpt};
+use kruskal_tune::{ModeFeatures, TensorFeatures};
 
 use super::common::{InputArgs, dims_text, thousands};
 
@@ -37,7 +37,7 @@ pub struct InfoArgs {
     /// fibers (distinct pairs of the mode's index and its fiber mode's, the
     /// other mode with the smallest dimension), their ratios, the largest
     /// and mean nonzeros per slice and per fiber, and the skew of the
-    /// slice sizes (see `kruskal_formats::features`).
+    /// slice sizes (see `kruskal_tune::features`).
     #[arg(long)]
     pub features: bool,
     /// ISPs per GPU for --gpus (a few per SM; 528 = 4 x 132 SMs of an H100).

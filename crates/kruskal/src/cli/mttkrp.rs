@@ -480,10 +480,10 @@ fn choose_gpu(
     t: &kruskal_formats::SparseTensor,
     kernel: kruskal_device::GpuKernel,
     sms: usize,
-    features: &mut Option<(kruskal_formats::TensorFeatures, f64)>,
+    features: &mut Option<(kruskal_tune::TensorFeatures, f64)>,
 ) -> GpuChoice {
-    use kruskal_device::GpuKernel;
-    use kruskal_device::tune::{TuneModel, choose};
+    use kruskal_device::tune::ConfigEngine;
+    use kruskal_tune::{TuneModel, choose};
     let given = args.gpu.options();
     let mut choice = GpuChoice {
         requested: kernel,
@@ -510,11 +510,10 @@ fn choose_gpu(
     }
     let (f, features_s) = features.get_or_insert_with(|| {
         let start = Instant::now();
-        let f = kruskal_formats::TensorFeatures::compute(t);
+        let f = kruskal_tune::TensorFeatures::compute(t);
         (f, start.elapsed().as_secs_f64())
     });
-    let engine = (kernel != GpuKernel::Auto).then_some(kernel);
-    let picked = choose(f, args.rank, engine);
+    let picked = choose(f, args.rank, kernel.tune_engine());
     let model = picked.config.options(sms);
     choice.kernel = picked.config.kernel();
     choice.opts = given.or(&model);

@@ -9,20 +9,21 @@
 //! - `predict`: the model's ranking of every configuration for a tensor,
 //!   and what `--kernel auto` makes of it (no GPU needed).
 //!
-//! The work itself is in `kruskal_device::tune`.
+//! The work itself is in `kruskal_tune` (and the GPU sweep in
+//! `kruskal_device::tune::sweep`).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
-use kruskal_device::tune::data::{held_out_set, training_set};
 use kruskal_device::tune::sweep::{SweepOptions, sweep_tensor};
-use kruskal_device::tune::train::{evaluate, markdown};
-use kruskal_device::tune::{
-    CANDIDATES, Config, MARGIN, Measurements, TensorRuns, TuneModel, pick, shortlist,
+use kruskal_tune::data::{held_out_set, training_set};
+use kruskal_tune::train::{evaluate, markdown};
+use kruskal_tune::{
+    CANDIDATES, Config, MARGIN, Measurements, TensorFeatures, TensorRuns, TuneModel, pick,
+    shortlist,
 };
-use kruskal_formats::TensorFeatures;
 use serde_json::json;
 
 use super::common::{InputArgs, dims_text, thousands};
@@ -143,7 +144,7 @@ fn sweep(args: SweepArgs) -> Result<()> {
         p.name,
         p.sms,
         args.ranks,
-        kruskal_device::tune::Config::space().len(),
+        kruskal_tune::Config::space().len(),
         args.repeat,
         path.display()
     );
@@ -228,7 +229,7 @@ fn sweep(args: SweepArgs) -> Result<()> {
 /// One line per tensor and rank: the fastest configuration and the
 /// default's time.
 fn print_best(m: &Measurements) {
-    use kruskal_device::tune::Config;
+    use kruskal_tune::Config;
     println!(
         "{:<28} {:>5} {:<24} {:>10} {:>12}",
         "tensor", "rank", "best", "ms", "default x"
@@ -271,7 +272,7 @@ fn eval(args: EvalArgs) -> Result<()> {
     }
     let outcomes = evaluate(&model, &m.tensors)?;
     if args.json {
-        let s = kruskal_device::tune::train::summarize(&outcomes);
+        let s = kruskal_tune::train::summarize(&outcomes);
         let rows: Vec<_> = outcomes
             .iter()
             .map(|o| {
@@ -292,7 +293,7 @@ fn eval(args: EvalArgs) -> Result<()> {
             "candidate_worst_ratio": s.candidate_worst_ratio,
             "speedup_over_default": s.speedup_over_default,
             "candidate_speedup_over_default": s.candidate_speedup_over_default,
-            "margin": kruskal_device::tune::MARGIN, "candidates": kruskal_device::tune::CANDIDATES,
+            "margin": kruskal_tune::MARGIN, "candidates": kruskal_tune::CANDIDATES,
             "outcomes": rows,
         });
         println!("{}", serde_json::to_string_pretty(&value)?);

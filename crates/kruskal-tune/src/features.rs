@@ -26,7 +26,8 @@
 //! Every ratio with a zero denominator is 0, so features are always finite.
 //!
 //! ```
-//! use kruskal_formats::{SparseTensor, TensorFeatures};
+//! use kruskal_formats::SparseTensor;
+//! use kruskal_tune::TensorFeatures;
 //!
 //! // 3 x 2 x 2, four nonzeros.
 //! let t = SparseTensor::new(
@@ -45,7 +46,7 @@
 
 use rayon::prelude::*;
 
-use crate::coo::SparseTensor;
+use kruskal_formats::SparseTensor;
 
 /// The features of one output mode (see the module documentation for the
 /// definitions).
@@ -355,7 +356,7 @@ impl TensorFeatures {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::generate::{PowerLawSpec, power_law};
+    use kruskal_formats::generate::{PowerLawSpec, power_law};
 
     /// 4 x 3 x 5; mode 1 (dim 3) is the fiber mode of modes 0 and 2, mode 0
     /// that of mode 1.

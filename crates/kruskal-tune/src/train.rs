@@ -3,11 +3,11 @@
 //!
 //! A choice is judged on measured times only, made as the binaries make
 //! it: for each tensor and rank, the measured time of the model's choice
-//! under the margin rule ([`super::pick`] with [`MARGIN`], what
-//! [`super::choose`] returns for `--kernel auto`) against the fastest
+//! under the margin rule ([`crate::pick`] with [`MARGIN`], what
+//! [`crate::choose`] returns for `--kernel auto`) against the fastest
 //! configuration measured (the exhaustive sweep's best), next to the fixed
 //! default ([`Config::DEFAULT`]) and to the fastest of the candidates
-//! ([`super::shortlist`] of [`CANDIDATES`], what `kruskal cpd --kernel
+//! ([`crate::shortlist`] of [`CANDIDATES`], what `kruskal cpd --kernel
 //! auto` times on its first iteration). The margin itself is chosen by
 //! leaving one tensor out at each margin of [`MARGIN_GRID`].
 
@@ -17,12 +17,11 @@ use smartcore::ensemble::random_forest_regressor::RandomForestRegressorParameter
 use smartcore::linalg::basic::matrix::DenseMatrix;
 use smartcore::tree::decision_tree_regressor::DecisionTreeRegressorParameters;
 
-use super::model::{Forest, Regressor, TrainedOn, Tree, target};
-use super::{
-    CANDIDATES, Config, MARGIN, Measurements, TensorRuns, TuneModel, pick, row, row_names,
-    shortlist,
+use crate::model::{Forest, Regressor, TrainedOn, Tree, target};
+use crate::{
+    CANDIDATES, Config, MARGIN, Measurements, Result, TensorRuns, TuneError, TuneModel, pick, row,
+    row_names, shortlist,
 };
-use crate::{DeviceError, Result};
 
 /// How to fit the model.
 #[derive(Clone, Debug, PartialEq)]
@@ -98,9 +97,9 @@ fn fit<'a>(
     let (x, y) = dataset(tensors.clone());
     let ncols = row_names().len();
     if y.is_empty() {
-        return Err(DeviceError::Tune("no measured runs to train on".into()));
+        return Err(TuneError::Tune("no measured runs to train on".into()));
     }
-    let fail = |e: smartcore::error::Failed| DeviceError::Tune(format!("training: {e}"));
+    let fail = |e: smartcore::error::Failed| TuneError::Tune(format!("training: {e}"));
     let rows = y.len();
     let x = DenseMatrix::new(rows, ncols, x, false).map_err(fail)?;
     let regressor = if params.trees == 0 {
@@ -415,8 +414,7 @@ pub fn margin_markdown(margins: &[f64], outcomes: &[Vec<Outcome>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tune::{Run, TensorRuns};
-    use kruskal_formats::TensorFeatures;
+    use crate::{Run, TensorFeatures, TensorRuns};
     use kruskal_formats::generate::{PowerLawSpec, power_law};
 
     /// A made-up timing law with a clear rule the tree can learn: `fcoo`

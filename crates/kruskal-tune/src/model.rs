@@ -1,24 +1,22 @@
 //! The trained model: a smartcore regression tree (or forest) in a JSON
 //! file, and its ranked predictions.
 //!
-//! The repository's copy, `crates/kruskal-device/tune/model.json`, is
+//! The repository's copy, `crates/kruskal-tune/model/model.json`, is
 //! embedded in the binary; `KRUSKAL_TUNE_MODEL=FILE` replaces it at run
 //! time. Before the first training on GPU measurements that copy is an
 //! *untrained* placeholder (no regressor), and every prediction is an
 //! error that says so; callers then keep the fixed default
-//! ([`super::choose`]).
+//! ([`crate::choose`]).
 
 use std::path::Path;
 use std::sync::OnceLock;
 
-use kruskal_formats::TensorFeatures;
 use serde::{Deserialize, Serialize};
 use smartcore::ensemble::random_forest_regressor::RandomForestRegressor;
 use smartcore::linalg::basic::matrix::DenseMatrix;
 use smartcore::tree::decision_tree_regressor::DecisionTreeRegressor;
 
-use super::{Config, row, row_names};
-use crate::{DeviceError, GpuKernel, GpuOptions, Result};
+use crate::{Config, Result, TensorFeatures, TuneError, row, row_names};
 
 /// The `format` field of a model file.
 pub const FORMAT: &str = "kruskal-tune-model";
@@ -28,7 +26,7 @@ pub const VERSION: u32 = 1;
 /// embedded one.
 pub const MODEL_ENV: &str = "KRUSKAL_TUNE_MODEL";
 /// The repository's model, embedded.
-const EMBEDDED: &str = include_str!("../../tune/model.json");
+const EMBEDDED: &str = include_str!("../model/model.json");
 
 type Matrix = DenseMatrix<f64>;
 pub(crate) type Tree = DecisionTreeRegressor<f64, f64, Matrix, Vec<f64>>;
@@ -47,7 +45,7 @@ impl Regressor {
             Regressor::Tree(t) => t.predict(x),
             Regressor::Forest(f) => f.predict(x),
         }
-        .map_err(|e| DeviceError::Tune(format!("model prediction: {e}")))
+        .map_err(|e| TuneError::Tune(format!("model prediction: {e}")))
     }
 }
 
@@ -70,7 +68,7 @@ pub struct TrainedOn {
 pub struct TuneModel {
     pub format: String,
     pub version: u32,
-    /// [`super::row_names`] when trained.
+    /// [`crate::row_names`] when trained.
     pub feature_names: Vec<String>,
     /// What the target is (for readers of the file).
     pub target: String,
@@ -89,17 +87,6 @@ pub struct Prediction {
     pub mode_ms: Vec<f64>,
     /// Their sum.
     pub total_ms: f64,
-}
-
-impl Prediction {
-    pub fn kernel(&self) -> GpuKernel {
-        self.config.kernel()
-    }
-
-    /// The engine options on a GPU of `sms` SMs.
-    pub fn options(&self, sms: usize) -> GpuOptions {
-        self.config.options(sms)
-    }
 }
 
 /// The target the model learns: log2 of nanoseconds per nonzero.
@@ -147,7 +134,7 @@ impl TuneModel {
 
     /// Parses a model file's text; `what` names it in errors.
     pub fn from_json(text: &str, what: &str) -> Result<Self> {
-        let bad = |m: String| DeviceError::Tune(format!("{what}: {m}"));
+        let bad = |m: String| TuneError::Tune(format!("{what}: {m}"));
         let model: TuneModel = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
         if model.format != FORMAT || model.version != VERSION {
             return Err(bad(format!(
@@ -166,20 +153,20 @@ impl TuneModel {
     /// Reads a model file.
     pub fn read(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
-            .map_err(|e| DeviceError::Tune(format!("{}: {e}", path.display())))?;
+            .map_err(|e| TuneError::Tune(format!("{}: {e}", path.display())))?;
         Self::from_json(&text, &path.display().to_string())
     }
 
     /// Writes the model file (temporary name, then renamed).
     pub fn write(&self, path: &Path) -> Result<()> {
-        let fail = |e: std::io::Error| DeviceError::Tune(format!("{}: {e}", path.display()));
-        let text = serde_json::to_string(self).map_err(|e| DeviceError::Tune(e.to_string()))?;
+        let fail = |e: std::io::Error| TuneError::Tune(format!("{}: {e}", path.display()));
+        let text = serde_json::to_string(self).map_err(|e| TuneError::Tune(e.to_string()))?;
         let tmp = path.with_extension("json.tmp");
         std::fs::write(&tmp, text + "\n").map_err(fail)?;
         std::fs::rename(&tmp, path).map_err(fail)
     }
 
-    /// The embedded model (the repository's `tune/model.json`).
+    /// The embedded model (this crate's `model/model.json`).
     pub fn embedded() -> Result<Self> {
         Self::from_json(EMBEDDED, "the embedded tuning model")
     }
@@ -188,7 +175,7 @@ impl TuneModel {
     pub fn load() -> Result<Self> {
         match std::env::var_os(MODEL_ENV) {
             Some(path) => Self::read(Path::new(&path))
-                .map_err(|e| DeviceError::Tune(format!("{MODEL_ENV}: {e}"))),
+                .map_err(|e| TuneError::Tune(format!("{MODEL_ENV}: {e}"))),
             None => Self::embedded(),
         }
     }
@@ -199,7 +186,7 @@ impl TuneModel {
         MODEL
             .get_or_init(|| Self::load().map_err(|e| e.to_string()))
             .as_ref()
-            .map_err(|e| DeviceError::Tune(e.clone()))
+            .map_err(|e| TuneError::Tune(e.clone()))
     }
 
     /// Every configuration's predicted time for a tensor of `features` at
@@ -225,12 +212,12 @@ impl TuneModel {
         rank: usize,
     ) -> Result<Vec<Prediction>> {
         let regressor = self.regressor.as_ref().ok_or_else(|| {
-            DeviceError::Tune(
+            TuneError::Tune(
                 "the tuning model is untrained (run the GPU sweep, then cargo xtask train)".into(),
             )
         })?;
         if nnz == 0 || mode_vectors.is_empty() {
-            return Err(DeviceError::Tune("no nonzeros to predict for".into()));
+            return Err(TuneError::Tune("no nonzeros to predict for".into()));
         }
         let ncols = self.feature_names.len();
         let mut values = Vec::with_capacity(self.configs.len() * mode_vectors.len() * ncols);
@@ -241,13 +228,13 @@ impl TuneModel {
         }
         let nrows = values.len() / ncols;
         if nrows * ncols != values.len() {
-            return Err(DeviceError::Tune(format!(
+            return Err(TuneError::Tune(format!(
                 "feature vectors of {} values for a model of {ncols} columns",
                 mode_vectors[0].len()
             )));
         }
         let x = DenseMatrix::new(nrows, ncols, values, false)
-            .map_err(|e| DeviceError::Tune(e.to_string()))?;
+            .map_err(|e| TuneError::Tune(e.to_string()))?;
         let y = regressor.predict(&x)?;
         let modes = mode_vectors.len();
         let mut ranked: Vec<(usize, Prediction)> = self

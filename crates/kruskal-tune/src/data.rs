@@ -12,8 +12,7 @@ use kruskal_formats::SparseTensor;
 use kruskal_formats::generate::{PowerLawSpec, power_law, preset};
 use serde::{Deserialize, Serialize};
 
-use super::Config;
-use crate::{DeviceError, Result};
+use crate::{Config, Result, TuneError};
 
 /// The `format` field of a measurements file.
 pub const FORMAT: &str = "kruskal-tune-measurements";
@@ -61,9 +60,9 @@ impl TensorSpec {
     /// Generates the tensor (deterministic: the same spec gives the same
     /// tensor on any machine).
     pub fn generate(&self) -> Result<SparseTensor> {
-        let prepare = |e: kruskal_formats::FormatError| DeviceError::Prepare {
-            format: "a generated tensor",
-            message: e.to_string(),
+        let prepare = |source: kruskal_formats::FormatError| TuneError::Generate {
+            spec: self.id(),
+            source,
         };
         let p = preset(&self.like).map_err(prepare)?;
         let mut spec = PowerLawSpec::like(p)
@@ -161,7 +160,7 @@ pub struct TensorRuns {
     pub spec: Option<TensorSpec>,
     pub dims: Vec<u32>,
     pub nnz: u64,
-    /// [`kruskal_formats::TensorFeatures::mode_vector`] of every mode.
+    /// [`crate::TensorFeatures::mode_vector`] of every mode.
     pub features: Vec<Vec<f64>>,
     pub features_s: f64,
     pub runs: Vec<Run>,
@@ -203,7 +202,7 @@ pub struct Measurements {
     pub sms: usize,
     /// Timed sweeps per run (after one warm-up); times are medians.
     pub repeat: usize,
-    /// [`kruskal_formats::TensorFeatures::MODE_VECTOR_NAMES`] when measured.
+    /// [`crate::TensorFeatures::MODE_VECTOR_NAMES`] when measured.
     pub feature_names: Vec<String>,
     pub tensors: Vec<TensorRuns>,
 }
@@ -217,7 +216,7 @@ impl Measurements {
             gpu: gpu.into(),
             sms,
             repeat,
-            feature_names: kruskal_formats::TensorFeatures::MODE_VECTOR_NAMES
+            feature_names: crate::TensorFeatures::MODE_VECTOR_NAMES
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
@@ -228,7 +227,7 @@ impl Measurements {
     /// Reads and checks a file: its format, version and that its feature
     /// names are this build's (otherwise the sweep must be run again).
     pub fn read(path: &Path) -> Result<Self> {
-        let bad = |message: String| DeviceError::Tune(format!("{}: {message}", path.display()));
+        let bad = |message: String| TuneError::Tune(format!("{}: {message}", path.display()));
         let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
         let m: Measurements = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
         if m.format != FORMAT || m.version != VERSION {
@@ -270,9 +269,9 @@ impl Measurements {
     /// Writes the file (to a temporary name first, then renamed, so a
     /// reader never sees half a file).
     pub fn write(&self, path: &Path) -> Result<()> {
-        let fail = |e: std::io::Error| DeviceError::Tune(format!("{}: {e}", path.display()));
+        let fail = |e: std::io::Error| TuneError::Tune(format!("{}: {e}", path.display()));
         let text =
-            serde_json::to_string_pretty(self).map_err(|e| DeviceError::Tune(e.to_string()))?;
+            serde_json::to_string_pretty(self).map_err(|e| TuneError::Tune(e.to_string()))?;
         let tmp = path.with_extension("json.tmp");
         std::fs::write(&tmp, text + "\n").map_err(fail)?;
         std::fs::rename(&tmp, path).map_err(fail)
@@ -282,14 +281,14 @@ impl Measurements {
     /// a tensor id already present is an error.
     pub fn merge(&mut self, other: Measurements) -> Result<()> {
         if (other.gpu.as_str(), other.sms) != (self.gpu.as_str(), self.sms) {
-            return Err(DeviceError::Tune(format!(
+            return Err(TuneError::Tune(format!(
                 "measurements of {} ({} SMs) and {} ({} SMs) cannot be merged",
                 self.gpu, self.sms, other.gpu, other.sms
             )));
         }
         for t in other.tensors {
             if self.tensors.iter().any(|u| u.id == t.id) {
-                return Err(DeviceError::Tune(format!(
+                return Err(TuneError::Tune(format!(
                     "tensor {} is measured twice",
                     t.id
                 )));
