@@ -1,8 +1,9 @@
 //! The CUDA sources and their run-time compilation.
 //!
-//! Sources live in `kernels/` at the repository root and are embedded with
-//! `include_str!`. NVRTC compiles them for the device's architecture with
-//! `-DNMODES`, `-DRANK` and whatever launch-shape defines a kernel takes.
+//! Sources live in this crate's `kernels/` folder (inside the crate, so the
+//! packaged crate carries them) and are embedded with `include_str!`.
+//! NVRTC compiles them for the device's architecture with `-DNMODES`,
+//! `-DRANK` and whatever launch-shape defines a kernel takes.
 //! Compiled PTX is cached in memory (per [`KernelCache`]) and on disk under
 //! the user's cache directory (`KRUSKAL_CACHE_DIR` overrides it), keyed by a
 //! SHA-256 of the source, the options and the driver version, so a new
@@ -20,7 +21,7 @@ use crate::{DeviceError, Result, driver};
 
 /// The shared header, pasted in place of `#include "common.cuh"` (NVRTC
 /// is given one source string).
-pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
+pub const COMMON: &str = include_str!("../kernels/common.cuh");
 
 /// One kernel source file and the launch-shape defines its engine compiles
 /// it with (besides `NMODES` and `RANK`).
@@ -38,13 +39,13 @@ pub struct KernelSource {
 pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         file: "mttkrp_coo.cu",
-        text: include_str!("../../../kernels/mttkrp_coo.cu"),
+        text: include_str!("../kernels/mttkrp_coo.cu"),
         per_mode: true,
         variants: &[&[]],
     },
     KernelSource {
         file: "mttkrp_fcoo.cu",
-        text: include_str!("../../../kernels/mttkrp_fcoo.cu"),
+        text: include_str!("../kernels/mttkrp_fcoo.cu"),
         per_mode: true,
         variants: &[
             &[("WARPS", crate::fcoo::WARPS as i64)],
@@ -66,13 +67,13 @@ pub const SOURCES: &[KernelSource] = &[
     },
     KernelSource {
         file: "mttkrp_hicoo.cu",
-        text: include_str!("../../../kernels/mttkrp_hicoo.cu"),
+        text: include_str!("../kernels/mttkrp_hicoo.cu"),
         per_mode: true,
         variants: &[&[("WARPS", crate::hicoo::WARPS as i64)]],
     },
     KernelSource {
         file: "mttkrp_flycoo.cu",
-        text: include_str!("../../../kernels/mttkrp_flycoo.cu"),
+        text: include_str!("../kernels/mttkrp_flycoo.cu"),
         per_mode: true,
         variants: &[
             &[("WARPS", crate::flycoo::WARPS as i64)],
@@ -81,19 +82,19 @@ pub const SOURCES: &[KernelSource] = &[
     },
     KernelSource {
         file: "mttkrp_shard.cu",
-        text: include_str!("../../../kernels/mttkrp_shard.cu"),
+        text: include_str!("../kernels/mttkrp_shard.cu"),
         per_mode: true,
         variants: &[&[("WARPS", crate::group::WARPS as i64)]],
     },
     KernelSource {
         file: "dense.cu",
-        text: include_str!("../../../kernels/dense.cu"),
+        text: include_str!("../kernels/dense.cu"),
         per_mode: false,
         variants: &[&[]],
     },
     KernelSource {
         file: "probe.cu",
-        text: include_str!("../../../kernels/probe.cu"),
+        text: include_str!("../kernels/probe.cu"),
         per_mode: false,
         variants: &[&[]],
     },
