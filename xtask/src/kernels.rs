@@ -191,7 +191,7 @@ struct Job {
 
 impl Job {
     fn name(&self) -> String {
-        format!("{} {}", self.spec.file, defines_text(&self.spec))
+        format!("{} {}", self.spec.source.file(), defines_text(&self.spec))
     }
 }
 
@@ -213,7 +213,8 @@ fn defines_text(spec: &Specialization) -> String {
 /// Compiles and assembles one job; the error carries the NVRTC or ptxas log.
 fn run_job(job: &Job, ptxas: &Path, scratch: &Path, index: usize) -> Result<Done> {
     let t = Instant::now();
-    let ptx = compile(job.spec.file, &job.arch, &job.spec.defines).map_err(anyhow::Error::from)?;
+    let ptx =
+        compile(job.spec.source, &job.arch, &job.spec.defines).map_err(anyhow::Error::from)?;
     let nvrtc_ms = t.elapsed().as_secs_f64() * 1e3;
 
     let ptx_path = scratch.join(format!("{index}.ptx"));
@@ -403,13 +404,13 @@ impl Row<'_> {
     }
 
     fn name(&self) -> String {
-        let (file, defines) = (self.job.spec.file, defines_text(&self.job.spec));
+        let (file, defines) = (self.job.spec.source.file(), defines_text(&self.job.spec));
         format!("{file} {} {defines} {}", self.f.name, self.job.arch)
     }
 
     fn cells(&self) -> [String; 9] {
         [
-            self.job.spec.file.to_string(),
+            self.job.spec.source.file().to_string(),
             self.f.name.clone(),
             defines_text(&self.job.spec),
             self.job.arch.clone(),
@@ -430,7 +431,7 @@ impl Row<'_> {
             .map(|(k, v)| (k.to_string(), (*v).into()))
             .collect();
         serde_json::json!({
-            "file": self.job.spec.file,
+            "file": self.job.spec.source.file(),
             "function": self.f.name,
             "defines": defines,
             "arch": self.job.arch,

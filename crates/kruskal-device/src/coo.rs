@@ -7,6 +7,7 @@ use cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
 use kruskal_formats::SparseTensor;
 use ndarray::Array2;
 
+use crate::kernels::Kernel;
 use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 
 /// Every factor matrix on the device: rows of all modes concatenated in one
@@ -198,14 +199,12 @@ impl CooAtomic {
         let rank = check_operands(&self.dims, mode, factors, out.len())?;
         let f = self.gpu.kernels().function(
             self.gpu.context(),
-            "mttkrp_coo.cu",
-            "mttkrp_coo_atomic",
+            Kernel::MttkrpCooAtomic,
             &[("NMODES", n as i64), ("RANK", rank as i64)],
         )?;
         let store = self.gpu.kernels().function(
             self.gpu.context(),
-            "mttkrp_coo.cu",
-            "store_f32",
+            Kernel::StoreF32,
             &[("NMODES", n as i64), ("RANK", rank as i64)],
         )?;
         let stream = self.gpu.stream().clone();

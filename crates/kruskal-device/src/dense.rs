@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
 
+use crate::kernels::Kernel;
 use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 
 /// The largest rank the dense kernels take (one thread per column of a
@@ -101,10 +102,12 @@ impl DenseKernels {
         let defines = defines(rank);
         let sms = gpu.properties().sms.max(1);
         let mut wave = [0; 2];
-        for (slot, name) in wave.iter_mut().zip(["cpd_update", "cpd_scale_gram"]) {
-            let f = gpu
-                .kernels()
-                .function(gpu.context(), "dense.cu", name, &defines)?;
+        for (slot, kernel) in wave
+            .iter_mut()
+            .zip([Kernel::CpdUpdate, Kernel::CpdScaleGram])
+        {
+            let f = gpu.kernels().function(gpu.context(), kernel, &defines)?;
+            let name = kernel.name();
             let per_sm = f
                 .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
                 .map_err(driver(format!("reading the occupancy of {name}")))?;
@@ -150,12 +153,10 @@ impl DenseKernels {
     /// Sums the first `parts` partial rows (`width` wide; columns
     /// `max_lo..max_hi` by maximum) and downloads the result.
     fn reduce(&mut self, parts: u32, width: usize, max: (usize, usize)) -> Result<Vec<f64>> {
-        let f = self.gpu.kernels().function(
-            self.gpu.context(),
-            "dense.cu",
-            "cpd_reduce",
-            &self.defines(),
-        )?;
+        let f =
+            self.gpu
+                .kernels()
+                .function(self.gpu.context(), Kernel::CpdReduce, &self.defines())?;
         let stream = self.gpu.stream().clone();
         let (width_u, lo, hi) = (width as u32, max.0 as u32, max.1 as u32);
         let mut launch = stream.launch_builder(&f);
@@ -201,12 +202,10 @@ impl DenseKernels {
         stream
             .memcpy_htod(w, &mut self.w)
             .map_err(driver("uploading W"))?;
-        let f = self.gpu.kernels().function(
-            self.gpu.context(),
-            "dense.cu",
-            "cpd_update",
-            &self.defines(),
-        )?;
+        let f =
+            self.gpu
+                .kernels()
+                .function(self.gpu.context(), Kernel::CpdUpdate, &self.defines())?;
         let blocks = self.blocks(rows, update_tile(r), self.wave[0]);
         let rows_u = rows as u64;
         let mut launch = stream.launch_builder(&f);
@@ -267,8 +266,7 @@ impl DenseKernels {
                 // first, in a pass of its own.
                 let f = self.gpu.kernels().function(
                     self.gpu.context(),
-                    "dense.cu",
-                    "cpd_scale",
+                    Kernel::CpdScale,
                     &self.defines(),
                 )?;
                 let n = (rows * r) as u64;
@@ -282,8 +280,7 @@ impl DenseKernels {
         }
         let f = self.gpu.kernels().function(
             self.gpu.context(),
-            "dense.cu",
-            "cpd_scale_gram",
+            Kernel::CpdScaleGram,
             &self.defines(),
         )?;
         let blocks = self.blocks(rows, gram_tile(r), self.wave[1]);

@@ -18,6 +18,7 @@ use kruskal_formats::{Fcoo, FcooOp, SparseTensor};
 
 use crate::coo::{DeviceFactors, check_operands};
 use crate::engine::FactorPrecision;
+use crate::kernels::Kernel;
 use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 
 /// Warps per thread block: a block holds `threadlen * 32 * WARPS`
@@ -438,11 +439,11 @@ impl FcooGpu {
         let main = self
             .gpu
             .kernels()
-            .function(ctx, "mttkrp_fcoo.cu", "mttkrp_fcoo", defines)?;
-        let store =
-            self.gpu
-                .kernels()
-                .function(ctx, "mttkrp_fcoo.cu", "fcoo_store_edges", defines)?;
+            .function(ctx, Kernel::MttkrpFcoo, defines)?;
+        let store = self
+            .gpu
+            .kernels()
+            .function(ctx, Kernel::FcooStoreEdges, defines)?;
         let stream = self.gpu.stream().clone();
         stream
             .memset_zeros(out)
@@ -561,12 +562,10 @@ impl FcooGpu {
             self.half = None;
             self.half = Some(self.gpu.alloc_zeros::<u16>("the 16-bit factor copy", len)?);
         }
-        let convert = self.gpu.kernels().function(
-            self.gpu.context(),
-            "mttkrp_fcoo.cu",
-            "fcoo_to_half",
-            defines,
-        )?;
+        let convert =
+            self.gpu
+                .kernels()
+                .function(self.gpu.context(), Kernel::FcooToHalf, defines)?;
         let stream = self.gpu.stream().clone();
         let rank = factors.rank();
         let half = self.half.as_mut().expect("allocated above");

@@ -8,6 +8,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kruskal_formats::flycoo::Flycoo;
 
 use crate::coo::{DeviceFactors, check_operands};
+use crate::kernels::Kernel;
 use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 
 /// Warps per thread block (the paper's P).
@@ -207,8 +208,7 @@ impl FlycooGpu {
         let n = self.dims.len();
         let f = self.gpu.kernels().function(
             self.gpu.context(),
-            "mttkrp_flycoo.cu",
-            "flycoo_remap",
+            Kernel::FlycooRemap,
             &defines(n, 1, false),
         )?;
         let gpu = self.gpu.clone();
@@ -262,8 +262,7 @@ impl FlycooGpu {
         }
         let f = self.gpu.kernels().function(
             self.gpu.context(),
-            "mttkrp_flycoo.cu",
-            "mttkrp_flycoo",
+            Kernel::MttkrpFlycoo,
             &defines(n, rank, self.deterministic),
         )?;
         let gpu = self.gpu.clone();
@@ -321,8 +320,7 @@ impl FlycooGpu {
         if det && t.split_count > 0 {
             let combine = self.gpu.kernels().function(
                 self.gpu.context(),
-                "mttkrp_flycoo.cu",
-                "flycoo_combine",
+                Kernel::FlycooCombine,
                 &defines(n, rank, true),
             )?;
             let rows = t.split_count as u64;

@@ -9,7 +9,7 @@ use cudarc::driver::{
     ValidAsZeroBits,
 };
 
-use crate::kernels::KernelCache;
+use crate::kernels::{Kernel, KernelCache};
 use crate::probe::check_libraries;
 use crate::{DeviceError, Result, driver};
 
@@ -239,12 +239,9 @@ impl Gpu {
         const ITERS: u32 = 2048;
         let blocks = (self.props.sms as u32 * 8).max(1);
         let mut out = self.alloc_zeros::<f32>("the L2 probe", (blocks * THREADS) as usize)?;
-        let f = self.kernels().function(
-            &self.ctx,
-            "probe.cu",
-            "l2_gather",
-            &[("RANK", rank as i64)],
-        )?;
+        let f = self
+            .kernels()
+            .function(&self.ctx, Kernel::L2Gather, &[("RANK", rank as i64)])?;
         let (start, end) = (self.timing_event()?, self.timing_event()?);
         let rows_u32 = rows as u32;
         let mut ms = Vec::new();

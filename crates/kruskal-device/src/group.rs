@@ -44,6 +44,7 @@ use ndarray::Array2;
 
 use crate::coo::DeviceFactors;
 use crate::dense::{DenseKernels, UpdateStats, check_rank};
+use crate::kernels::Kernel;
 use crate::nccl::{Comm, Nccl, Reduce};
 use crate::process::ProcessComm;
 use crate::{DeviceError, Gpu, Result, driver};
@@ -1400,19 +1401,15 @@ impl Worker {
             ("RANK", self.rank as i64),
             ("WARPS", WARPS as i64),
         ];
-        let kernel = self.gpu.kernels().function(
-            self.gpu.context(),
-            "mttkrp_shard.cu",
-            "mttkrp_shard",
-            &defines,
-        )?;
+        let kernel =
+            self.gpu
+                .kernels()
+                .function(self.gpu.context(), Kernel::MttkrpShard, &defines)?;
         if self.fault == Some(self.calls) {
-            let trap = self.gpu.kernels().function(
-                self.gpu.context(),
-                "mttkrp_shard.cu",
-                "shard_fault",
-                &defines,
-            )?;
+            let trap =
+                self.gpu
+                    .kernels()
+                    .function(self.gpu.context(), Kernel::ShardFault, &defines)?;
             let cfg = LaunchConfig {
                 grid_dim: (1, 1, 1),
                 block_dim: (1, 1, 1),

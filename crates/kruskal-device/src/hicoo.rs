@@ -20,6 +20,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kruskal_formats::{Hicoo, SparseTensor};
 
 use crate::coo::{DeviceFactors, check_operands};
+use crate::kernels::Kernel;
 use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 
 /// Warps per thread block.
@@ -260,11 +261,11 @@ impl HicooGpu {
         let main = self
             .gpu
             .kernels()
-            .function(ctx, "mttkrp_hicoo.cu", "mttkrp_hicoo", &defines)?;
-        let store =
-            self.gpu
-                .kernels()
-                .function(ctx, "mttkrp_hicoo.cu", "hicoo_store_split", &defines)?;
+            .function(ctx, Kernel::MttkrpHicoo, &defines)?;
+        let store = self
+            .gpu
+            .kernels()
+            .function(ctx, Kernel::HicooStoreSplit, &defines)?;
         if shared > props.shared_per_block {
             main.set_attribute(
                 CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

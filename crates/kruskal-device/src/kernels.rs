@@ -1,8 +1,9 @@
 //! The CUDA sources and their run-time compilation.
 //!
-//! Sources live in `kernels/` at the repository root and are embedded with
-//! `include_str!`. NVRTC compiles them for the device's architecture with
-//! `-DNMODES`, `-DRANK` and whatever launch-shape defines a kernel takes.
+//! Sources live in this crate's `kernels/` folder (inside the crate, so the
+//! packaged crate carries them) and are embedded with `include_str!`.
+//! NVRTC compiles them for the device's architecture with `-DNMODES`,
+//! `-DRANK` and whatever launch-shape defines a kernel takes.
 //! Compiled PTX is cached in memory (per [`KernelCache`]) and on disk under
 //! the user's cache directory (`KRUSKAL_CACHE_DIR` overrides it), keyed by a
 //! SHA-256 of the source, the options and the driver version, so a new
@@ -20,13 +21,152 @@ use crate::{DeviceError, Result, driver};
 
 /// The shared header, pasted in place of `#include "common.cuh"` (NVRTC
 /// is given one source string).
-pub const COMMON: &str = include_str!("../../../kernels/common.cuh");
+pub const COMMON: &str = include_str!("../kernels/common.cuh");
+
+/// One kernel source file of `kernels/`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// `mttkrp_coo.cu`: the `coo_atomic` baseline and the f64-to-f32 store.
+    Coo,
+    /// `mttkrp_fcoo.cu`: segmented reduction over F-COO.
+    Fcoo,
+    /// `mttkrp_hicoo.cu`: HiCOO blocks grouped per output mode.
+    Hicoo,
+    /// `mttkrp_flycoo.cu`: one thread block per FLYCOO partition.
+    Flycoo,
+    /// `mttkrp_shard.cu`: a GPU group's shard of the elements.
+    Shard,
+    /// `dense.cu`: the dense steps of CPD-ALS.
+    Dense,
+    /// `probe.cu`: the L2 gather micro-benchmark.
+    Probe,
+}
+
+impl Source {
+    /// Every source file, in the order of [`SOURCES`].
+    pub const ALL: [Source; 7] = [
+        Source::Coo,
+        Source::Fcoo,
+        Source::Hicoo,
+        Source::Flycoo,
+        Source::Shard,
+        Source::Dense,
+        Source::Probe,
+    ];
+
+    /// The file's name in `kernels/` (also NVRTC's name of the program and
+    /// what errors and `cargo xtask kernels` print).
+    pub const fn file(self) -> &'static str {
+        match self {
+            Source::Coo => "mttkrp_coo.cu",
+            Source::Fcoo => "mttkrp_fcoo.cu",
+            Source::Hicoo => "mttkrp_hicoo.cu",
+            Source::Flycoo => "mttkrp_flycoo.cu",
+            Source::Shard => "mttkrp_shard.cu",
+            Source::Dense => "dense.cu",
+            Source::Probe => "probe.cu",
+        }
+    }
+
+    /// The file's text as written, `#include "common.cuh"` not yet
+    /// replaced (see [`source`] for what NVRTC compiles).
+    pub const fn text(self) -> &'static str {
+        match self {
+            Source::Coo => include_str!("../kernels/mttkrp_coo.cu"),
+            Source::Fcoo => include_str!("../kernels/mttkrp_fcoo.cu"),
+            Source::Hicoo => include_str!("../kernels/mttkrp_hicoo.cu"),
+            Source::Flycoo => include_str!("../kernels/mttkrp_flycoo.cu"),
+            Source::Shard => include_str!("../kernels/mttkrp_shard.cu"),
+            Source::Dense => include_str!("../kernels/dense.cu"),
+            Source::Probe => include_str!("../kernels/probe.cu"),
+        }
+    }
+}
+
+/// One entry function (`extern "C" __global__`) of a kernel source: what
+/// an engine asks [`KernelCache::function`] for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kernel {
+    MttkrpCooAtomic,
+    StoreF32,
+    MttkrpFcoo,
+    FcooStoreEdges,
+    FcooToHalf,
+    MttkrpHicoo,
+    HicooStoreSplit,
+    MttkrpFlycoo,
+    FlycooCombine,
+    FlycooRemap,
+    MttkrpShard,
+    ShardFault,
+    CpdUpdate,
+    CpdScaleGram,
+    CpdScale,
+    CpdReduce,
+    L2Gather,
+}
+
+impl Kernel {
+    /// Every entry function of every source.
+    pub const ALL: [Kernel; 17] = [
+        Kernel::MttkrpCooAtomic,
+        Kernel::StoreF32,
+        Kernel::MttkrpFcoo,
+        Kernel::FcooStoreEdges,
+        Kernel::FcooToHalf,
+        Kernel::MttkrpHicoo,
+        Kernel::HicooStoreSplit,
+        Kernel::MttkrpFlycoo,
+        Kernel::FlycooCombine,
+        Kernel::FlycooRemap,
+        Kernel::MttkrpShard,
+        Kernel::ShardFault,
+        Kernel::CpdUpdate,
+        Kernel::CpdScaleGram,
+        Kernel::CpdScale,
+        Kernel::CpdReduce,
+        Kernel::L2Gather,
+    ];
+
+    /// The source file that defines the function, and the function's name
+    /// in it.
+    const fn entry(self) -> (Source, &'static str) {
+        match self {
+            Kernel::MttkrpCooAtomic => (Source::Coo, "mttkrp_coo_atomic"),
+            Kernel::StoreF32 => (Source::Coo, "store_f32"),
+            Kernel::MttkrpFcoo => (Source::Fcoo, "mttkrp_fcoo"),
+            Kernel::FcooStoreEdges => (Source::Fcoo, "fcoo_store_edges"),
+            Kernel::FcooToHalf => (Source::Fcoo, "fcoo_to_half"),
+            Kernel::MttkrpHicoo => (Source::Hicoo, "mttkrp_hicoo"),
+            Kernel::HicooStoreSplit => (Source::Hicoo, "hicoo_store_split"),
+            Kernel::MttkrpFlycoo => (Source::Flycoo, "mttkrp_flycoo"),
+            Kernel::FlycooCombine => (Source::Flycoo, "flycoo_combine"),
+            Kernel::FlycooRemap => (Source::Flycoo, "flycoo_remap"),
+            Kernel::MttkrpShard => (Source::Shard, "mttkrp_shard"),
+            Kernel::ShardFault => (Source::Shard, "shard_fault"),
+            Kernel::CpdUpdate => (Source::Dense, "cpd_update"),
+            Kernel::CpdScaleGram => (Source::Dense, "cpd_scale_gram"),
+            Kernel::CpdScale => (Source::Dense, "cpd_scale"),
+            Kernel::CpdReduce => (Source::Dense, "cpd_reduce"),
+            Kernel::L2Gather => (Source::Probe, "l2_gather"),
+        }
+    }
+
+    /// The source file that defines the function.
+    pub const fn source(self) -> Source {
+        self.entry().0
+    }
+
+    /// The function's name in its source (and in the PTX).
+    pub const fn name(self) -> &'static str {
+        self.entry().1
+    }
+}
 
 /// One kernel source file and the launch-shape defines its engine compiles
 /// it with (besides `NMODES` and `RANK`).
 pub struct KernelSource {
-    pub file: &'static str,
-    pub text: &'static str,
+    pub source: Source,
     /// Compiled per mode count (`-DNMODES`); files without it take `RANK`
     /// only.
     pub per_mode: bool,
@@ -37,14 +177,12 @@ pub struct KernelSource {
 /// Every kernel source file.
 pub const SOURCES: &[KernelSource] = &[
     KernelSource {
-        file: "mttkrp_coo.cu",
-        text: include_str!("../../../kernels/mttkrp_coo.cu"),
+        source: Source::Coo,
         per_mode: true,
         variants: &[&[]],
     },
     KernelSource {
-        file: "mttkrp_fcoo.cu",
-        text: include_str!("../../../kernels/mttkrp_fcoo.cu"),
+        source: Source::Fcoo,
         per_mode: true,
         variants: &[
             &[("WARPS", crate::fcoo::WARPS as i64)],
@@ -65,14 +203,12 @@ pub const SOURCES: &[KernelSource] = &[
         ],
     },
     KernelSource {
-        file: "mttkrp_hicoo.cu",
-        text: include_str!("../../../kernels/mttkrp_hicoo.cu"),
+        source: Source::Hicoo,
         per_mode: true,
         variants: &[&[("WARPS", crate::hicoo::WARPS as i64)]],
     },
     KernelSource {
-        file: "mttkrp_flycoo.cu",
-        text: include_str!("../../../kernels/mttkrp_flycoo.cu"),
+        source: Source::Flycoo,
         per_mode: true,
         variants: &[
             &[("WARPS", crate::flycoo::WARPS as i64)],
@@ -80,20 +216,17 @@ pub const SOURCES: &[KernelSource] = &[
         ],
     },
     KernelSource {
-        file: "mttkrp_shard.cu",
-        text: include_str!("../../../kernels/mttkrp_shard.cu"),
+        source: Source::Shard,
         per_mode: true,
         variants: &[&[("WARPS", crate::group::WARPS as i64)]],
     },
     KernelSource {
-        file: "dense.cu",
-        text: include_str!("../../../kernels/dense.cu"),
+        source: Source::Dense,
         per_mode: false,
         variants: &[&[]],
     },
     KernelSource {
-        file: "probe.cu",
-        text: include_str!("../../../kernels/probe.cu"),
+        source: Source::Probe,
         per_mode: false,
         variants: &[&[]],
     },
@@ -115,7 +248,7 @@ pub const CHECK_DENSE_RANKS: [i64; 10] = [1, 2, 3, 7, 16, 32, 64, 100, 128, 256]
 /// One compilation: a source file and its complete defines.
 #[derive(Clone, Debug)]
 pub struct Specialization {
-    pub file: &'static str,
+    pub source: Source,
     pub defines: Vec<(&'static str, i64)>,
 }
 
@@ -130,7 +263,7 @@ pub fn catalog() -> Vec<Specialization> {
                     let mut defines = vec![("RANK", r)];
                     defines.extend_from_slice(variant);
                     all.push(Specialization {
-                        file: src.file,
+                        source: src.source,
                         defines,
                     });
                 }
@@ -151,12 +284,12 @@ pub fn catalog() -> Vec<Specialization> {
                     }
                     let mut defines = vec![("NMODES", n), ("RANK", r)];
                     defines.extend_from_slice(variant);
-                    if src.file == "mttkrp_flycoo.cu" {
+                    if src.source == Source::Flycoo {
                         let stride = crate::flycoo::element_stride(n as usize);
                         defines.push(("STRIDE", stride as i64));
                     }
                     all.push(Specialization {
-                        file: src.file,
+                        source: src.source,
                         defines,
                     });
                 }
@@ -166,14 +299,9 @@ pub fn catalog() -> Vec<Specialization> {
     all
 }
 
-/// The complete source of `file`, header included.
-pub fn source(file: &str) -> Result<String> {
-    let text = SOURCES
-        .iter()
-        .find(|s| s.file == file)
-        .map(|s| s.text)
-        .ok_or_else(|| DeviceError::Shape(format!("no kernel source named {file}")))?;
-    Ok(text.replace("#include \"common.cuh\"", COMMON))
+/// The complete source of `src`, header included: what NVRTC compiles.
+pub fn source(src: Source) -> String {
+    src.text().replace("#include \"common.cuh\"", COMMON)
 }
 
 /// NVRTC options for `defines` on `arch`, in a fixed order.
@@ -186,16 +314,17 @@ pub fn options(arch: &str, defines: &[(&str, i64)]) -> Vec<String> {
     opts
 }
 
-/// Compiles `file` to PTX (no GPU needed, only NVRTC).
-pub fn compile(file: &str, arch: &str, defines: &[(&str, i64)]) -> Result<String> {
+/// Compiles `src` to PTX (no GPU needed, only NVRTC).
+pub fn compile(src: Source, arch: &str, defines: &[(&str, i64)]) -> Result<String> {
     crate::probe::check_nvrtc()?;
-    let src = source(file)?;
+    let file = src.file();
+    let text = source(src);
     let opts = CompileOptions {
         options: options(arch, defines),
         name: Some(file.to_string()),
         ..Default::default()
     };
-    match compile_ptx_with_opts(&src, opts) {
+    match compile_ptx_with_opts(&text, opts) {
         Ok(ptx) => Ok(ptx.to_src()),
         Err(CompileError::CompileError { log, options, .. }) => Err(DeviceError::Compile {
             kernel: file.to_string(),
@@ -236,25 +365,27 @@ impl KernelCache {
         &self.arch
     }
 
-    /// The cache key of a compilation.
-    fn key(&self, file: &str, defines: &[(&str, i64)]) -> Result<String> {
+    /// The cache key of a compilation: the complete source text, the
+    /// options and the driver version (not the file's name, so an edited
+    /// kernel gets a new key).
+    fn key(&self, src: Source, defines: &[(&str, i64)]) -> String {
         let mut h = Sha256::new();
-        h.update(source(file)?.as_bytes());
+        h.update(source(src).as_bytes());
         h.update(options(&self.arch, defines).join("\n").as_bytes());
         h.update(self.driver_version.to_le_bytes());
-        Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// PTX for `file` with `defines`: from disk if an identical compilation
+    /// PTX for `src` with `defines`: from disk if an identical compilation
     /// was cached, else compiled and stored (a cache that cannot be written
     /// only costs the next run a compile).
-    pub fn ptx(&self, file: &str, defines: &[(&str, i64)]) -> Result<String> {
-        let key = self.key(file, defines)?;
+    pub fn ptx(&self, src: Source, defines: &[(&str, i64)]) -> Result<String> {
+        let key = self.key(src, defines);
         let path = self.disk.as_ref().map(|d| d.join(format!("{key}.ptx")));
         if let Some(ptx) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
             return Ok(ptx);
         }
-        let ptx = compile(file, &self.arch, defines)?;
+        let ptx = compile(src, &self.arch, defines)?;
         if let Some(p) = &path {
             let tmp = p.with_extension(format!("tmp{}", std::process::id()));
             let stored = p
@@ -269,22 +400,22 @@ impl KernelCache {
         Ok(ptx)
     }
 
-    /// The function `name` of `file` compiled with `defines`, loaded into
-    /// `ctx` (cached per process).
+    /// `kernel` compiled with `defines`, loaded into `ctx` (cached per
+    /// process).
     pub fn function(
         &self,
         ctx: &Arc<CudaContext>,
-        file: &str,
-        name: &str,
+        kernel: Kernel,
         defines: &[(&str, i64)],
     ) -> Result<CudaFunction> {
+        let (file, name) = (kernel.source().file(), kernel.name());
         // Every launch looks its kernel up here: key the in-memory cache by
         // the request itself, and hash the source only on a miss.
         let key = format!("{file}/{name}/{}", options(&self.arch, defines).join(" "));
         if let Some(f) = self.functions.lock().expect("kernel cache lock").get(&key) {
             return Ok(f.clone());
         }
-        let ptx = self.ptx(file, defines)?;
+        let ptx = self.ptx(kernel.source(), defines)?;
         let module = ctx
             .load_module(Ptx::from_src(ptx))
             .map_err(driver(format!("loading the PTX of {file}")))?;
@@ -305,9 +436,8 @@ mod tests {
 
     #[test]
     fn sources_embed_the_header_and_options_carry_defines() {
-        let src = source("mttkrp_coo.cu").unwrap();
+        let src = source(Source::Coo);
         assert!(src.contains("COLS_PER_LANE") && !src.contains("#include \"common.cuh\""));
-        assert!(source("nope.cu").is_err());
         let o = options("sm_90", &[("NMODES", 3), ("RANK", 32)]);
         assert_eq!(
             o,
@@ -320,16 +450,79 @@ mod tests {
         );
     }
 
+    /// The entry functions a source defines: the name after each
+    /// `extern "C" __global__ void`, a `__launch_bounds__(..)` skipped.
+    fn entry_functions(text: &str) -> Vec<&str> {
+        const OPEN: &str = "extern \"C\" __global__ void ";
+        text.match_indices(OPEN)
+            .map(|(at, _)| {
+                let mut rest = text[at + OPEN.len()..].trim_start();
+                if let Some(bounds) = rest.strip_prefix("__launch_bounds__(") {
+                    // Past the parenthesis that closes the bounds.
+                    let mut depth = 1;
+                    let close = bounds
+                        .find(|c| {
+                            match c {
+                                '(' => depth += 1,
+                                ')' => depth -= 1,
+                                _ => {}
+                            }
+                            depth == 0
+                        })
+                        .expect("__launch_bounds__ is closed");
+                    rest = bounds[close + 1..].trim_start();
+                }
+                let len = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                &rest[..len]
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_kernel_is_an_entry_function_of_its_source_and_every_entry_a_kernel() {
+        for k in Kernel::ALL {
+            let src = k.source();
+            assert!(
+                entry_functions(src.text()).contains(&k.name()),
+                "{k:?}: no entry function {} in {}",
+                k.name(),
+                src.file()
+            );
+        }
+        for src in Source::ALL {
+            let entries = entry_functions(src.text());
+            assert!(
+                !entries.is_empty(),
+                "{} defines no entry function",
+                src.file()
+            );
+            for name in entries {
+                assert!(
+                    Kernel::ALL
+                        .iter()
+                        .any(|k| k.source() == src && k.name() == name),
+                    "{name} of {} is in no Kernel",
+                    src.file()
+                );
+            }
+        }
+        // The catalog compiles every source, each once.
+        let listed: Vec<Source> = SOURCES.iter().map(|s| s.source).collect();
+        assert_eq!(listed, Source::ALL);
+    }
+
     /// Needs NVRTC (a GPU machine, or the NVRTC wheel), not a GPU.
     #[test]
     #[ignore = "needs NVRTC"]
     fn every_kernel_compiles_and_errors_show_the_log() {
         for spec in catalog() {
-            let ptx = compile(spec.file, "sm_90", &spec.defines).unwrap();
+            let ptx = compile(spec.source, "sm_90", &spec.defines).unwrap();
             assert!(ptx.contains(".entry"), "{spec:?}");
         }
         // Without RANK the header's #error fires, and the log says so.
-        let err = compile("mttkrp_coo.cu", "sm_90", &[("NMODES", 3)]).unwrap_err();
+        let err = compile(Source::Coo, "sm_90", &[("NMODES", 3)]).unwrap_err();
         assert!(err.to_string().contains("RANK must be defined"), "{err}");
     }
 }

@@ -7,10 +7,10 @@
 //!   command).
 //! - [`gpu`]: [`Gpu`], one CUDA context and stream, the device's properties
 //!   and its kernel cache.
-//! - [`kernels`]: the CUDA sources of `kernels/` (embedded in the binary),
-//!   compiled at run time by NVRTC for the device's architecture with
-//!   `-DNMODES`, `-DRANK` and launch-shape defines, cached in memory and on
-//!   disk.
+//! - [`kernels`]: the CUDA sources of the crate's `kernels/` folder
+//!   (embedded in the binary), compiled at run time by NVRTC for the
+//!   device's architecture with `-DNMODES`, `-DRANK` and launch-shape
+//!   defines, cached in memory and on disk.
 //! - [`coo`]: the `coo_atomic` MTTKRP engine (the COO baseline) and the
 //!   device-resident factor matrices.
 //! - [`fcoo`]: the `fcoo` engine (F-COO per mode, segmented reduction over
