@@ -119,6 +119,8 @@ pub enum Event<'a> {
         backend: &'a str,
         /// Seconds to prepare it.
         prep_s: f64,
+        /// The parts of `prep_s`.
+        prepare: PrepareTimes,
         /// Why the GPU was not used, when `auto` fell back to the CPU.
         fallback: Option<&'a str>,
     },
@@ -140,6 +142,19 @@ pub struct StartSummary {
     pub iterations: usize,
 }
 
+/// Where the preparation of a backend went, in seconds (0 for a step a
+/// backend does not take).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct PrepareTimes {
+    /// Opening the GPU (the driver's context; `Gpu::open`).
+    pub open_s: f64,
+    /// The tensor's features and the tuning model's choice of candidates.
+    pub choose_s: f64,
+    /// Building and uploading the engines' layouts (and, on the CPU, the
+    /// kernel's layout).
+    pub build_s: f64,
+}
+
 /// A finished decomposition and how it ran.
 pub struct Decomposition {
     /// The best start's model.
@@ -147,6 +162,8 @@ pub struct Decomposition {
     pub backend: Chosen,
     /// Seconds to prepare the backend.
     pub prep_s: f64,
+    /// The parts of `prep_s`.
+    pub prepare: PrepareTimes,
     /// Why the GPU was not used, when `auto` fell back to the CPU.
     pub fallback: Option<String>,
     /// Seconds of all starts.
@@ -174,11 +191,14 @@ pub fn decompose(
         return Err(CpdError::Invalid("--rank must be at least 1".into()));
     }
     let prep = Instant::now();
-    let (mut backend, fallback) = make_backend(opts, tensor, rank, progress)?;
+    let prepare = std::cell::Cell::new(PrepareTimes::default());
+    let (mut backend, fallback) = make_backend(opts, tensor, rank, progress, &prepare)?;
+    let prepare = prepare.get();
     let prep_s = prep.elapsed().as_secs_f64();
     let _ = progress(Event::Ready {
         backend: &backend.describe(),
         prep_s,
+        prepare,
         fallback: fallback.as_deref(),
     });
     let runs = run_starts(
@@ -193,6 +213,7 @@ pub fn decompose(
         model: runs.model,
         backend,
         prep_s,
+        prepare,
         fallback,
         cpd_s: runs.cpd_s,
         starts: runs.starts,
@@ -401,7 +422,13 @@ fn make_backend(
     t: &SparseTensor,
     rank: usize,
     progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+    times: &std::cell::Cell<PrepareTimes>,
 ) -> Result<(Chosen, Option<String>)> {
+    let record = |step: fn(&mut PrepareTimes) -> &mut f64, start: Instant| {
+        let mut t = times.get();
+        *step(&mut t) = start.elapsed().as_secs_f64();
+        times.set(t);
+    };
     if let Some(ordinals) = &opts.gpus {
         return Ok((group_backend(opts, ordinals, t, rank, progress)?, None));
     }
@@ -433,7 +460,10 @@ fn make_backend(
         if let Some(refusal) = crate::memory::host_refusal(&need, t, opts.compact_flag.as_deref()) {
             return Err(CpdError::Memory(refusal));
         }
-        Ok((Chosen::Cpu(CpuBackend::with_kernel(t, kernel)?), why))
+        let start = Instant::now();
+        let backend = CpuBackend::with_kernel(t, kernel)?;
+        record(|t| &mut t.build_s, start);
+        Ok((Chosen::Cpu(backend), why))
     };
     let mut gpu_run = || -> Result<GpuBackend> {
         let Some(kernel) = gpu_kernel else {
@@ -442,7 +472,28 @@ fn make_backend(
             )));
         };
         kruskal_device::dense::check_rank(rank)?;
-        let gpu = Gpu::open(0)?;
+        // The tensor's features for the tuning model are computed while
+        // the driver opens the GPU.
+        let wants_features = !opts.no_model
+            && !opts.gpu.sets_parameter_of(kernel)
+            && kruskal_tune::TuneModel::usable().is_ok();
+        let (gpu, features) = std::thread::scope(|s| {
+            let features = s.spawn(|| {
+                wants_features.then(|| {
+                    let start = Instant::now();
+                    let f = kruskal_tune::TensorFeatures::compute(t);
+                    (f, start.elapsed().as_secs_f64())
+                })
+            });
+            let start = Instant::now();
+            let gpu = Gpu::open(0);
+            record(|t| &mut t.open_s, start);
+            let features = features
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (gpu, features)
+        });
+        let gpu = gpu?;
         let need = crate::memory::gpu_need(t.dims(), t.nnz(), rank);
         let free = gpu.free_bytes()?;
         if need.total() > free as u64 {
@@ -451,9 +502,21 @@ fn make_backend(
                 crate::memory::bytes_text(free as u64)
             )));
         }
-        let candidates = gpu_candidates(opts, t, rank, kernel, gpu.properties().sms, progress);
-        let _ = progress(Event::Step(Some("uploading the tensor to the GPU")));
+        let start = Instant::now();
+        let candidates = gpu_candidates(
+            opts,
+            t,
+            rank,
+            kernel,
+            gpu.properties().sms,
+            features,
+            progress,
+        );
+        record(|t| &mut t.choose_s, start);
+        let _ = progress(Event::Step(Some("building the tensor's layout on the GPU")));
+        let start = Instant::now();
         let backend = GpuBackend::new(gpu, t, &candidates);
+        record(|t| &mut t.build_s, start);
         let _ = progress(Event::Step(None));
         backend
     };
@@ -472,13 +535,15 @@ fn make_backend(
 /// features (`tune::candidates`; without a trained model, fcoo, flycoo and
 /// hicoo at their defaults); with an engine
 /// named, that engine with the model's best parameter unless a flag gives
-/// it. Tells `progress` what was chosen and why.
+/// it. Tells `progress` what was chosen and why. `features` are the
+/// tensor's features and their seconds when computed already.
 fn gpu_candidates(
     opts: &DecomposeOptions,
     t: &SparseTensor,
     rank: usize,
     kernel: GpuKernel,
     sms: usize,
+    features: Option<(kruskal_tune::TensorFeatures, f64)>,
     progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
 ) -> Vec<(GpuKernel, GpuOptions)> {
     use kruskal_device::tune::ConfigEngine;
@@ -512,9 +577,11 @@ fn gpu_candidates(
         (_, Err(_)) => vec![(kernel, given.clone())],
         (_, Ok(_)) if param_given => vec![(kernel, given.clone())],
         (_, Ok(model)) => {
-            let start = Instant::now();
-            let features = kruskal_tune::TensorFeatures::compute(t);
-            let features_s = start.elapsed().as_secs_f64();
+            let (features, features_s) = features.unwrap_or_else(|| {
+                let start = Instant::now();
+                let f = kruskal_tune::TensorFeatures::compute(t);
+                (f, start.elapsed().as_secs_f64())
+            });
             if kernel == GpuKernel::Auto {
                 let ranked = match model.predict(&features, rank) {
                     Ok(ranked) => ranked,

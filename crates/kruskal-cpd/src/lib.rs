@@ -30,7 +30,8 @@ pub(crate) use als::check_factor_shapes;
 pub use als::{CpdOptions, Init, arrange, cpd_als, cpd_als_with, random_factors};
 pub use backend::{Backend, ColumnNorms, CpuBackend};
 pub use decompose::{
-    BackendChoice, Chosen, DecomposeOptions, Decomposition, Event, StartSummary, decompose,
+    BackendChoice, Chosen, DecomposeOptions, Decomposition, Event, PrepareTimes, StartSummary,
+    decompose,
 };
 pub use error::{CpdError, Result};
 pub use gpu::{GpuBackend, KernelPlan};

@@ -151,6 +151,8 @@ pub struct GpuOptions {
     /// fcoo: lane teams at ranks 16, 32, 64 and 128 (default
     /// [`crate::fcoo::DEFAULT_TEAMS`]).
     pub teams: Option<bool>,
+    /// fcoo: where the layout is built (default on the GPU).
+    pub fcoo_build: crate::FcooBuild,
 }
 
 /// The launch parameters an engine is built with: [`GpuOptions`] with
@@ -182,7 +184,8 @@ impl GpuOptions {
     }
 
     /// These options, with every parameter they leave open taken from
-    /// `fill` (e.g. the tuning model's choice); `deterministic` stays.
+    /// `fill` (e.g. the tuning model's choice); `deterministic` and the
+    /// F-COO build stay.
     pub fn or(&self, fill: &GpuOptions) -> GpuOptions {
         GpuOptions {
             kappa: self.kappa.or(fill.kappa),
@@ -192,6 +195,7 @@ impl GpuOptions {
             deterministic: self.deterministic,
             precision: self.precision,
             teams: self.teams.or(fill.teams),
+            fcoo_build: self.fcoo_build,
         }
     }
 
@@ -239,7 +243,13 @@ pub fn build_engine(
             engine.set_deterministic(opts.deterministic);
             Box::new(engine)
         }
-        GpuKernel::Fcoo => configured_fcoo(crate::FcooGpu::new(gpu, t, threadlen, fiber)?, opts),
+        GpuKernel::Fcoo => {
+            let engine =
+                crate::FcooGpu::new_variants(gpu, t, &[(threadlen, fiber)], opts.fcoo_build)
+                    .pop()
+                    .expect("one engine per variant")?;
+            configured_fcoo(engine, opts)
+        }
         GpuKernel::Hicoo => {
             let bits = u8::try_from(bits).map_err(|_| DeviceError::Prepare {
                 format: "HiCOO",
@@ -282,7 +292,9 @@ pub fn build_engines(
                 (p.threadlen, p.fiber)
             })
             .collect();
-        let engines = crate::FcooGpu::new_variants(gpu.clone(), t, &variants);
+        // One build for all: the first fcoo candidate's choice of where.
+        let build = candidates[fcoo[0]].1.fcoo_build;
+        let engines = crate::FcooGpu::new_variants(gpu.clone(), t, &variants, build);
         for (&k, engine) in fcoo.iter().zip(engines) {
             built[k] = Some(engine.map(|e| configured_fcoo(e, &candidates[k].1)));
         }

@@ -18,6 +18,7 @@ use kruskal_formats::{Fcoo, FcooOp, SparseTensor};
 
 use crate::coo::{DeviceFactors, check_operands};
 use crate::engine::FactorPrecision;
+use crate::fcoo_build::{self, DeviceCoo, SortedMode};
 use crate::kernels::Kernel;
 use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 
@@ -71,13 +72,30 @@ impl BlockPlan {
     ///
     /// Cost: one popcount per bit-flag word and one pass over the blocks.
     pub fn new(f: &Fcoo, block_nnz: usize) -> Self {
+        Self::from_flags(f.bit_flags(), f.nnz(), block_nnz, f.segment_idx().first())
+    }
+
+    /// Plans `nnz` nonzeros with segment-end bits `bit_flags` (as
+    /// [`Fcoo::bit_flags`]) and segment rows `rows`; without `rows`, the
+    /// edge rows hold the segments' numbers (the device build gathers the
+    /// rows from them).
+    pub fn from_flags(
+        bit_flags: &[u32],
+        nnz: usize,
+        block_nnz: usize,
+        rows: Option<&Vec<u32>>,
+    ) -> Self {
         debug_assert!(block_nnz > 0 && block_nnz % 32 == 0);
-        let nnz = f.nnz();
+        let ends_segment = |k: usize| {
+            bit_flags
+                .get(k / 32)
+                .is_some_and(|w| w >> (k % 32) & 1 == 1)
+        };
         let blocks = nnz.div_ceil(block_nnz);
         let mut block_seg = Vec::with_capacity(blocks + 1);
         let mut seg = 0u32;
         block_seg.push(0);
-        for words in f.bit_flags().chunks(block_nnz / 32) {
+        for words in bit_flags.chunks(block_nnz / 32) {
             // At most nnz <= u32::MAX segments (Fcoo checks the capacity).
             seg += words.iter().map(|w| w.count_ones()).sum::<u32>();
             block_seg.push(seg);
@@ -85,9 +103,8 @@ impl BlockPlan {
         let mut edge_slot = vec![NONE; 2 * blocks];
         let mut edge_rows = Vec::new();
         let mut last_seg = None;
-        let rows = f.segment_idx().first();
         for b in 1..blocks {
-            if f.ends_segment(b * block_nnz - 1) {
+            if ends_segment(b * block_nnz - 1) {
                 continue;
             }
             let s = block_seg[b];
@@ -129,12 +146,14 @@ struct ModeTables {
     /// With fiber reuse: the fiber mode's product number and the fibers
     /// (rows of it gathered); `None` without.
     fiber: Option<(i32, usize)>,
-    /// `(nmodes - 1) x nnz`, product modes in increasing order.
-    prod_idx: CudaSlice<u32>,
-    vals: CudaSlice<f32>,
-    bit_flags: CudaSlice<u32>,
+    /// `(nmodes - 1) x nnz`, product modes in increasing order. This and
+    /// the values, bit flags and segment rows do not depend on the
+    /// threadlen: engines built together share them.
+    prod_idx: Arc<CudaSlice<u32>>,
+    vals: Arc<CudaSlice<f32>>,
+    bit_flags: Arc<CudaSlice<u32>>,
     start_flags: CudaSlice<u32>,
-    seg_rows: CudaSlice<u32>,
+    seg_rows: Arc<CudaSlice<u32>>,
     block_seg: CudaSlice<u32>,
     edge_slot: CudaSlice<u32>,
     edge_rows: CudaSlice<u32>,
@@ -167,15 +186,84 @@ impl ModeTables {
             blocks: plan.blocks(),
             slots: plan.slots(),
             fiber,
-            prod_idx: gpu.upload("F-COO indices", &prod)?,
-            vals: gpu.upload("F-COO values", f.values())?,
-            bit_flags: gpu.upload("F-COO bit flags", f.bit_flags())?,
+            prod_idx: Arc::new(gpu.upload("F-COO indices", &prod)?),
+            vals: Arc::new(gpu.upload("F-COO values", f.values())?),
+            bit_flags: Arc::new(gpu.upload("F-COO bit flags", f.bit_flags())?),
             start_flags: gpu.upload("F-COO start flags", start_flags)?,
-            seg_rows: gpu.upload("F-COO segment rows", seg_rows)?,
+            seg_rows: Arc::new(gpu.upload("F-COO segment rows", seg_rows)?),
             block_seg: gpu.upload("F-COO block segments", &plan.block_seg)?,
             edge_slot: gpu.upload("F-COO edge slots", &plan.edge_slot)?,
             edge_rows: gpu.upload("F-COO edge rows", &plan.edge_rows)?,
         })
+    }
+
+    /// The tables of a mode sorted on the device, for `threadlen`: the
+    /// sorted arrays shared, the start bits and the plan of their own.
+    /// Returns them with the bytes they take (shared arrays counted).
+    fn from_sorted(gpu: &Gpu, sorted: &SortedMode, threadlen: usize) -> Result<(Self, usize)> {
+        let plan =
+            BlockPlan::from_flags(&sorted.host_flags, sorted.nnz, block_nnz(threadlen), None);
+        debug_assert_eq!(plan.block_seg.last(), Some(&(sorted.segments as u32)));
+        let start_flags = fcoo_build::start_flags(gpu, sorted, threadlen)?;
+        let edge_rows = fcoo_build::segment_rows_of(gpu, sorted, &plan.edge_rows)?;
+        let bytes = 4
+            * (sorted.prod_idx.len()
+                + sorted.vals.len()
+                + sorted.bit_flags.len()
+                + start_flags.len()
+                + sorted.seg_rows.len())
+            + plan.bytes();
+        let tables = ModeTables {
+            nnz: sorted.nnz,
+            blocks: plan.blocks(),
+            slots: plan.slots(),
+            fiber: None,
+            prod_idx: sorted.prod_idx.clone(),
+            vals: sorted.vals.clone(),
+            bit_flags: sorted.bit_flags.clone(),
+            start_flags,
+            seg_rows: sorted.seg_rows.clone(),
+            block_seg: gpu.upload("F-COO block segments", &plan.block_seg)?,
+            edge_slot: gpu.upload("F-COO edge slots", &plan.edge_slot)?,
+            edge_rows,
+        };
+        Ok((tables, bytes))
+    }
+}
+
+/// Where [`FcooGpu`] builds its layout.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum FcooBuild {
+    /// On the GPU, from one upload of the COO (radix sort and scans,
+    /// `kernels/fcoo_build.cu`); the host path where the GPU lacks the
+    /// memory for the sort, for fiber reuse, and for an empty tensor.
+    #[default]
+    Device,
+    /// On the host ([`Fcoo::for_mttkrp`]), each mode's arrays uploaded.
+    Host,
+}
+
+impl FcooBuild {
+    /// The name `--fcoo-build` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            FcooBuild::Device => "gpu",
+            FcooBuild::Host => "host",
+        }
+    }
+}
+
+impl std::str::FromStr for FcooBuild {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "gpu" | "device" => Ok(FcooBuild::Device),
+            "host" | "cpu" => Ok(FcooBuild::Host),
+            other => Err(format!(
+                "unknown F-COO build '{other}' (choose gpu or host)"
+            )),
+        }
     }
 }
 
@@ -193,6 +281,9 @@ pub struct FcooGpu {
     resident_bytes: usize,
     /// f64 sums of edge slots, sized for the largest call so far.
     edge_sums: Option<CudaSlice<f64>>,
+    /// The steps of the device build and their seconds (empty when built
+    /// on the host).
+    preparation: Vec<(&'static str, f64)>,
 }
 
 impl FcooGpu {
@@ -216,7 +307,7 @@ impl FcooGpu {
         threadlen: usize,
         fiber: bool,
     ) -> Result<Self> {
-        Self::new_variants(gpu, tensor, &[(threadlen, fiber)])
+        Self::new_variants(gpu, tensor, &[(threadlen, fiber)], FcooBuild::default())
             .pop()
             .expect("one engine per variant")
     }
@@ -225,10 +316,154 @@ impl FcooGpu {
     /// from one sort per mode: the F-COO layout depends on the threadlen
     /// only through its chunk-start bits ([`Fcoo::start_flags_for`]), so
     /// the candidates that `kruskal cpd --kernel auto` times cost one
-    /// preparation. Each entry is that variant's engine or its error (a
-    /// variant that does not fit in memory leaves the others be); one
-    /// mode's host F-COO exists at a time.
+    /// preparation. Each entry is that variant's engine or its error.
+    ///
+    /// With [`FcooBuild::Device`] the layout is built on the GPU
+    /// (`kernels/fcoo_build.cu`) and the variants share its arrays; the host
+    /// builds it instead for fiber reuse, an empty tensor, or when the GPU
+    /// lacks the memory for the sort. On the host, one mode's F-COO exists
+    /// at a time and a variant that does not fit in memory leaves the
+    /// others be.
     pub fn new_variants(
+        gpu: Arc<Gpu>,
+        tensor: &SparseTensor,
+        variants: &[(usize, bool)],
+        build: FcooBuild,
+    ) -> Vec<Result<Self>> {
+        let on_device = build == FcooBuild::Device
+            && tensor.nnz() > 0
+            && variants.iter().all(|&(_, fiber)| !fiber);
+        if on_device {
+            match Self::device_variants(gpu.clone(), tensor, variants) {
+                Ok(engines) => return engines,
+                // The host build needs no sort buffers on the device.
+                Err(DeviceError::OutOfMemory { .. }) => {}
+                Err(e) => {
+                    let message = e.to_string();
+                    let mut out = vec![Err(e)];
+                    out.extend((1..variants.len()).map(|_| {
+                        Err(DeviceError::Prepare {
+                            format: "F-COO",
+                            message: message.clone(),
+                        })
+                    }));
+                    return out;
+                }
+            }
+        }
+        Self::host_variants(gpu, tensor, variants)
+    }
+
+    /// [`FcooGpu::new_variants`] built on the device. An error of the
+    /// build (memory included) is returned whole; a bad threadlen is that
+    /// variant's error.
+    fn device_variants(
+        gpu: Arc<Gpu>,
+        tensor: &SparseTensor,
+        variants: &[(usize, bool)],
+    ) -> Result<Vec<Result<Self>>> {
+        let prepare = |e: kruskal_formats::FormatError| DeviceError::Prepare {
+            format: "F-COO",
+            message: e.to_string(),
+        };
+        Fcoo::check_capacity(tensor.nnz() as u64).map_err(prepare)?;
+        let checked: Vec<Result<()>> = variants
+            .iter()
+            .map(|&(threadlen, _)| Fcoo::check_threadlen(threadlen).map_err(prepare))
+            .collect();
+        gpu.ensure_free(
+            "the COO for the F-COO build",
+            DeviceCoo::bytes(tensor.nmodes(), tensor.nnz()),
+        )?;
+        // Each step ends with the stream idle and adds its seconds to the
+        // step's total.
+        let mut clock = std::time::Instant::now();
+        let mut times: Vec<(&'static str, f64)> = Vec::new();
+        let mut lap = |step: &'static str| -> Result<()> {
+            gpu.stream()
+                .synchronize()
+                .map_err(driver("waiting for the F-COO build"))?;
+            let now = std::time::Instant::now();
+            let s = (now - clock).as_secs_f64();
+            match times.iter_mut().find(|(name, _)| *name == step) {
+                Some((_, t)) => *t += s,
+                None => times.push((step, s)),
+            }
+            clock = now;
+            Ok(())
+        };
+        let coo = DeviceCoo::upload(&gpu, tensor)?;
+        lap("upload")?;
+        let mut modes: Vec<(Vec<ModeTables>, usize)> =
+            variants.iter().map(|_| (Vec::new(), 0)).collect();
+        for mode in 0..tensor.nmodes() {
+            let sorted = fcoo_build::sort_mode(&gpu, &coo, mode, &mut lap)?;
+            for ((tables, bytes), (&(threadlen, _), ok)) in
+                modes.iter_mut().zip(variants.iter().zip(&checked))
+            {
+                if ok.is_ok() {
+                    let (t, b) = ModeTables::from_sorted(&gpu, &sorted, threadlen)?;
+                    tables.push(t);
+                    *bytes += b;
+                }
+            }
+            lap("tables")?;
+        }
+        Ok(checked
+            .into_iter()
+            .zip(modes)
+            .zip(variants)
+            .map(|((ok, (modes, resident_bytes)), &(threadlen, fiber))| {
+                ok.map(|()| {
+                    let mut e = Self::assemble(
+                        &gpu,
+                        tensor.dims(),
+                        threadlen,
+                        fiber,
+                        modes,
+                        resident_bytes,
+                    );
+                    e.preparation = times.clone();
+                    e
+                })
+            })
+            .collect())
+    }
+
+    /// An engine of `modes`' tables, the kernel options at their defaults.
+    fn assemble(
+        gpu: &Arc<Gpu>,
+        dims: &[u32],
+        threadlen: usize,
+        fiber: bool,
+        modes: Vec<ModeTables>,
+        resident_bytes: usize,
+    ) -> Self {
+        FcooGpu {
+            gpu: gpu.clone(),
+            dims: dims.to_vec(),
+            threadlen,
+            fiber,
+            teams: DEFAULT_TEAMS,
+            precision: FactorPrecision::F32,
+            half: None,
+            modes,
+            resident_bytes,
+            edge_sums: None,
+            preparation: Vec::new(),
+        }
+    }
+
+    /// The steps of building this engine on the device, with their seconds
+    /// (`upload`, then summed over the modes `sort`, `gather`, `segments`
+    /// and `tables`; each ends with the stream idle); empty when the host
+    /// built it.
+    pub fn preparation(&self) -> &[(&'static str, f64)] {
+        &self.preparation
+    }
+
+    /// [`FcooGpu::new_variants`] built on the host.
+    fn host_variants(
         gpu: Arc<Gpu>,
         tensor: &SparseTensor,
         variants: &[(usize, bool)],
@@ -294,17 +529,8 @@ impl FcooGpu {
             .into_iter()
             .zip(variants)
             .map(|(b, &(threadlen, fiber))| {
-                b.map(|(modes, resident_bytes)| FcooGpu {
-                    gpu: gpu.clone(),
-                    dims: tensor.dims().to_vec(),
-                    threadlen,
-                    fiber,
-                    teams: DEFAULT_TEAMS,
-                    precision: FactorPrecision::F32,
-                    half: None,
-                    modes,
-                    resident_bytes,
-                    edge_sums: None,
+                b.map(|(modes, resident_bytes)| {
+                    Self::assemble(&gpu, tensor.dims(), threadlen, fiber, modes, resident_bytes)
                 })
             })
             .collect()
@@ -340,18 +566,14 @@ impl FcooGpu {
                 f.start_flags(),
             )?);
         }
-        Ok(FcooGpu {
-            gpu,
-            dims,
+        Ok(Self::assemble(
+            &gpu,
+            &dims,
             threadlen,
             fiber,
-            teams: DEFAULT_TEAMS,
-            precision: FactorPrecision::F32,
-            half: None,
             modes,
             resident_bytes,
-            edge_sums: None,
-        })
+        ))
     }
 
     pub fn dims(&self) -> &[u32] {
@@ -482,11 +704,11 @@ impl FcooGpu {
         let fiber_p = fiber.map_or(0, |(p, _)| p);
         let mut launch = stream.launch_builder(&main);
         launch
-            .arg(&t.prod_idx)
-            .arg(&t.vals)
-            .arg(&t.bit_flags)
+            .arg(&*t.prod_idx)
+            .arg(&*t.vals)
+            .arg(&*t.bit_flags)
             .arg(&t.start_flags)
-            .arg(&t.seg_rows)
+            .arg(&*t.seg_rows)
             .arg(&t.block_seg)
             .arg(&t.edge_slot);
         match &self.half {
@@ -592,6 +814,34 @@ impl FcooGpu {
 }
 
 forward_gpu_mttkrp!(FcooGpu, "fcoo", gathers);
+
+#[cfg(test)]
+impl FcooGpu {
+    /// Mode `mode`'s device tables brought back: product indices, value
+    /// bits, bit flags, start flags, segment rows, block segments, edge
+    /// slots, edge rows.
+    fn tables_on_host(&self, mode: usize) -> Vec<Vec<u32>> {
+        let t = &self.modes[mode];
+        let s = self.gpu.stream();
+        let down = |d: &CudaSlice<u32>| s.clone_dtoh(d).unwrap();
+        let vals: Vec<u32> = s
+            .clone_dtoh(&*t.vals)
+            .unwrap()
+            .iter()
+            .map(|v: &f32| v.to_bits())
+            .collect();
+        vec![
+            down(&t.prod_idx),
+            vals,
+            down(&t.bit_flags),
+            down(&t.start_flags),
+            down(&t.seg_rows),
+            down(&t.block_seg),
+            down(&t.edge_slot),
+            down(&t.edge_rows),
+        ]
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -898,7 +1148,7 @@ mod tests {
         let gpu = Gpu::open(0).expect("a GPU");
         let t = &hot_tensors(37)[0];
         let variants = [(8, false), (4, false), (16, true), (3, false)];
-        let built = FcooGpu::new_variants(gpu.clone(), t, &variants);
+        let built = FcooGpu::new_variants(gpu.clone(), t, &variants, FcooBuild::default());
         assert!(matches!(built[3], Err(DeviceError::Prepare { .. })));
         let f = factors(t.dims(), 32, 5);
         for (engine, &(threadlen, fiber)) in built.into_iter().zip(&variants).take(3) {
@@ -914,6 +1164,52 @@ mod tests {
                 assert_eq!(a, b, "threadlen {threadlen} fiber {fiber} mode {mode}");
             }
             check_engine(&mut shared, t, 32, "shared sort");
+        }
+    }
+
+    /// Tensors for the device build: hot rows over several tiles, keys of
+    /// 64 bits, dimensions of 1, repeated second-mode indices.
+    fn build_tensors() -> Vec<SparseTensor> {
+        let mut all = hot_tensors(37);
+        for (dims, nnz, exponent, seed) in [
+            (vec![3_000_000, 5_000, 2_000_000], 120_000, 0.4, 1),
+            (vec![1, 60, 7], 300, 0.0, 2),
+            (vec![9, 1, 1, 5], 40, 0.0, 3),
+            (vec![20_000, 300, 40_000], 700_000, 1.2, 4),
+        ] {
+            let n = dims.len();
+            let mut spec = PowerLawSpec::new(dims, nnz).with_draws().with_seed(seed);
+            spec.exponents = vec![exponent; n];
+            all.push(power_law(&spec).unwrap());
+        }
+        all
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn device_build_equals_the_host_build_bit_for_bit() {
+        let gpu = Gpu::open(0).expect("a GPU");
+        for t in build_tensors() {
+            let variants = [(8, false), (1, false), (32, false), (256, false)];
+            let on_device = FcooGpu::new_variants(gpu.clone(), &t, &variants, FcooBuild::Device);
+            let on_host = FcooGpu::new_variants(gpu.clone(), &t, &variants, FcooBuild::Host);
+            for ((d, h), &(threadlen, _)) in on_device.into_iter().zip(on_host).zip(&variants) {
+                let (mut d, h) = (d.unwrap(), h.unwrap());
+                assert_eq!(d.resident_bytes(), h.resident_bytes());
+                for mode in 0..t.nmodes() {
+                    let what = format!("dims {:?} threadlen {threadlen} mode {mode}", t.dims());
+                    let (dt, ht) = (d.tables_on_host(mode), h.tables_on_host(mode));
+                    for (k, (a, b)) in dt.iter().zip(&ht).enumerate() {
+                        assert!(a == b, "{what}: table {k} differs");
+                    }
+                    let m = &d.modes[mode];
+                    assert_eq!(
+                        (m.blocks, m.slots),
+                        (h.modes[mode].blocks, h.modes[mode].slots)
+                    );
+                }
+                check_engine(&mut d, &t, 16, "built on the device");
+            }
         }
     }
 

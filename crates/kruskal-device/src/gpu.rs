@@ -13,6 +13,9 @@ use crate::kernels::{Kernel, KernelCache};
 use crate::probe::check_libraries;
 use crate::{DeviceError, Result, driver};
 
+/// Words per pinned staging buffer of [`Gpu::upload_staged`] (16 MiB).
+pub const STAGE_WORDS: usize = 4 << 20;
+
 /// What `kruskal info --gpu` shows, and what launch shapes are planned from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuProperties {
@@ -193,6 +196,78 @@ impl Gpu {
             .map_err(|e| self.allocation_error(what, needed, e))
     }
 
+    /// Device copies of `parts` (arrays of 4-byte words), checked against
+    /// free memory first. Above [`STAGE_WORDS`] words in all, the words go
+    /// through two pinned staging buffers in turn: the host's threads fill
+    /// one while the other is copied, so the copy runs at the bus's pinned
+    /// speed instead of a pageable copy's (which also stops to fault in
+    /// pages of a memory-mapped file).
+    pub fn upload_staged(&self, what: &str, parts: &[&[u32]]) -> Result<Vec<CudaSlice<u32>>> {
+        use rayon::prelude::*;
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        if total <= STAGE_WORDS {
+            return parts.iter().map(|p| self.upload(what, p)).collect();
+        }
+        self.ensure_free(what, 4 * total)?;
+        let mut out = parts
+            .iter()
+            .map(|p| self.alloc_zeros::<u32>(what, p.len()))
+            .collect::<Result<Vec<_>>>()?;
+        let pinned = || -> Result<cudarc::driver::PinnedHostSlice<u32>> {
+            // SAFETY: page-locked host memory of STAGE_WORDS words, only
+            // read and written through the slice below; cudarc frees it on
+            // drop.
+            unsafe { self.ctx.alloc_pinned::<u32>(STAGE_WORDS) }
+                .map_err(driver("allocating a staging buffer"))
+        };
+        let event = || {
+            self.ctx
+                .new_event(None)
+                .map_err(driver("creating an event"))
+        };
+        let mut staging = [pinned()?, pinned()?];
+        let copied = [event()?, event()?];
+        let mut turn = 0usize;
+        for (part, dst) in parts.iter().zip(&mut out) {
+            for (c, chunk) in part.chunks(STAGE_WORDS).enumerate() {
+                let b = turn % 2;
+                turn += 1;
+                // The buffer's previous copy has finished.
+                copied[b]
+                    .synchronize()
+                    .map_err(driver("waiting for a staged copy"))?;
+                let buf = staging[b]
+                    .as_mut_slice()
+                    .map_err(driver("reaching a staging buffer"))?;
+                let buf = &mut buf[..chunk.len()];
+                buf.par_chunks_mut(1 << 16)
+                    .zip(chunk.par_chunks(1 << 16))
+                    .for_each(|(d, s)| d.copy_from_slice(s));
+                let (base, guard) = cudarc::driver::DevicePtrMut::device_ptr_mut(dst, &self.stream);
+                let at = base + (4 * c * STAGE_WORDS) as u64;
+                // SAFETY: `dst` holds part.len() words and chunk c covers
+                // words c * STAGE_WORDS .. + chunk.len() of it, so the copy
+                // writes inside `dst`; it reads `buf`, pinned memory that is
+                // not written again before `copied[b]`, recorded right
+                // after the copy on the same stream, has completed, and
+                // that outlives the copies (the stream is synchronized
+                // before the buffers drop).
+                unsafe {
+                    cudarc::driver::result::memcpy_htod_async(at, buf, self.stream.cu_stream())
+                }
+                .map_err(driver(format!("copying {what}")))?;
+                drop(guard);
+                copied[b]
+                    .record(&self.stream)
+                    .map_err(driver("recording an event"))?;
+            }
+        }
+        self.stream
+            .synchronize()
+            .map_err(driver(format!("copying {what}")))?;
+        Ok(out)
+    }
+
     /// Device-to-device copy bandwidth in bytes per second (bytes read plus
     /// bytes written), the median of 5 timed copies of a 256 MiB buffer
     /// (smaller when memory is short) after a warm-up: the denominator of
@@ -300,6 +375,34 @@ fn driver_version() -> Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn staged_uploads_arrive_whole_and_in_order() {
+        let gpu = Gpu::open(0).expect("a GPU");
+        // Above the staging threshold: a part of several buffers with a
+        // short last chunk, one of exactly one buffer, an empty one and a
+        // short one, so buffers are reused across parts.
+        let lens = [STAGE_WORDS * 2 + 12_345, STAGE_WORDS, 0, 7];
+        let parts: Vec<Vec<u32>> = lens
+            .iter()
+            .enumerate()
+            .map(|(p, &len)| {
+                (0..len as u32)
+                    .map(|k| k.wrapping_mul(2_654_435_761) ^ p as u32)
+                    .collect()
+            })
+            .collect();
+        let views: Vec<&[u32]> = parts.iter().map(Vec::as_slice).collect();
+        let dev = gpu.upload_staged("a staged test", &views).unwrap();
+        assert_eq!(dev.len(), parts.len());
+        for (d, h) in dev.iter().zip(&parts) {
+            let back = gpu.stream().clone_dtoh(d).unwrap();
+            // An empty part is a one-word zero buffer, as `upload` makes.
+            assert_eq!(&back[..h.len()], &h[..]);
+            assert_eq!(back.len(), h.len().max(1));
+        }
+    }
 
     #[test]
     #[ignore = "needs a CUDA GPU"]

@@ -40,11 +40,13 @@ pub enum Source {
     Dense,
     /// `probe.cu`: the L2 gather micro-benchmark.
     Probe,
+    /// `fcoo_build.cu`: the F-COO layout built on the device.
+    FcooBuild,
 }
 
 impl Source {
     /// Every source file, in the order of [`SOURCES`].
-    pub const ALL: [Source; 7] = [
+    pub const ALL: [Source; 8] = [
         Source::Coo,
         Source::Fcoo,
         Source::Hicoo,
@@ -52,6 +54,7 @@ impl Source {
         Source::Shard,
         Source::Dense,
         Source::Probe,
+        Source::FcooBuild,
     ];
 
     /// The file's name in `kernels/` (also NVRTC's name of the program and
@@ -65,6 +68,7 @@ impl Source {
             Source::Shard => "mttkrp_shard.cu",
             Source::Dense => "dense.cu",
             Source::Probe => "probe.cu",
+            Source::FcooBuild => "fcoo_build.cu",
         }
     }
 
@@ -79,6 +83,7 @@ impl Source {
             Source::Shard => include_str!("../kernels/mttkrp_shard.cu"),
             Source::Dense => include_str!("../kernels/dense.cu"),
             Source::Probe => include_str!("../kernels/probe.cu"),
+            Source::FcooBuild => include_str!("../kernels/fcoo_build.cu"),
         }
     }
 }
@@ -104,11 +109,25 @@ pub enum Kernel {
     CpdScale,
     CpdReduce,
     L2Gather,
+    FcooKeys32,
+    FcooKeys64,
+    RadixCount32,
+    RadixCount64,
+    RadixScatter32,
+    RadixScatter64,
+    ScanExclusive,
+    FcooGather,
+    FcooEnds32,
+    FcooEnds64,
+    FcooPopc,
+    FcooSegmentRows32,
+    FcooSegmentRows64,
+    FcooStartFlags,
 }
 
 impl Kernel {
     /// Every entry function of every source.
-    pub const ALL: [Kernel; 17] = [
+    pub const ALL: [Kernel; 31] = [
         Kernel::MttkrpCooAtomic,
         Kernel::StoreF32,
         Kernel::MttkrpFcoo,
@@ -126,6 +145,20 @@ impl Kernel {
         Kernel::CpdScale,
         Kernel::CpdReduce,
         Kernel::L2Gather,
+        Kernel::FcooKeys32,
+        Kernel::FcooKeys64,
+        Kernel::RadixCount32,
+        Kernel::RadixCount64,
+        Kernel::RadixScatter32,
+        Kernel::RadixScatter64,
+        Kernel::ScanExclusive,
+        Kernel::FcooGather,
+        Kernel::FcooEnds32,
+        Kernel::FcooEnds64,
+        Kernel::FcooPopc,
+        Kernel::FcooSegmentRows32,
+        Kernel::FcooSegmentRows64,
+        Kernel::FcooStartFlags,
     ];
 
     /// The source file that defines the function, and the function's name
@@ -149,6 +182,20 @@ impl Kernel {
             Kernel::CpdScale => (Source::Dense, "cpd_scale"),
             Kernel::CpdReduce => (Source::Dense, "cpd_reduce"),
             Kernel::L2Gather => (Source::Probe, "l2_gather"),
+            Kernel::FcooKeys32 => (Source::FcooBuild, "fcoo_keys32"),
+            Kernel::FcooKeys64 => (Source::FcooBuild, "fcoo_keys64"),
+            Kernel::RadixCount32 => (Source::FcooBuild, "radix_count32"),
+            Kernel::RadixCount64 => (Source::FcooBuild, "radix_count64"),
+            Kernel::RadixScatter32 => (Source::FcooBuild, "radix_scatter32"),
+            Kernel::RadixScatter64 => (Source::FcooBuild, "radix_scatter64"),
+            Kernel::ScanExclusive => (Source::FcooBuild, "scan_exclusive"),
+            Kernel::FcooGather => (Source::FcooBuild, "fcoo_gather"),
+            Kernel::FcooEnds32 => (Source::FcooBuild, "fcoo_ends32"),
+            Kernel::FcooEnds64 => (Source::FcooBuild, "fcoo_ends64"),
+            Kernel::FcooPopc => (Source::FcooBuild, "fcoo_popc"),
+            Kernel::FcooSegmentRows32 => (Source::FcooBuild, "fcoo_segment_rows32"),
+            Kernel::FcooSegmentRows64 => (Source::FcooBuild, "fcoo_segment_rows64"),
+            Kernel::FcooStartFlags => (Source::FcooBuild, "fcoo_start_flags"),
         }
     }
 
@@ -230,6 +277,11 @@ pub const SOURCES: &[KernelSource] = &[
         per_mode: false,
         variants: &[&[]],
     },
+    KernelSource {
+        source: Source::FcooBuild,
+        per_mode: false,
+        variants: &[&[]],
+    },
 ];
 
 /// Mode counts and ranks every kernel is checked with (`cargo xtask
@@ -245,6 +297,10 @@ const TEAM_RANKS_TOO: [i64; 7] = [1, 7, 16, 32, 64, 100, 128];
 /// 88, the largest rank 256).
 pub const CHECK_DENSE_RANKS: [i64; 10] = [1, 2, 3, 7, 16, 32, 64, 100, 128, 256];
 
+/// The `RANK` the F-COO build kernels (`fcoo_build.cu`, which do not use
+/// it) are compiled with.
+pub const BUILD_RANK: i64 = 1;
+
 /// One compilation: a source file and its complete defines.
 #[derive(Clone, Debug)]
 pub struct Specialization {
@@ -258,7 +314,13 @@ pub fn catalog() -> Vec<Specialization> {
     let mut all = Vec::new();
     for src in SOURCES {
         if !src.per_mode {
-            for &r in &CHECK_DENSE_RANKS {
+            // The F-COO build does not use the rank: one compilation.
+            let ranks: &[i64] = if src.source == Source::FcooBuild {
+                &[BUILD_RANK]
+            } else {
+                &CHECK_DENSE_RANKS
+            };
+            for &r in ranks {
                 for variant in src.variants {
                     let mut defines = vec![("RANK", r)];
                     defines.extend_from_slice(variant);

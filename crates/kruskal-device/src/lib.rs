@@ -58,6 +58,10 @@ macro_rules! forward_gpu_mttkrp {
             fn gathers_per_nonzero(&self, mode: usize) -> f64 {
                 <$engine>::gathers_per_nonzero(self, mode)
             }
+
+            fn preparation(&self) -> &[(&'static str, f64)] {
+                <$engine>::preparation(self)
+            }
         });
     };
     ($engine:ty, $name:literal, { $($extra:item)* }) => {
@@ -91,6 +95,7 @@ pub mod coo;
 pub mod dense;
 pub mod engine;
 pub mod fcoo;
+mod fcoo_build;
 pub mod flycoo;
 pub mod gpu;
 pub mod group;
@@ -123,7 +128,7 @@ pub use coo::CooAtomic;
 pub use engine::{
     FactorPrecision, GpuKernel, GpuOptions, LaunchParams, build_engine, build_engines,
 };
-pub use fcoo::FcooGpu;
+pub use fcoo::{FcooBuild, FcooGpu};
 pub use flycoo::FlycooGpu;
 pub use gpu::{Gpu, GpuProperties};
 pub use group::{Exchange, GpuGroup, GroupOptions, MttkrpTimes, Residency, StreamPolicy};
@@ -226,6 +231,13 @@ pub trait GpuMttkrp {
         let _ = mode;
         self.dims().len().saturating_sub(1) as f64
     }
+    /// The steps of building this engine and their seconds, where the
+    /// engine records them (fcoo: the upload, the sort and the tables);
+    /// empty otherwise.
+    fn preparation(&self) -> &[(&'static str, f64)] {
+        &[]
+    }
+
     /// Host-to-host convenience (tests, `kruskal check`): uploads the
     /// factors and `out`'s current contents (fill it with NaN to see rows
     /// an engine leaves unwritten), runs `mode` and copies the result back

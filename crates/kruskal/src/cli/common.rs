@@ -204,6 +204,12 @@ pub struct GpuArgs {
     /// (default on).
     #[arg(long, value_enum)]
     pub teams: Option<OnOff>,
+    /// GPU fcoo: where the F-COO layout is built, gpu (radix sort on the
+    /// device from one upload of the tensor) or host (sorted here, each
+    /// mode uploaded). gpu falls back to host for fiber reuse or when the
+    /// GPU lacks memory for the sort.
+    #[arg(long, default_value = "gpu", value_parser = parse_fcoo_build)]
+    pub fcoo_build: kruskal_device::FcooBuild,
     /// GPU: ignore the tuning model; `auto` is the fixed default and every
     /// parameter not given is the fixed default.
     #[arg(long)]
@@ -220,8 +226,13 @@ impl GpuArgs {
             fiber: self.fiber.map(|f| f == OnOff::On),
             precision: self.factor_precision,
             teams: self.teams.map(|t| t == OnOff::On),
+            fcoo_build: self.fcoo_build,
         }
     }
+}
+
+fn parse_fcoo_build(s: &str) -> std::result::Result<kruskal_device::FcooBuild, String> {
+    s.parse()
 }
 
 fn parse_precision(s: &str) -> std::result::Result<kruskal_device::FactorPrecision, String> {

@@ -634,6 +634,14 @@ fn time_gpu_kernel(
             },
             prep_s
         );
+        let parts = engine.preparation();
+        if !parts.is_empty() {
+            let parts: Vec<String> = parts
+                .iter()
+                .map(|(step, s)| format!("{step} {:.1} ms", s * 1e3))
+                .collect();
+            println!("         built on the GPU: {}", parts.join(", "));
+        }
         println!("         kernel {}", choice.line(p.sms));
         println!(
             "{:>6} {:>11} {:>11} {:>14} {:>10} {:>9} {:>9} {:>10} {:>8}{}",
@@ -719,7 +727,9 @@ fn time_gpu_kernel(
         "deterministic": args.gpu.deterministic,
         "gpu": p.name, "copy_bandwidth_bytes_per_s": bandwidth.copy,
         "l2_gather_bandwidth_bytes_per_s": bandwidth.l2_gather, "rank": args.rank,
-        "repeat": args.repeat, "prepare_s": prep_s, "modes": rows,
+        "repeat": args.repeat, "prepare_s": prep_s,
+        "prepare_steps": engine.preparation().iter().map(|(step, s)| json!({"step": step, "s": s})).collect::<Vec<_>>(),
+        "modes": rows,
         "tolerance": tolerance(if engine.name() == "fcoo" {
             choice.opts.precision
         } else {

@@ -1,0 +1,452 @@
+//! The F-COO layout built on the device: the preparation of
+//! [`crate::FcooGpu`].
+//!
+//! The COO is uploaded once ([`DeviceCoo`]); each mode is then sorted and
+//! flagged on the GPU ([`sort_mode`], kernels in `kernels/fcoo_build.cu`)
+//! into exactly the arrays [`kruskal_formats::Fcoo::for_mttkrp`] builds on
+//! the host: the nonzeros ordered by (output row, index of the product
+//! mode of smallest dimension, position in the COO), a stable LSD radix
+//! sort of `row << bits | second` with 4-bit digits; the product-mode
+//! indices and values gathered in that order; the segment-end bits; each
+//! segment's row. The chunk-start bits of a threadlen
+//! ([`start_flags`]) and the thread blocks' plan ([`crate::fcoo::BlockPlan`],
+//! from the bit flags brought back to the host, about `nnz / 8` bytes) are
+//! made per engine variant, so the variants of `kruskal cpd --kernel auto`
+//! share one sort and one copy of the big arrays.
+//!
+//! Memory: the COO (`4 (N + 1)` bytes per nonzero), the sort's two key and
+//! permutation buffers (`2 (key + 4)` bytes per nonzero, key 4 or 8 bytes)
+//! and the mode's result (`4 N` bytes per nonzero) at the peak.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use kruskal_formats::SparseTensor;
+
+use crate::kernels::{BUILD_RANK, Kernel};
+use crate::{Gpu, Result, driver, grid_stride};
+
+/// Threads and keys per tile of the radix sort (`SORT_THREADS`,
+/// `SORT_TILE` of the kernels).
+const SORT_THREADS: u32 = 256;
+const SORT_TILE: usize = 2048;
+/// Bits per radix digit, and the digits (`DIGIT_BITS`, `DIGITS`).
+const DIGIT_BITS: u32 = 4;
+const DIGITS: usize = 16;
+
+/// A tensor's COO on the device, uploaded once for every mode's sort.
+pub(crate) struct DeviceCoo {
+    dims: Vec<u32>,
+    nnz: usize,
+    /// One index array per mode.
+    idx: Vec<CudaSlice<u32>>,
+    /// The values' bits.
+    vals: CudaSlice<u32>,
+}
+
+impl DeviceCoo {
+    /// Uploads `t`'s indices and values (checked against free memory).
+    pub(crate) fn upload(gpu: &Gpu, t: &SparseTensor) -> Result<Self> {
+        let values = t.values();
+        // SAFETY: f32 and u32 have the same size and alignment and every
+        // bit pattern is a u32; the view lives as long as `values`.
+        let bits: &[u32] =
+            unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u32>(), values.len()) };
+        let mut parts: Vec<&[u32]> = (0..t.nmodes()).map(|w| t.mode_indices(w)).collect();
+        parts.push(bits);
+        let mut idx = gpu.upload_staged("the COO", &parts)?;
+        let vals = idx.pop().expect("the values were pushed last");
+        Ok(DeviceCoo {
+            dims: t.dims().to_vec(),
+            nnz: t.nnz(),
+            idx,
+            vals,
+        })
+    }
+
+    /// Device bytes of the COO of a tensor of `nmodes` modes and `nnz`
+    /// nonzeros.
+    pub(crate) fn bytes(nmodes: usize, nnz: usize) -> usize {
+        4 * (nmodes + 1) * nnz
+    }
+}
+
+/// One mode's sorted F-COO on the device (shared by the variants of
+/// different threadlens), and its bit flags on the host for the plans.
+pub(crate) struct SortedMode {
+    pub nnz: usize,
+    pub segments: usize,
+    /// `(N - 1) x nnz`, the product modes in increasing order.
+    pub prod_idx: Arc<CudaSlice<u32>>,
+    pub vals: Arc<CudaSlice<f32>>,
+    pub bit_flags: Arc<CudaSlice<u32>>,
+    pub seg_rows: Arc<CudaSlice<u32>>,
+    pub host_flags: Vec<u32>,
+}
+
+/// Bits to write the numbers below `dim` (0 for a dimension of 1).
+fn bits_below(dim: u32) -> u32 {
+    u32::BITS - dim.saturating_sub(1).leading_zeros()
+}
+
+/// The product mode ordering a segment's nonzeros: the one of smallest
+/// dimension, the lower on ties (as the host's [`kruskal_formats::Fcoo`]).
+fn second_mode(dims: &[u32], mode: usize) -> Option<usize> {
+    (0..dims.len())
+        .filter(|&w| w != mode)
+        .min_by_key(|&w| dims[w])
+}
+
+/// The key width a mode's sort uses: 4 bytes when the row and second-mode
+/// bits fit in 32, else 8.
+fn key_bytes(dims: &[u32], mode: usize) -> usize {
+    let bits = bits_below(dims[mode]) + second_mode(dims, mode).map_or(0, |w| bits_below(dims[w]));
+    if bits <= 32 { 4 } else { 8 }
+}
+
+/// Device bytes at the peak of sorting one mode of a tensor with `dims`
+/// and `nnz` nonzeros, the COO not counted.
+pub(crate) fn sort_bytes(dims: &[u32], mode: usize, nnz: usize) -> usize {
+    let n = dims.len();
+    let sort = 2 * (key_bytes(dims, mode) + 4) * nnz + 4 * DIGITS * nnz.div_ceil(SORT_TILE);
+    let result = 4 * n * nnz + 8 * nnz.div_ceil(32) + 4 * nnz;
+    sort + result
+}
+
+/// A key type of the sort and its kernels.
+trait SortKey: DeviceRepr + ValidAsZeroBits + Unpin {
+    const KEYS: Kernel;
+    const COUNT: Kernel;
+    const SCATTER: Kernel;
+    const ENDS: Kernel;
+    const ROWS: Kernel;
+}
+
+/// Implements [`SortKey`] for a key type with its kernels.
+macro_rules! sort_key {
+    ($key:ty: $keys:ident, $count:ident, $scatter:ident, $ends:ident, $rows:ident) => {
+        impl SortKey for $key {
+            const KEYS: Kernel = Kernel::$keys;
+            const COUNT: Kernel = Kernel::$count;
+            const SCATTER: Kernel = Kernel::$scatter;
+            const ENDS: Kernel = Kernel::$ends;
+            const ROWS: Kernel = Kernel::$rows;
+        }
+    };
+}
+
+sort_key!(u32: FcooKeys32, RadixCount32, RadixScatter32, FcooEnds32, FcooSegmentRows32);
+sort_key!(u64: FcooKeys64, RadixCount64, RadixScatter64, FcooEnds64, FcooSegmentRows64);
+
+/// Exactly `threads` threads (rounded up to whole blocks of 256), for the
+/// kernels that take one ballot per 32 threads.
+fn exact(threads: u64) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (threads.div_ceil(256).max(1) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Called after each step of a mode's build with its name (`sort`,
+/// `gather`, `segments`), to time it.
+pub(crate) type Lap<'a> = &'a mut dyn FnMut(&'static str) -> Result<()>;
+
+/// Sorts and flags `mode` of `coo`: see the module documentation.
+/// `coo` must hold at least one nonzero.
+pub(crate) fn sort_mode(
+    gpu: &Gpu,
+    coo: &DeviceCoo,
+    mode: usize,
+    lap: Lap<'_>,
+) -> Result<SortedMode> {
+    gpu.ensure_free("the F-COO sort", sort_bytes(&coo.dims, mode, coo.nnz))?;
+    if key_bytes(&coo.dims, mode) == 4 {
+        sort_with::<u32>(gpu, coo, mode, lap)
+    } else {
+        sort_with::<u64>(gpu, coo, mode, lap)
+    }
+}
+
+/// In place: `data[k]` becomes the sum of `data[..k]`; the total goes to
+/// `total` (one u32).
+fn scan(
+    gpu: &Gpu,
+    data: &mut CudaSlice<u32>,
+    len: usize,
+    total: &mut CudaSlice<u32>,
+) -> Result<()> {
+    let f = function(gpu, Kernel::ScanExclusive)?;
+    let n = len as u64;
+    let mut launch = gpu.stream().launch_builder(&f);
+    launch.arg(&mut *data).arg(&n).arg(&mut *total);
+    // SAFETY: one block of 1024 threads reads and writes data[k] for k < n
+    // (n at most data's length) and thread 1023 writes total[0].
+    unsafe {
+        launch.launch(LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    }
+    .map_err(driver("launching scan_exclusive"))?;
+    Ok(())
+}
+
+/// `out[k] = src[perm[k]]` for `k < n`, 32-bit words (`S` and `T` are
+/// u32 or f32).
+fn gather<S: DeviceRepr, T: DeviceRepr>(
+    gpu: &Gpu,
+    src: &CudaSlice<S>,
+    perm: &CudaSlice<u32>,
+    n: usize,
+    out: &mut cudarc::driver::CudaViewMut<'_, T>,
+) -> Result<()> {
+    debug_assert_eq!(std::mem::size_of::<S>(), 4);
+    debug_assert_eq!(std::mem::size_of::<T>(), 4);
+    let f = function(gpu, Kernel::FcooGather)?;
+    let n64 = n as u64;
+    let mut launch = gpu.stream().launch_builder(&f);
+    launch.arg(src).arg(perm).arg(&n64).arg(out);
+    // SAFETY: thread k < n reads perm[k] (perm holds at least n entries),
+    // then src[perm[k]]: callers pass a permutation of src's indices or
+    // indices below src's length; out holds at least n words. S and T are
+    // 4 bytes (u32 or f32), moved as u32 words.
+    unsafe { launch.launch(grid_stride(n64, 1024)) }.map_err(driver("launching fcoo_gather"))?;
+    Ok(())
+}
+
+fn function(gpu: &Gpu, kernel: Kernel) -> Result<cudarc::driver::CudaFunction> {
+    gpu.kernels()
+        .function(gpu.context(), kernel, &[("RANK", BUILD_RANK)])
+}
+
+fn sort_with<K: SortKey>(
+    gpu: &Gpu,
+    coo: &DeviceCoo,
+    mode: usize,
+    lap: Lap<'_>,
+) -> Result<SortedMode> {
+    let n = coo.nnz;
+    debug_assert!(n > 0);
+    let dims = &coo.dims;
+    let stream = gpu.stream().clone();
+    let n64 = n as u64;
+    let second = second_mode(dims, mode);
+    // Without a second mode, key = row | row = row.
+    let shift = second.map_or(0, |w| bits_below(dims[w]));
+    let key_bits = bits_below(dims[mode]) + shift;
+
+    let mut keys = gpu.alloc_zeros::<K>("the F-COO sort keys", n)?;
+    let mut perm = gpu.alloc_zeros::<u32>("the F-COO sort permutation", n)?;
+    {
+        let f = function(gpu, K::KEYS)?;
+        let second_idx = &coo.idx[second.unwrap_or(mode)];
+        let mut launch = stream.launch_builder(&f);
+        launch
+            .arg(&coo.idx[mode])
+            .arg(second_idx)
+            .arg(&n64)
+            .arg(&shift)
+            .arg(&mut keys)
+            .arg(&mut perm);
+        // SAFETY: thread k < n reads row[k] and second[k] (mode index
+        // arrays of n entries) and writes keys[k] and perm[k] (n each).
+        unsafe { launch.launch(grid_stride(n64, 1024)) }.map_err(driver("launching fcoo_keys"))?;
+    }
+
+    let passes = key_bits.div_ceil(DIGIT_BITS);
+    if passes > 0 {
+        let tiles = n.div_ceil(SORT_TILE);
+        let tiles32 = tiles as u32;
+        let mut keys_b = gpu.alloc_zeros::<K>("the F-COO sort keys", n)?;
+        let mut perm_b = gpu.alloc_zeros::<u32>("the F-COO sort permutation", n)?;
+        let mut counts = gpu.alloc_zeros::<u32>("the F-COO sort counts", DIGITS * tiles)?;
+        let mut total = gpu.alloc_zeros::<u32>("the F-COO sort counts", 1)?;
+        let count = function(gpu, K::COUNT)?;
+        let scatter = function(gpu, K::SCATTER)?;
+        let tile_grid = LaunchConfig {
+            grid_dim: (tiles32, 1, 1),
+            block_dim: (SORT_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        for pass in 0..passes {
+            let digit_shift = pass * DIGIT_BITS;
+            let mut launch = stream.launch_builder(&count);
+            launch
+                .arg(&keys)
+                .arg(&n64)
+                .arg(&digit_shift)
+                .arg(&mut counts)
+                .arg(&tiles32);
+            // SAFETY: block t reads keys t * 2048 .. below n (keys holds n)
+            // and writes counts[d * tiles + t], d < 16 (counts holds
+            // 16 x tiles).
+            unsafe { launch.launch(tile_grid) }.map_err(driver("launching radix_count"))?;
+            scan(gpu, &mut counts, DIGITS * tiles, &mut total)?;
+            let mut launch = stream.launch_builder(&scatter);
+            launch
+                .arg(&keys)
+                .arg(&perm)
+                .arg(&mut keys_b)
+                .arg(&mut perm_b)
+                .arg(&n64)
+                .arg(&digit_shift)
+                .arg(&counts)
+                .arg(&tiles32);
+            // SAFETY: block t reads keys and perm t * 2048 .. below n and
+            // counts[d * tiles + t]; the scanned counts place tile t's keys
+            // of digit d at offsets below the count of keys before the next
+            // (digit, tile), so every write lies below n in keys_b and
+            // perm_b (n each), each position written once.
+            unsafe { launch.launch(tile_grid) }.map_err(driver("launching radix_scatter"))?;
+            std::mem::swap(&mut keys, &mut keys_b);
+            std::mem::swap(&mut perm, &mut perm_b);
+        }
+    }
+
+    lap("sort")?;
+
+    // The product-mode indices and the values in sorted order.
+    let products: Vec<usize> = (0..dims.len()).filter(|&w| w != mode).collect();
+    let mut prod_idx = gpu.alloc_zeros::<u32>("F-COO indices", products.len() * n)?;
+    for (q, &w) in products.iter().enumerate() {
+        let mut view = prod_idx.slice_mut(q * n..(q + 1) * n);
+        gather(gpu, &coo.idx[w], &perm, n, &mut view)?;
+    }
+    let mut vals = gpu.alloc_zeros::<f32>("F-COO values", n)?;
+    gather(gpu, &coo.vals, &perm, n, &mut vals.slice_mut(..n))?;
+    drop(perm);
+    lap("gather")?;
+
+    // Segment ends, their running counts, the segment rows.
+    let words = n.div_ceil(32);
+    let mut bit_flags = gpu.alloc_zeros::<u32>("F-COO bit flags", words)?;
+    {
+        let f = function(gpu, K::ENDS)?;
+        let mut launch = stream.launch_builder(&f);
+        launch.arg(&keys).arg(&n64).arg(&shift).arg(&mut bit_flags);
+        // SAFETY: thread k reads keys[k] and keys[k + 1] only below n; the
+        // grid has words x 32 threads (rounded up to whole blocks), and the
+        // first lane of each warp below n writes bit_flags[k / 32], below
+        // words.
+        unsafe { launch.launch(exact(words as u64 * 32)) }
+            .map_err(driver("launching fcoo_ends"))?;
+    }
+    let mut prefix = gpu.alloc_zeros::<u32>("F-COO segment counts", words)?;
+    let mut total = gpu.alloc_zeros::<u32>("F-COO segment counts", 1)?;
+    {
+        let f = function(gpu, Kernel::FcooPopc)?;
+        let words64 = words as u64;
+        let mut launch = stream.launch_builder(&f);
+        launch.arg(&bit_flags).arg(&words64).arg(&mut prefix);
+        // SAFETY: thread w < words reads bit_flags[w] and writes prefix[w]
+        // (words each).
+        unsafe { launch.launch(grid_stride(words64, 1024)) }
+            .map_err(driver("launching fcoo_popc"))?;
+    }
+    scan(gpu, &mut prefix, words, &mut total)?;
+    let segments = stream
+        .clone_dtoh(&total)
+        .map_err(driver("reading the segment count"))?[0] as usize;
+    let mut seg_rows = gpu.alloc_zeros::<u32>("F-COO segment rows", segments)?;
+    {
+        let f = function(gpu, K::ROWS)?;
+        let mut launch = stream.launch_builder(&f);
+        launch
+            .arg(&keys)
+            .arg(&n64)
+            .arg(&shift)
+            .arg(&bit_flags)
+            .arg(&prefix)
+            .arg(&mut seg_rows);
+        // SAFETY: thread k < n reads keys[k], bit_flags of words k / 32 and
+        // (k - 1) / 32 and prefix[k / 32], all below words; the segment it
+        // writes, the set bits before k, is below the total of set bits,
+        // the length of seg_rows.
+        unsafe { launch.launch(grid_stride(n64, 1024)) }
+            .map_err(driver("launching fcoo_segment_rows"))?;
+    }
+    let host_flags = stream
+        .clone_dtoh(&bit_flags)
+        .map_err(driver("reading the F-COO bit flags"))?;
+    lap("segments")?;
+    Ok(SortedMode {
+        nnz: n,
+        segments,
+        prod_idx: Arc::new(prod_idx),
+        vals: Arc::new(vals),
+        bit_flags: Arc::new(bit_flags),
+        seg_rows: Arc::new(seg_rows),
+        host_flags,
+    })
+}
+
+/// The chunk-start bits of `sorted` for `threadlen` nonzeros per thread.
+pub(crate) fn start_flags(
+    gpu: &Gpu,
+    sorted: &SortedMode,
+    threadlen: usize,
+) -> Result<CudaSlice<u32>> {
+    let chunks = sorted.nnz.div_ceil(threadlen);
+    let words = chunks.div_ceil(32);
+    let mut out = gpu.alloc_zeros::<u32>("F-COO start flags", words)?;
+    let f = function(gpu, Kernel::FcooStartFlags)?;
+    let (chunks64, threadlen32) = (chunks as u64, threadlen as u32);
+    let mut launch = gpu.stream().launch_builder(&f);
+    launch
+        .arg(&*sorted.bit_flags)
+        .arg(&chunks64)
+        .arg(&threadlen32)
+        .arg(&mut out);
+    // SAFETY: thread c reads the bit of nonzero c * threadlen - 1 < nnz only
+    // for 0 < c < chunks (in bit_flags' ceil(nnz / 32) words); the grid has
+    // words x 32 threads, and the first lane of each warp below chunks
+    // writes out[c / 32], below words.
+    unsafe { launch.launch(exact(words as u64 * 32)) }
+        .map_err(driver("launching fcoo_start_flags"))?;
+    Ok(out)
+}
+
+/// The rows of segments `segments` (numbers below `sorted.segments`).
+pub(crate) fn segment_rows_of(
+    gpu: &Gpu,
+    sorted: &SortedMode,
+    segments: &[u32],
+) -> Result<CudaSlice<u32>> {
+    let numbers = gpu.upload("F-COO edge segments", segments)?;
+    let mut rows = gpu.alloc_zeros::<u32>("F-COO edge rows", segments.len())?;
+    if !segments.is_empty() {
+        gather(
+            gpu,
+            &sorted.seg_rows,
+            &numbers,
+            segments.len(),
+            &mut rows.slice_mut(..segments.len()),
+        )?;
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_widths_follow_the_bits_of_row_and_second_mode() {
+        assert_eq!(bits_below(1), 0);
+        assert_eq!(bits_below(2), 1);
+        assert_eq!(bits_below(1 << 20), 20);
+        assert_eq!(bits_below((1 << 20) + 1), 21);
+        assert_eq!(bits_below(u32::MAX), 32);
+        // nell-2's shape: 14 + 14 bits (the second mode is the 9184 one).
+        assert_eq!(second_mode(&[12_092, 9_184, 28_818], 0), Some(1));
+        assert_eq!(second_mode(&[12_092, 9_184, 28_818], 1), Some(0));
+        assert_eq!(key_bytes(&[12_092, 9_184, 28_818], 2), 4);
+        // Ties go to the lower mode; a lone mode has no second.
+        assert_eq!(second_mode(&[5, 7, 7], 0), Some(1));
+        assert_eq!(second_mode(&[5], 0), None);
+        assert_eq!(key_bytes(&[1 << 20, 1 << 20, 1 << 13], 0), 8);
+        assert_eq!(key_bytes(&[1 << 19, 1 << 20, 1 << 13], 0), 4);
+    }
+}
