@@ -175,7 +175,10 @@ impl GpuGroup {
         let residency = gpus
             .iter()
             .enumerate()
-            .map(|(g, gpu)| decide_residency(gpu, &plan, g, rank, opts))
+            .map(|(g, gpu)| {
+                let free = gpu.free_bytes()?;
+                decide_residency(&plan, g, gpu.properties().ordinal, free, rank, opts)
+            })
             .collect::<Result<Vec<_>>>()?;
         // Shards: built once per mode, uploaded or kept pinned.
         let mut shards: Vec<Vec<Shard>> = (0..m).map(|_| Vec::with_capacity(n)).collect();
@@ -308,7 +311,8 @@ impl GpuGroup {
             ));
         }
         let gpu = pc.gpu().clone();
-        let residency = decide_residency(&gpu, &plan, g, rank, opts)?;
+        let free = gpu.free_bytes()?;
+        let residency = decide_residency(&plan, g, gpu.properties().ordinal, free, rank, opts)?;
         let t0 = Instant::now();
         let mut placed = Vec::with_capacity(n);
         for (mode, elems) in shards.into_iter().enumerate() {
