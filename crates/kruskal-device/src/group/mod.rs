@@ -75,7 +75,9 @@ pub struct GroupOptions {
     /// Longest wait for any GPU operation.
     pub timeout: Duration,
     /// Test hook: GPU `.0` runs a trapping kernel before its `.1`-th
-    /// MTTKRP (counted from 0), putting it into a real CUDA error.
+    /// MTTKRP (counted from 0), putting it into a real CUDA error. Only
+    /// with the `fault-injection` feature (the failure tests').
+    #[cfg(feature = "fault-injection")]
     #[doc(hidden)]
     pub fault: Option<(usize, usize)>,
 }
@@ -88,6 +90,7 @@ impl Default for GroupOptions {
             streams: 3,
             segment_bytes: 256 << 20,
             timeout: Duration::from_secs(300),
+            #[cfg(feature = "fault-injection")]
             fault: None,
         }
     }
@@ -435,7 +438,9 @@ impl GpuGroup {
                 dense: None,
                 outputs: (0..n).map(|_| None).collect(),
                 last: None,
+                #[cfg(feature = "fault-injection")]
                 calls: 0,
+                #[cfg(feature = "fault-injection")]
                 fault: opts
                     .fault
                     .and_then(|(gpu, call)| (gpu == g).then_some(call)),

@@ -97,7 +97,11 @@ pub(super) struct Worker {
     pub(super) dense: Option<DenseKernels>,
     pub(super) outputs: Vec<Option<CudaSlice<f32>>>,
     pub(super) last: Option<Recorded>,
+    /// MTTKRPs queued so far.
+    #[cfg(feature = "fault-injection")]
     pub(super) calls: usize,
+    /// The MTTKRP (counted from 0) this GPU traps before.
+    #[cfg(feature = "fault-injection")]
     pub(super) fault: Option<usize>,
 }
 
@@ -233,6 +237,29 @@ impl Worker {
         count.div_ceil(target).max(256)
     }
 
+    /// The fault-injection hook: before the MTTKRP numbered `fault`
+    /// (counted from 0), a trapping kernel puts the GPU into a real CUDA
+    /// error. Counts the MTTKRPs.
+    #[cfg(feature = "fault-injection")]
+    fn inject_fault(&mut self, defines: &[(&str, i64)]) -> Result<()> {
+        if self.fault == Some(self.calls) {
+            let trap =
+                self.gpu
+                    .kernels()
+                    .function(self.gpu.context(), Kernel::ShardFault, defines)?;
+            let cfg = LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (1, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the kernel takes no arguments; it traps on purpose.
+            unsafe { self.gpu.stream().launch_builder(&trap).launch(cfg) }
+                .map_err(driver("launching the fault kernel"))?;
+        }
+        self.calls += 1;
+        Ok(())
+    }
+
     fn mttkrp(&mut self, mode: usize) -> Result<()> {
         let n = self.dims.len();
         let defines = [
@@ -244,21 +271,8 @@ impl Worker {
             self.gpu
                 .kernels()
                 .function(self.gpu.context(), Kernel::MttkrpShard, &defines)?;
-        if self.fault == Some(self.calls) {
-            let trap =
-                self.gpu
-                    .kernels()
-                    .function(self.gpu.context(), Kernel::ShardFault, &defines)?;
-            let cfg = LaunchConfig {
-                grid_dim: (1, 1, 1),
-                block_dim: (1, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: the kernel takes no arguments; it traps on purpose.
-            unsafe { self.gpu.stream().launch_builder(&trap).launch(cfg) }
-                .map_err(driver("launching the fault kernel"))?;
-        }
-        self.calls += 1;
+        #[cfg(feature = "fault-injection")]
+        self.inject_fault(&defines)?;
         if self.factors.is_none() {
             return Err(DeviceError::Shape("no factors loaded".into()));
         }
