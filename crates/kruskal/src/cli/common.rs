@@ -329,14 +329,18 @@ impl MultiGpuArgs {
         if self.streams == 0 || self.segment_mb == 0 || self.gpu_timeout_s == 0 {
             bail!("--streams, --segment-mb and --gpu-timeout-s must be at least 1");
         }
-        Ok(kruskal_device::GroupOptions {
+        // The rest is the fault-injection test hook (with that feature of
+        // kruskal-device, which only the failure tests turn on): off.
+        #[allow(clippy::needless_update)]
+        let options = kruskal_device::GroupOptions {
             exchange,
             stream,
             streams: self.streams,
             segment_bytes: self.segment_mb << 20,
             timeout: std::time::Duration::from_secs(self.gpu_timeout_s),
-            fault: None,
-        })
+            ..Default::default()
+        };
+        Ok(options)
     }
 
     /// Builds the group, printing its plan unless `quiet`. `kernel` is

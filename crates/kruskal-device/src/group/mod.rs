@@ -1,0 +1,882 @@
+//! Several GPUs of one host (AMPED): one worker thread per GPU, the
+//! tensor's shards resident on their GPUs or streamed from pinned host
+//! memory, factor rows exchanged after every mode.
+//!
+//! - **Plan** ([`RowShards`]): each mode's output rows go to GPUs by LPT
+//!   on their nonzero counts and are relabeled GPU by GPU, so GPU `g` owns
+//!   one contiguous block of every relabeled factor. Every GPU keeps a full
+//!   copy of every (relabeled) factor.
+//! - **MTTKRP** (`kernels/mttkrp_shard.cu`): each GPU runs the `shard`
+//!   kernel over its shard of the mode, cut into equal inter-shard
+//!   partitions (ISPs), one thread block each; rows shared by ISPs combine
+//!   by atomics inside the GPU only.
+//! - **Update**: each GPU solves its own rows (`M V^+`, the fused dense
+//!   kernels of [`crate::dense`]) and returns column statistics and a
+//!   partial Gram matrix; the coordinator sums them in GPU order (an
+//!   all-reduce of R x R values that the CPD driver needs on the host
+//!   anyway).
+//! - **Exchange**: the updated blocks are all-gathered around the ring,
+//!   by NCCL (a grouped in-place broadcast per owner: all-gather with
+//!   uneven counts) or by peer-to-peer copies (AMPED Algorithm 3: M - 1
+//!   steps, each GPU passing one block to the next with a barrier between
+//!   steps). NCCL is the default when it loads ([`crate::nccl`]).
+//! - **Streaming** (ScalFrag, AMPED's out-of-memory case): a shard that
+//!   does not fit stays in pinned host memory and is copied in segments
+//!   on several streams, each segment's kernel overlapping the next
+//!   segment's copy. Decided per GPU and mode from free memory.
+//! - **Failure**: every wait has a deadline. When a GPU fails, the group
+//!   aborts (NCCL communicators are aborted so peers stop waiting) and the
+//!   error names the GPU; later calls fail at once.
+//!
+//! The files, one concept each: this one the [`GpuGroup`] API (building
+//! the group, the commands the CPD driver sends to every GPU and the
+//! gathering of their replies); `worker.rs` the worker thread of one GPU
+//! and its work; `residency.rs` where each shard lives ([`Residency`],
+//! [`StreamPolicy`]); `exchange.rs` the row exchange between the GPUs
+//! (NCCL or peer-to-peer copies) and the state the workers share.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kruskal_formats::SparseTensor;
+use kruskal_partition::RowShards;
+use ndarray::Array2;
+
+use crate::dense::{UpdateStats, check_rank};
+use crate::nccl::Reduce;
+use crate::process::ProcessComm;
+use crate::{DeviceError, Gpu, Result, driver};
+
+mod exchange;
+mod residency;
+mod worker;
+
+pub use exchange::Exchange;
+pub use residency::{Residency, StreamPolicy};
+pub use worker::WARPS;
+
+use exchange::{Collective, Shared, TimedBarrier};
+use residency::decide_residency;
+use worker::{Cmd, Reply, Shard, Worker, WorkerHandle};
+
+/// Options of a group.
+#[derive(Clone, Debug)]
+pub struct GroupOptions {
+    /// `None`: NCCL when it loads, else peer-to-peer copies.
+    pub exchange: Option<Exchange>,
+    /// When shards are streamed from host memory.
+    pub stream: StreamPolicy,
+    /// CUDA streams a streamed shard is copied on.
+    pub streams: usize,
+    /// Bytes per streamed segment.
+    pub segment_bytes: usize,
+    /// Longest wait for any GPU operation.
+    pub timeout: Duration,
+    /// Test hook: GPU `.0` runs a trapping kernel before its `.1`-th
+    /// MTTKRP (counted from 0), putting it into a real CUDA error. Only
+    /// with the `fault-injection` feature (the failure tests').
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub fault: Option<(usize, usize)>,
+}
+
+impl Default for GroupOptions {
+    fn default() -> Self {
+        GroupOptions {
+            exchange: None,
+            stream: StreamPolicy::Auto,
+            streams: 3,
+            segment_bytes: 256 << 20,
+            timeout: Duration::from_secs(300),
+            #[cfg(feature = "fault-injection")]
+            fault: None,
+        }
+    }
+}
+
+/// What one GPU's last MTTKRP took (CUDA events).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MttkrpTimes {
+    /// From the first copy or kernel to the last.
+    pub total_ms: f64,
+    /// Time the host-to-device copies were running (0 when resident).
+    pub h2d_ms: f64,
+    /// Time the kernels were running.
+    pub kernel_ms: f64,
+}
+
+/// Several GPUs running one CPD together.
+pub struct GpuGroup {
+    /// This process's GPUs.
+    gpus: Vec<Arc<Gpu>>,
+    /// Each local GPU's index in the plan (`0..m` in one process; the
+    /// rank across processes).
+    members: Vec<usize>,
+    plan: RowShards,
+    rank: usize,
+    exchange: Option<Exchange>,
+    exchange_note: Option<String>,
+    residency: Vec<Vec<Residency>>,
+    workers: Vec<WorkerHandle>,
+    replies: Receiver<(usize, Result<Reply>)>,
+    shared: Arc<Shared>,
+    timeout: Duration,
+    failed: Option<String>,
+}
+
+impl GpuGroup {
+    /// Plans `t` over the GPUs `ordinals`, decides each shard's residency
+    /// from free memory, builds and uploads the shards (or pins them), and
+    /// starts one worker thread per GPU. `progress` hears about long steps.
+    pub fn new(
+        ordinals: &[usize],
+        t: &SparseTensor,
+        rank: usize,
+        opts: &GroupOptions,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Self> {
+        check_rank(rank)?;
+        if ordinals.is_empty() {
+            return Err(DeviceError::Shape(
+                "a GPU group needs at least one GPU".into(),
+            ));
+        }
+        let mut sorted = ordinals.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != ordinals.len() {
+            return Err(DeviceError::Shape(format!(
+                "GPU {ordinals:?} lists a GPU twice"
+            )));
+        }
+        if opts.streams == 0 || opts.segment_bytes == 0 {
+            return Err(DeviceError::Shape(
+                "streaming needs at least one stream and a segment of at least one byte".into(),
+            ));
+        }
+        let gpus = ordinals
+            .iter()
+            .map(|&o| Gpu::open(o))
+            .collect::<Result<Vec<_>>>()?;
+        let m = gpus.len();
+        let started = Instant::now();
+        let plan = RowShards::new(t, m).map_err(|e| DeviceError::Prepare {
+            format: "shards",
+            message: e.to_string(),
+        })?;
+        progress(&format!(
+            "planned {} modes over {m} GPU(s) in {:.1} s",
+            t.nmodes(),
+            started.elapsed().as_secs_f64()
+        ));
+        let n = t.nmodes();
+        let stride = plan.stride();
+
+        // Residency per GPU and mode.
+        let residency = gpus
+            .iter()
+            .enumerate()
+            .map(|(g, gpu)| {
+                let free = gpu.free_bytes()?;
+                decide_residency(&plan, g, gpu.properties().ordinal, free, rank, opts)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // Shards: built once per mode, uploaded or kept pinned.
+        let mut shards: Vec<Vec<Shard>> = (0..m).map(|_| Vec::with_capacity(n)).collect();
+        for mode in 0..n {
+            let t0 = Instant::now();
+            let words = t.nnz() * stride;
+            let any_streamed = residency.iter().any(|r| r[mode] != Residency::Resident);
+            let fill = |buf: &mut [u32]| {
+                plan.fill_elements(t, mode, buf)
+                    .map_err(|e| DeviceError::Prepare {
+                        format: "shards",
+                        message: e.to_string(),
+                    })
+            };
+            if any_streamed {
+                // SAFETY: the buffer is filled completely by
+                // `fill_elements` (every element written once) before
+                // anything reads it.
+                let mut pinned = unsafe {
+                    gpus[0].context().alloc_pinned_with_flags::<u32>(
+                        words.max(1),
+                        cudarc::driver::sys::CU_MEMHOSTALLOC_PORTABLE,
+                    )
+                }
+                .map_err(driver(format!(
+                    "pinning {} bytes of host memory",
+                    words * 4
+                )))?;
+                let ptr = pinned
+                    .as_mut_ptr()
+                    .map_err(driver("reading pinned memory"))?;
+                // SAFETY: `ptr` addresses `words` (or 1) u32 the slice owns.
+                let buf = unsafe { std::slice::from_raw_parts_mut(ptr, words) };
+                let offsets = fill(buf)?;
+                let host = Arc::new(pinned);
+                for g in 0..m {
+                    let count = offsets[g + 1] - offsets[g];
+                    shards[g].push(match residency[g][mode] {
+                        Residency::Resident => Shard::Resident {
+                            elems: gpus[g].upload(
+                                "a shard",
+                                &buf[(offsets[g] as usize * stride)
+                                    ..(offsets[g + 1] as usize * stride)],
+                            )?,
+                            count,
+                        },
+                        Residency::Streamed { .. } => Shard::Streamed {
+                            host: host.clone(),
+                            first: offsets[g],
+                            count,
+                        },
+                    });
+                }
+            } else {
+                let mut buf = vec![0u32; words];
+                let offsets = fill(&mut buf)?;
+                for g in 0..m {
+                    let range = (offsets[g] as usize * stride)..(offsets[g + 1] as usize * stride);
+                    shards[g].push(Shard::Resident {
+                        elems: gpus[g].upload("a shard", &buf[range])?,
+                        count: offsets[g + 1] - offsets[g],
+                    });
+                }
+            }
+            progress(&format!(
+                "mode {}: shards built and placed in {:.1} s ({})",
+                mode + 1,
+                t0.elapsed().as_secs_f64(),
+                if any_streamed {
+                    "pinned for streaming"
+                } else {
+                    "resident"
+                }
+            ));
+        }
+
+        // The exchange.
+        let exchange = exchange::choose(ordinals, &gpus, opts.exchange)?;
+
+        let members = (0..m).collect();
+        Self::start(gpus, members, plan, rank, residency, shards, exchange, opts)
+    }
+
+    /// This process's part of a group spread over several processes, one
+    /// GPU each (possibly on several hosts): `pc` is its communicator
+    /// (rank `pc.rank()` of `pc.world()`), `plan` the row plan over all
+    /// of them (made the same way on every rank, e.g. with
+    /// [`RowShards::from_counts`]), and `shards[mode]` this rank's
+    /// elements of each mode ([`RowShards::local_elements`]). Rows are
+    /// exchanged, and Grams and column statistics all-reduced, through
+    /// NCCL; every rank must make the same calls in the same order.
+    pub fn distributed(
+        pc: ProcessComm,
+        plan: RowShards,
+        shards: Vec<Vec<u32>>,
+        rank: usize,
+        opts: &GroupOptions,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Self> {
+        check_rank(rank)?;
+        let g = pc.rank();
+        let n = plan.dims().len();
+        let stride = plan.stride();
+        if plan.gpus() != pc.world() {
+            return Err(DeviceError::Shape(format!(
+                "a plan over {} GPUs for a world of {} processes",
+                plan.gpus(),
+                pc.world()
+            )));
+        }
+        if shards.len() != n
+            || shards
+                .iter()
+                .enumerate()
+                .any(|(mode, s)| s.len() != plan.nnz(mode, g) as usize * stride)
+        {
+            return Err(DeviceError::Shape(format!(
+                "rank {g}'s shards do not match the plan's nonzero counts"
+            )));
+        }
+        if opts.exchange == Some(Exchange::P2p) {
+            return Err(DeviceError::Shape(
+                "peer-to-peer copies work inside one process; across processes rows travel by NCCL"
+                    .into(),
+            ));
+        }
+        if opts.streams == 0 || opts.segment_bytes == 0 {
+            return Err(DeviceError::Shape(
+                "streaming needs at least one stream and a segment of at least one byte".into(),
+            ));
+        }
+        let gpu = pc.gpu().clone();
+        let free = gpu.free_bytes()?;
+        let residency = decide_residency(&plan, g, gpu.properties().ordinal, free, rank, opts)?;
+        let t0 = Instant::now();
+        let mut placed = Vec::with_capacity(n);
+        for (mode, elems) in shards.into_iter().enumerate() {
+            let count = plan.nnz(mode, g);
+            placed.push(match residency[mode] {
+                Residency::Resident => Shard::Resident {
+                    elems: gpu.upload("a shard", &elems)?,
+                    count,
+                },
+                Residency::Streamed { .. } => {
+                    // SAFETY: filled completely by the copy below before
+                    // anything reads it.
+                    let mut pinned = unsafe {
+                        gpu.context()
+                            .alloc_pinned_with_flags::<u32>(
+                                elems.len().max(1),
+                                cudarc::driver::sys::CU_MEMHOSTALLOC_PORTABLE,
+                            )
+                            .map_err(driver(format!(
+                                "pinning {} bytes of host memory",
+                                elems.len() * 4
+                            )))?
+                    };
+                    let ptr = pinned
+                        .as_mut_ptr()
+                        .map_err(driver("reading pinned memory"))?;
+                    // SAFETY: `ptr` addresses at least `elems.len()` u32
+                    // that the pinned buffer owns.
+                    unsafe { std::slice::from_raw_parts_mut(ptr, elems.len()) }
+                        .copy_from_slice(&elems);
+                    Shard::Streamed {
+                        host: Arc::new(pinned),
+                        first: 0,
+                        count,
+                    }
+                }
+            });
+        }
+        progress(&format!(
+            "rank {g}: shards of {n} modes placed in {:.1} s",
+            t0.elapsed().as_secs_f64()
+        ));
+        let collective = Collective::Process(Arc::new(pc));
+        Self::start(
+            vec![gpu],
+            vec![g],
+            plan,
+            rank,
+            vec![residency],
+            vec![placed],
+            (Some(Exchange::Nccl), None, Some(collective)),
+            opts,
+        )
+    }
+
+    /// Starts one worker per local GPU; `members[slot]` is local GPU
+    /// `slot`'s index in the plan.
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        gpus: Vec<Arc<Gpu>>,
+        members: Vec<usize>,
+        plan: RowShards,
+        rank: usize,
+        residency: Vec<Vec<Residency>>,
+        shards: Vec<Vec<Shard>>,
+        exchange: (Option<Exchange>, Option<String>, Option<Collective>),
+        opts: &GroupOptions,
+    ) -> Result<Self> {
+        let (exchange, exchange_note, collective) = exchange;
+        let m = gpus.len();
+        let n = plan.dims().len();
+        let stride = plan.stride();
+        let dims = plan.dims().to_vec();
+        let first_row: Vec<u64> = dims
+            .iter()
+            .scan(0u64, |acc, &d| {
+                let this = *acc;
+                *acc += u64::from(d);
+                Some(this)
+            })
+            .collect();
+        let shared = Arc::new(Shared {
+            abort: AtomicBool::new(false),
+            barrier: TimedBarrier::new(m),
+            factor_ptrs: Mutex::new(vec![0; m]),
+            contexts: gpus.iter().map(|g| g.context().clone()).collect(),
+            rows: (0..n)
+                .map(|mode| (0..plan.gpus()).map(|g| plan.rows(mode, g)).collect())
+                .collect(),
+            first_row,
+            collective,
+            timeout: opts.timeout,
+        });
+
+        let (reply_tx, replies) = mpsc::channel();
+        let mut workers = Vec::with_capacity(m);
+        for (slot, shards) in shards.into_iter().enumerate() {
+            let gpu = &gpus[slot];
+            let streams = if shards.iter().any(|s| matches!(s, Shard::Streamed { .. })) {
+                (0..opts.streams)
+                    .map(|_| gpu.context().new_stream())
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(driver("creating streams"))?
+            } else {
+                Vec::new()
+            };
+            let g = members[slot];
+            let worker = Worker {
+                slot,
+                g,
+                gpu: gpu.clone(),
+                shared: shared.clone(),
+                dims: dims.clone(),
+                rank,
+                shards,
+                segment_elems: (opts.segment_bytes / (stride * 4)).max(1) as u64,
+                streams,
+                segment_bufs: Vec::new(),
+                factors: None,
+                dense: None,
+                outputs: (0..n).map(|_| None).collect(),
+                last: None,
+                #[cfg(feature = "fault-injection")]
+                calls: 0,
+                #[cfg(feature = "fault-injection")]
+                fault: opts
+                    .fault
+                    .and_then(|(gpu, call)| (gpu == g).then_some(call)),
+            };
+            workers.push(worker.spawn(reply_tx.clone())?);
+        }
+        Ok(GpuGroup {
+            gpus,
+            members,
+            plan,
+            rank,
+            exchange,
+            exchange_note,
+            residency,
+            workers,
+            replies,
+            shared,
+            timeout: opts.timeout,
+            failed: None,
+        })
+    }
+
+    /// This process's GPUs, in slot order.
+    pub fn gpus(&self) -> &[Arc<Gpu>] {
+        &self.gpus
+    }
+
+    /// The row plan over every GPU of the group.
+    pub fn plan(&self) -> &RowShards {
+        &self.plan
+    }
+
+    /// The CPD rank (columns of every factor).
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The exchange in use (`None` with one GPU).
+    pub fn exchange(&self) -> Option<Exchange> {
+        self.exchange
+    }
+
+    /// Why the exchange is not NCCL, when NCCL was wanted but not found.
+    pub fn exchange_note(&self) -> Option<&str> {
+        self.exchange_note.as_deref()
+    }
+
+    /// Where local GPU `slot`'s shard of `mode` lives.
+    pub fn residency(&self, slot: usize, mode: usize) -> Residency {
+        self.residency[slot][mode]
+    }
+
+    /// Each local GPU's index in the plan: `0..m` in one process, the
+    /// process's rank across processes.
+    pub fn members(&self) -> &[usize] {
+        &self.members
+    }
+
+    /// `(rank, world size)` when the group spans several processes.
+    pub fn process(&self) -> Option<(usize, usize)> {
+        match &self.shared.collective {
+            Some(Collective::Process(p)) => Some((p.rank(), p.world())),
+            _ => None,
+        }
+    }
+
+    /// Aborts the communicator across processes from another thread (a
+    /// membership loss callback): every wait of the group then fails with
+    /// `reason`. `None` for a group of one process.
+    pub fn abort_handle(&self) -> Option<crate::process::CommAbort> {
+        match &self.shared.collective {
+            Some(Collective::Process(p)) => Some(p.abort_handle()),
+            _ => None,
+        }
+    }
+
+    /// One line per local GPU: device, nonzeros and residency per mode.
+    pub fn describe(&self) -> Vec<String> {
+        let n = self.plan.dims().len();
+        self.gpus
+            .iter()
+            .enumerate()
+            .map(|(slot, gpu)| {
+                let g = self.members[slot];
+                let modes: Vec<String> = (0..n)
+                    .map(|mode| {
+                        let r = match self.residency[slot][mode] {
+                            Residency::Resident => "resident".to_string(),
+                            Residency::Streamed { segments } => {
+                                format!("streamed in {segments} segments")
+                            }
+                        };
+                        format!("mode {} {} nnz {r}", mode + 1, self.plan.nnz(mode, g))
+                    })
+                    .collect();
+                let rank = match self.process() {
+                    Some((rank, world)) => format!("rank {rank} of {world}, "),
+                    None => String::new(),
+                };
+                format!(
+                    "{rank}gpu {} ({}): {}",
+                    gpu.properties().ordinal,
+                    gpu.properties().name,
+                    modes.join(", ")
+                )
+            })
+            .collect()
+    }
+
+    /// Sends `cmd` to every worker and gathers the replies, in GPU order.
+    fn all(&mut self, cmd: impl Fn() -> Cmd, what: &str) -> Result<Vec<Reply>> {
+        self.some(&(0..self.workers.len()).collect::<Vec<_>>(), cmd, what)
+    }
+
+    fn some(&mut self, gpus: &[usize], cmd: impl Fn() -> Cmd, what: &str) -> Result<Vec<Reply>> {
+        if let Some(why) = &self.failed {
+            return Err(DeviceError::Aborted(why.clone()));
+        }
+        for &g in gpus {
+            if self.workers[g].tx.send(cmd()).is_err() {
+                return Err(self.fail(g, format!("its worker thread stopped before {what}")));
+            }
+        }
+        let mut out: Vec<Option<Reply>> = (0..self.workers.len()).map(|_| None).collect();
+        // Workers time out their own waits; this deadline also catches a
+        // worker stuck inside a driver call.
+        let deadline = Instant::now() + self.timeout + Duration::from_secs(5);
+        let mut missing = gpus.len();
+        while missing > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.replies.recv_timeout(left) {
+                Ok((g, Ok(reply))) => {
+                    out[g] = Some(reply);
+                    missing -= 1;
+                }
+                Ok((g, Err(e))) => return Err(self.fail(g, format!("{what}: {e}"))),
+                Err(RecvTimeoutError::Timeout) => {
+                    let g = *gpus
+                        .iter()
+                        .find(|&&g| out[g].is_none())
+                        .expect("a GPU is missing");
+                    return Err(self.fail(
+                        g,
+                        format!("{what} did not finish within {} s", self.timeout.as_secs()),
+                    ));
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(DeviceError::Aborted("every worker thread stopped".into()));
+                }
+            }
+        }
+        Ok(gpus
+            .iter()
+            .map(|&g| out[g].take().expect("every reply arrived"))
+            .collect())
+    }
+
+    /// Stops the group after GPU `g` failed: workers stop waiting, NCCL
+    /// communicators are aborted (so peers blocked in a collective return),
+    /// and every later call fails with the same message.
+    fn fail(&mut self, g: usize, message: String) -> DeviceError {
+        if let Some(Collective::Process(pc)) = &self.shared.collective {
+            if let Some(why) = pc.aborted() {
+                // A peer was lost: that, not this GPU's wait, is the news.
+                self.failed = Some(why.clone());
+                self.shared.abort.store(true, Ordering::SeqCst);
+                return DeviceError::Aborted(why);
+            }
+        }
+        let p = self.gpus[g].properties();
+        let err = DeviceError::GroupMember {
+            gpu: p.ordinal,
+            name: p.name.clone(),
+            message,
+        };
+        self.failed = Some(err.to_string());
+        self.shared.abort.store(true, Ordering::SeqCst);
+        self.shared.barrier.release();
+        if let Some(c) = &self.shared.collective {
+            c.abort(&self.failed.clone().unwrap_or_default());
+        }
+        err
+    }
+
+    /// Uploads `factors` (`dims[w] x rank`, original row order) to every
+    /// GPU, relabeled.
+    pub fn load_factors(&mut self, factors: &[Array2<f32>]) -> Result<()> {
+        let dims = self.plan.dims().to_vec();
+        if factors.len() != dims.len()
+            || factors
+                .iter()
+                .zip(&dims)
+                .any(|(f, &d)| f.nrows() != d as usize || f.ncols() != self.rank)
+        {
+            return Err(DeviceError::Shape(format!(
+                "factors for dims {dims:?} at rank {} expected",
+                self.rank
+            )));
+        }
+        let r = self.rank;
+        let total: usize = dims.iter().map(|&d| d as usize).sum();
+        let mut rows = vec![0f32; total * r];
+        let mut first = 0;
+        for (mode, f) in factors.iter().enumerate() {
+            let labels = self.plan.relabel(mode);
+            for (old, row) in f.outer_iter().enumerate() {
+                let at = (first + labels[old] as usize) * r;
+                for (dst, &x) in rows[at..at + r].iter_mut().zip(row.iter()) {
+                    *dst = x;
+                }
+            }
+            first += f.nrows();
+        }
+        let rows = Arc::new(rows);
+        self.all(|| Cmd::Load(rows.clone()), "loading the factors")?;
+        Ok(())
+    }
+
+    /// Queues `M = MTTKRP(mode)` on every GPU (returns before it is done).
+    pub fn mttkrp(&mut self, mode: usize) -> Result<()> {
+        self.check_mode(mode)?;
+        self.all(|| Cmd::Mttkrp(mode), "the MTTKRP")?;
+        Ok(())
+    }
+
+    /// Waits for the queued MTTKRP; returns each GPU's times.
+    pub fn sync(&mut self) -> Result<Vec<MttkrpTimes>> {
+        self.all(|| Cmd::Sync, "the MTTKRP")?
+            .into_iter()
+            .map(|r| match r {
+                Reply::Times(t) => Ok(t),
+                _ => Ok(MttkrpTimes::default()),
+            })
+            .collect()
+    }
+
+    /// `A_mode = M W` on every GPU's rows; the column statistics summed
+    /// (max for the largest magnitude) over GPUs.
+    pub fn update(&mut self, mode: usize, w: &[f64]) -> Result<UpdateStats> {
+        self.check_mode(mode)?;
+        if w.len() != self.rank * self.rank {
+            return Err(DeviceError::Shape(format!(
+                "W has {} entries, rank {} needs {}",
+                w.len(),
+                self.rank,
+                self.rank * self.rank
+            )));
+        }
+        let w = Arc::new(w.to_vec());
+        let replies = self.all(|| Cmd::Update(mode, w.clone()), "the factor update")?;
+        let r = self.rank;
+        let mut total = UpdateStats {
+            sumsq: vec![0.0; r],
+            max_abs: vec![0.0; r],
+            inner: vec![0.0; r],
+        };
+        for reply in replies {
+            if let Reply::Stats(s) = reply {
+                for c in 0..r {
+                    total.sumsq[c] += s.sumsq[c];
+                    total.max_abs[c] = total.max_abs[c].max(s.max_abs[c]);
+                    total.inner[c] += s.inner[c];
+                }
+            }
+        }
+        if let Some((me, world)) = self.process() {
+            // One collective for sums and maxima: every rank's three
+            // vectors gathered (an all-reduce of a buffer that is zero
+            // outside each rank's slot), combined in rank order.
+            let mut all = vec![0f64; world * 3 * r];
+            let own = &mut all[me * 3 * r..(me + 1) * 3 * r];
+            own[..r].copy_from_slice(&total.sumsq);
+            own[r..2 * r].copy_from_slice(&total.inner);
+            own[2 * r..].copy_from_slice(&total.max_abs);
+            self.across(&mut all, Reduce::Sum, "the column statistics")?;
+            total.sumsq.fill(0.0);
+            total.inner.fill(0.0);
+            total.max_abs.fill(0.0);
+            for slot in all.chunks_exact(3 * r) {
+                for c in 0..r {
+                    total.sumsq[c] += slot[c];
+                    total.inner[c] += slot[r + c];
+                    total.max_abs[c] = total.max_abs[c].max(slot[2 * r + c]);
+                }
+            }
+        }
+        Ok(total)
+    }
+
+    /// All-reduces `data` across the processes (workers idle meanwhile, so
+    /// the communicator has one user).
+    fn across(&mut self, data: &mut [f64], op: Reduce, what: &str) -> Result<()> {
+        let Some(Collective::Process(pc)) = &self.shared.collective else {
+            return Ok(());
+        };
+        let pc = pc.clone();
+        pc.all_reduce(data, op)
+            .map_err(|e| self.fail(0, format!("all-reducing {what} across processes: {e}")))
+    }
+
+    /// Scales every GPU's rows of `mode` by `inv` (if given) and returns
+    /// the Gram matrix of the whole factor (partial Grams summed in GPU
+    /// order).
+    pub fn scale_gram(&mut self, mode: usize, inv: Option<&[f32]>) -> Result<Vec<f64>> {
+        self.check_mode(mode)?;
+        let inv = inv.map(|v| Arc::new(v.to_vec()));
+        let replies = self.all(|| Cmd::ScaleGram(mode, inv.clone()), "the Gram matrix")?;
+        let mut gram = vec![0f64; self.rank * self.rank];
+        for reply in replies {
+            if let Reply::Gram(g) = reply {
+                gram.iter_mut().zip(&g).for_each(|(a, b)| *a += b);
+            }
+        }
+        self.across(&mut gram, Reduce::Sum, "the Gram matrix")?;
+        Ok(gram)
+    }
+
+    /// All-gathers every GPU's rows of `mode`; returns the slowest GPU's
+    /// exchange time in milliseconds (0 with one GPU).
+    pub fn exchange_rows(&mut self, mode: usize) -> Result<f64> {
+        self.check_mode(mode)?;
+        if self.plan.gpus() == 1 {
+            return Ok(0.0);
+        }
+        let replies = self.all(|| Cmd::Exchange(mode), "the factor exchange")?;
+        Ok(replies
+            .into_iter()
+            .map(|r| if let Reply::Millis(ms) = r { ms } else { 0.0 })
+            .fold(0.0, f64::max))
+    }
+
+    /// The last MTTKRP of `mode`, downloaded, in the original row order
+    /// (a group of one process only: across processes each holds its own
+    /// rows).
+    pub fn output(&mut self, mode: usize) -> Result<Array2<f32>> {
+        self.check_mode(mode)?;
+        if self.process().is_some() {
+            return Err(DeviceError::Shape(
+                "the MTTKRP output of a group across processes is spread over them".into(),
+            ));
+        }
+        let replies = self.all(|| Cmd::Output(mode), "downloading the MTTKRP")?;
+        let r = self.rank;
+        let mut relabeled = Vec::with_capacity(self.plan.dims()[mode] as usize * r);
+        for reply in replies {
+            if let Reply::Floats(v) = reply {
+                relabeled.extend_from_slice(&v);
+            }
+        }
+        Ok(self.unlabel(mode, &relabeled))
+    }
+
+    /// Every factor, from the first GPU, in the original row order.
+    pub fn factors(&mut self) -> Result<Vec<Array2<f32>>> {
+        let reply = self.some(&[0], || Cmd::Factors, "downloading the factors")?;
+        let Some(Reply::Floats(rows)) = reply.into_iter().next() else {
+            return Err(DeviceError::Shape("no factors came back".into()));
+        };
+        let r = self.rank;
+        let mut out = Vec::new();
+        let mut first = 0;
+        for mode in 0..self.plan.dims().len() {
+            let d = self.plan.dims()[mode] as usize;
+            out.push(self.unlabel(mode, &rows[first * r..(first + d) * r]));
+            first += d;
+        }
+        Ok(out)
+    }
+
+    /// Rows in relabeled order back to the original order.
+    fn unlabel(&self, mode: usize, relabeled: &[f32]) -> Array2<f32> {
+        let r = self.rank;
+        let labels = self.plan.relabel(mode);
+        let mut out = Array2::zeros((labels.len(), r));
+        for (old, mut row) in out.outer_iter_mut().enumerate() {
+            let at = labels[old] as usize * r;
+            for (dst, &x) in row.iter_mut().zip(&relabeled[at..at + r]) {
+                *dst = x;
+            }
+        }
+        out
+    }
+
+    fn check_mode(&self, mode: usize) -> Result<()> {
+        if mode >= self.plan.dims().len() {
+            return Err(DeviceError::Shape(format!(
+                "mode {mode} of a {}-mode tensor",
+                self.plan.dims().len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for GpuGroup {
+    fn drop(&mut self) {
+        // Closing the command channels ends the workers' loops.
+        let threads: Vec<_> = self
+            .workers
+            .iter_mut()
+            .filter_map(|w| w.thread.take())
+            .collect();
+        self.workers.clear();
+        if self.failed.is_some() {
+            // A failed GPU may never return; leave its thread behind.
+            return;
+        }
+        for t in threads {
+            let _ = t.join();
+        }
+        // A communicator across processes is destroyed with the last
+        // reference to it; local ones here, unless a peer aborted them.
+        if let Some(Collective::Local(nccl, comms)) = &self.shared.collective {
+            if !self.shared.aborted() {
+                for c in comms {
+                    let _ = nccl.destroy(c);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_groups_are_errors_not_panics() {
+        let t = kruskal_formats::generate::power_law(
+            &kruskal_formats::generate::PowerLawSpec::new(vec![20, 30, 40], 500).with_draws(),
+        )
+        .unwrap();
+        let opts = GroupOptions::default();
+        let mut quiet = |_: &str| {};
+        assert!(GpuGroup::new(&[], &t, 8, &opts, &mut quiet).is_err());
+        assert!(GpuGroup::new(&[0, 0], &t, 8, &opts, &mut quiet).is_err());
+        assert!(GpuGroup::new(&[0], &t, 0, &opts, &mut quiet).is_err());
+    }
+}

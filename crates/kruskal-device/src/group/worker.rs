@@ -1,0 +1,491 @@
+//! One worker thread per GPU of a group. It owns everything on its
+//! device (shards, its copy of the factors, outputs, streams), runs the
+//! coordinator's commands in order and replies to each: loading the
+//! factors, the MTTKRP (the shard kernel over a resident shard, or over
+//! segments copied from pinned host memory on several streams, timed with
+//! CUDA events), the update of its own rows and their partial Gram matrix,
+//! its part of the exchange (in `exchange.rs`) and downloads.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, Sender};
+
+use cudarc::driver::{
+    CudaEvent, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
+};
+
+use super::MttkrpTimes;
+use super::exchange::Shared;
+use crate::coo::DeviceFactors;
+use crate::dense::{DenseKernels, UpdateStats};
+use crate::kernels::Kernel;
+use crate::{DeviceError, Gpu, Result, driver};
+
+/// Warps per block of the shard kernel (its P).
+pub const WARPS: usize = 8;
+/// ISPs per SM a launch aims for: several waves of blocks, so the last,
+/// partly filled wave costs little (at 8 per SM, one block per SM slot, a
+/// launch just over one wave took nearly two waves' time).
+const ISPS_PER_SM: u64 = 32;
+
+/// The coordinator's end of a worker: its command channel and thread.
+pub(super) struct WorkerHandle {
+    pub(super) tx: Sender<Cmd>,
+    pub(super) thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What the coordinator asks a worker to do.
+pub(super) enum Cmd {
+    Load(Arc<Vec<f32>>),
+    Mttkrp(usize),
+    Sync,
+    Update(usize, Arc<Vec<f64>>),
+    ScaleGram(usize, Option<Arc<Vec<f32>>>),
+    Exchange(usize),
+    Output(usize),
+    Factors,
+}
+
+/// A worker's answer to a [`Cmd`].
+pub(super) enum Reply {
+    Done,
+    Times(MttkrpTimes),
+    Stats(UpdateStats),
+    Gram(Vec<f64>),
+    Floats(Vec<f32>),
+    Millis(f64),
+}
+
+/// A shard on the device, or in pinned host memory.
+pub(super) enum Shard {
+    Resident {
+        elems: CudaSlice<u32>,
+        count: u64,
+    },
+    Streamed {
+        host: Arc<PinnedHostSlice<u32>>,
+        /// First element of this GPU's shard in `host`.
+        first: u64,
+        count: u64,
+    },
+}
+
+/// The events of one MTTKRP, read at the next sync.
+pub(super) struct Recorded {
+    start: CudaEvent,
+    end: CudaEvent,
+    /// Per launch: (copy start, copy end, kernel end); copies absent when
+    /// resident.
+    launches: Vec<(Option<(CudaEvent, CudaEvent)>, CudaEvent)>,
+}
+
+/// One GPU's worker: owns everything on its device.
+pub(super) struct Worker {
+    /// Index among this process's GPUs.
+    pub(super) slot: usize,
+    /// Index in the plan.
+    pub(super) g: usize,
+    pub(super) gpu: Arc<Gpu>,
+    pub(super) shared: Arc<Shared>,
+    pub(super) dims: Vec<u32>,
+    pub(super) rank: usize,
+    pub(super) shards: Vec<Shard>,
+    pub(super) segment_elems: u64,
+    pub(super) streams: Vec<Arc<CudaStream>>,
+    pub(super) segment_bufs: Vec<CudaSlice<u32>>,
+    pub(super) factors: Option<DeviceFactors>,
+    pub(super) dense: Option<DenseKernels>,
+    pub(super) outputs: Vec<Option<CudaSlice<f32>>>,
+    pub(super) last: Option<Recorded>,
+    /// MTTKRPs queued so far.
+    #[cfg(feature = "fault-injection")]
+    pub(super) calls: usize,
+    /// The MTTKRP (counted from 0) this GPU traps before.
+    #[cfg(feature = "fault-injection")]
+    pub(super) fault: Option<usize>,
+}
+
+impl Worker {
+    /// Starts the worker's thread; its replies, tagged with its slot, go
+    /// to `replies`.
+    pub(super) fn spawn(self, replies: Sender<(usize, Result<Reply>)>) -> Result<WorkerHandle> {
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name(format!("kruskal-gpu-{}", self.g))
+            .spawn(move || self.run(rx, replies))
+            .map_err(|e| DeviceError::Shape(format!("starting a worker thread: {e}")))?;
+        Ok(WorkerHandle {
+            tx,
+            thread: Some(thread),
+        })
+    }
+
+    fn run(mut self, rx: Receiver<Cmd>, tx: Sender<(usize, Result<Reply>)>) {
+        while let Ok(cmd) = rx.recv() {
+            let result = if self.shared.aborted() {
+                Err(DeviceError::Aborted("the group stopped".into()))
+            } else {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(cmd)))
+                    .unwrap_or_else(|p| {
+                        let msg = p
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_else(|| "unknown panic".into());
+                        Err(DeviceError::Aborted(format!("worker panicked: {msg}")))
+                    })
+            };
+            if tx.send((self.slot, result)).is_err() {
+                break;
+            }
+        }
+        if self.shared.aborted() {
+            // The device may be in an error state or still running an
+            // aborted collective: do not wait in destructors.
+            std::mem::forget(self);
+        }
+    }
+
+    fn handle(&mut self, cmd: Cmd) -> Result<Reply> {
+        match cmd {
+            Cmd::Load(rows) => self.load(&rows).map(|()| Reply::Done),
+            Cmd::Mttkrp(mode) => self.mttkrp(mode).map(|()| Reply::Done),
+            Cmd::Sync => self.sync().map(Reply::Times),
+            Cmd::Update(mode, w) => self.update(mode, &w).map(Reply::Stats),
+            Cmd::ScaleGram(mode, inv) => self
+                .scale_gram(mode, inv.as_deref().map(Vec::as_slice))
+                .map(Reply::Gram),
+            Cmd::Exchange(mode) => self.exchange(mode).map(Reply::Millis),
+            Cmd::Output(mode) => {
+                let stream = self.gpu.stream().clone();
+                let out = self.output(mode)?;
+                let v = stream
+                    .clone_dtoh(out)
+                    .map_err(driver("downloading the MTTKRP"))?;
+                let len = self.shared.rows[mode][self.g].len() * self.rank;
+                Ok(Reply::Floats(v[..len].to_vec()))
+            }
+            Cmd::Factors => {
+                let f = self
+                    .factors
+                    .as_ref()
+                    .ok_or_else(|| DeviceError::Shape("no factors loaded".into()))?;
+                self.wait(self.gpu.stream(), "the last update")?;
+                let all = f.download(&self.gpu)?;
+                Ok(Reply::Floats(
+                    all.into_iter().flat_map(|a| a.into_iter()).collect(),
+                ))
+            }
+        }
+    }
+
+    /// Waits for `stream`'s queued work, up to the group's timeout, giving
+    /// up early when the group aborts.
+    pub(super) fn wait(&self, stream: &Arc<CudaStream>, what: &str) -> Result<()> {
+        crate::process::wait_polling(stream, what, self.shared.timeout, || {
+            if self.shared.aborted() {
+                Err(DeviceError::Aborted("the group stopped".into()))
+            } else {
+                Ok(())
+            }
+        })
+    }
+
+    pub(super) fn barrier(&self) -> Result<()> {
+        self.shared
+            .barrier
+            .wait(self.shared.timeout)
+            .map_err(|e| DeviceError::Timeout(e.to_string()))
+    }
+
+    fn load(&mut self, rows: &[f32]) -> Result<()> {
+        match &mut self.factors {
+            Some(f) if f.data.len() == rows.len() => self
+                .gpu
+                .stream()
+                .memcpy_htod(rows, &mut f.data)
+                .map_err(driver("uploading the factors"))?,
+            _ => {
+                self.factors = None;
+                self.factors = Some(DeviceFactors::upload_rows(
+                    &self.gpu, &self.dims, self.rank, rows,
+                )?);
+            }
+        }
+        if self.dense.is_none() {
+            self.dense = Some(DenseKernels::new(self.gpu.clone(), self.rank)?);
+        }
+        let f = self.factors.as_ref().expect("loaded above");
+        let (ptr, _sync) = f.data.device_ptr(self.gpu.stream());
+        self.shared.factor_ptrs.lock().expect("pointer table")[self.slot] = ptr;
+        drop(_sync);
+        self.wait(self.gpu.stream(), "the factor upload")
+    }
+
+    /// This GPU's output buffer of `mode` (its rows only).
+    fn output(&mut self, mode: usize) -> Result<&mut CudaSlice<f32>> {
+        if self.outputs[mode].is_none() {
+            let len = self.shared.rows[mode][self.g].len() * self.rank;
+            self.outputs[mode] = Some(self.gpu.alloc_zeros("an MTTKRP output", len)?);
+        }
+        Ok(self.outputs[mode].as_mut().expect("allocated above"))
+    }
+
+    /// ISP length for a launch over `count` elements.
+    fn isp_len(&self, count: u64) -> u64 {
+        let target = self.gpu.properties().sms.max(1) as u64 * ISPS_PER_SM;
+        count.div_ceil(target).max(256)
+    }
+
+    /// The fault-injection hook: before the MTTKRP numbered `fault`
+    /// (counted from 0), a trapping kernel puts the GPU into a real CUDA
+    /// error. Counts the MTTKRPs.
+    #[cfg(feature = "fault-injection")]
+    fn inject_fault(&mut self, defines: &[(&str, i64)]) -> Result<()> {
+        if self.fault == Some(self.calls) {
+            let trap =
+                self.gpu
+                    .kernels()
+                    .function(self.gpu.context(), Kernel::ShardFault, defines)?;
+            let cfg = LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (1, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the kernel takes no arguments; it traps on purpose.
+            unsafe { self.gpu.stream().launch_builder(&trap).launch(cfg) }
+                .map_err(driver("launching the fault kernel"))?;
+        }
+        self.calls += 1;
+        Ok(())
+    }
+
+    fn mttkrp(&mut self, mode: usize) -> Result<()> {
+        let n = self.dims.len();
+        let defines = [
+            ("NMODES", n as i64),
+            ("RANK", self.rank as i64),
+            ("WARPS", WARPS as i64),
+        ];
+        let kernel =
+            self.gpu
+                .kernels()
+                .function(self.gpu.context(), Kernel::MttkrpShard, &defines)?;
+        #[cfg(feature = "fault-injection")]
+        self.inject_fault(&defines)?;
+        if self.factors.is_none() {
+            return Err(DeviceError::Shape("no factors loaded".into()));
+        }
+        let row_lo = self.shared.rows[mode][self.g].start;
+        let main = self.gpu.stream().clone();
+        let start = self.gpu.timing_event()?;
+        let end = self.gpu.timing_event()?;
+        {
+            let out = self.output(mode)?;
+            main.memset_zeros(out)
+                .map_err(driver("zeroing the output"))?;
+        }
+        start.record(&main).map_err(driver("recording an event"))?;
+        let mut launches = Vec::new();
+        let at = (row_lo, mode as i32);
+        match &self.shards[mode] {
+            Shard::Resident { elems, count } => {
+                let (count, isp) = (*count, self.isp_len(*count));
+                if count > 0 {
+                    let factors = self.factors.as_ref().expect("checked above");
+                    let out = self.outputs[mode].as_mut().expect("allocated above");
+                    // SAFETY: `elems` holds the shard's `count` elements.
+                    unsafe { launch_shard(&main, &kernel, elems, factors, out, &at, count, isp) }?;
+                    let done = self.gpu.timing_event()?;
+                    done.record(&main).map_err(driver("recording an event"))?;
+                    launches.push((None, done));
+                }
+            }
+            Shard::Streamed { host, first, count } => {
+                let (host, first, count) = (host.clone(), *first, *count);
+                let stride = n + 1;
+                let seg = self.segment_elems;
+                if self.segment_bufs.is_empty() {
+                    for _ in &self.streams {
+                        let buf = self
+                            .gpu
+                            .alloc_zeros::<u32>("a stream segment buffer", seg as usize * stride)?;
+                        self.segment_bufs.push(buf);
+                    }
+                }
+                for s in &self.streams {
+                    s.wait(&start).map_err(driver("ordering the streams"))?;
+                }
+                let base = host.as_ptr().map_err(driver("reading pinned memory"))?;
+                let segments = count.div_ceil(seg);
+                for s in 0..segments {
+                    let k = (s as usize) % self.streams.len();
+                    let stream = self.streams[k].clone();
+                    let len = seg.min(count - s * seg);
+                    let lo = (first + s * seg) as usize * stride;
+                    // SAFETY: `host` holds the whole mode's elements and
+                    // outlives the copy (the Arc is kept in `shards`); the
+                    // range lies inside this GPU's shard.
+                    let src =
+                        unsafe { std::slice::from_raw_parts(base.add(lo), len as usize * stride) };
+                    let c0 = self.gpu.timing_event()?;
+                    let c1 = self.gpu.timing_event()?;
+                    let k1 = self.gpu.timing_event()?;
+                    c0.record(&stream).map_err(driver("recording an event"))?;
+                    let buf = &mut self.segment_bufs[k];
+                    stream
+                        .memcpy_htod(src, &mut buf.slice_mut(..len as usize * stride))
+                        .map_err(driver("copying a segment"))?;
+                    c1.record(&stream).map_err(driver("recording an event"))?;
+                    let isp = self.isp_len(len);
+                    let factors = self.factors.as_ref().expect("checked above");
+                    let out = self.outputs[mode].as_mut().expect("allocated above");
+                    let buf = &self.segment_bufs[k];
+                    // SAFETY: the buffer holds the segment's `len` elements,
+                    // copied just before on the same stream.
+                    unsafe { launch_shard(&stream, &kernel, buf, factors, out, &at, len, isp) }?;
+                    k1.record(&stream).map_err(driver("recording an event"))?;
+                    launches.push((Some((c0, c1)), k1));
+                }
+                for s in &self.streams {
+                    main.join(s).map_err(driver("joining the streams"))?;
+                }
+            }
+        }
+        end.record(&main).map_err(driver("recording an event"))?;
+        self.last = Some(Recorded {
+            start,
+            end,
+            launches,
+        });
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<MttkrpTimes> {
+        self.wait(&self.gpu.stream().clone(), "the MTTKRP")?;
+        let Some(rec) = self.last.take() else {
+            return Ok(MttkrpTimes::default());
+        };
+        let ms = |a: &CudaEvent, b: &CudaEvent| -> Result<f64> {
+            Ok(f64::from(
+                a.elapsed_ms(b).map_err(driver("reading an event"))?,
+            ))
+        };
+        let total_ms = ms(&rec.start, &rec.end)?;
+        // Busy time of the copies and of the kernels: each interval counts
+        // from when it could start (its own start, or the end of the
+        // previous one of its kind) so waiting in a queue is not counted.
+        let (mut h2d_ms, mut kernel_ms) = (0.0, 0.0);
+        let mut prev_copy: Option<&CudaEvent> = None;
+        let mut prev_kernel: &CudaEvent = &rec.start;
+        for (copy, kernel_end) in &rec.launches {
+            let kernel_start = match copy {
+                Some((c0, c1)) => {
+                    let from = match prev_copy {
+                        Some(p) if ms(c0, p)? > 0.0 => p,
+                        _ => c0,
+                    };
+                    h2d_ms += ms(from, c1)?.max(0.0);
+                    prev_copy = Some(c1);
+                    if ms(c1, prev_kernel)? > 0.0 {
+                        prev_kernel
+                    } else {
+                        c1
+                    }
+                }
+                None => prev_kernel,
+            };
+            kernel_ms += ms(kernel_start, kernel_end)?.max(0.0);
+            prev_kernel = kernel_end;
+        }
+        Ok(MttkrpTimes {
+            total_ms,
+            h2d_ms,
+            kernel_ms,
+        })
+    }
+
+    fn update(&mut self, mode: usize, w: &[f64]) -> Result<UpdateStats> {
+        let rows = self.shared.rows[mode][self.g].clone();
+        let r = self.rank;
+        if rows.is_empty() {
+            return Ok(UpdateStats {
+                sumsq: vec![0.0; r],
+                max_abs: vec![0.0; r],
+                inner: vec![0.0; r],
+            });
+        }
+        self.wait(&self.gpu.stream().clone(), "the MTTKRP")?;
+        self.output(mode)?;
+        let m = self.outputs[mode].as_ref().expect("allocated above");
+        let (dense, mut own) = own_rows(&mut self.factors, &mut self.dense, mode, rows.clone())?;
+        dense.update(m, w, &mut own, rows.len())
+    }
+
+    fn scale_gram(&mut self, mode: usize, inv: Option<&[f32]>) -> Result<Vec<f64>> {
+        let rows = self.shared.rows[mode][self.g].clone();
+        let r = self.rank;
+        if rows.is_empty() {
+            return Ok(vec![0.0; r * r]);
+        }
+        let (dense, mut own) = own_rows(&mut self.factors, &mut self.dense, mode, rows.clone())?;
+        dense.scale_gram(&mut own, inv, rows.len())
+    }
+}
+
+/// A worker's rows `rows` of `mode` in its factor buffer, with the dense
+/// kernels that update them (fields of the worker, borrowed apart from the
+/// MTTKRP output the update reads).
+fn own_rows<'a>(
+    factors: &'a mut Option<DeviceFactors>,
+    dense: &'a mut Option<DenseKernels>,
+    mode: usize,
+    rows: Range<u32>,
+) -> Result<(&'a mut DenseKernels, cudarc::driver::CudaViewMut<'a, f32>)> {
+    let factors = factors
+        .as_mut()
+        .ok_or_else(|| DeviceError::Shape("no factors loaded".into()))?;
+    let dense = dense.as_mut().expect("made with the factors");
+    Ok((dense, factors.rows_mut(mode, rows)))
+}
+
+/// Queues the shard kernel on `stream` over `count` elements of `elems`
+/// in ISPs of `isp`, for output rows starting at `at.0` of mode `at.1`.
+///
+/// # Safety
+/// `elems` must hold `count` elements of NMODES + 1 words whose indices
+/// are below each mode's dimension (relabeled by the group's RowShards),
+/// the output mode's inside this GPU's rows, so that every factor read
+/// lies inside `factors` and every output write inside `out`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch_shard(
+    stream: &Arc<CudaStream>,
+    kernel: &cudarc::driver::CudaFunction,
+    elems: &CudaSlice<u32>,
+    factors: &DeviceFactors,
+    out: &mut CudaSlice<f32>,
+    at: &(u32, i32),
+    count: u64,
+    isp: u64,
+) -> Result<()> {
+    let mut l = stream.launch_builder(kernel);
+    l.arg(elems)
+        .arg(&count)
+        .arg(&isp)
+        .arg(&factors.data)
+        .arg(&factors.row_offset)
+        .arg(out)
+        .arg(&at.0)
+        .arg(&at.1);
+    // SAFETY: the caller's contract.
+    unsafe { l.launch(shard_config(count, isp)) }.map_err(driver("launching mttkrp_shard"))?;
+    Ok(())
+}
+
+fn shard_config(count: u64, isp: u64) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (count.div_ceil(isp).max(1) as u32, 1, 1),
+        block_dim: ((WARPS * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
