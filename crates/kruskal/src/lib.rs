@@ -12,8 +12,8 @@
 //! - [`tune`]: the adaptive choice of GPU engine and launch parameters
 //!   (tensor features, the trained model, training), which needs no GPU;
 //! - [`cpd`]: CPD-ALS over a backend, the model and its files;
-//! - [`check`]: every MTTKRP engine against the f64 reference (`kruskal
-//!   check`);
+//! - [`harness`]: every MTTKRP engine against the f64 reference (what
+//!   `kruskal check` runs);
 //! - [`cli`]: the subcommands of the `kruskal` program, one module each.
 //!   They are public so tools that measure the program (`cargo xtask
 //!   bench`) run the same code as the command line, without spawning it.
@@ -34,8 +34,8 @@ pub use kruskal_formats as formats;
 pub use kruskal_partition as partition;
 pub use kruskal_tune as tune;
 
-pub mod check;
 pub mod cli;
+pub mod harness;
 
 /// The README's examples, compiled as doc tests so they stay true.
 #[doc = include_str!("../../../README.md")]

@@ -1,10 +1,10 @@
 //! `kruskal check`: every MTTKRP engine against the f64 reference on
 //! generated power-law tensors and a folder of real ones (the cases are in
-//! [`crate::check`]); prints a table, fails if any case failed.
+//! [`crate::harness`]); prints a table, fails if any case failed.
 
 use std::path::PathBuf;
 
-use crate::check::{CheckOptions, CheckReport, data_folder, run_check};
+use crate::harness::{CheckOptions, CheckReport, data_folder, run_check};
 use anyhow::{Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
