@@ -14,9 +14,13 @@
 //! - [`cpd`]: CPD-ALS over a backend, the model and its files;
 //! - [`harness`]: every MTTKRP engine against the f64 reference (what
 //!   `kruskal check` runs);
+//! - [`measure`]: what `kruskal mttkrp` and `kruskal cpd` run, with typed
+//!   options, so tools that measure the program (`cargo xtask bench`) run
+//!   the same code as the command line, without spawning it;
+//! - [`input`]: a tensor from a file or generated like a FROSTT tensor;
+//! - [`console`]: warnings, notes, spinners and numbers as the program
+//!   prints them;
 //! - [`cli`]: the subcommands of the `kruskal` program, one module each.
-//!   They are public so tools that measure the program (`cargo xtask
-//!   bench`) run the same code as the command line, without spawning it.
 //!
 //! ```
 //! use kruskal::cpd::{cpd_als, CpdOptions, CpuBackend};
@@ -35,7 +39,10 @@ pub use kruskal_partition as partition;
 pub use kruskal_tune as tune;
 
 pub mod cli;
+pub mod console;
 pub mod harness;
+pub mod input;
+pub mod measure;
 
 /// The README's examples, compiled as doc tests so they stay true.
 #[doc = include_str!("../../../README.md")]

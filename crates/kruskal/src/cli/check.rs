@@ -10,7 +10,9 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-use super::common::{dims_text, parse_count, set_threads, thousands};
+use super::common::set_threads;
+use crate::console::{dims_text, thousands};
+use crate::input::parse_count;
 
 #[derive(Args, Debug)]
 pub struct CheckArgs {
