@@ -19,8 +19,11 @@
 //!   the same code as the command line, without spawning it;
 //! - [`input`]: a tensor from a file or generated like a FROSTT tensor;
 //! - [`console`]: warnings, notes, spinners and numbers as the program
-//!   prints them;
-//! - [`cli`]: the subcommands of the `kruskal` program, one module each.
+//!   prints them.
+//!
+//! The command line itself (clap's options, one module per subcommand
+//! under `src/cli/`) belongs to the binary, `src/main.rs`: none of it is
+//! in this library's API.
 //!
 //! ```
 //! use kruskal::cpd::{cpd_als, CpdOptions, CpuBackend};
@@ -38,7 +41,6 @@ pub use kruskal_formats as formats;
 pub use kruskal_partition as partition;
 pub use kruskal_tune as tune;
 
-pub mod cli;
 pub mod console;
 pub mod harness;
 pub mod input;

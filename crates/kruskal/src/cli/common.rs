@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use kruskal_formats::ReadOptions;
 
-use crate::input::{Loaded, Source, parse_count};
+use kruskal::input::{Loaded, Source, parse_count};
 
 /// How to read a tensor file.
 #[derive(Args, Clone, Debug, Default)]
@@ -263,11 +263,6 @@ impl MultiGpuArgs {
     }
 }
 
-/// `12.3 GiB`.
-pub fn gib(bytes: usize) -> String {
-    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
-}
-
 /// Sets the size of rayon's global pool (0: one thread per core).
 pub fn set_threads(threads: usize) -> Result<()> {
     if threads > 0 {
@@ -300,7 +295,7 @@ pub fn parse_dims(text: &str) -> Result<Vec<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::console::{dims_text, thousands};
+    use kruskal::console::{dims_text, thousands};
 
     #[test]
     fn dims_parse_and_print() {

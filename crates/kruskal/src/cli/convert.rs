@@ -9,8 +9,8 @@ use clap::Args;
 use kruskal_formats::write_tensor;
 
 use super::common::ReadArgs;
-use crate::console::{spinner, thousands};
-use crate::input::read_file;
+use kruskal::console::{spinner, thousands};
+use kruskal::input::read_file;
 
 #[derive(Args, Debug)]
 pub struct ConvertArgs {

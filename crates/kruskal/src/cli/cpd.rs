@@ -16,8 +16,8 @@ use kruskal_formats::generate::{PlantedSpec, planted};
 
 use super::common::{GpuArgs, InputArgs, MultiGpuArgs, set_threads};
 use super::{compact, preflight};
-use crate::input::Loaded;
-use crate::measure::{CpdRunOptions, cpd_report};
+use kruskal::input::Loaded;
+use kruskal::measure::{CpdRunOptions, cpd_report};
 
 /// Where the decomposition runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -153,7 +153,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
         decompose: decompose_options(&args, loaded.tensor.nmodes())?,
         quiet: args.json,
     };
-    let done = crate::measure::decompose(&opts, &loaded, stop)?;
+    let done = kruskal::measure::decompose(&opts, &loaded, stop)?;
     let model = &done.model;
     let fms = truth
         .as_ref()
@@ -261,7 +261,7 @@ pub(super) fn cpd_options(args: &CpdArgs, nmodes: usize) -> Result<CpdOptions> {
 }
 
 /// Runs every start `args` asks for on `backend` and keeps the best model
-/// ([`crate::measure::run_starts`]); prints a line per iteration unless
+/// ([`kruskal::measure::run_starts`]); prints a line per iteration unless
 /// `quiet`. Stops after the current iteration once `stop` is set.
 pub(super) fn run_starts(
     args: &CpdArgs,
@@ -271,7 +271,7 @@ pub(super) fn run_starts(
     stop: &AtomicBool,
 ) -> Result<Starts> {
     let starts = args.starts.unwrap_or(if args.demo { 3 } else { 1 });
-    Ok(crate::measure::run_starts(
+    Ok(kruskal::measure::run_starts(
         backend, opts, args.seed, starts, quiet, stop,
     )?)
 }

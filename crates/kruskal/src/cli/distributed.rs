@@ -36,7 +36,7 @@ use kruskal_partition::RowShards;
 use serde_json::json;
 
 use super::cpd::{CpdArgs, Starts, cpd_options, print_breakdown, print_summary, run_starts};
-use crate::console::{dims_text, thousands};
+use kruskal::console::{dims_text, thousands};
 
 /// Seconds a process waits, after learning that a rank was lost, for its
 /// own run to stop before it ends itself (a call NCCL cannot abort, such

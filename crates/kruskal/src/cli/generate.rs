@@ -11,8 +11,8 @@ use kruskal_formats::generate::{PRESETS, PlantedSpec, PowerLawSpec, planted, pow
 use kruskal_formats::write_tensor;
 
 use super::common::parse_dims;
-use crate::console::{dims_text, spinner, thousands};
-use crate::input::parse_count;
+use kruskal::console::{dims_text, spinner, thousands};
+use kruskal::input::parse_count;
 
 #[derive(Args, Debug)]
 pub struct GenArgs {

@@ -12,7 +12,7 @@ use kruskal_partition::{Balance, ShardOptions, ShardPlan, cyclic, lpt};
 use kruskal_tune::{ModeFeatures, TensorFeatures};
 
 use super::common::InputArgs;
-use crate::console::{dims_text, thousands};
+use kruskal::console::{dims_text, thousands};
 
 #[derive(Args, Debug)]
 pub struct InfoArgs {

@@ -1,5 +1,5 @@
 //! `kruskal mttkrp`: time the MTTKRP of each mode (median of K runs). The
-//! flags become [`MttkrpOptions`] and [`crate::measure::mttkrp`] does the
+//! flags become [`MttkrpOptions`] and [`kruskal::measure::mttkrp`] does the
 //! work, as it does for `cargo xtask bench`.
 
 use anyhow::{Result, bail};
@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 use serde_json::json;
 
 use super::common::{GpuArgs, InputArgs, MultiGpuArgs, set_threads};
-use crate::measure::{MttkrpBackend, MttkrpOptions, TOLERANCE};
+use kruskal::measure::{MttkrpBackend, MttkrpOptions, TOLERANCE};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BackendChoice {
@@ -58,7 +58,7 @@ pub struct MttkrpArgs {
 }
 
 impl MttkrpArgs {
-    /// What the flags ask [`crate::measure::mttkrp`] for (`--gpus` is
+    /// What the flags ask [`kruskal::measure::mttkrp`] for (`--gpus` is
     /// resolved to ordinals and the group's options checked here).
     fn options(&self) -> Result<MttkrpOptions> {
         let (gpus, group) = self.multi.group()?;
@@ -89,7 +89,7 @@ pub fn run(args: MttkrpArgs) -> Result<()> {
         // MTTKRP writes no factors, so the map back is not needed.
         super::compact::compact_tensor(&mut loaded, args.json, false)?;
     }
-    let reports = crate::measure::mttkrp(&args.options()?, &loaded)?;
+    let reports = kruskal::measure::mttkrp(&args.options()?, &loaded)?;
     finish(&reports, args.json, "MTTKRP")
 }
 

@@ -89,6 +89,8 @@ impl OutDir {
         Ok(out)
     }
 
+    /// The directory (its tests look at it).
+    #[cfg(test)]
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -27,7 +27,7 @@ use kruskal_tune::{
 use serde_json::json;
 
 use super::common::InputArgs;
-use crate::console::{dims_text, thousands};
+use kruskal::console::{dims_text, thousands};
 
 #[derive(Args, Debug)]
 pub struct TuneArgs {
