@@ -119,9 +119,13 @@ fn parse<P: Parser>(what: &str, flags: &[String]) -> Result<P> {
         anyhow::anyhow!(
             "`kruskal {what} {}`: {}",
             flags.join(" "),
-            super::first_line(&e.to_string())
+            first_line(&e.to_string())
         )
     })
+}
+
+fn first_line(s: &str) -> &str {
+    s.trim().lines().next().unwrap_or("")
 }
 
 /// Lays an `[[mttkrp]]` entry's flags over `opts`.

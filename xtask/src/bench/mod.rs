@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, Subcommand};
+use clap::{Args, Subcommand};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -34,11 +34,10 @@ use kruskal::input::{Loaded, Source};
 use kruskal::measure::{CpdRunOptions, MttkrpBackend, MttkrpOptions, median};
 use matrix::{Matrix, Reference, TensorSpec};
 
-pub const USAGE: &str = "cargo xtask bench [--matrix FILE] [--out DIR] [--only TENSOR]... [--data DIR] [--no-torch] [--python PATH] [--append]\n       cargo xtask bench report RESULTS.json... --out DIR [--doc FILE --image-dir DIR]";
-
-#[derive(Parser, Debug)]
-#[command(name = "cargo xtask bench", args_conflicts_with_subcommands = true)]
-struct BenchCli {
+/// `cargo xtask bench`: run a matrix, or (`bench report`) rebuild the
+/// report from results files.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
     #[command(subcommand)]
     report: Option<ReportCmd>,
     /// The evaluation matrix.
@@ -76,8 +75,10 @@ struct BenchCli {
 enum ReportCmd {
     /// Rebuild report.md and the plots from results files.
     Report {
+        /// results.json files of bench runs.
         #[arg(required = true)]
         results: Vec<PathBuf>,
+        /// Where report.md and the plots go.
         #[arg(long)]
         out: PathBuf,
         /// Replace the block between `<!-- bench:begin -->` and
@@ -198,17 +199,7 @@ impl Results {
     }
 }
 
-pub fn bench(args: &[String]) -> Result<()> {
-    let argv = std::iter::once("bench".to_string()).chain(args.iter().cloned());
-    let cli = match BenchCli::try_parse_from(argv) {
-        Ok(c) => c,
-        Err(e) if !e.use_stderr() => {
-            // --help
-            print!("{e}");
-            return Ok(());
-        }
-        Err(e) => bail!("{}", first_line(&e.to_string())),
-    };
+pub fn bench(cli: BenchArgs) -> Result<()> {
     if let Some(ReportCmd::Report {
         results,
         out,
@@ -233,10 +224,6 @@ pub fn bench(args: &[String]) -> Result<()> {
         return Ok(());
     }
     run_matrix(&cli)
-}
-
-fn first_line(s: &str) -> &str {
-    s.trim().lines().next().unwrap_or("")
 }
 
 /// What every measurement of this run shares.
@@ -292,7 +279,7 @@ fn summary_line(m: &Measurement) -> String {
     )
 }
 
-fn run_matrix(cli: &BenchCli) -> Result<()> {
+fn run_matrix(cli: &BenchArgs) -> Result<()> {
     let matrix = Matrix::load(&cli.matrix)?;
     for name in &cli.only {
         if matrix.tensor(name).is_none() {
@@ -724,7 +711,7 @@ fn torch_baseline(
     spec: &TensorSpec,
     rank: usize,
     repeat: usize,
-    cli: &BenchCli,
+    cli: &BenchArgs,
 ) -> Result<()> {
     let what = format!("{} PyTorch rank {rank}", spec.name);
     if let Torch::Unknown = torch {
