@@ -31,13 +31,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use clap::{ArgGroup, Parser};
 use kruskal_formats::{ReadOptions, read_tensor, write_tensor};
 
 use crate::workspace_root;
 use manifest::{Entry, Manifest, check_base_url};
-
-pub const USAGE: &str = "cargo xtask fetch-frostt NAME... | --list | --all [--dir DIR] \
-     [--mirror URL] [--manifest FILE] [--timeout-s S]";
 
 /// The manifest in the repository, relative to the workspace root.
 const MANIFEST: &str = "xtask/frostt-manifest.json";
@@ -46,6 +44,53 @@ const MANIFEST: &str = "xtask/frostt-manifest.json";
 const DEFAULT_DIR: &str = "frostt";
 
 const DEFAULT_TIMEOUT_S: f64 = 60.0;
+
+/// `cargo xtask fetch-frostt`: tensor names, `--list` or `--all`.
+#[derive(Parser, Debug)]
+// As before clap, an option given twice takes its last value.
+#[command(name = "fetch-frostt", args_override_self = true)]
+#[command(group(ArgGroup::new("what").required(true).args(["names", "list", "all"])))]
+pub struct FetchArgs {
+    /// Tensors to fetch, by their names in the manifest.
+    #[arg(value_name = "NAME")]
+    names: Vec<String>,
+    /// List the tensors the manifest knows.
+    #[arg(long)]
+    list: bool,
+    /// Fetch every tensor of the manifest.
+    #[arg(long)]
+    all: bool,
+    /// Where the tensors go (default frostt/ in the workspace).
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
+    /// Download from this base URL instead of the manifest's.
+    #[arg(long, value_name = "URL", value_parser = mirror)]
+    mirror: Option<String>,
+    /// The manifest (default xtask/frostt-manifest.json in the workspace).
+    #[arg(long, value_name = "FILE")]
+    manifest: Option<PathBuf>,
+    /// Longest wait for the server, seconds.
+    #[arg(long, value_name = "S", default_value_t = DEFAULT_TIMEOUT_S, value_parser = seconds)]
+    timeout_s: f64,
+}
+
+/// `--mirror`: an http(s) base URL, with a final `/`.
+fn mirror(text: &str) -> Result<String, String> {
+    let mut url = text.to_string();
+    if !url.ends_with('/') {
+        url.push('/');
+    }
+    check_base_url(&url).map_err(|e| format!("{e:#}"))?;
+    Ok(url)
+}
+
+/// `--timeout-s`: seconds above 0 (and below a million).
+fn seconds(text: &str) -> Result<f64, String> {
+    text.parse()
+        .ok()
+        .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s < 1e6)
+        .ok_or_else(|| format!("takes seconds > 0, not {text:?}"))
+}
 
 struct Options {
     names: Vec<String>,
@@ -57,57 +102,27 @@ struct Options {
     timeout: Duration,
 }
 
-fn parse(args: &[String]) -> Result<Options> {
-    let mut o = Options {
-        names: Vec::new(),
-        list: false,
-        all: false,
-        dir: workspace_root().join(DEFAULT_DIR),
-        mirror: None,
-        manifest: workspace_root().join(MANIFEST),
-        timeout: Duration::from_secs_f64(DEFAULT_TIMEOUT_S),
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = || {
-            it.next()
-                .with_context(|| format!("{a} needs a value; usage: {USAGE}"))
-        };
-        match a.as_str() {
-            "--list" => o.list = true,
-            "--all" => o.all = true,
-            "--dir" => o.dir = PathBuf::from(value()?),
-            "--manifest" => o.manifest = PathBuf::from(value()?),
-            "--mirror" => {
-                let mut url = value()?.clone();
-                if !url.ends_with('/') {
-                    url.push('/');
-                }
-                check_base_url(&url).context("--mirror")?;
-                o.mirror = Some(url);
-            }
-            "--timeout-s" => {
-                let v = value()?;
-                let s: f64 = v
-                    .parse()
-                    .ok()
-                    .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s < 1e6)
-                    .with_context(|| format!("--timeout-s takes seconds > 0, not {v:?}"))?;
-                o.timeout = Duration::from_secs_f64(s);
-            }
-            flag if flag.starts_with('-') => bail!("unknown option {flag}; usage: {USAGE}"),
-            name => o.names.push(name.to_string()),
+impl FetchArgs {
+    /// The options with the workspace's folders as defaults.
+    fn options(self) -> Options {
+        Options {
+            names: self.names,
+            list: self.list,
+            all: self.all,
+            dir: self
+                .dir
+                .unwrap_or_else(|| workspace_root().join(DEFAULT_DIR)),
+            mirror: self.mirror,
+            manifest: self
+                .manifest
+                .unwrap_or_else(|| workspace_root().join(MANIFEST)),
+            timeout: Duration::from_secs_f64(self.timeout_s),
         }
     }
-    let modes = usize::from(o.list) + usize::from(o.all) + usize::from(!o.names.is_empty());
-    if modes != 1 {
-        bail!("give tensor names, --list or --all; usage: {USAGE}");
-    }
-    Ok(o)
 }
 
-pub fn fetch_frostt(args: &[String]) -> Result<()> {
-    let o = parse(args)?;
+pub fn fetch_frostt(args: FetchArgs) -> Result<()> {
+    let o = args.options();
     let manifest = Manifest::load(&o.manifest)?;
     if o.list {
         list(&manifest);
@@ -313,17 +328,18 @@ fn convert(name: &str, src: &Path, ktns: &Path) -> Result<()> {
 mod tests {
     use super::*;
 
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(str::to_string).collect()
+    fn parse(args: &str) -> Result<Options, clap::Error> {
+        let argv = std::iter::once("fetch-frostt").chain(args.split_whitespace());
+        Ok(FetchArgs::try_parse_from(argv)?.options())
     }
 
     #[test]
     fn exactly_one_of_names_list_and_all() {
-        assert!(parse(&args("")).is_err());
-        assert!(parse(&args("--list --all")).is_err());
-        assert!(parse(&args("nell-2 --all")).is_err());
-        assert!(parse(&args("--list")).unwrap().list);
-        let o = parse(&args("nell-2 nips --dir d --timeout-s 0.5")).unwrap();
+        assert!(parse("").is_err());
+        assert!(parse("--list --all").is_err());
+        assert!(parse("nell-2 --all").is_err());
+        assert!(parse("--list").unwrap().list);
+        let o = parse("nell-2 nips --dir d --timeout-s 0.5").unwrap();
         assert_eq!(o.names, ["nell-2", "nips"]);
         assert_eq!(o.dir, PathBuf::from("d"));
         assert_eq!(o.timeout, Duration::from_millis(500));
@@ -338,9 +354,12 @@ mod tests {
             "nell-2 --mirror file:///tmp",
             "nell-2 --frobnicate",
         ] {
-            assert!(parse(&args(bad)).is_err(), "{bad}");
+            assert!(parse(bad).is_err(), "{bad}");
         }
-        let o = parse(&args("nips --mirror http://127.0.0.1:9/m")).unwrap();
+        let o = parse("nips --mirror http://127.0.0.1:9/m").unwrap();
         assert_eq!(o.mirror.as_deref(), Some("http://127.0.0.1:9/m/"));
+        // Given twice, the last one counts.
+        let o = parse("nips --timeout-s 10 --timeout-s 1").unwrap();
+        assert_eq!(o.timeout, Duration::from_secs(1));
     }
 }

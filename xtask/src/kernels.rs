@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
+use clap::Parser;
 use kruskal_device::kernels::{Specialization, catalog, compile};
 
 /// The architectures of the GPU machines (A100-class, H100/H200).
@@ -29,8 +30,33 @@ const INSTALL_HINT: &str = "install the CUDA 13.0 wheels into a virtual environm
      (ptxas is then found next to libnvrtc, in .../nvidia/cu13/bin; --ptxas PATH or \
      KRUSKAL_PTXAS=PATH name another one)";
 
-pub const USAGE: &str =
-    "cargo xtask kernels [--arch sm_80|sm_90]... [--ptxas PATH] [--jobs N] [--json]";
+/// `cargo xtask kernels`.
+#[derive(Parser, Debug)]
+// As before clap, an option given twice takes its last value.
+#[command(name = "kernels", args_override_self = true)]
+pub struct KernelsArgs {
+    /// A target architecture, e.g. sm_90; repeat for more (default sm_80
+    /// and sm_90).
+    #[arg(long = "arch", value_name = "ARCH")]
+    archs: Vec<String>,
+    /// The ptxas to run (default: KRUSKAL_PTXAS, else the one next to a
+    /// libnvrtc on LD_LIBRARY_PATH, else the first on PATH).
+    #[arg(long, value_name = "PATH")]
+    ptxas: Option<PathBuf>,
+    /// Compilations at once (default: one per core).
+    #[arg(long, value_name = "N", value_parser = positive)]
+    jobs: Option<usize>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn positive(text: &str) -> Result<usize, String> {
+    text.parse()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| "takes a positive number".to_string())
+}
 
 struct Options {
     archs: Vec<String>,
@@ -39,38 +65,23 @@ struct Options {
     json: bool,
 }
 
-fn parse_args(args: &[String]) -> Result<Options> {
-    let mut o = Options {
-        archs: Vec::new(),
-        ptxas: None,
-        jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        json: false,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .cloned()
-                .with_context(|| format!("{name} needs a value; usage: {USAGE}"))
+impl KernelsArgs {
+    /// The options with their defaults filled in.
+    fn options(self) -> Options {
+        let archs = if self.archs.is_empty() {
+            ARCHS.iter().map(|s| s.to_string()).collect()
+        } else {
+            self.archs
         };
-        match a.as_str() {
-            "--arch" => o.archs.push(value("--arch")?),
-            "--ptxas" => o.ptxas = Some(PathBuf::from(value("--ptxas")?)),
-            "--jobs" => {
-                o.jobs = value("--jobs")?
-                    .parse()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .context("--jobs takes a positive number")?
-            }
-            "--json" => o.json = true,
-            other => bail!("unknown option {other}; usage: {USAGE}"),
+        Options {
+            archs,
+            ptxas: self.ptxas,
+            jobs: self
+                .jobs
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+            json: self.json,
         }
     }
-    if o.archs.is_empty() {
-        o.archs = ARCHS.iter().map(|s| s.to_string()).collect();
-    }
-    Ok(o)
 }
 
 /// `ptxas`: `--ptxas`, else `KRUSKAL_PTXAS`, else the one of the
@@ -264,8 +275,8 @@ fn ptxas_version(ptxas: &Path) -> String {
         .unwrap_or_else(|| "unknown version".into())
 }
 
-pub fn kernels(args: &[String]) -> Result<()> {
-    let opts = parse_args(args)?;
+pub fn kernels(args: KernelsArgs) -> Result<()> {
+    let opts = args.options();
     for arch in &opts.archs {
         if !arch.starts_with("sm_") {
             bail!("--arch {arch}: expected a name like sm_90");
@@ -536,14 +547,19 @@ mod tests {
         assert!(parse_ptxas("ptxas fatal   : Unresolved extern function 'f'").is_empty());
     }
 
+    fn parse_args(args: &[&str]) -> Result<Options, clap::Error> {
+        let argv = std::iter::once("kernels").chain(args.iter().copied());
+        Ok(KernelsArgs::try_parse_from(argv)?.options())
+    }
+
     #[test]
     fn options_default_to_both_architectures() {
         let o = parse_args(&[]).unwrap();
         assert_eq!(o.archs, ["sm_80", "sm_90"]);
-        let o = parse_args(&["--arch".into(), "sm_90".into(), "--json".into()]).unwrap();
+        let o = parse_args(&["--arch", "sm_90", "--json"]).unwrap();
         assert_eq!(o.archs, ["sm_90"]);
         assert!(o.json);
-        assert!(parse_args(&["--jobs".into(), "0".into()]).is_err());
-        assert!(parse_args(&["--arch".into()]).is_err());
+        assert!(parse_args(&["--jobs", "0"]).is_err());
+        assert!(parse_args(&["--arch"]).is_err());
     }
 }

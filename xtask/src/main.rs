@@ -1,5 +1,6 @@
 //! Development tasks, run as `cargo xtask <task>` (an alias in
-//! `.cargo/config.toml`).
+//! `.cargo/config.toml`); clap parses the arguments, and `cargo xtask
+//! --help` (or `cargo xtask <task> --help`) lists them.
 //!
 //! - `bundle [DIR] [--benches]`: build the release `kruskal` and `xtask`
 //!   binaries, the release test executables and, with `--benches`, the
@@ -42,14 +43,58 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
 
 mod bench;
 mod frostt;
 mod kernels;
 mod tune;
 
+/// Development tasks for kruskal.
+#[derive(Parser, Debug)]
+#[command(name = "xtask", bin_name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand, Debug)]
+enum Task {
+    /// Build release binaries and test executables into DIR (gpu-run/).
+    Bundle(BundleArgs),
+    /// Compile every kernel specialization (NVRTC + ptxas -v) and report
+    /// registers, spills, shared memory.
+    Kernels(kernels::KernelsArgs),
+    /// On a GPU machine: time every engine over its launch parameters
+    /// (kruskal tune sweep).
+    Tune(tune::TuneArgs),
+    /// Fit the tuning model to the measurements and write
+    /// crates/kruskal-tune/model/model.json.
+    Train(tune::TrainArgs),
+    /// Download FROSTT tensors, check them against
+    /// xtask/frostt-manifest.json, convert to .ktns.
+    FetchFrostt(frostt::FetchArgs),
+    /// Run the evaluation matrix (bench/*.toml) and write results.json,
+    /// report.md and plots.
+    #[command(args_conflicts_with_subcommands = true)]
+    Bench(bench::BenchArgs),
+}
+
+/// `cargo xtask bundle`.
+#[derive(Args, Debug)]
+struct BundleArgs {
+    /// Where the binaries go, relative to the workspace root.
+    #[arg(default_value = "gpu-run")]
+    dir: PathBuf,
+    /// Also build the criterion benchmarks (the bundle then passes the
+    /// carry limit: bundle them into another folder).
+    #[arg(long)]
+    benches: bool,
+}
+
 fn main() -> ExitCode {
-    match run() {
+    let cli = Cli::parse();
+    match run(cli.task) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line: the error and its causes, outermost first.
@@ -59,44 +104,14 @@ fn main() -> ExitCode {
     }
 }
 
-fn run() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("bundle") => {
-            let benches = args[1..].iter().any(|a| a == "--benches");
-            let dir = args[1..].iter().find(|a| !a.starts_with("--"));
-            bundle(Path::new(dir.map_or("gpu-run", String::as_str)), benches)
-        }
-        Some("kernels") => kernels::kernels(&args[1..]),
-        Some("tune") => tune::tune(&args[1..]),
-        Some("train") => tune::train_task(&args[1..]),
-        Some("fetch-frostt") => frostt::fetch_frostt(&args[1..]),
-        Some("bench") => bench::bench(&args[1..]),
-        _ => {
-            eprintln!("usage: cargo xtask bundle [DIR] [--benches]");
-            eprintln!("       {}", kernels::USAGE);
-            eprintln!("       {}", tune::TUNE_USAGE);
-            eprintln!("       {}", tune::TRAIN_USAGE);
-            eprintln!("       {}", frostt::USAGE);
-            eprintln!("       {}", bench::USAGE);
-            eprintln!("  bundle   build release binaries and test executables into DIR (gpu-run/)");
-            eprintln!(
-                "  kernels  compile every kernel specialization (NVRTC + ptxas -v) and report registers, spills, shared memory"
-            );
-            eprintln!(
-                "  tune     on a GPU machine: time every engine over its launch parameters (kruskal tune sweep)"
-            );
-            eprintln!(
-                "  train    fit the tuning model to the measurements and write crates/kruskal-tune/model/model.json"
-            );
-            eprintln!(
-                "  fetch-frostt  download FROSTT tensors, check them against xtask/frostt-manifest.json, convert to .ktns"
-            );
-            eprintln!(
-                "  bench    run the evaluation matrix (bench/*.toml) and write results.json, report.md and plots"
-            );
-            bail!("unknown or missing task");
-        }
+fn run(task: Task) -> Result<()> {
+    match task {
+        Task::Bundle(a) => bundle(&a.dir, a.benches),
+        Task::Kernels(a) => kernels::kernels(a),
+        Task::Tune(a) => tune::tune(a),
+        Task::Train(a) => tune::train_task(a),
+        Task::FetchFrostt(a) => frostt::fetch_frostt(a),
+        Task::Bench(a) => bench::bench(a),
     }
 }
 
@@ -245,4 +260,42 @@ fn bundle(dir: &Path, benches: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod cli_tests {
+    use clap::{CommandFactory, Parser};
+
+    /// clap checks option definitions only when they are parsed; this
+    /// checks every task's at once.
+    #[test]
+    fn command_line_definition_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
+
+    /// The invocations the README, the docs, CI and the GPU scripts use.
+    #[test]
+    fn documented_invocations_parse() {
+        for line in [
+            "bundle",
+            "bundle gpu-run --benches",
+            "kernels",
+            "kernels --arch sm_90 --arch sm_80 --json",
+            "tune --out tune-out --set eval --scale 2",
+            "train --trees 16 --max-depth 8",
+            "train --trees 16 --max-depth 8 --held-out crates/kruskal-tune/model/held-out.json",
+            "fetch-frostt --list",
+            "fetch-frostt nell-2 nips",
+            "fetch-frostt --all --dir /data/frostt",
+            "bench --matrix bench/smoke.toml --out bench-out/smoke",
+            "bench --matrix bench/gpu.toml --only t3 --only t4 --out out/bench",
+            "bench report a.json b.json --out bench-out/all",
+            "bench report a.json --out docs/bench --doc docs/performance.md --image-dir bench",
+        ] {
+            let argv = std::iter::once("xtask").chain(line.split_whitespace());
+            if let Err(e) = super::Cli::try_parse_from(argv) {
+                panic!("`cargo xtask {line}`: {e}");
+            }
+        }
+    }
 }

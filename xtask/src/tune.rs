@@ -13,6 +13,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use clap::Parser;
 use kruskal_tune::train::{
     MARGIN_GRID, TrainParams, best_margin, evaluate, leave_one_out_by_margin, margin_markdown,
     markdown, summarize, train,
@@ -21,32 +22,31 @@ use kruskal_tune::{CANDIDATES, Config, MARGIN, Measurements, TuneModel};
 
 use crate::{cargo, workspace_root};
 
-pub const TUNE_USAGE: &str = "cargo xtask tune [--out DIR] [KRUSKAL TUNE SWEEP OPTIONS...]";
-pub const TRAIN_USAGE: &str = "cargo xtask train [--measurements FILE]... [--model FILE] \
-     [--held-out FILE] [--max-depth D] [--min-leaf N] [--trees T] [--seed S] [--no-loo]";
-
 /// Where the measurements and the model live in the repository (the
 /// model is embedded by `kruskal-tune`'s `model.rs`).
 fn tune_dir() -> PathBuf {
     workspace_root().join("crates/kruskal-tune/model")
 }
 
+/// `cargo xtask tune`.
+#[derive(Parser, Debug)]
+// As before clap, an option given twice takes its last value.
+#[command(name = "tune", args_override_self = true)]
+pub struct TuneArgs {
+    /// Where the sweep writes its measurements.
+    #[arg(long, value_name = "DIR", default_value = "tune-out")]
+    out: PathBuf,
+    /// Passed on to `kruskal tune sweep` (`--set eval`, `--scale 2`, ...;
+    /// `kruskal tune sweep --help` lists them): everything from the first
+    /// of them on, so `--out` comes before them.
+    #[arg(value_name = "KRUSKAL TUNE SWEEP OPTIONS", allow_hyphen_values = true)]
+    rest: Vec<String>,
+}
+
 /// Builds the release `kruskal` and runs `kruskal tune sweep --out DIR`
 /// with the other arguments passed on (`--set eval`, `--scale`, ...).
-pub fn tune(args: &[String]) -> Result<()> {
-    let mut out = PathBuf::from("tune-out");
-    let mut rest = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        if a == "--out" {
-            out = PathBuf::from(
-                it.next()
-                    .with_context(|| format!("--out needs a folder; usage: {TUNE_USAGE}"))?,
-            );
-        } else {
-            rest.push(a.clone());
-        }
-    }
+pub fn tune(args: TuneArgs) -> Result<()> {
+    let TuneArgs { out, rest } = args;
     let status = cargo()
         .args(["build", "--release", "-p", "kruskal"])
         .status()
@@ -74,6 +74,40 @@ pub fn tune(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// `cargo xtask train`.
+#[derive(Parser, Debug)]
+// As before clap, an option given twice takes its last value.
+#[command(name = "train", args_override_self = true)]
+pub struct TrainArgs {
+    /// A measurements file; repeat for several, merged (default
+    /// crates/kruskal-tune/model/measurements.json).
+    #[arg(long = "measurements", value_name = "FILE")]
+    measurements: Vec<PathBuf>,
+    /// Where the model goes (default crates/kruskal-tune/model/model.json).
+    #[arg(long, value_name = "FILE")]
+    model: Option<PathBuf>,
+    /// Measurements of tensors left out of the training, to judge the
+    /// model on.
+    #[arg(long, value_name = "FILE")]
+    held_out: Option<PathBuf>,
+    /// Deepest split, 1 to 65535.
+    #[arg(long, value_name = "D", default_value_t = TrainParams::default().max_depth,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    max_depth: u16,
+    /// Fewest training rows in a leaf (at least 1).
+    #[arg(long, value_name = "N", default_value_t = TrainParams::default().min_samples_leaf)]
+    min_leaf: usize,
+    /// 0: one decision tree; otherwise a random forest of this many trees.
+    #[arg(long, value_name = "T", default_value_t = TrainParams::default().trees)]
+    trees: usize,
+    /// Seed of the forest's bootstrap samples.
+    #[arg(long, value_name = "S", default_value_t = TrainParams::default().seed)]
+    seed: u64,
+    /// Skip the leave-one-tensor-out tables.
+    #[arg(long)]
+    no_loo: bool,
+}
+
 struct TrainOptions {
     measurements: Vec<PathBuf>,
     model: PathBuf,
@@ -82,48 +116,26 @@ struct TrainOptions {
     loo: bool,
 }
 
-fn parse_train(args: &[String]) -> Result<TrainOptions> {
-    let mut o = TrainOptions {
-        measurements: Vec::new(),
-        model: tune_dir().join("model.json"),
-        held_out: None,
-        params: TrainParams::default(),
-        loo: true,
-    };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut value = |name: &str| {
-            it.next()
-                .cloned()
-                .with_context(|| format!("{name} needs a value; usage: {TRAIN_USAGE}"))
-        };
-        let number = |name: &str, text: String| -> Result<u64> {
-            text.parse()
-                .with_context(|| format!("{name} takes a whole number, not '{text}'"))
-        };
-        match a.as_str() {
-            "--measurements" => o.measurements.push(PathBuf::from(value(a)?)),
-            "--model" => o.model = PathBuf::from(value(a)?),
-            "--held-out" => o.held_out = Some(PathBuf::from(value(a)?)),
-            "--max-depth" => {
-                o.params.max_depth = u16::try_from(number(a, value(a)?)?)
-                    .ok()
-                    .filter(|&d| d > 0)
-                    .context("--max-depth takes 1 to 65535")?
-            }
-            "--min-leaf" => {
-                o.params.min_samples_leaf = usize::try_from(number(a, value(a)?)?)?.max(1)
-            }
-            "--trees" => o.params.trees = usize::try_from(number(a, value(a)?)?)?,
-            "--seed" => o.params.seed = number(a, value(a)?)?,
-            "--no-loo" => o.loo = false,
-            other => bail!("unknown option {other}; usage: {TRAIN_USAGE}"),
+impl TrainArgs {
+    /// The options with the repository's files as defaults.
+    fn options(self) -> TrainOptions {
+        let mut measurements = self.measurements;
+        if measurements.is_empty() {
+            measurements.push(tune_dir().join("measurements.json"));
+        }
+        TrainOptions {
+            measurements,
+            model: self.model.unwrap_or_else(|| tune_dir().join("model.json")),
+            held_out: self.held_out,
+            params: TrainParams {
+                max_depth: self.max_depth,
+                min_samples_leaf: self.min_leaf.max(1),
+                trees: self.trees,
+                seed: self.seed,
+            },
+            loo: !self.no_loo,
         }
     }
-    if o.measurements.is_empty() {
-        o.measurements.push(tune_dir().join("measurements.json"));
-    }
-    Ok(o)
 }
 
 /// Reads and merges measurement files.
@@ -141,8 +153,8 @@ fn read_all(paths: &[PathBuf]) -> Result<Measurements> {
 
 /// Fits the model to the measurements, prints leave-one-tensor-out and
 /// held-out results, and writes the model file.
-pub fn train_task(args: &[String]) -> Result<()> {
-    let o = parse_train(args)?;
+pub fn train_task(args: TrainArgs) -> Result<()> {
+    let o = args.options();
     let m = read_all(&o.measurements)?;
     let runs: usize = m.tensors.iter().map(|t| t.runs.len()).sum();
     println!(
@@ -218,13 +230,29 @@ fn display(p: &Path) -> String {
 mod tests {
     use super::*;
 
-    fn args(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| s.to_string()).collect()
+    fn parse_train(args: &[&str]) -> Result<TrainOptions, clap::Error> {
+        let argv = std::iter::once("train").chain(args.iter().copied());
+        Ok(TrainArgs::try_parse_from(argv)?.options())
+    }
+
+    #[test]
+    fn tune_passes_on_what_is_not_its_own() {
+        let a = TuneArgs::try_parse_from(["tune", "--out", "d", "--set", "eval", "--scale", "2"])
+            .unwrap();
+        assert_eq!(a.out, PathBuf::from("d"));
+        assert_eq!(a.rest, ["--set", "eval", "--scale", "2"]);
+        // From the first option of the sweep on, everything is the sweep's.
+        let a = TuneArgs::try_parse_from(["tune", "--set", "eval", "--out", "d"]).unwrap();
+        assert_eq!(a.out, PathBuf::from("tune-out"));
+        assert_eq!(a.rest, ["--set", "eval", "--out", "d"]);
+        let a = TuneArgs::try_parse_from(["tune"]).unwrap();
+        assert_eq!(a.out, PathBuf::from("tune-out"));
+        assert!(a.rest.is_empty());
     }
 
     #[test]
     fn train_options_parse_and_bad_ones_are_refused() {
-        let o = parse_train(&args(&["--trees", "8", "--max-depth", "9", "--no-loo"])).unwrap();
+        let o = parse_train(&["--trees", "8", "--max-depth", "9", "--no-loo"]).unwrap();
         assert_eq!((o.params.trees, o.params.max_depth, o.loo), (8, 9, false));
         assert!(o.measurements[0].ends_with("kruskal-tune/model/measurements.json"));
         assert!(o.model.ends_with("kruskal-tune/model/model.json"));
@@ -234,19 +262,21 @@ mod tests {
             &["--model"],
             &["--what"],
         ] {
-            assert!(parse_train(&args(bad)).is_err(), "{bad:?}");
+            assert!(parse_train(bad).is_err(), "{bad:?}");
         }
     }
 
     #[test]
     fn a_missing_measurements_file_is_one_clear_error() {
-        let e = train_task(&args(&[
+        let args = TrainArgs::try_parse_from([
+            "train",
             "--measurements",
             "/nonexistent/m.json",
             "--model",
             "/nonexistent/x.json",
-        ]))
-        .unwrap_err();
+        ])
+        .unwrap();
+        let e = train_task(args).unwrap_err();
         assert!(e.to_string().contains("/nonexistent/m.json"), "{e}");
     }
 }

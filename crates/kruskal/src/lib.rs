@@ -12,11 +12,18 @@
 //! - [`tune`]: the adaptive choice of GPU engine and launch parameters
 //!   (tensor features, the trained model, training), which needs no GPU;
 //! - [`cpd`]: CPD-ALS over a backend, the model and its files;
-//! - [`check`]: every MTTKRP engine against the f64 reference (`kruskal
-//!   check`);
-//! - [`cli`]: the subcommands of the `kruskal` program, one module each.
-//!   They are public so tools that measure the program (`cargo xtask
-//!   bench`) run the same code as the command line, without spawning it.
+//! - [`harness`]: every MTTKRP engine against the f64 reference (what
+//!   `kruskal check` runs);
+//! - [`measure`]: what `kruskal mttkrp` and `kruskal cpd` run, with typed
+//!   options, so tools that measure the program (`cargo xtask bench`) run
+//!   the same code as the command line, without spawning it;
+//! - [`input`]: a tensor from a file or generated like a FROSTT tensor;
+//! - [`console`]: warnings, notes, spinners and numbers as the program
+//!   prints them.
+//!
+//! The command line itself (clap's options, one module per subcommand
+//! under `src/cli/`) belongs to the binary, `src/main.rs`: none of it is
+//! in this library's API.
 //!
 //! ```
 //! use kruskal::cpd::{cpd_als, CpdOptions, CpuBackend};
@@ -34,8 +41,10 @@ pub use kruskal_formats as formats;
 pub use kruskal_partition as partition;
 pub use kruskal_tune as tune;
 
-pub mod check;
-pub mod cli;
+pub mod console;
+pub mod harness;
+pub mod input;
+pub mod measure;
 
 /// The README's examples, compiled as doc tests so they stay true.
 #[doc = include_str!("../../../README.md")]

@@ -1,11 +1,14 @@
 //! The `kruskal` program: a thin layer that parses options and calls the
-//! library crates (one module per subcommand under `cli/`, in the library).
+//! library (one module per subcommand under `cli/`, private to the
+//! binary).
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use kruskal::cli as cmd;
+mod cli;
+
+use cli as cmd;
 
 /// CP decomposition of large sparse tensors.
 #[derive(Parser, Debug)]

@@ -24,7 +24,7 @@
 //! tensors = ["nell-2"]
 //! engines = ["coo", "fcoo", "auto"]
 //! ranks = [32]
-//! flags = ["--no-model"]   # more `kruskal mttkrp` flags
+//! flags = ["--no-model"]   # more `kruskal mttkrp` flags (see flags.rs)
 //! tag = "fixed defaults"   # shown after the engine's name
 //!
 //! [[cpd]]              # CPD-ALS time per iteration
@@ -51,9 +51,11 @@
 //! before measuring anything and shows the `make` command.
 
 use std::collections::HashSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use kruskal::input::{Source, parse_count};
+use kruskal_formats::ReadOptions;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Deserialize)]
@@ -153,6 +155,7 @@ pub struct MttkrpEntry {
     pub engines: Vec<String>,
     #[serde(default = "rank_32")]
     pub ranks: Vec<usize>,
+    /// More `kruskal mttkrp` flags, those `flags.rs` takes.
     #[serde(default)]
     pub flags: Vec<String>,
     /// Shown after the engine in tables and plots, e.g. `deterministic`
@@ -174,6 +177,7 @@ pub struct CpdEntry {
     pub ranks: Vec<usize>,
     #[serde(default = "six")]
     pub iters: usize,
+    /// More `kruskal cpd` flags, those `flags.rs` takes.
     #[serde(default)]
     pub flags: Vec<String>,
     pub tag: Option<String>,
@@ -233,8 +237,7 @@ impl Matrix {
             kruskal_formats::generate::preset(&t.like)
                 .with_context(|| format!("tensor '{}'", t.name))?;
             if let Some(nnz) = &t.nnz {
-                kruskal::cli::common::parse_count(nnz)
-                    .map_err(|e| anyhow::anyhow!("tensor '{}': nnz: {e}", t.name))?;
+                parse_count(nnz).map_err(|e| anyhow::anyhow!("tensor '{}': nnz: {e}", t.name))?;
             }
             // A file is read as it is: the keys of the generated stand-in
             // (or of the FROSTT file) would be silently ignored.
@@ -317,23 +320,33 @@ impl Matrix {
 }
 
 impl TensorSpec {
-    /// `kruskal` input arguments for this tensor: its own file when it
-    /// has a `path`, the FROSTT file when it is wanted and present, else
-    /// the generated stand-in.
-    pub fn input_args(&self, data_dir: &Path) -> Vec<String> {
+    /// Where this tensor comes from: its own file when it has a `path`,
+    /// the FROSTT file when it is wanted and present, else the generated
+    /// stand-in.
+    pub fn source(&self, data_dir: &Path) -> Result<Source> {
+        let file = |path: PathBuf| Source::File {
+            path,
+            read: ReadOptions::default(),
+        };
         if let Some(path) = &self.path {
-            return vec![path.clone()];
+            return Ok(file(PathBuf::from(path)));
         }
-        let file = data_dir.join(format!("{}.ktns", self.like.to_lowercase()));
-        if self.frostt && file.is_file() {
-            return vec![file.display().to_string()];
+        let ktns = data_dir.join(format!("{}.ktns", self.like.to_lowercase()));
+        if self.frostt && ktns.is_file() {
+            return Ok(file(ktns));
         }
-        let mut args = vec!["--like".to_string(), self.like.clone()];
-        if let Some(nnz) = &self.nnz {
-            args.extend(["--nnz".to_string(), nnz.clone()]);
-        }
-        args.extend(["--gen-seed".to_string(), self.seed.to_string()]);
-        args
+        let nnz = match &self.nnz {
+            Some(text) => Some(
+                parse_count(text)
+                    .map_err(|e| anyhow::anyhow!("tensor '{}': nnz: {e}", self.name))?,
+            ),
+            None => None,
+        };
+        Ok(Source::Like {
+            name: self.like.clone(),
+            nnz,
+            seed: self.seed,
+        })
     }
 
     /// Fails when the tensor has a `path` and no file is there, with
@@ -392,9 +405,13 @@ iters = 3
         assert_eq!(m.cpd[0].gpus, vec![1]);
         let t = m.tensor("small").unwrap();
         assert_eq!(t.seed, 1);
-        assert_eq!(
-            t.input_args(Path::new("/nonexistent")),
-            ["--like", "nell-2", "--nnz", "2k", "--gen-seed", "1"]
+        assert!(
+            matches!(
+                t.source(Path::new("/nonexistent")).unwrap(),
+                Source::Like { name, nnz: Some(2_000), seed: 1 } if name == "nell-2"
+            ),
+            "{:?}",
+            t.source(Path::new("/nonexistent"))
         );
     }
 
@@ -403,11 +420,14 @@ iters = 3
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("nell-2.ktns"), b"x").unwrap();
         let mut m = Matrix::parse(GOOD).unwrap();
-        assert_eq!(m.tensors[0].input_args(dir.path())[0], "--like");
+        let source = m.tensors[0].source(dir.path()).unwrap();
+        assert!(matches!(source, Source::Like { .. }), "{source:?}");
         m.tensors[0].frostt = true;
-        let args = m.tensors[0].input_args(dir.path());
-        assert_eq!(args.len(), 1);
-        assert!(args[0].ends_with("nell-2.ktns"), "{args:?}");
+        let source = m.tensors[0].source(dir.path()).unwrap();
+        assert!(
+            matches!(&source, Source::File { path, .. } if path.ends_with("nell-2.ktns")),
+            "{source:?}"
+        );
     }
 
     /// A tensor read from a file, and a figure measured elsewhere on it.
@@ -443,7 +463,11 @@ source = "ANCHORS.md"
             Some("python3 bench/gen_anchor.py t3 anchors/t3.ktns")
         );
         // The file, whatever the data folder; `like` only names the shape.
-        assert_eq!(t.input_args(Path::new("frostt")), ["anchors/t3.ktns"]);
+        let source = t.source(Path::new("frostt")).unwrap();
+        assert!(
+            matches!(&source, Source::File { path, .. } if path == Path::new("anchors/t3.ktns")),
+            "{source:?}"
+        );
         assert_eq!(
             m.references,
             [Reference {

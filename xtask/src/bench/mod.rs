@@ -3,7 +3,7 @@
 //!
 //! The matrix is a TOML file (`bench/*.toml`, see [`matrix`]). Every
 //! measurement runs the code of `kruskal mttkrp` and `kruskal cpd`
-//! (`kruskal::cli::{mttkrp, cpd}::measure`) in this process, so the
+//! (`kruskal::measure::{mttkrp, cpd}`) in this process, so the
 //! release xtask binary can be carried to a GPU machine without a Rust
 //! toolchain (`cargo xtask bundle` copies it) and run there. Each tensor is
 //! loaded or generated once and serves every entry that names it. The
@@ -21,22 +21,23 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
-use clap::{Parser, Subcommand};
+use clap::{Args, Subcommand};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+mod flags;
 pub mod matrix;
 pub mod plot;
 pub mod report;
 
-use kruskal::cli::common::median;
+use kruskal::input::{Loaded, Source};
+use kruskal::measure::{CpdRunOptions, MttkrpBackend, MttkrpOptions, median};
 use matrix::{Matrix, Reference, TensorSpec};
 
-pub const USAGE: &str = "cargo xtask bench [--matrix FILE] [--out DIR] [--only TENSOR]... [--data DIR] [--no-torch] [--python PATH] [--append]\n       cargo xtask bench report RESULTS.json... --out DIR [--doc FILE --image-dir DIR]";
-
-#[derive(Parser, Debug)]
-#[command(name = "cargo xtask bench", args_conflicts_with_subcommands = true)]
-struct BenchCli {
+/// `cargo xtask bench`: run a matrix, or (`bench report`) rebuild the
+/// report from results files.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
     #[command(subcommand)]
     report: Option<ReportCmd>,
     /// The evaluation matrix.
@@ -74,8 +75,10 @@ struct BenchCli {
 enum ReportCmd {
     /// Rebuild report.md and the plots from results files.
     Report {
+        /// results.json files of bench runs.
         #[arg(required = true)]
         results: Vec<PathBuf>,
+        /// Where report.md and the plots go.
         #[arg(long)]
         out: PathBuf,
         /// Replace the block between `<!-- bench:begin -->` and
@@ -196,17 +199,7 @@ impl Results {
     }
 }
 
-pub fn bench(args: &[String]) -> Result<()> {
-    let argv = std::iter::once("bench".to_string()).chain(args.iter().cloned());
-    let cli = match BenchCli::try_parse_from(argv) {
-        Ok(c) => c,
-        Err(e) if !e.use_stderr() => {
-            // --help
-            print!("{e}");
-            return Ok(());
-        }
-        Err(e) => bail!("{}", first_line(&e.to_string())),
-    };
+pub fn bench(cli: BenchArgs) -> Result<()> {
     if let Some(ReportCmd::Report {
         results,
         out,
@@ -231,33 +224,6 @@ pub fn bench(args: &[String]) -> Result<()> {
         return Ok(());
     }
     run_matrix(&cli)
-}
-
-fn first_line(s: &str) -> &str {
-    s.trim().lines().next().unwrap_or("")
-}
-
-/// `kruskal mttkrp` / `kruskal cpd` arguments, parsed the program's way.
-#[derive(Parser)]
-struct MttkrpCli {
-    #[command(flatten)]
-    args: kruskal::cli::mttkrp::MttkrpArgs,
-}
-
-#[derive(Parser)]
-struct CpdCli {
-    #[command(flatten)]
-    args: kruskal::cli::cpd::CpdArgs,
-}
-
-fn parse_as<P: Parser>(what: &str, argv: &[String]) -> Result<P> {
-    P::try_parse_from(std::iter::once(what.to_string()).chain(argv.iter().cloned())).map_err(|e| {
-        anyhow::anyhow!(
-            "`kruskal {what} {}`: {}",
-            argv.join(" "),
-            first_line(&e.to_string())
-        )
-    })
 }
 
 /// What every measurement of this run shares.
@@ -313,7 +279,7 @@ fn summary_line(m: &Measurement) -> String {
     )
 }
 
-fn run_matrix(cli: &BenchCli) -> Result<()> {
+fn run_matrix(cli: &BenchArgs) -> Result<()> {
     let matrix = Matrix::load(&cli.matrix)?;
     for name in &cli.only {
         if matrix.tensor(name).is_none() {
@@ -391,10 +357,8 @@ fn run_matrix(cli: &BenchCli) -> Result<()> {
         let uses = |list: &[String]| list.contains(&spec.name);
         let mttkrp: Vec<_> = matrix.mttkrp.iter().filter(|e| uses(&e.tensors)).collect();
         let cpd: Vec<_> = matrix.cpd.iter().filter(|e| uses(&e.tensors)).collect();
-        let input = spec.input_args(&data_dir);
-        let loaded = parse_as::<MttkrpCli>("mttkrp", &input)?
-            .args
-            .input
+        let source = spec.source(&data_dir)?;
+        let loaded = source
             .load()
             .with_context(|| format!("tensor '{}'", spec.name))?;
         println!(
@@ -404,7 +368,7 @@ fn run_matrix(cli: &BenchCli) -> Result<()> {
             loaded.tensor.nnz(),
             loaded.load_s
         );
-        let mut torch_file = TorchFile::new(spec, &input, cli.scratch.as_deref());
+        let mut torch_file = TorchFile::new(spec, &source, cli.scratch.as_deref());
         // PyTorch runs once per rank, whichever entries ask for it.
         let mut torch_ranks = Vec::new();
         for e in &mttkrp {
@@ -417,25 +381,20 @@ fn run_matrix(cli: &BenchCli) -> Result<()> {
             }
             for &rank in &e.ranks {
                 for engine in &e.engines {
-                    let mut argv: Vec<String> = [
-                        "--backend",
-                        &e.backend,
-                        "--kernel",
-                        engine,
-                        "--rank",
-                        &rank.to_string(),
-                        "--repeat",
-                        &matrix.settings.repeat.to_string(),
-                        "--json",
-                    ]
-                    .map(String::from)
-                    .to_vec();
-                    if spec.verify {
-                        argv.push("--verify".into());
-                    }
-                    argv.extend(e.flags.iter().cloned());
-                    let args = parse_as::<MttkrpCli>("mttkrp", &argv)?.args;
-                    let reports = kruskal::cli::mttkrp::measure(&args, &loaded)
+                    let mut opts = MttkrpOptions {
+                        rank,
+                        repeat: matrix.settings.repeat,
+                        backend: match e.backend.as_str() {
+                            "gpu" => MttkrpBackend::Gpu,
+                            _ => MttkrpBackend::Cpu,
+                        },
+                        kernel: engine.clone(),
+                        verify: spec.verify,
+                        quiet: true,
+                        ..MttkrpOptions::default()
+                    };
+                    flags::mttkrp(&e.flags, &mut opts)?;
+                    let reports = kruskal::measure::mttkrp(&opts, &loaded)
                         .with_context(|| format!("{} mttkrp --kernel {engine}", spec.name))?;
                     for r in reports {
                         let m = cx.mttkrp_measurement(spec, &e.backend, engine, &e.tag, r)?;
@@ -487,30 +446,27 @@ fn run_matrix(cli: &BenchCli) -> Result<()> {
                         cx.skip(what, why)?;
                         continue;
                     }
-                    let mut argv: Vec<String> = [
-                        "--rank",
-                        &rank.to_string(),
-                        "--iters",
-                        &e.iters.to_string(),
-                        "--tol",
-                        "0",
-                        "--json",
-                    ]
-                    .map(String::from)
-                    .to_vec();
+                    let mut opts = CpdRunOptions {
+                        quiet: true,
+                        ..CpdRunOptions::default()
+                    };
+                    let d = &mut opts.decompose;
+                    d.cpd.rank = rank;
+                    d.cpd.max_iters = e.iters;
+                    d.cpd.tol = 0.0;
                     match e.backend.as_str() {
                         "gpus" => {
-                            argv.extend(["--gpus".into(), g.to_string()]);
-                            if let Some(x) = exchange {
-                                argv.extend(["--exchange".into(), x.to_string()]);
-                            }
+                            d.gpus = Some(
+                                kruskal::cpd::decompose::first_gpus(g)
+                                    .with_context(|| what.clone())?,
+                            );
+                            d.group.exchange = exchange.map(exchange_named);
                         }
-                        b => argv.extend(["--backend".into(), b.to_string()]),
+                        "gpu" => d.backend = kruskal::cpd::BackendChoice::Gpu,
+                        _ => d.backend = kruskal::cpd::BackendChoice::Cpu,
                     }
-                    argv.extend(e.flags.iter().cloned());
-                    let args = parse_as::<CpdCli>("cpd", &argv)?.args;
-                    let r =
-                        kruskal::cli::cpd::measure(&args, &loaded).with_context(|| what.clone())?;
+                    flags::cpd(&e.flags, &mut opts)?;
+                    let r = kruskal::measure::cpd(&opts, &loaded).with_context(|| what.clone())?;
                     let m = cx.cpd_measurement(spec, &e.backend, &e.tag, g, exchange, r)?;
                     cx.push(m)?;
                 }
@@ -533,6 +489,14 @@ fn run_matrix(cli: &BenchCli) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The exchange a matrix names (`nccl` or `p2p`, checked when it is read).
+fn exchange_named(name: &str) -> kruskal_device::Exchange {
+    match name {
+        "nccl" => kruskal_device::Exchange::Nccl,
+        _ => kruskal_device::Exchange::P2p,
+    }
 }
 
 fn f64s(v: &Value) -> Option<Vec<f64>> {
@@ -695,10 +659,10 @@ struct TorchFile {
 }
 
 impl TorchFile {
-    fn new(spec: &TensorSpec, input: &[String], scratch: Option<&Path>) -> TorchFile {
-        if input.len() == 1 {
+    fn new(spec: &TensorSpec, source: &Source, scratch: Option<&Path>) -> TorchFile {
+        if let Source::File { path, .. } = source {
             return TorchFile {
-                path: PathBuf::from(&input[0]),
+                path: path.clone(),
                 written: true,
                 ours: false,
             };
@@ -743,11 +707,11 @@ fn torch_baseline(
     cx: &mut Run,
     torch: &mut Torch,
     file: &mut TorchFile,
-    loaded: &kruskal::cli::common::Loaded,
+    loaded: &Loaded,
     spec: &TensorSpec,
     rank: usize,
     repeat: usize,
-    cli: &BenchCli,
+    cli: &BenchArgs,
 ) -> Result<()> {
     let what = format!("{} PyTorch rank {rank}", spec.name);
     if let Torch::Unknown = torch {

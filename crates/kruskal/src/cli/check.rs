@@ -1,16 +1,18 @@
 //! `kruskal check`: every MTTKRP engine against the f64 reference on
 //! generated power-law tensors and a folder of real ones (the cases are in
-//! [`crate::check`]); prints a table, fails if any case failed.
+//! [`kruskal::harness`]); prints a table, fails if any case failed.
 
 use std::path::PathBuf;
 
-use crate::check::{CheckOptions, CheckReport, data_folder, run_check};
 use anyhow::{Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use kruskal::harness::{CheckOptions, CheckReport, data_folder, run_check};
 use serde_json::json;
 
-use super::common::{dims_text, parse_count, set_threads, thousands};
+use super::common::set_threads;
+use kruskal::console::{dims_text, thousands};
+use kruskal::input::parse_count;
 
 #[derive(Args, Debug)]
 pub struct CheckArgs {

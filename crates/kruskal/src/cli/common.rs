@@ -1,15 +1,13 @@
 //! Options and helpers shared by several subcommands: where the tensor comes
-//! from, progress bars, thread count, number formatting.
+//! from, the GPU options, thread count, dimensions.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Instant;
+use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
-use kruskal_formats::generate::{PowerLawSpec, power_law, preset};
-use kruskal_formats::{ReadOptions, ReadReport, SparseTensor, read_tensor_report};
+use kruskal_formats::ReadOptions;
+
+use kruskal::input::{Loaded, Source, parse_count};
 
 /// How to read a tensor file.
 #[derive(Args, Clone, Debug, Default)]
@@ -69,107 +67,31 @@ pub struct InputArgs {
     pub read: ReadArgs,
 }
 
-/// A loaded tensor and where it came from.
-pub struct Loaded {
-    pub tensor: SparseTensor,
-    pub source: String,
-    pub load_s: f64,
-    /// Lines of the file summed into others (repeated coordinates).
-    pub merged: usize,
-    /// Seconds of the load spent on repeated coordinates (the order check,
-    /// and the sort where needed).
-    pub coalesce_s: f64,
-}
-
 impl InputArgs {
-    pub fn load(&self) -> Result<Loaded> {
-        let start = Instant::now();
+    /// Where the tensor comes from: `--like` wins over a file; `None`
+    /// when neither is given.
+    pub fn source(&self) -> Option<Source> {
         if let Some(name) = &self.like {
-            let p = preset(name)?;
-            let mut spec = PowerLawSpec::like(p).with_seed(self.gen_seed);
-            if let Some(nnz) = self.nnz {
-                spec = spec.with_nnz(nnz);
-            }
-            let bar = spinner(&format!("generating {} nonzeros like {}", spec.nnz, p.name));
-            let tensor = power_law(&spec)?;
-            bar.finish_and_clear();
-            return Ok(Loaded {
-                tensor,
-                source: format!("generated like {} (seed {})", p.name, self.gen_seed),
-                load_s: start.elapsed().as_secs_f64(),
-                merged: 0,
-                coalesce_s: 0.0,
+            return Some(Source::Like {
+                name: name.clone(),
+                nnz: self.nnz,
+                seed: self.gen_seed,
             });
         }
-        let path = self
-            .file
-            .as_deref()
-            .context("give a tensor FILE, or --like NAME to generate one")?;
-        let (tensor, report) = load_file(path, &self.read)?;
-        Ok(Loaded {
-            tensor,
-            source: path.display().to_string(),
-            load_s: start.elapsed().as_secs_f64(),
-            merged: report.merged,
-            coalesce_s: report.coalesce_s,
+        let path = self.file.clone()?;
+        Some(Source::File {
+            path,
+            read: self.read.options(),
         })
     }
-}
 
-/// Reads a tensor file with a byte-progress bar on a terminal, and prints
-/// (on standard error, so `--json` output stays clean) one line for the
-/// repeated coordinates summed and one per warning of the reader.
-pub fn load_file(path: &Path, read: &ReadArgs) -> Result<(SparseTensor, ReadReport)> {
-    let mut opts = read.options();
-    let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
-        )
-        .expect("valid template")
-        .progress_chars("=> "),
-    );
-    bar.set_message(format!("reading {}", path.display()));
-    let b = bar.clone();
-    opts.progress = Some(Arc::new(move |done, total| {
-        b.set_length(total);
-        b.set_position(done);
-    }));
-    let read = read_tensor_report(path, &opts);
-    bar.finish_and_clear();
-    let (tensor, report) = read?;
-    for w in &report.warnings {
-        warn(w);
+    /// Reads or generates the tensor ([`Source::load`]).
+    pub fn load(&self) -> Result<Loaded> {
+        let source = self
+            .source()
+            .context("give a tensor FILE, or --like NAME to generate one")?;
+        Ok(source.load()?)
     }
-    if report.merged > 0 {
-        note(&format!(
-            "{}: {} lines repeat a coordinate and were summed into others ({} lines, {} nonzeros)",
-            path.display(),
-            thousands(report.merged as u64),
-            thousands((tensor.nnz() + report.merged) as u64),
-            thousands(tensor.nnz() as u64)
-        ));
-    }
-    Ok((tensor, report))
-}
-
-/// Prints a warning: something the user should check, that did not stop
-/// the work.
-pub fn warn(message: &str) {
-    eprintln!("kruskal: warning: {message}");
-}
-
-/// Prints a note: what the program did that the user did not ask for.
-pub fn note(message: &str) {
-    eprintln!("kruskal: note: {message}");
-}
-
-/// A spinner on stderr when it is a terminal (hidden otherwise).
-pub fn spinner(message: &str) -> ProgressBar {
-    let bar = ProgressBar::new_spinner();
-    bar.set_message(message.to_string());
-    bar.enable_steady_tick(std::time::Duration::from_millis(120));
-    bar
 }
 
 /// Launch options of the GPU engines (`kruskal cpd` and `kruskal mttkrp`).
@@ -312,6 +234,7 @@ impl MultiGpuArgs {
         Ok(Some(kruskal_cpd::decompose::first_gpus(n)?))
     }
 
+    /// The group's options (`--exchange`, `--stream`, ...), checked.
     pub fn options(&self) -> Result<kruskal_device::GroupOptions> {
         use kruskal_device::{Exchange, StreamPolicy};
         let exchange = match self.exchange.as_deref() {
@@ -343,54 +266,16 @@ impl MultiGpuArgs {
         Ok(options)
     }
 
-    /// Builds the group, printing its plan unless `quiet`. `kernel` is
-    /// the command's `--kernel`: the group runs the shard kernel, so only
-    /// `auto` and `shard` are accepted.
-    pub fn group(
-        &self,
-        ordinals: &[usize],
-        t: &kruskal_formats::SparseTensor,
-        rank: usize,
-        kernel: &str,
-        quiet: bool,
-    ) -> Result<kruskal_device::GpuGroup> {
-        let opts = self.options()?;
-        let group = kruskal_cpd::decompose::gpu_group(
-            ordinals,
-            t,
-            rank,
-            kernel,
-            &opts,
-            &mut |topic, text| {
-                if !quiet {
-                    println!("{topic:<11}{text}");
-                }
-            },
-        )?;
-        Ok(group)
+    /// The GPUs `--gpus` names and, with them, the group's options (the
+    /// defaults without `--gpus`).
+    pub fn group(&self) -> Result<(Option<Vec<usize>>, kruskal_device::GroupOptions)> {
+        let gpus = self.ordinals()?;
+        let group = match gpus {
+            Some(_) => self.options()?,
+            None => Default::default(),
+        };
+        Ok((gpus, group))
     }
-}
-
-/// The median of `v` (sorted in place); NaN when empty.
-pub fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => f64::NAN,
-        _ if n % 2 == 1 => v[n / 2],
-        _ => 0.5 * (v[n / 2 - 1] + v[n / 2]),
-    }
-}
-
-/// `12.3 GiB`.
-pub fn gib(bytes: usize) -> String {
-    format!("{:.1} GiB", bytes as f64 / (1u64 << 30) as f64)
-}
-
-/// Parses `--kernel` for the CPU (clap value parser).
-pub fn parse_cpu_kernel(text: &str) -> Result<kruskal_cpu::CpuKernel, String> {
-    text.parse()
-        .map_err(|e: kruskal_cpu::CpuError| e.to_string())
 }
 
 /// Sets the size of rayon's global pool (0: one thread per core).
@@ -402,25 +287,6 @@ pub fn set_threads(threads: usize) -> Result<()> {
             .context("could not set the thread count")?;
     }
     Ok(())
-}
-
-/// Parses a count such as `1000000`, `1_000_000`, `2.5M`, `10k` or `1G`.
-pub fn parse_count(text: &str) -> Result<usize, String> {
-    let t = text.trim().replace('_', "");
-    let (num, mult) = match t.chars().last() {
-        Some('k' | 'K') => (&t[..t.len() - 1], 1e3),
-        Some('m' | 'M') => (&t[..t.len() - 1], 1e6),
-        Some('g' | 'G' | 'b' | 'B') => (&t[..t.len() - 1], 1e9),
-        _ => (t.as_str(), 1.0),
-    };
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("'{text}' is not a count (e.g. 1000000, 2.5M, 10k)"))?;
-    let n = value * mult;
-    if !(1.0..1.8e19).contains(&n) {
-        return Err(format!("'{text}' must be a positive count"));
-    }
-    Ok(n.round() as usize)
 }
 
 /// Parses a comma-separated list of positive dimensions.
@@ -441,28 +307,10 @@ pub fn parse_dims(text: &str) -> Result<Vec<u32>> {
     Ok(dims)
 }
 
-/// `12,092 x 9,184 x 28,818`.
-pub fn dims_text(dims: &[u32]) -> String {
-    dims.iter()
-        .map(|&d| thousands(u64::from(d)))
-        .collect::<Vec<_>>()
-        .join(" x ")
-}
-
-pub use kruskal_cpd::memory::thousands;
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn counts_parse_with_suffixes() {
-        assert_eq!(parse_count("2.5M"), Ok(2_500_000));
-        assert_eq!(parse_count("10k"), Ok(10_000));
-        assert_eq!(parse_count("1_000"), Ok(1_000));
-        assert!(parse_count("0").is_err());
-        assert!(parse_count("lots").is_err());
-    }
+    use kruskal::console::{dims_text, thousands};
 
     #[test]
     fn dims_parse_and_print() {

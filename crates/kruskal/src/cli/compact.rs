@@ -6,7 +6,8 @@ use anyhow::Result;
 use kruskal_formats::Compaction;
 use serde_json::json;
 
-use super::common::{Loaded, thousands};
+use kruskal::console::thousands;
+use kruskal::input::Loaded;
 
 /// Replaces the loaded tensor by its relabeled twin and says, per mode,
 /// what became of the dimension (unless `json`); `writes_factors`: the

@@ -8,7 +8,9 @@ use anyhow::{Result, bail};
 use clap::Args;
 use kruskal_formats::write_tensor;
 
-use super::common::{ReadArgs, load_file, spinner, thousands};
+use super::common::ReadArgs;
+use kruskal::console::{spinner, thousands};
+use kruskal::input::read_file;
 
 #[derive(Args, Debug)]
 pub struct ConvertArgs {
@@ -36,7 +38,7 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         );
     }
     let start = Instant::now();
-    let (t, _) = load_file(&args.input, &args.read)?;
+    let (t, _) = read_file(&args.input, &args.read.options())?;
     let read_s = start.elapsed().as_secs_f64();
     let in_bytes = size(&args.input);
     println!(

@@ -1,24 +1,23 @@
 //! `kruskal cpd`: CP decomposition of a tensor file, or of a planted
 //! low-rank tensor with `--demo`.
 
-use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-use indicatif::{ProgressBar, ProgressStyle};
 pub(super) use kruskal_cpd::decompose::Starts;
 use kruskal_cpd::{
-    Backend, Chosen, CpdOptions, DecomposeOptions, Decomposition, Event, GroupBackend, Init,
-    IterationStats, KernelPlan, KruskalModel, StartSummary, factor_match_score, load_factors,
+    Backend, Chosen, CpdOptions, DecomposeOptions, GroupBackend, Init, KernelPlan, KruskalModel,
+    factor_match_score, load_factors,
 };
 use kruskal_formats::generate::{PlantedSpec, planted};
-use serde_json::json;
 
-use super::common::{GpuArgs, InputArgs, Loaded, MultiGpuArgs, dims_text, set_threads, thousands};
+use super::common::{GpuArgs, InputArgs, MultiGpuArgs, set_threads};
 use super::{compact, preflight};
+use kruskal::input::Loaded;
+use kruskal::measure::{CpdRunOptions, cpd_report};
 
 /// Where the decomposition runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -156,7 +155,11 @@ pub fn run(args: CpdArgs) -> Result<()> {
         None => None,
     };
     let stop = interrupt_flag()?;
-    let done = decompose(&args, &loaded, stop)?;
+    let opts = CpdRunOptions {
+        decompose: decompose_options(&args, loaded.tensor.nmodes())?,
+        quiet: args.json,
+    };
+    let done = kruskal::measure::decompose(&opts, &loaded, stop)?;
     drop(opening);
     let model = &done.model;
     let fms = truth
@@ -174,7 +177,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
     }
 
     if args.json {
-        let mut value = report(&loaded, &done, fms, args.out.as_ref())?;
+        let mut value = cpd_report(&loaded, &done, fms, args.out.as_deref())?;
         if let Some(map) = &compaction {
             value["compact"] = compact::json(map);
         }
@@ -205,47 +208,10 @@ pub fn run(args: CpdArgs) -> Result<()> {
     Ok(())
 }
 
-/// Runs the decomposition `args` asks for on an already loaded tensor and
-/// returns the `--json` report of `kruskal cpd` (without printing it;
-/// the per-iteration lines are printed unless `args.json`). `args.input`,
-/// `args.demo`, `args.out` and `args.threads` are not used here.
-pub fn measure(args: &CpdArgs, loaded: &Loaded) -> Result<serde_json::Value> {
-    static NEVER: AtomicBool = AtomicBool::new(false);
-    let done = decompose(args, loaded, &NEVER)?;
-    report(loaded, &done, None, None)
-}
-
-/// Builds the backend and runs every start (`kruskal_cpd::decompose`),
-/// printing what it chose and a line per iteration unless `args.json`.
-/// Stops after the current iteration once `stop` is set.
-fn decompose(args: &CpdArgs, loaded: &Loaded, stop: &AtomicBool) -> Result<Decomposition> {
-    let tensor = &loaded.tensor;
-    let opts = decompose_options(args, tensor.nmodes())?;
-    preflight::print_warnings(tensor, opts.cpd.rank, opts.cpd.max_iters);
-    if !args.json {
-        println!("tensor     {}", loaded.source);
-        println!(
-            "           {} modes, {}, {} nonzeros (loaded in {:.2} s)",
-            tensor.nmodes(),
-            dims_text(tensor.dims()),
-            thousands(tensor.nnz() as u64),
-            loaded.load_s
-        );
-    }
-    let mut printer = Printer::new(args.json, &opts.cpd);
-    let done = kruskal_cpd::decompose(tensor, &opts, &mut |e| printer.event(e), stop);
-    printer.finish();
-    let done = done?;
-    if !args.json {
-        print_starts(done.starts, &done.summaries);
-    }
-    Ok(done)
-}
-
 /// What `args` ask of `kruskal_cpd::decompose` for a tensor of `nmodes`
 /// modes.
 fn decompose_options(args: &CpdArgs, nmodes: usize) -> Result<DecomposeOptions> {
-    let gpus = args.multi.ordinals()?;
+    let (gpus, group) = args.multi.group()?;
     Ok(DecomposeOptions {
         cpd: cpd_options(args, nmodes)?,
         starts: args.starts.unwrap_or(if args.demo { 3 } else { 1 }),
@@ -258,10 +224,7 @@ fn decompose_options(args: &CpdArgs, nmodes: usize) -> Result<DecomposeOptions> 
         kernel: args.kernel.clone(),
         gpu: args.gpu.options(),
         no_model: args.gpu.no_model,
-        group: match gpus {
-            Some(_) => args.multi.options()?,
-            None => Default::default(),
-        },
+        group,
         gpus,
         // Already relabeled, a tensor has no mode left to compact.
         compact_flag: (!args.compact).then(|| "--compact".to_string()),
@@ -304,9 +267,9 @@ pub(super) fn cpd_options(args: &CpdArgs, nmodes: usize) -> Result<CpdOptions> {
     })
 }
 
-/// Runs every start `args` asks for on `backend` and keeps the best model;
-/// prints a line per iteration unless `quiet`. Stops after the current
-/// iteration once `stop` is set.
+/// Runs every start `args` asks for on `backend` and keeps the best model
+/// ([`kruskal::measure::run_starts`]); prints a line per iteration unless
+/// `quiet`. Stops after the current iteration once `stop` is set.
 pub(super) fn run_starts(
     args: &CpdArgs,
     backend: &mut dyn Backend,
@@ -314,157 +277,10 @@ pub(super) fn run_starts(
     quiet: bool,
     stop: &AtomicBool,
 ) -> Result<Starts> {
-    let mut printer = Printer::new(quiet, opts);
-    printer.limits();
     let starts = args.starts.unwrap_or(if args.demo { 3 } else { 1 });
-    let runs = kruskal_cpd::decompose::run_starts(
-        backend,
-        opts,
-        args.seed,
-        starts,
-        &mut |e| printer.event(e),
-        stop,
-    );
-    printer.finish();
-    let runs = runs?;
-    if !quiet {
-        print_starts(runs.starts, &runs.summaries);
-    }
-    Ok(runs)
-}
-
-/// `: GPU opened 0.150 s, kernel model 0.020 s, layout built 0.050 s`,
-/// the parts a backend took (none for a CPU backend's single part).
-fn prepare_parts(p: &kruskal_cpd::PrepareTimes) -> String {
-    let parts: Vec<String> = [
-        ("GPU opened", p.open_s),
-        ("kernel model", p.choose_s),
-        ("layout built", p.build_s),
-    ]
-    .iter()
-    .filter(|(_, s)| *s > 0.0)
-    .map(|(what, s)| format!("{what} {s:.3} s"))
-    .collect();
-    if parts.len() < 2 {
-        String::new()
-    } else {
-        format!(": {}", parts.join(", "))
-    }
-}
-
-/// Each start's seed, fit and iterations, when several were asked for.
-fn print_starts(starts: usize, summaries: &[StartSummary]) {
-    if starts > 1 {
-        for s in summaries {
-            println!(
-                "start seed {}: fit {:.6} after {} iterations",
-                s.seed, s.fit, s.iterations
-            );
-        }
-    }
-}
-
-/// Shows `kruskal_cpd::decompose`'s events: its choices and a line per
-/// iteration unless `quiet`, and a progress bar (fit and time per
-/// iteration) on a terminal.
-struct Printer {
-    quiet: bool,
-    rank: usize,
-    max_iters: usize,
-    tol: f64,
-    spin: Option<ProgressBar>,
-    bar: Option<ProgressBar>,
-}
-
-impl Printer {
-    fn new(quiet: bool, opts: &CpdOptions) -> Self {
-        Printer {
-            quiet,
-            rank: opts.rank,
-            max_iters: opts.max_iters,
-            tol: opts.tol,
-            spin: None,
-            bar: None,
-        }
-    }
-
-    /// `rank 10, up to 50 iterations, tol 1e-5`.
-    fn limits(&self) {
-        if !self.quiet {
-            println!(
-                "rank {}, up to {} iterations, tol {:e}",
-                self.rank, self.max_iters, self.tol
-            );
-        }
-    }
-
-    fn event(&mut self, event: Event<'_>) -> ControlFlow<()> {
-        match event {
-            Event::Note { topic, text } => {
-                if !self.quiet {
-                    println!("{topic:<11}{text}");
-                }
-            }
-            Event::Step(Some(what)) => self.spin = Some(super::common::spinner(what)),
-            Event::Step(None) => {
-                if let Some(spin) = self.spin.take() {
-                    spin.finish_and_clear();
-                }
-            }
-            Event::Ready {
-                backend,
-                prep_s,
-                prepare,
-                fallback,
-            } => {
-                if !self.quiet {
-                    if let Some(why) = fallback {
-                        println!("note       GPU not used: {why}; running on the CPU");
-                    }
-                    println!(
-                        "backend    {backend} (prepared in {prep_s:.3} s{})",
-                        prepare_parts(&prepare)
-                    );
-                }
-                self.limits();
-            }
-            Event::Start {
-                index,
-                starts,
-                seed,
-            } => {
-                self.finish();
-                if starts > 1 && !self.quiet {
-                    println!("start {} of {starts} (seed {seed})", index + 1);
-                }
-                let bar = ProgressBar::new(self.max_iters as u64);
-                bar.set_style(
-                    ProgressStyle::with_template("iterating [{bar:30}] {pos}/{len} {msg}")
-                        .expect("valid template")
-                        .progress_chars("=> "),
-                );
-                self.bar = Some(bar);
-            }
-            Event::Iteration(s) => {
-                if let Some(bar) = &self.bar {
-                    let total = s.mttkrp_s + s.other_s;
-                    bar.set_position(s.iteration as u64);
-                    bar.set_message(format!("fit {:.6}, {:.3} s/iteration", s.fit, total));
-                    if !self.quiet {
-                        bar.suspend(|| println!("{}", iteration_line(s)));
-                    }
-                }
-            }
-        }
-        ControlFlow::Continue(())
-    }
-
-    /// Clears the progress bar and spinner.
-    fn finish(&mut self) {
-        for bar in [self.bar.take(), self.spin.take()].into_iter().flatten() {
-            bar.finish_and_clear();
-        }
-    }
+    Ok(kruskal::measure::run_starts(
+        backend, opts, args.seed, starts, quiet, stop,
+    )?)
 }
 
 /// Per mode, where the time went on several GPUs (after the first
@@ -513,23 +329,6 @@ fn interrupt_flag() -> Result<&'static AtomicBool> {
     })
     .context("installing the Ctrl-C handler")?;
     Ok(&STOP)
-}
-
-/// `  its =   3 (0.512 s: mttkrp 0.410 [0.100 0.200 0.110], update 0.080,
-/// fit 0.001)  fit = 0.123456  delta = +1.2e-3`
-fn iteration_line(s: &IterationStats) -> String {
-    let modes: Vec<String> = s.mttkrp_modes_s.iter().map(|t| format!("{t:.3}")).collect();
-    format!(
-        "  its = {:3} ({:.3}s: mttkrp {:.3} [{}], update {:.3}, fit {:.3})  fit = {:.6}  delta = {:+.4e}",
-        s.iteration,
-        s.mttkrp_s + s.other_s,
-        s.mttkrp_s,
-        modes.join(" "),
-        s.update_s,
-        s.fit_s,
-        s.fit,
-        s.delta
-    )
 }
 
 /// The GPU kernel of each mode, and what the first iteration measured.
@@ -641,63 +440,4 @@ pub(super) fn print_summary(
             }
         );
     }
-}
-
-/// The `--json` report of a decomposition.
-fn report(
-    loaded: &Loaded,
-    done: &Decomposition,
-    fms: Option<f64>,
-    out: Option<&PathBuf>,
-) -> Result<serde_json::Value> {
-    let model = &done.model;
-    let t = &loaded.tensor;
-    let (name, kernel, device) = match &done.backend {
-        Chosen::Cpu(b) => ("cpu", json!(b.kernel_name()), None),
-        Chosen::Gpu(b) => (
-            "gpu",
-            serde_json::to_value(b.plan())?,
-            Some(b.gpu().properties().name.clone()),
-        ),
-        Chosen::Group(b) => (
-            "gpus",
-            json!({
-                "name": "shard",
-                "gpus": b.group().gpus().iter().map(|g| g.properties().ordinal).collect::<Vec<_>>(),
-                "exchange": b.group().exchange().map(|e| e.name()),
-                "exchange_note": b.group().exchange_note(),
-                "placement": b.group().describe(),
-                "breakdown": b.breakdown(),
-            }),
-            Some(b.group().gpus()[0].properties().name.clone()),
-        ),
-    };
-    Ok(json!({
-        "tensor": {
-            "source": loaded.source,
-            "dims": t.dims(),
-            "nnz": t.nnz(),
-            "duplicates_merged": loaded.merged,
-            "load_s": loaded.load_s,
-            "coalesce_s": loaded.coalesce_s,
-        },
-        "backend": name,
-        "device": device,
-        "gpu_not_used": done.fallback,
-        "kernel": kernel,
-        "threads": rayon::current_num_threads(),
-        "rank": model.rank(),
-        "prepare_s": done.prep_s,
-        "prepare": done.prepare,
-        "cpd_s": done.cpd_s,
-        "fit": model.fit(),
-        "converged": model.converged,
-        "interrupted": model.interrupted,
-        "pseudo_inverse_solves": model.pseudo_inverse_solves,
-        "iterations": model.iterations,
-        "starts": done.summaries,
-        "lambda": model.lambda,
-        "factor_match_score": fms,
-        "out": out.map(|p| p.display().to_string()),
-    }))
 }

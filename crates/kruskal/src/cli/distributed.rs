@@ -35,8 +35,8 @@ use kruskal_launch::{Launch, LaunchOverrides, Membership, Rendezvous, Rendezvous
 use kruskal_partition::RowShards;
 use serde_json::json;
 
-use super::common::{dims_text, thousands};
 use super::cpd::{CpdArgs, Starts, cpd_options, print_breakdown, print_summary, run_starts};
+use kruskal::console::{dims_text, thousands};
 
 /// Seconds a process waits, after learning that a rank was lost, for its
 /// own run to stop before it ends itself (a call NCCL cannot abort, such

@@ -10,7 +10,9 @@ use kruskal_cpd::KruskalModel;
 use kruskal_formats::generate::{PRESETS, PlantedSpec, PowerLawSpec, planted, power_law, preset};
 use kruskal_formats::write_tensor;
 
-use super::common::{dims_text, parse_count, parse_dims, spinner, thousands};
+use super::common::parse_dims;
+use kruskal::console::{dims_text, spinner, thousands};
+use kruskal::input::parse_count;
 
 #[derive(Args, Debug)]
 pub struct GenArgs {

@@ -11,7 +11,8 @@ use kruskal_partition::layout::unit_weights;
 use kruskal_partition::{Balance, ShardOptions, ShardPlan, cyclic, lpt};
 use kruskal_tune::{ModeFeatures, TensorFeatures};
 
-use super::common::{InputArgs, dims_text, thousands};
+use super::common::InputArgs;
+use kruskal::console::{dims_text, thousands};
 
 #[derive(Args, Debug)]
 pub struct InfoArgs {

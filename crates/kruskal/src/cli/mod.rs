@@ -1,6 +1,7 @@
 //! The `kruskal` subcommands, one module each; `common` holds what they
-//! share. Each module's `run` is what the program calls; `mttkrp::measure`
-//! and `cpd::measure` return the `--json` report without printing.
+//! share. Each module's `run` is what the program calls; `mttkrp` and
+//! `cpd` turn their flags into the options of [`kruskal::measure`] and call
+//! it, as `cargo xtask bench` does.
 
 pub mod check;
 pub mod common;

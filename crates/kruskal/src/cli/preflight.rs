@@ -23,14 +23,6 @@ pub fn check_host_memory(
     }
 }
 
-/// Prints each warning of [`kruskal_cpd::warnings`] on stderr, one line
-/// each.
-pub fn print_warnings(t: &SparseTensor, rank: usize, iters: usize) {
-    for line in kruskal_cpd::warnings(t, rank, iters) {
-        super::common::warn(&line);
-    }
-}
-
 /// The `--out` directory, checked before the run: it is a directory (or
 /// can be created as one) where a file can be written, and no model file
 /// name in it is taken by a directory. Directories created for the check
@@ -97,6 +89,8 @@ impl OutDir {
         Ok(out)
     }
 
+    /// The directory (its tests look at it).
+    #[cfg(test)]
     pub fn path(&self) -> &Path {
         &self.path
     }

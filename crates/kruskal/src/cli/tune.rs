@@ -26,7 +26,8 @@ use kruskal_tune::{
 };
 use serde_json::json;
 
-use super::common::{InputArgs, dims_text, thousands};
+use super::common::InputArgs;
+use kruskal::console::{dims_text, thousands};
 
 #[derive(Args, Debug)]
 pub struct TuneArgs {

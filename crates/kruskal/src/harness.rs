@@ -1,5 +1,7 @@
-//! `kruskal check`: does every MTTKRP engine give the right answer on this
-//! machine? (SPLATT's `splatt check`, for new hardware.)
+//! The harness of `kruskal check`: does every MTTKRP engine give the right
+//! answer on this machine? (SPLATT's `splatt check`, for new hardware.)
+//! The command (`cli/check.rs`) parses its options, calls [`run_check`]
+//! and prints the report.
 //!
 //! Each engine (every CPU engine; with [`CheckOptions::gpu`], every GPU
 //! engine too) computes the MTTKRP of every mode of
@@ -27,7 +29,7 @@
 //! its message, never the end of the check.
 //!
 //! ```
-//! use kruskal::check::{CheckOptions, run_check};
+//! use kruskal::harness::{CheckOptions, run_check};
 //!
 //! let opts = CheckOptions { nmodes: vec![3], ranks: vec![4], nnz: 2_000, ..CheckOptions::quick() };
 //! let report = run_check(&opts, &mut |_| {}).unwrap();

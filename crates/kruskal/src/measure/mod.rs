@@ -1,0 +1,105 @@
+//! What `kruskal mttkrp` and `kruskal cpd` run, as functions with typed
+//! options: the command line converts its flags into these options and
+//! calls the same functions as tools that measure the program in their own
+//! process (`cargo xtask bench`), so both run the same code.
+//!
+//! - [`mttkrp`]: the MTTKRP of each mode timed on the CPU, one GPU or a
+//!   group of GPUs ([`MttkrpOptions`]); one JSON report per engine.
+//! - [`cpd`]: a CPD-ALS run ([`CpdRunOptions`]) and its JSON report;
+//!   [`decompose`] and [`cpd_report`] are its two halves, for a caller
+//!   that also writes the model or stops on Ctrl-C.
+//!
+//! The reports are the JSON objects `--json` prints. Unless told to be
+//! quiet the functions print what the commands print (tables, the choices
+//! made, a line per iteration) on standard output, and progress bars on
+//! standard error when it is a terminal. Error messages name the options
+//! as the command line does (`--rank`, `--mode`).
+
+mod cpd;
+mod mttkrp;
+
+pub use cpd::{CpdRunOptions, cpd, cpd_report, decompose, run_starts};
+pub use mttkrp::{MttkrpBackend, MttkrpOptions, mttkrp};
+
+/// The relative error an f32 MTTKRP may show against the f64 reference;
+/// a report with a `tolerance` of its own (half-precision gathers) allows
+/// that instead.
+pub const TOLERANCE: f64 = 1e-5;
+
+/// What can stop a measurement.
+#[derive(Debug, thiserror::Error)]
+pub enum MeasureError {
+    /// Options that do not fit each other or the tensor; the message names
+    /// them as the command line does.
+    #[error("{0}")]
+    Invalid(String),
+    /// The host has too little memory for the run: the need, its parts and
+    /// the memory available, measured before anything large is made.
+    #[error("{0}")]
+    Memory(String),
+    /// The GPU or its libraries failed. The device's error is the source
+    /// (not hidden behind it), so a caller finds it in the chain and can
+    /// match on its kind.
+    #[error("{0}")]
+    Device(#[from] kruskal_device::DeviceError),
+    /// A CPU engine failed; reads as the engine's error.
+    #[error(transparent)]
+    Cpu(#[from] kruskal_cpu::CpuError),
+    /// The decomposition, or the group of GPUs it prepares, failed; reads
+    /// as its error, whose sources (a device's error) follow in the chain.
+    #[error(transparent)]
+    Cpd(#[from] kruskal_cpd::CpdError),
+    /// A report could not be made into JSON.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+}
+
+/// `Result` with [`MeasureError`].
+pub type Result<T, E = MeasureError> = std::result::Result<T, E>;
+
+/// The median of `v` (sorted in place); NaN when empty.
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => v[n / 2],
+        _ => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_of_odd_even_and_empty_lists() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median(&mut []).is_nan());
+    }
+
+    /// The device's error, alone or inside the decomposition's, reads as
+    /// itself and is in the chain, where the program's no-GPU advice
+    /// looks for it.
+    #[test]
+    fn a_device_error_reads_as_itself_and_stays_in_the_chain() {
+        use kruskal_device::DeviceError;
+        let no_gpu = || DeviceError::NoDevice {
+            ordinal: 0,
+            count: 0,
+        };
+        let cpd = kruskal_cpd::CpdError::from(no_gpu());
+        for e in [MeasureError::from(no_gpu()), MeasureError::from(cpd)] {
+            assert_eq!(
+                e.to_string(),
+                "no CUDA GPU 0 (the driver reports 0 device(s))"
+            );
+            let mut chain =
+                std::iter::successors(Some(&e as &(dyn std::error::Error + 'static)), |c| {
+                    c.source()
+                });
+            assert!(chain.any(|c| c.downcast_ref::<DeviceError>().is_some()));
+        }
+    }
+}

@@ -1,0 +1,859 @@
+//! What `kruskal mttkrp` runs: the MTTKRP of each mode timed on the CPU,
+//! one GPU or a group of GPUs (median of `repeat` runs after a warm-up).
+
+use std::time::Instant;
+
+use kruskal_cpd::random_factors;
+use kruskal_cpu::{CpuKernel, MttkrpEngine, mttkrp_reference, relative_error};
+use kruskal_device::{GpuOptions, GroupOptions};
+use ndarray::Array2;
+use serde_json::json;
+
+use super::{MeasureError, Result, TOLERANCE, median};
+use crate::console::{dims_text, thousands};
+use crate::input::Loaded;
+
+/// Where the MTTKRP runs (without [`MttkrpOptions::gpus`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MttkrpBackend {
+    #[default]
+    Cpu,
+    /// The first CUDA GPU.
+    Gpu,
+}
+
+/// What [`mttkrp`] times: the options of `kruskal mttkrp` that shape a
+/// measurement. `Default` gives the command's defaults.
+#[derive(Clone, Debug)]
+pub struct MttkrpOptions {
+    /// Number of columns of the factor matrices (default 32).
+    pub rank: usize,
+    /// `all` (the default), or one mode numbered from 1; checked against
+    /// the tensor.
+    pub mode: String,
+    /// Timed runs per mode after one warm-up run; the median is reported
+    /// (default 10).
+    pub repeat: usize,
+    /// The CPU (default) or the first GPU; ignored with [`gpus`](Self::gpus).
+    pub backend: MttkrpBackend,
+    /// MTTKRP engine, or `all` to time each one in turn. CPU: auto,
+    /// sorted, fcoo, flycoo, hicoo. GPU: auto, coo, hicoo, fcoo, flycoo;
+    /// on the GPU `auto` is the tuning model's choice of engine and launch
+    /// parameter for this tensor and rank (fcoo with threadlen 8 when
+    /// there is no trained model), and an engine's parameter not given in
+    /// [`gpu`](Self::gpu) is the model's best for that engine. Several
+    /// GPUs: auto or shard. Default `auto`.
+    pub kernel: String,
+    /// Launch parameters of the GPU engines; a parameter given here wins
+    /// over the tuning model's.
+    pub gpu: GpuOptions,
+    /// Ignore the tuning model: `auto` is the fixed default and every
+    /// parameter not given is the fixed default.
+    pub no_model: bool,
+    /// Run the shard kernel on these GPUs of this host as one group (see
+    /// [`kruskal_cpd::decompose::first_gpus`]); `None` (the default): one
+    /// device, as [`backend`](Self::backend) says.
+    pub gpus: Option<Vec<usize>>,
+    /// Options of the group, with [`gpus`](Self::gpus).
+    pub group: GroupOptions,
+    /// Also compare each mode with the f64 reference (slow on big
+    /// tensors); the relative errors are in the reports, and checking
+    /// them is the caller's choice.
+    pub verify: bool,
+    /// Print nothing (`kruskal mttkrp --json`); otherwise the tables of
+    /// `kruskal mttkrp` are printed as the engines are timed.
+    pub quiet: bool,
+}
+
+impl Default for MttkrpOptions {
+    fn default() -> Self {
+        MttkrpOptions {
+            rank: 32,
+            mode: "all".into(),
+            repeat: 10,
+            backend: MttkrpBackend::Cpu,
+            kernel: "auto".into(),
+            gpu: GpuOptions::default(),
+            no_model: false,
+            gpus: None,
+            group: GroupOptions::default(),
+            verify: false,
+            quiet: false,
+        }
+    }
+}
+
+/// Times what `opts` asks for on a loaded tensor and returns one report
+/// per engine (one for a group of GPUs): the JSON object `kruskal mttkrp
+/// --json` prints. Prints the tables as `kruskal mttkrp` does unless
+/// `opts.quiet`. A report's `tolerance`, when present, is the relative
+/// error its engine may show (half-precision gathers); otherwise
+/// [`TOLERANCE`].
+///
+/// ```
+/// use kruskal::input::Source;
+/// use kruskal::measure::{MttkrpOptions, mttkrp};
+///
+/// let loaded = Source::Like { name: "nell-2".into(), nnz: Some(2_000), seed: 1 }.load().unwrap();
+/// let opts = MttkrpOptions { rank: 4, repeat: 2, kernel: "fcoo".into(), verify: true, quiet: true, ..Default::default() };
+/// let reports = mttkrp(&opts, &loaded).unwrap();
+/// assert_eq!(reports[0]["kernel"], "fcoo");
+/// assert!(reports[0]["modes"][0]["relative_error"].as_f64().unwrap() < 1e-5);
+/// ```
+pub fn mttkrp(opts: &MttkrpOptions, loaded: &Loaded) -> Result<Vec<serde_json::Value>> {
+    if opts.rank == 0 || opts.repeat == 0 {
+        return Err(MeasureError::Invalid(
+            "--rank and --repeat must be at least 1".into(),
+        ));
+    }
+    let t = &loaded.tensor;
+    let modes: Vec<usize> = if opts.mode == "all" {
+        (0..t.nmodes()).collect()
+    } else {
+        match opts.mode.parse::<usize>() {
+            Ok(m) if (1..=t.nmodes()).contains(&m) => vec![m - 1],
+            _ => {
+                return Err(MeasureError::Invalid(format!(
+                    "--mode must be 'all' or a mode from 1 to {}, not '{}'",
+                    t.nmodes(),
+                    opts.mode
+                )));
+            }
+        }
+    };
+    let mut need = kruskal_cpd::memory::mttkrp_need(t.dims(), t.nnz(), opts.rank);
+    if opts.backend == MttkrpBackend::Gpu || opts.gpus.is_some() {
+        // On GPUs the host holds the factors (made here, then uploaded).
+        need.parts.truncate(1);
+    }
+    if let Some(why) = kruskal_cpd::memory::host_refusal(&need, t, Some("--compact")) {
+        return Err(MeasureError::Memory(why));
+    }
+    if let Some(ordinals) = &opts.gpus {
+        return Ok(vec![run_group(opts, loaded, &modes, ordinals)?]);
+    }
+    if opts.backend == MttkrpBackend::Gpu {
+        return run_gpu(opts, loaded, &modes);
+    }
+    let kernels: Vec<CpuKernel> = if opts.kernel == "all" {
+        CpuKernel::ENGINES.to_vec()
+    } else {
+        vec![
+            opts.kernel
+                .parse()
+                .map_err(|e: kruskal_cpu::CpuError| MeasureError::Invalid(e.to_string()))?,
+        ]
+    };
+    let factors = random_factors(t.dims(), opts.rank, 1);
+    let mut reports = Vec::new();
+    for (k, &kernel) in kernels.iter().enumerate() {
+        if k > 0 && !opts.quiet {
+            println!();
+        }
+        reports.push(time_kernel(opts, loaded, kernel, &modes, &factors)?);
+    }
+    Ok(reports)
+}
+
+/// What half-precision gathers may add to the error: bf16 keeps 8 bits of
+/// mantissa (values rounded by up to 2^-9), f16 11 bits (2^-12).
+fn tolerance(precision: kruskal_device::FactorPrecision) -> f64 {
+    use kruskal_device::FactorPrecision;
+    match precision {
+        FactorPrecision::F32 => TOLERANCE,
+        FactorPrecision::Bf16 => 1e-2,
+        FactorPrecision::F16 => 2e-3,
+    }
+}
+
+/// Builds one engine and times it: one warm-up sweep over `modes`, then
+/// `repeat` sweeps (in mode order, as CPD-ALS calls them: FLYCOO's tensor
+/// copy then arrives in each mode's order by its dynamic remap). Prints a
+/// table unless `--json`; returns the JSON report.
+fn time_kernel(
+    opts: &MttkrpOptions,
+    loaded: &Loaded,
+    kernel: CpuKernel,
+    modes: &[usize],
+    factors: &[Array2<f32>],
+) -> Result<serde_json::Value> {
+    let t = &loaded.tensor;
+    let threads = rayon::current_num_threads();
+    let prep = Instant::now();
+    let mut engine: Box<dyn MttkrpEngine> = kernel.build(t)?;
+    let prep_s = prep.elapsed().as_secs_f64();
+    if !opts.quiet {
+        println!("tensor   {}", loaded.source);
+        println!(
+            "         {}, {} nonzeros; rank {}; cpu, {threads} threads; {} kernel ({:.1} bytes/nnz), prepared in {:.2} s",
+            dims_text(t.dims()),
+            thousands(t.nnz() as u64),
+            opts.rank,
+            engine.name(),
+            engine.bytes() as f64 / t.nnz().max(1) as f64,
+            prep_s
+        );
+        println!(
+            "{:>6} {:>11} {:>11} {:>14} {:>16}{}",
+            "mode",
+            "median ms",
+            "min ms",
+            "Mnnz/s",
+            "Mnnz/s per core",
+            if opts.verify { "   rel. error" } else { "" }
+        );
+    }
+    let mut outs: Vec<Array2<f32>> = modes
+        .iter()
+        .map(|&m| Array2::<f32>::zeros((t.dims()[m] as usize, opts.rank)))
+        .collect();
+    let mut times = vec![Vec::with_capacity(opts.repeat); modes.len()];
+    for sweep in 0..=opts.repeat {
+        for (k, &mode) in modes.iter().enumerate() {
+            let s = Instant::now();
+            engine.mttkrp(mode, factors, &mut outs[k])?;
+            if sweep > 0 {
+                times[k].push(s.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    let mut total_ms = 0.0;
+    for (k, &mode) in modes.iter().enumerate() {
+        let min_ms = times[k].iter().copied().fold(f64::INFINITY, f64::min);
+        let ms = median(&mut times[k]);
+        total_ms += ms;
+        let rate = t.nnz() as f64 / (ms * 1e-3) / 1e6;
+        let error = if opts.verify {
+            let views: Vec<_> = factors.iter().map(|f| f.view()).collect();
+            let exact = mttkrp_reference(t, &views, mode)?;
+            Some(relative_error(outs[k].view(), exact.view()))
+        } else {
+            None
+        };
+        if !opts.quiet {
+            println!(
+                "{:>6} {:>11.3} {:>11.3} {:>14.1} {:>16.1}{}",
+                mode + 1,
+                ms,
+                min_ms,
+                rate,
+                rate / threads as f64,
+                error.map_or(String::new(), |e| format!("   {e:.2e}"))
+            );
+        }
+        rows.push(json!({
+            "mode": mode + 1, "median_ms": ms, "min_ms": min_ms,
+            "mnnz_per_s": rate, "mnnz_per_s_per_core": rate / threads as f64,
+            "relative_error": error,
+        }));
+    }
+    let rate_all = t.nnz() as f64 * modes.len() as f64 / (total_ms * 1e-3) / 1e6;
+    if !opts.quiet && modes.len() > 1 {
+        println!(
+            "{:>6} {:>11.3} {:>11} {:>14.1} {:>16.1}",
+            "all",
+            total_ms,
+            "",
+            rate_all,
+            rate_all / threads as f64
+        );
+    }
+    Ok(json!({
+        "tensor": { "source": loaded.source, "dims": t.dims(), "nnz": t.nnz() },
+        "backend": "cpu", "kernel": engine.name(), "bytes_per_nnz": engine.bytes() as f64 / t.nnz().max(1) as f64,
+        "threads": threads, "rank": opts.rank,
+        "repeat": opts.repeat, "prepare_s": prep_s, "modes": rows,
+        "total_median_ms": total_ms, "mnnz_per_s": rate_all,
+        "mnnz_per_s_per_core": rate_all / threads as f64,
+    }))
+}
+
+/// `--backend gpu`: uploads the tensor and random factors, times every mode
+/// of each chosen engine with CUDA events (median of `--repeat` after a
+/// warm-up), compares it with the bandwidth floor, and with `--verify`
+/// checks each mode against the f64 reference.
+fn run_gpu(
+    opts: &MttkrpOptions,
+    loaded: &Loaded,
+    modes: &[usize],
+) -> Result<Vec<serde_json::Value>> {
+    use kruskal_device::{GpuKernel, floor_bytes};
+    let t = &loaded.tensor;
+    let kernels: Vec<GpuKernel> = if opts.kernel == "all" {
+        GpuKernel::ENGINES.to_vec()
+    } else {
+        vec![opts.kernel.parse().map_err(MeasureError::Invalid)?]
+    };
+    let gpu = kruskal_device::Gpu::open(0)?;
+    let bandwidth = Bandwidths {
+        copy: gpu.copy_bandwidth()?,
+        l2_gather: gpu.l2_gather_bandwidth(opts.rank)?,
+    };
+    let factors = random_factors(t.dims(), opts.rank, 1);
+    let exact: Vec<Option<Array2<f64>>> = if opts.verify {
+        let views: Vec<_> = factors.iter().map(|f| f.view()).collect();
+        modes
+            .iter()
+            .map(|&m| mttkrp_reference(t, &views, m).map(Some))
+            .collect::<Result<_, _>>()?
+    } else {
+        vec![None; modes.len()]
+    };
+    let floor_ms: Vec<f64> = modes
+        .iter()
+        .map(|_| floor_bytes(t.dims(), t.nnz(), opts.rank) as f64 / bandwidth.copy * 1e3)
+        .collect();
+    let mut features = None;
+    let mut reports = Vec::new();
+    for (k, &kernel) in kernels.iter().enumerate() {
+        if k > 0 && !opts.quiet {
+            println!();
+        }
+        let choice = choose_gpu(opts, t, kernel, gpu.properties().sms, &mut features);
+        reports.push(time_gpu_kernel(
+            opts, loaded, &gpu, &choice, modes, &factors, &exact, &floor_ms, bandwidth,
+        )?);
+    }
+    Ok(reports)
+}
+
+/// The measured bandwidths the floors divide by, bytes per second.
+#[derive(Clone, Copy, Debug)]
+struct Bandwidths {
+    /// Device-to-device copy (read + write): the DRAM floor.
+    copy: f64,
+    /// Rows of `rank` floats gathered from L2: the L2 gather floor.
+    l2_gather: f64,
+}
+
+/// One timed sweep of one mode on a group: the slowest GPU's times, each
+/// GPU's MTTKRP milliseconds, and the exchange milliseconds.
+type Sample = (kruskal_device::MttkrpTimes, Vec<f64>, f64);
+
+/// `--gpus`: the shard kernel on every GPU of a group. Times `repeat`
+/// sweeps (after a warm-up) per mode: the MTTKRP (slowest GPU, with its
+/// copy and kernel time when streamed) and the exchange of the mode's rows
+/// that follows it in CPD-ALS.
+fn run_group(
+    opts: &MttkrpOptions,
+    loaded: &Loaded,
+    modes: &[usize],
+    ordinals: &[usize],
+) -> Result<serde_json::Value> {
+    let t = &loaded.tensor;
+    if !opts.quiet {
+        println!("tensor   {}", loaded.source);
+        println!(
+            "         {}, {} nonzeros; rank {}",
+            dims_text(t.dims()),
+            thousands(t.nnz() as u64),
+            opts.rank
+        );
+    }
+    let prep = Instant::now();
+    let mut group = kruskal_cpd::decompose::gpu_group(
+        ordinals,
+        t,
+        opts.rank,
+        &opts.kernel,
+        &opts.group,
+        &mut |topic, text| {
+            if !opts.quiet {
+                println!("{topic:<11}{text}");
+            }
+        },
+    )?;
+    let factors = random_factors(t.dims(), opts.rank, 1);
+    group.load_factors(&factors)?;
+    let prep_s = prep.elapsed().as_secs_f64();
+    let gpus = group.gpus().len();
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); modes.len()];
+    for sweep in 0..=opts.repeat {
+        for (k, &mode) in modes.iter().enumerate() {
+            group.mttkrp(mode)?;
+            let times = group.sync()?;
+            let exchange_ms = group.exchange_rows(mode)?;
+            if sweep > 0 {
+                let slowest = times
+                    .iter()
+                    .copied()
+                    .max_by(|a, b| a.total_ms.total_cmp(&b.total_ms))
+                    .unwrap_or_default();
+                let per_gpu = times.iter().map(|t| t.total_ms).collect();
+                samples[k].push((slowest, per_gpu, exchange_ms));
+            }
+        }
+    }
+    if !opts.quiet {
+        println!(
+            "         {gpus} GPU(s), prepared in {prep_s:.2} s; ms per mode, median of {} (slowest GPU)",
+            opts.repeat
+        );
+        println!(
+            "{:>6} {:>11} {:>10} {:>10} {:>11}  MTTKRP ms per GPU{}",
+            "mode",
+            "MTTKRP ms",
+            "h2d ms",
+            "kernel ms",
+            "exchange ms",
+            if opts.verify { "   rel. error" } else { "" }
+        );
+    }
+    let views: Vec<_> = factors.iter().map(|f| f.view()).collect();
+    let mut rows = Vec::new();
+    let mut total_ms = 0.0;
+    for (k, &mode) in modes.iter().enumerate() {
+        let med = |f: &dyn Fn(&Sample) -> f64| {
+            let mut v: Vec<f64> = samples[k].iter().map(f).collect();
+            median(&mut v)
+        };
+        let ms = med(&|s| s.0.total_ms);
+        let h2d = med(&|s| s.0.h2d_ms);
+        let kernel = med(&|s| s.0.kernel_ms);
+        let exchange = med(&|s| s.2);
+        let per_gpu: Vec<f64> = (0..gpus).map(|g| med(&|s| s.1[g])).collect();
+        total_ms += ms;
+        let error = if opts.verify {
+            group.mttkrp(mode)?;
+            group.sync()?;
+            let out = group.output(mode)?;
+            let exact = mttkrp_reference(t, &views, mode)?;
+            Some(relative_error(out.view(), exact.view()))
+        } else {
+            None
+        };
+        if !opts.quiet {
+            let per: Vec<String> = per_gpu.iter().map(|x| format!("{x:.3}")).collect();
+            println!(
+                "{:>6} {:>11.3} {:>10.3} {:>10.3} {:>11.3}  {}{}",
+                mode + 1,
+                ms,
+                h2d,
+                kernel,
+                exchange,
+                per.join(" "),
+                error.map_or(String::new(), |e| format!("   {e:.2e}"))
+            );
+        }
+        rows.push(json!({
+            "mode": mode + 1, "median_ms": ms, "h2d_ms": h2d, "kernel_ms": kernel,
+            "exchange_ms": exchange, "per_gpu_ms": per_gpu, "relative_error": error,
+        }));
+    }
+    if !opts.quiet && modes.len() > 1 {
+        println!("{:>6} {:>11.3}", "all", total_ms);
+    }
+    Ok(json!({
+        "tensor": { "source": loaded.source, "dims": t.dims(), "nnz": t.nnz() },
+        "backend": "gpus", "kernel": "shard", "gpus": ordinals,
+        "gpu": group.gpus()[0].properties().name,
+        "exchange": group.exchange().map(|e| e.name()),
+        "exchange_note": group.exchange_note(),
+        "placement": group.describe(),
+        "rank": opts.rank, "repeat": opts.repeat, "prepare_s": prep_s,
+        "modes": rows, "total_median_ms": total_ms,
+    }))
+}
+
+/// The engine and options a GPU run uses, and where they came from.
+struct GpuChoice {
+    /// As `--kernel` named it (`auto` or an engine).
+    requested: kruskal_device::GpuKernel,
+    kernel: kruskal_device::GpuKernel,
+    opts: kruskal_device::GpuOptions,
+    /// `flags`, `model` or `default`.
+    source: &'static str,
+    predicted_ms: Option<f64>,
+    /// Why the fixed default was used, if it was (also when the model
+    /// kept it under its margin).
+    reason: Option<String>,
+    /// Seconds spent on the tensor features (0 when not needed).
+    features_s: f64,
+    rank: usize,
+}
+
+/// Picks the engine and options for `--kernel` value `kernel`: flags given
+/// on the command line win; a parameter not given (and the engine, for
+/// `auto`) comes from the tuning model unless `--no-model`; without a
+/// trained model, the fixed defaults. Features are computed at most once
+/// (`features` caches them) and only when the model is asked.
+fn choose_gpu(
+    opts: &MttkrpOptions,
+    t: &kruskal_formats::SparseTensor,
+    kernel: kruskal_device::GpuKernel,
+    sms: usize,
+    features: &mut Option<(kruskal_tune::TensorFeatures, f64)>,
+) -> GpuChoice {
+    use kruskal_device::tune::ConfigEngine;
+    use kruskal_tune::{TuneModel, choose};
+    let given = opts.gpu.clone();
+    let mut choice = GpuChoice {
+        requested: kernel,
+        kernel: kernel.resolve(),
+        opts: given.clone(),
+        source: "flags",
+        predicted_ms: None,
+        reason: None,
+        features_s: 0.0,
+        rank: opts.rank,
+    };
+    if given.sets_parameter_of(kernel) {
+        return choice;
+    }
+    let why_not = if opts.no_model {
+        Some("--no-model".to_string())
+    } else {
+        TuneModel::usable().err()
+    };
+    if let Some(reason) = why_not {
+        choice.source = "default";
+        choice.reason = Some(reason);
+        return choice;
+    }
+    let (f, features_s) = features.get_or_insert_with(|| {
+        let start = Instant::now();
+        let f = kruskal_tune::TensorFeatures::compute(t);
+        (f, start.elapsed().as_secs_f64())
+    });
+    let picked = choose(f, opts.rank, kernel.tune_engine());
+    let model = picked.config.options(sms);
+    choice.kernel = picked.config.kernel();
+    choice.opts = given.or(&model);
+    choice.features_s = *features_s;
+    choice.predicted_ms = picked.predicted_ms;
+    if picked.predicted_ms.is_some() {
+        choice.source = "model";
+        // The margin rule kept the default: say so.
+        choice.reason = (picked.reason != "model").then_some(picked.reason);
+    } else {
+        choice.source = "default";
+        choice.reason = Some(picked.reason);
+    }
+    choice
+}
+
+/// `fcoo, threadlen 8`: the engine and the parameter it uses.
+fn describe(
+    kernel: kruskal_device::GpuKernel,
+    opts: &kruskal_device::GpuOptions,
+    sms: usize,
+    rank: usize,
+) -> String {
+    use kruskal_device::GpuKernel;
+    let p = opts.resolve(sms);
+    match kernel.resolve() {
+        GpuKernel::Hicoo => format!("hicoo, block bits {}", p.block_bits),
+        GpuKernel::Fcoo => format!(
+            "fcoo, threadlen {}{}{}{}",
+            p.threadlen,
+            if p.fiber { ", fiber reuse" } else { "" },
+            if !p.fiber
+                && opts.teams.unwrap_or(kruskal_device::fcoo::DEFAULT_TEAMS)
+                && kruskal_device::fcoo::teams_fit(rank)
+            {
+                ", lane teams"
+            } else {
+                ""
+            },
+            match opts.precision {
+                kruskal_device::FactorPrecision::F32 => String::new(),
+                other => format!(", {} gathers", other.name()),
+            }
+        ),
+        GpuKernel::Flycoo => format!("flycoo, kappa {}", p.kappa),
+        k => k.name().to_string(),
+    }
+}
+
+impl GpuChoice {
+    /// One line for the text output.
+    fn line(&self, sms: usize) -> String {
+        let what = describe(self.kernel, &self.opts, sms, self.rank);
+        let how = match (self.source, self.predicted_ms, &self.reason) {
+            ("model", Some(ms), why) => format!(
+                "tuning model, predicted {ms:.3} ms for all modes{}; features in {:.2} s",
+                why.as_ref().map_or(String::new(), |w| format!("; {w}")),
+                self.features_s
+            ),
+            ("default", _, Some(r)) => format!("fixed default: {r}"),
+            _ => "given by the flags".into(),
+        };
+        format!("{} -> {what} ({how})", self.requested)
+    }
+
+    fn json(&self, sms: usize) -> serde_json::Value {
+        let p = self.opts.resolve(sms);
+        json!({
+            "requested": self.requested.name(), "kernel": self.kernel.name(),
+            "description": describe(self.kernel, &self.opts, sms, self.rank),
+            "kappa": p.kappa, "threadlen": p.threadlen, "block_bits": p.block_bits,
+            "fiber": p.fiber, "factor_precision": self.opts.precision.name(),
+            "source": self.source, "predicted_ms": self.predicted_ms, "reason": self.reason,
+            "features_s": self.features_s,
+        })
+    }
+}
+
+/// Builds one GPU engine and times it; prints a table unless `--json`;
+/// returns the JSON report.
+#[allow(clippy::too_many_arguments)]
+fn time_gpu_kernel(
+    opts: &MttkrpOptions,
+    loaded: &Loaded,
+    gpu: &std::sync::Arc<kruskal_device::Gpu>,
+    choice: &GpuChoice,
+    modes: &[usize],
+    factors: &[Array2<f32>],
+    exact: &[Option<Array2<f64>>],
+    floor_ms: &[f64],
+    bandwidth: Bandwidths,
+) -> Result<serde_json::Value> {
+    use kruskal_device::build_engine;
+    use kruskal_device::coo::DeviceFactors;
+    let t = &loaded.tensor;
+    let prep = Instant::now();
+    let mut engine = build_engine(choice.kernel, gpu.clone(), t, &choice.opts)?;
+    let dev_factors = DeviceFactors::upload(gpu, factors)?;
+    gpu.stream()
+        .synchronize()
+        .map_err(|source| kruskal_device::DeviceError::Driver {
+            what: "waiting for the upload".into(),
+            source,
+        })?;
+    let prep_s = prep.elapsed().as_secs_f64();
+    let p = gpu.properties();
+    if !opts.quiet {
+        println!("tensor   {}", loaded.source);
+        println!(
+            "         {}, {} nonzeros; rank {}; {} ({} SMs, copy bandwidth {:.2} TB/s, L2 gathers {:.2} TB/s); {} kernel{}; prepared and uploaded in {:.2} s",
+            dims_text(t.dims()),
+            thousands(t.nnz() as u64),
+            opts.rank,
+            p.name,
+            p.sms,
+            bandwidth.copy / 1e12,
+            bandwidth.l2_gather / 1e12,
+            engine.name(),
+            if opts.gpu.deterministic && engine.name() == "flycoo" {
+                " (deterministic)"
+            } else {
+                ""
+            },
+            prep_s
+        );
+        let parts = engine.preparation();
+        if !parts.is_empty() {
+            let parts: Vec<String> = parts
+                .iter()
+                .map(|(step, s)| format!("{step} {:.1} ms", s * 1e3))
+                .collect();
+            println!("         built on the GPU: {}", parts.join(", "));
+        }
+        println!("         kernel {}", choice.line(p.sms));
+        println!(
+            "{:>6} {:>11} {:>11} {:>14} {:>10} {:>9} {:>9} {:>10} {:>8}{}",
+            "mode",
+            "median ms",
+            "min ms",
+            "Mnnz/s",
+            "floor ms",
+            "x floor",
+            "rows/nnz",
+            "L2 fl. ms",
+            "x L2",
+            if opts.verify { "   rel. error" } else { "" }
+        );
+    }
+    let l2_ms: Vec<f64> = modes
+        .iter()
+        .map(|&m| {
+            kruskal_device::l2_floor_bytes(t.nnz(), engine.gathers_per_nonzero(m), opts.rank)
+                / bandwidth.l2_gather
+                * 1e3
+        })
+        .collect();
+    let mut rows = Vec::new();
+    let mut total_ms = 0.0;
+    let sweeps = engine.time_sweeps(&dev_factors, modes, opts.repeat)?;
+    for (k, &mode) in modes.iter().enumerate() {
+        let mut times: Vec<f64> = sweeps[k].iter().copied().map(f64::from).collect();
+        let min_ms = times.iter().copied().fold(f64::INFINITY, f64::min);
+        let ms = median(&mut times);
+        total_ms += ms;
+        let rate = t.nnz() as f64 / (ms * 1e-3) / 1e6;
+        let error = match &exact[k] {
+            Some(exact) => {
+                let mut out =
+                    Array2::<f32>::from_elem((t.dims()[mode] as usize, opts.rank), f32::NAN);
+                engine.mttkrp_host(mode, factors, &mut out)?;
+                Some(relative_error(out.view(), exact.view()))
+            }
+            None => None,
+        };
+        if !opts.quiet {
+            println!(
+                "{:>6} {:>11.3} {:>11.3} {:>14.1} {:>10.3} {:>9.2} {:>9.3} {:>10.3} {:>8.2}{}",
+                mode + 1,
+                ms,
+                min_ms,
+                rate,
+                floor_ms[k],
+                ms / floor_ms[k],
+                engine.gathers_per_nonzero(mode),
+                l2_ms[k],
+                ms / l2_ms[k],
+                error.map_or(String::new(), |e| format!("   {e:.2e}"))
+            );
+        }
+        rows.push(json!({
+            "mode": mode + 1, "median_ms": ms, "min_ms": min_ms, "mnnz_per_s": rate,
+            "floor_ms": floor_ms[k], "times_floor": ms / floor_ms[k], "relative_error": error,
+            "gathers_per_nonzero": engine.gathers_per_nonzero(mode),
+            "l2_floor_ms": l2_ms[k], "times_l2_floor": ms / l2_ms[k],
+        }));
+    }
+    let floor_total: f64 = floor_ms.iter().sum();
+    let l2_total: f64 = l2_ms.iter().sum();
+    if !opts.quiet && modes.len() > 1 {
+        println!(
+            "{:>6} {:>11.3} {:>11} {:>14} {:>10.3} {:>9.2} {:>9} {:>10.3} {:>8.2}",
+            "all",
+            total_ms,
+            "",
+            "",
+            floor_total,
+            total_ms / floor_total,
+            "",
+            l2_total,
+            total_ms / l2_total
+        );
+    }
+    Ok(json!({
+        "tensor": { "source": loaded.source, "dims": t.dims(), "nnz": t.nnz() },
+        "backend": "gpu", "kernel": engine.name(), "choice": choice.json(p.sms),
+        "deterministic": opts.gpu.deterministic,
+        "gpu": p.name, "copy_bandwidth_bytes_per_s": bandwidth.copy,
+        "l2_gather_bandwidth_bytes_per_s": bandwidth.l2_gather, "rank": opts.rank,
+        "repeat": opts.repeat, "prepare_s": prep_s,
+        "prepare_steps": engine.preparation().iter().map(|(step, s)| json!({"step": step, "s": s})).collect::<Vec<_>>(),
+        "modes": rows,
+        "tolerance": tolerance(if engine.name() == "fcoo" {
+            choice.opts.precision
+        } else {
+            kruskal_device::FactorPrecision::F32
+        }),
+        "total_median_ms": total_ms, "floor_ms": floor_total,
+        "times_floor": total_ms / floor_total, "l2_floor_ms": l2_total,
+        "times_l2_floor": total_ms / l2_total,
+    }))
+}
+
+#[cfg(test)]
+mod choice_tests {
+    use super::*;
+    use crate::input::Source;
+    use kruskal_device::{FactorPrecision, GpuKernel};
+
+    /// The choice for `--kernel kernel` with these launch options, on a
+    /// small nips-shaped tensor.
+    fn pick(kernel: &str, gpu: GpuOptions, no_model: bool) -> GpuChoice {
+        pick_on("nips", 2_000, kernel, gpu, no_model)
+    }
+
+    fn pick_on(like: &str, nnz: usize, kernel: &str, gpu: GpuOptions, no_model: bool) -> GpuChoice {
+        let source = Source::Like {
+            name: like.into(),
+            nnz: Some(nnz),
+            seed: 1,
+        };
+        let t = source.load().unwrap().tensor;
+        let opts = MttkrpOptions {
+            backend: MttkrpBackend::Gpu,
+            kernel: kernel.into(),
+            gpu,
+            no_model,
+            ..MttkrpOptions::default()
+        };
+        let kernel = opts.kernel.parse().unwrap();
+        choose_gpu(&opts, &t, kernel, 132, &mut None)
+    }
+
+    /// Launch options with only `threadlen` given.
+    fn threadlen(n: usize) -> GpuOptions {
+        GpuOptions {
+            threadlen: Some(n),
+            ..GpuOptions::default()
+        }
+    }
+
+    #[test]
+    fn flags_win_and_no_model_keeps_the_fixed_default() {
+        let c = pick("fcoo", threadlen(16), false);
+        assert_eq!(
+            (c.source, c.kernel, c.opts.threadlen),
+            ("flags", GpuKernel::Fcoo, Some(16))
+        );
+        assert_eq!(pick("coo", GpuOptions::default(), false).source, "flags");
+        let c = pick("auto", GpuOptions::default(), true);
+        assert_eq!((c.source, c.kernel), ("default", GpuKernel::Fcoo));
+        assert_eq!(c.reason.as_deref(), Some("--no-model"));
+        assert!(
+            c.line(132)
+                .starts_with("auto -> fcoo, threadlen 8, lane teams (fixed default"),
+            "{}",
+            c.line(132)
+        );
+        assert_eq!(c.json(132)["threadlen"], 8);
+        // The kernel's options as the line names them; lane teams only at
+        // the ranks they exist for.
+        let fiber = GpuOptions {
+            fiber: Some(true),
+            ..threadlen(8)
+        };
+        let c = pick("fcoo", fiber, false);
+        let bf16 = GpuOptions {
+            precision: FactorPrecision::Bf16,
+            ..threadlen(8)
+        };
+        let c2 = pick("fcoo", bf16, false);
+        assert_eq!(
+            describe(c.kernel, &c.opts, 132, 32),
+            "fcoo, threadlen 8, fiber reuse"
+        );
+        assert_eq!(
+            describe(c2.kernel, &c2.opts, 132, 32),
+            "fcoo, threadlen 8, lane teams, bf16 gathers"
+        );
+        assert_eq!(
+            describe(c2.kernel, &c2.opts, 132, 7),
+            "fcoo, threadlen 8, bf16 gathers"
+        );
+        assert_eq!(c2.json(132)["factor_precision"], "bf16");
+        // With a trained model the source is `model`; untrained, the default.
+        let flycoo = GpuOptions {
+            kappa: Some(7),
+            deterministic: true,
+            ..GpuOptions::default()
+        };
+        let c = pick("flycoo", flycoo, false);
+        assert_eq!((c.opts.kappa, c.opts.deterministic), (Some(7), true));
+        let c = pick("hicoo", GpuOptions::default(), false);
+        assert!(["model", "default"].contains(&c.source));
+        assert_eq!(c.kernel, GpuKernel::Hicoo);
+        // With the model, `auto` leaves the default only beyond the margin,
+        // and says why when it keeps it (on a nell-2 shape the embedded
+        // model ranks flycoo first, by a few percent).
+        let c = pick_on("nell-2", 200_000, "auto", GpuOptions::default(), false);
+        if c.source == "model" {
+            match &c.reason {
+                Some(why) => {
+                    assert!(why.starts_with("default fcoo/threadlen=8 kept"), "{why}");
+                    assert_eq!((c.kernel, c.opts.threadlen), (GpuKernel::Fcoo, Some(8)));
+                    assert!(c.line(132).contains(why.as_str()), "{}", c.line(132));
+                }
+                None => assert!(c.predicted_ms.is_some()),
+            }
+        }
+    }
+}
