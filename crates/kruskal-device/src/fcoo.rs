@@ -243,16 +243,6 @@ pub enum FcooBuild {
     Host,
 }
 
-impl FcooBuild {
-    /// The name `--fcoo-build` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            FcooBuild::Device => "gpu",
-            FcooBuild::Host => "host",
-        }
-    }
-}
-
 impl std::str::FromStr for FcooBuild {
     type Err = String;
 

@@ -130,7 +130,7 @@ pub struct GpuArgs {
     /// device from one upload of the tensor) or host (sorted here, each
     /// mode uploaded). gpu falls back to host for fiber reuse or when the
     /// GPU lacks memory for the sort.
-    #[arg(long, default_value = "gpu", value_parser = parse_fcoo_build)]
+    #[arg(long, default_value = "gpu")]
     pub fcoo_build: kruskal_device::FcooBuild,
     /// GPU: ignore the tuning model; `auto` is the fixed default and every
     /// parameter not given is the fixed default.
@@ -151,10 +151,6 @@ impl GpuArgs {
             fcoo_build: self.fcoo_build,
         }
     }
-}
-
-fn parse_fcoo_build(s: &str) -> std::result::Result<kruskal_device::FcooBuild, String> {
-    s.parse()
 }
 
 fn parse_precision(s: &str) -> std::result::Result<kruskal_device::FactorPrecision, String> {
