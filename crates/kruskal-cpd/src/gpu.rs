@@ -192,6 +192,18 @@ impl GpuBackend {
         &self.gpu
     }
 
+    /// The steps of building the layout on the device, with their seconds
+    /// (see `GpuMttkrp::preparation`; the candidates built together share
+    /// them); empty when the host built it.
+    pub fn layout_steps(&self) -> &[(&'static str, f64)] {
+        self.candidates
+            .iter()
+            .filter_map(|c| c.engine.as_ref())
+            .map(|e| e.preparation())
+            .find(|p| !p.is_empty())
+            .unwrap_or(&[])
+    }
+
     /// The candidates and, once the first iteration ran, the choice.
     pub fn plan(&self) -> KernelPlan {
         let n = self.dims.len();

@@ -4,14 +4,18 @@
 //
 // Steps, each a launch (src/fcoo_build.rs drives them):
 //   fcoo_keys{32,64}      key = row << shift | second-mode index, perm = k
-//   radix_count{32,64}    per tile: how many keys have each 4-bit digit
-//   scan_exclusive        the digit-major counts become output offsets
+//   radix_count{32,64}    per tile: how many keys have each 8-bit digit
+//   scan_*                the digit-major counts become output offsets
 //   radix_scatter{32,64}  keys and perm to their place, stably
-//   (count, scan, scatter once per 4 bits of key: an LSD radix sort; stable,
+//   (count, scan, scatter once per 8 bits of key: an LSD radix sort; stable,
 //   so equal keys keep the order of the COO, as the host sort does)
 //   fcoo_gather           product-mode indices and values in sorted order
 //   fcoo_ends{32,64}      the segment-end bits (ballot per 32 nonzeros)
-//   fcoo_popc, scan       set bits before each word: segment numbers
+//   fcoo_popc, scan_*     set bits before each word: segment numbers
+//
+// scan_reduce, scan_partials and scan_apply are an exclusive scan of many
+// blocks: each block sums its span, one block scans the sums, each block
+// rescans its span from its sum's place.
 //   fcoo_segment_rows     each segment's output row
 //   fcoo_start_flags      the chunk-start bits of one threadlen
 //
@@ -22,12 +26,49 @@
 #include "common.cuh"
 
 #define SORT_THREADS 256
+#define SORT_WARPS (SORT_THREADS / WARP)
 #define SORT_ITEMS 8
 #define SORT_TILE (SORT_THREADS * SORT_ITEMS)
-#define DIGIT_BITS 4
+#define WARP_KEYS (WARP * SORT_ITEMS) // a warp's consecutive keys in a tile
+#define DIGIT_BITS 8
 #define DIGITS (1 << DIGIT_BITS)
-#define PAIRS (DIGITS / 2)
 #define FULL 0xffffffffu
+#define SCAN_THREADS 1024
+
+#if DIGITS != SORT_THREADS
+#error "the sort kernels give each thread one digit"
+#endif
+
+// Exclusive scan of one u32 per thread over the block (blockDim a multiple
+// of 32, at most 1024); *total gets the sum. `sums` is shared scratch of
+// 32 words; every thread must call it.
+__device__ __forceinline__ u32 block_exclusive_scan(u32 x, u32* sums, u32* total)
+{
+    const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const u32 warps = blockDim.x / WARP;
+    u32 incl = x;
+#pragma unroll
+    for (int off = 1; off < WARP; off *= 2) {
+        const u32 y = __shfl_up_sync(FULL, incl, off);
+        if (lane >= (u32)off) incl += y;
+    }
+    if (lane == WARP - 1) sums[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        u32 s = lane < warps ? sums[lane] : 0u;
+#pragma unroll
+        for (int off = 1; off < WARP; off *= 2) {
+            const u32 y = __shfl_up_sync(FULL, s, off);
+            if (lane >= (u32)off) s += y;
+        }
+        sums[lane] = s;
+    }
+    __syncthreads();
+    const u32 before = warp > 0 ? sums[warp - 1] : 0u;
+    *total = sums[warps - 1];
+    __syncthreads(); // sums may be reused at once
+    return before + incl - x;
+}
 
 // The output row of a key: its bits from `shift` up (none left: row 0).
 template <typename K>
@@ -67,30 +108,27 @@ extern "C" __global__ void fcoo_keys64(
 }
 
 // counts[d * tiles + t]: keys of tile t (SORT_TILE keys) whose digit at
-// `shift` is d. Each thread counts its items into 4-bit fields of one u64
-// (at most SORT_ITEMS = 8 per digit), the warp sums each field, and lane 0
-// adds the warp's sums to the block's.
+// `shift` is d. The lanes of a warp holding the same digit are matched and
+// their leader adds their number, so a hot digit costs one atomic per warp
+// step.
 template <typename K>
 __device__ __forceinline__ void count_digits(
     const K* __restrict__ keys, u64 n, u32 shift, u32* __restrict__ counts, u32 tiles)
 {
     __shared__ u32 hist[DIGITS];
-    if (threadIdx.x < DIGITS) hist[threadIdx.x] = 0;
+    hist[threadIdx.x] = 0;
     __syncthreads();
-    const u64 base = (u64)blockIdx.x * SORT_TILE;
-    u64 fields = 0;
+    const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const u64 base = (u64)blockIdx.x * SORT_TILE + (u64)warp * WARP_KEYS + lane;
 #pragma unroll
     for (int i = 0; i < SORT_ITEMS; ++i) {
-        const u64 k = base + (u64)i * SORT_THREADS + threadIdx.x;
-        if (k < n) fields += 1ull << (4 * ((u32)(keys[k] >> shift) & (DIGITS - 1)));
-    }
-#pragma unroll
-    for (int d = 0; d < DIGITS; ++d) {
-        const u32 sum = __reduce_add_sync(FULL, (u32)(fields >> (4 * d)) & 0xfu);
-        if (threadIdx.x % WARP == 0 && sum) atomicAdd(&hist[d], sum);
+        const u64 k = base + (u64)i * WARP;
+        const u32 d = k < n ? (u32)(keys[k] >> shift) & (DIGITS - 1) : DIGITS;
+        const u32 peers = __match_any_sync(FULL, d);
+        if (d < DIGITS && lane == (u32)__ffs(peers) - 1) atomicAdd(&hist[d], __popc(peers));
     }
     __syncthreads();
-    if (threadIdx.x < DIGITS) counts[(u64)threadIdx.x * tiles + blockIdx.x] = hist[threadIdx.x];
+    counts[(u64)threadIdx.x * tiles + blockIdx.x] = hist[threadIdx.x];
 }
 
 // Launch: grid = tiles = ceil(n / SORT_TILE), blockDim = SORT_THREADS.
@@ -108,104 +146,87 @@ extern "C" __global__ void __launch_bounds__(SORT_THREADS) radix_count64(
 
 // Moves the keys of tile t (and their perm entries) to their sorted place:
 // offsets[d * tiles + t] (the exclusive scan of radix_count's counts) plus
-// the key's rank among the tile's keys of digit d. Thread i holds the tile's
-// keys i * SORT_ITEMS .. + SORT_ITEMS - 1, so ranks follow the order of the
-// input and the sort is stable. Ranks are counted in 16-bit halves of
-// PAIRS u32 (two digits each; a tile has at most 2048 keys of a digit):
-// a warp scan, then the sums of the warps before. The tile is then staged
-// in shared memory in digit order, so consecutive threads write
-// consecutive places of one digit's run.
+// the key's rank among the tile's keys of digit d. Warp w holds the tile's
+// keys w * WARP_KEYS .. + WARP_KEYS - 1, step i of lane l the key
+// i * WARP + l of those, so walking the steps in order and ranking lanes by
+// number follows the input's order and the sort is stable: the lanes of one
+// digit are matched, the leader reads and advances the warp's count of that
+// digit, and each lane's rank is that count plus its peers below it. The
+// tile is then staged in shared memory in digit order, so consecutive
+// threads write consecutive places of one digit's run.
 template <typename K>
 __device__ __forceinline__ void scatter_digits(
     const K* __restrict__ keys_in, const u32* __restrict__ perm_in,
     K* __restrict__ keys_out, u32* __restrict__ perm_out,
     u64 n, u32 shift, const u32* __restrict__ offsets, u32 tiles)
 {
-    __shared__ u32 warp_sums[SORT_THREADS / WARP][PAIRS];
+    // warp_count[w][d]: keys of digit d in warp w's steps so far; then the
+    // tile place where warp w's keys of digit d begin.
+    __shared__ u32 warp_count[SORT_WARPS][DIGITS];
     __shared__ u32 tile_offset[DIGITS];
     __shared__ u32 digit_start[DIGITS]; // first place of digit d in the tile
+    __shared__ u32 sums[WARP];
     __shared__ K staged_keys[SORT_TILE];
     __shared__ u32 staged_perm[SORT_TILE];
     const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const u64 tile_first = (u64)blockIdx.x * SORT_TILE;
-    const u64 first = tile_first + (u64)threadIdx.x * SORT_ITEMS;
+    const u64 first = tile_first + (u64)warp * WARP_KEYS + lane;
     const u32 in_tile = (u32)min((u64)SORT_TILE, n - tile_first);
+    const u32 below = (1u << lane) - 1u;
+
+#pragma unroll
+    for (int w = 0; w < SORT_WARPS; ++w) warp_count[w][threadIdx.x] = 0;
+    tile_offset[threadIdx.x] = offsets[(u64)threadIdx.x * tiles + blockIdx.x];
+    __syncthreads();
 
     K key[SORT_ITEMS];
     u32 val[SORT_ITEMS];
     u32 digit[SORT_ITEMS];
-    u32 mine[PAIRS];
-#pragma unroll
-    for (int j = 0; j < PAIRS; ++j) mine[j] = 0;
+    u32 rank[SORT_ITEMS];
 #pragma unroll
     for (int i = 0; i < SORT_ITEMS; ++i) {
-        const u64 k = first + i;
+        const u64 k = first + (u64)i * WARP;
         digit[i] = DIGITS; // past the end: no digit
         if (k < n) {
             key[i] = keys_in[k];
             val[i] = perm_in[k];
             digit[i] = (u32)(key[i] >> shift) & (DIGITS - 1);
         }
-#pragma unroll
-        for (int j = 0; j < PAIRS; ++j)
-            if (digit[i] >> 1 == (u32)j) mine[j] += 1u << (16 * (digit[i] & 1));
-    }
-
-    // Inclusive warp scan of the packed counts.
-    u32 incl[PAIRS];
-#pragma unroll
-    for (int j = 0; j < PAIRS; ++j) {
-        u32 x = mine[j];
-#pragma unroll
-        for (int off = 1; off < WARP; off *= 2) {
-            const u32 y = __shfl_up_sync(FULL, x, off);
-            if (lane >= (u32)off) x += y;
+        const u32 peers = __match_any_sync(FULL, digit[i]);
+        const u32 leader = (u32)__ffs(peers) - 1;
+        u32 seen = 0;
+        if (lane == leader && digit[i] < DIGITS) {
+            seen = warp_count[warp][digit[i]];
+            warp_count[warp][digit[i]] = seen + __popc(peers);
         }
-        incl[j] = x;
-    }
-    if (lane == WARP - 1) {
-#pragma unroll
-        for (int j = 0; j < PAIRS; ++j) warp_sums[warp][j] = incl[j];
-    }
-    if (threadIdx.x < DIGITS)
-        tile_offset[threadIdx.x] = offsets[(u64)threadIdx.x * tiles + blockIdx.x];
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        // The tile's keys of each digit, then where each digit starts.
-        u32 at = 0;
-        for (u32 d = 0; d < DIGITS; ++d) {
-            u32 count = 0;
-            for (u32 w = 0; w < SORT_THREADS / WARP; ++w)
-                count += (warp_sums[w][d >> 1] >> (16 * (d & 1))) & 0xffffu;
-            digit_start[d] = at;
-            at += count;
-        }
+        rank[i] = __shfl_sync(FULL, seen, leader) + __popc(peers & below);
+        __syncwarp();
     }
     __syncthreads();
 
-    // Keys of each digit before this thread's: the earlier warps' and the
-    // earlier lanes'.
-    u32 rank[PAIRS];
+    // Thread d: the tile's keys of digit d before each warp's, then where
+    // digit d starts in the tile.
+    {
+        const u32 d = threadIdx.x;
+        u32 run = 0;
 #pragma unroll
-    for (int j = 0; j < PAIRS; ++j) {
-        u32 before = incl[j] - mine[j];
-        for (u32 w = 0; w < warp; ++w) before += warp_sums[w][j];
-        rank[j] = before;
+        for (int w = 0; w < SORT_WARPS; ++w) {
+            const u32 c = warp_count[w][d];
+            warp_count[w][d] = run;
+            run += c;
+        }
+        u32 tile_keys;
+        const u32 start = block_exclusive_scan(run, sums, &tile_keys);
+        digit_start[d] = start;
+#pragma unroll
+        for (int w = 0; w < SORT_WARPS; ++w) warp_count[w][d] += start;
     }
+    __syncthreads();
+
 #pragma unroll
     for (int i = 0; i < SORT_ITEMS; ++i) {
-        const u32 d = digit[i];
-        if (d >= DIGITS) continue;
-        const u32 half = 16 * (d & 1);
-        u32 r = 0;
-#pragma unroll
-        for (int j = 0; j < PAIRS; ++j) {
-            if (d >> 1 == (u32)j) {
-                r = (rank[j] >> half) & 0xffffu;
-                rank[j] += 1u << half;
-            }
-        }
-        const u32 place = digit_start[d] + r;
+        if (digit[i] >= DIGITS) continue;
+        const u32 place = warp_count[warp][digit[i]] + rank[i];
         staged_keys[place] = key[i];
         staged_perm[place] = val[i];
     }
@@ -239,61 +260,55 @@ extern "C" __global__ void __launch_bounds__(SORT_THREADS) radix_scatter64(
     scatter_digits<u64>(keys_in, perm_in, keys_out, perm_out, n, shift, offsets, tiles);
 }
 
-// In place: data[k] becomes the sum of data[0 .. k) (which must fit in u32),
-// and *total the sum of all. One block, in rounds of SCAN_ITEMS x 1024
-// entries: thread i scans entries i * SCAN_ITEMS .. of the round, the block
-// scans the threads' sums, and a carry goes from round to round.
-// Launch: grid = 1, blockDim = 1024.
-#define SCAN_ITEMS 16
-extern "C" __global__ void __launch_bounds__(1024) scan_exclusive(
-    u32* __restrict__ data, u64 n, u32* __restrict__ total)
+// The exclusive scan of data[0 .. n) in place (the sums must fit in u32),
+// by blocks of SCAN_THREADS over spans of `span` entries: scan_reduce,
+// then scan_partials, then scan_apply, with the same grid of
+// ceil(n / span) blocks (at most SCAN_THREADS) for the first and last.
+
+// partial[b] = the sum of data[b * span .. min(n, (b + 1) * span)).
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS) scan_reduce(
+    const u32* __restrict__ data, u64 n, u64 span, u32* __restrict__ partial)
 {
     __shared__ u32 sums[WARP];
-    __shared__ u32 carry_in;
-    const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    const u32 warps = blockDim.x / WARP;
-    const u64 round = (u64)blockDim.x * SCAN_ITEMS;
-    if (threadIdx.x == 0) carry_in = 0;
-    __syncthreads();
-    for (u64 base = 0; base < n; base += round) {
-        const u64 lo = base + (u64)threadIdx.x * SCAN_ITEMS;
-        u32 v[SCAN_ITEMS];
-        u32 own = 0;
-#pragma unroll
-        for (int i = 0; i < SCAN_ITEMS; ++i) {
-            v[i] = lo + i < n ? data[lo + i] : 0u;
-            own += v[i];
-        }
-        u32 x = own;
-#pragma unroll
-        for (int off = 1; off < WARP; off *= 2) {
-            const u32 y = __shfl_up_sync(FULL, x, off);
-            if (lane >= (u32)off) x += y;
-        }
-        if (lane == WARP - 1) sums[warp] = x;
-        __syncthreads();
-        if (warp == 0) {
-            u32 s = lane < warps ? sums[lane] : 0;
-#pragma unroll
-            for (int off = 1; off < WARP; off *= 2) {
-                const u32 y = __shfl_up_sync(FULL, s, off);
-                if (lane >= (u32)off) s += y;
-            }
-            sums[lane] = s;
-        }
-        __syncthreads();
-        const u32 carry = carry_in;
-        u32 run = carry + x - own + (warp > 0 ? sums[warp - 1] : 0);
-#pragma unroll
-        for (int i = 0; i < SCAN_ITEMS; ++i) {
-            if (lo + i < n) data[lo + i] = run;
-            run += v[i];
-        }
-        __syncthreads(); // every thread has read carry_in and sums
-        if (threadIdx.x == 0) carry_in = carry + sums[warps - 1];
-        __syncthreads();
+    const u64 lo = (u64)blockIdx.x * span;
+    const u64 hi = min(n, lo + span);
+    u32 own = 0;
+    for (u64 k = lo + threadIdx.x; k < hi; k += blockDim.x) own += data[k];
+    u32 total;
+    block_exclusive_scan(own, sums, &total);
+    if (threadIdx.x == 0) partial[blockIdx.x] = total;
+}
+
+// partial[0 .. blocks) becomes its exclusive scan, *total its sum.
+// Launch: grid = 1, blockDim = SCAN_THREADS (blocks <= SCAN_THREADS).
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS) scan_partials(
+    u32* __restrict__ partial, u32 blocks, u32* __restrict__ total)
+{
+    __shared__ u32 sums[WARP];
+    const u32 x = threadIdx.x < blocks ? partial[threadIdx.x] : 0u;
+    u32 all;
+    const u32 before = block_exclusive_scan(x, sums, &all);
+    if (threadIdx.x < blocks) partial[threadIdx.x] = before;
+    if (threadIdx.x == 0) *total = all;
+}
+
+// data[k] for k in block b's span becomes partial[b] plus the sum of the
+// span's entries before k.
+extern "C" __global__ void __launch_bounds__(SCAN_THREADS) scan_apply(
+    u32* __restrict__ data, u64 n, u64 span, const u32* __restrict__ partial)
+{
+    __shared__ u32 sums[WARP];
+    const u64 lo = (u64)blockIdx.x * span;
+    const u64 hi = min(n, lo + span);
+    u32 carry = partial[blockIdx.x];
+    for (u64 base = lo; base < hi; base += blockDim.x) {
+        const u64 k = base + threadIdx.x;
+        const u32 x = k < hi ? data[k] : 0u;
+        u32 round;
+        const u32 before = block_exclusive_scan(x, sums, &round);
+        if (k < hi) data[k] = carry + before;
+        carry += round;
     }
-    if (threadIdx.x == 0) *total = carry_in;
 }
 
 // out[k] = src[perm[k]] for k < n (32-bit words: indices, or the bits of

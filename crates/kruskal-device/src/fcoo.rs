@@ -382,23 +382,33 @@ impl FcooGpu {
             clock = now;
             Ok(())
         };
-        let coo = DeviceCoo::upload(&gpu, tensor)?;
+        fcoo_build::load_kernels(&gpu)?;
+        lap("kernels")?;
+        let (coo, locked) = DeviceCoo::upload(&gpu, tensor)?;
         lap("upload")?;
         let mut modes: Vec<(Vec<ModeTables>, usize)> =
             variants.iter().map(|_| (Vec::new(), 0)).collect();
-        for mode in 0..tensor.nmodes() {
-            let sorted = fcoo_build::sort_mode(&gpu, &coo, mode, &mut lap)?;
-            for ((tables, bytes), (&(threadlen, _), ok)) in
-                modes.iter_mut().zip(variants.iter().zip(&checked))
-            {
-                if ok.is_ok() {
-                    let (t, b) = ModeTables::from_sorted(&gpu, &sorted, threadlen)?;
-                    tables.push(t);
-                    *bytes += b;
+        // The tensor's arrays are unlocked on another thread while the
+        // first mode sorts (the scope outlives neither `tensor` nor them).
+        std::thread::scope(|s| -> Result<()> {
+            s.spawn(move || drop(locked));
+            let mut scratch = fcoo_build::SortScratch::new(&gpu, &coo)?;
+            lap("buffers")?;
+            for mode in 0..tensor.nmodes() {
+                let sorted = fcoo_build::sort_mode(&gpu, &coo, mode, &mut scratch, &mut lap)?;
+                for ((tables, bytes), (&(threadlen, _), ok)) in
+                    modes.iter_mut().zip(variants.iter().zip(&checked))
+                {
+                    if ok.is_ok() {
+                        let (t, b) = ModeTables::from_sorted(&gpu, &sorted, threadlen)?;
+                        tables.push(t);
+                        *bytes += b;
+                    }
                 }
+                lap("tables")?;
             }
-            lap("tables")?;
-        }
+            Ok(())
+        })?;
         Ok(checked
             .into_iter()
             .zip(modes)
@@ -445,9 +455,9 @@ impl FcooGpu {
     }
 
     /// The steps of building this engine on the device, with their seconds
-    /// (`upload`, then summed over the modes `sort`, `gather`, `segments`
-    /// and `tables`; each ends with the stream idle); empty when the host
-    /// built it.
+    /// (`kernels` loaded, `upload`, the sort's `buffers`, then summed over
+    /// the modes `sort`, `gather`, `segments` and `tables`; each ends with
+    /// the stream idle); empty when the host built it.
     pub fn preparation(&self) -> &[(&'static str, f64)] {
         &self.preparation
     }

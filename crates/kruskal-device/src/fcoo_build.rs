@@ -6,7 +6,7 @@
 //! into exactly the arrays [`kruskal_formats::Fcoo::for_mttkrp`] builds on
 //! the host: the nonzeros ordered by (output row, index of the product
 //! mode of smallest dimension, position in the COO), a stable LSD radix
-//! sort of `row << bits | second` with 4-bit digits; the product-mode
+//! sort of `row << bits | second` with 8-bit digits; the product-mode
 //! indices and values gathered in that order; the segment-end bits; each
 //! segment's row. The chunk-start bits of a threadlen
 //! ([`start_flags`]) and the thread blocks' plan ([`crate::fcoo::BlockPlan`],
@@ -15,14 +15,18 @@
 //! share one sort and one copy of the big arrays.
 //!
 //! Memory: the COO (`4 (N + 1)` bytes per nonzero), the sort's two key and
-//! permutation buffers (`2 (key + 4)` bytes per nonzero, key 4 or 8 bytes)
-//! and the mode's result (`4 N` bytes per nonzero) at the peak.
+//! permutation buffers (`2 (key + 4)` bytes per nonzero, key 4 or 8 bytes,
+//! allocated once for every mode: [`SortScratch`]) and the modes' results
+//! (`4 N` bytes per nonzero each).
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{
+    CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
+};
 use kruskal_formats::SparseTensor;
 
+use crate::gpu::Registered;
 use crate::kernels::{BUILD_RANK, Kernel};
 use crate::{Gpu, Result, driver, grid_stride};
 
@@ -31,8 +35,11 @@ use crate::{Gpu, Result, driver, grid_stride};
 const SORT_THREADS: u32 = 256;
 const SORT_TILE: usize = 2048;
 /// Bits per radix digit, and the digits (`DIGIT_BITS`, `DIGITS`).
-const DIGIT_BITS: u32 = 4;
-const DIGITS: usize = 16;
+const DIGIT_BITS: u32 = 8;
+const DIGITS: usize = 256;
+/// Threads per block of the scans, and the most blocks a scan uses
+/// (`SCAN_THREADS`).
+const SCAN_THREADS: u32 = 1024;
 
 /// A tensor's COO on the device, uploaded once for every mode's sort.
 pub(crate) struct DeviceCoo {
@@ -46,7 +53,8 @@ pub(crate) struct DeviceCoo {
 
 impl DeviceCoo {
     /// Uploads `t`'s indices and values (checked against free memory).
-    pub(crate) fn upload(gpu: &Gpu, t: &SparseTensor) -> Result<Self> {
+    /// `t`'s arrays stay page-locked until the returned guard drops.
+    pub(crate) fn upload(gpu: &Gpu, t: &SparseTensor) -> Result<(Self, Registered)> {
         let values = t.values();
         // SAFETY: f32 and u32 have the same size and alignment and every
         // bit pattern is a u32; the view lives as long as `values`.
@@ -54,14 +62,15 @@ impl DeviceCoo {
             unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u32>(), values.len()) };
         let mut parts: Vec<&[u32]> = (0..t.nmodes()).map(|w| t.mode_indices(w)).collect();
         parts.push(bits);
-        let mut idx = gpu.upload_staged("the COO", &parts)?;
+        let (mut idx, locked) = gpu.upload_locked("the COO", &parts)?;
         let vals = idx.pop().expect("the values were pushed last");
-        Ok(DeviceCoo {
+        let coo = DeviceCoo {
             dims: t.dims().to_vec(),
             nnz: t.nnz(),
             idx,
             vals,
-        })
+        };
+        Ok((coo, locked))
     }
 
     /// Device bytes of the COO of a tensor of `nmodes` modes and `nnz`
@@ -104,13 +113,61 @@ fn key_bytes(dims: &[u32], mode: usize) -> usize {
     if bits <= 32 { 4 } else { 8 }
 }
 
-/// Device bytes at the peak of sorting one mode of a tensor with `dims`
-/// and `nnz` nonzeros, the COO not counted.
-pub(crate) fn sort_bytes(dims: &[u32], mode: usize, nnz: usize) -> usize {
-    let n = dims.len();
-    let sort = 2 * (key_bytes(dims, mode) + 4) * nnz + 4 * DIGITS * nnz.div_ceil(SORT_TILE);
-    let result = 4 * n * nnz + 8 * nnz.div_ceil(32) + 4 * nnz;
-    sort + result
+/// Device bytes of the sort's buffers ([`SortScratch`]) for a tensor with
+/// `dims` and `nnz` nonzeros.
+pub(crate) fn scratch_bytes(dims: &[u32], nnz: usize) -> usize {
+    let key = (0..dims.len())
+        .map(|m| key_bytes(dims, m))
+        .max()
+        .unwrap_or(4);
+    2 * (key + 4) * nnz + 4 * DIGITS * nnz.div_ceil(SORT_TILE) + 4 * (SCAN_THREADS as usize + 1)
+}
+
+/// The sort's buffers, allocated once for every mode of a build (a buffer
+/// freed and allocated again costs the driver a new mapping): two key
+/// buffers wide enough for the widest key of any mode, two permutations,
+/// the digit counts and the scans' block sums. None is zeroed: each pass
+/// writes what the next reads.
+pub(crate) struct SortScratch {
+    /// 4-byte words: `nnz` per key of 4 bytes, `2 nnz` when a mode needs
+    /// 8-byte keys.
+    keys: [CudaSlice<u32>; 2],
+    perm: [CudaSlice<u32>; 2],
+    counts: CudaSlice<u32>,
+    partial: CudaSlice<u32>,
+    total: CudaSlice<u32>,
+}
+
+impl SortScratch {
+    /// The buffers for sorting any mode of `coo`.
+    pub(crate) fn new(gpu: &Gpu, coo: &DeviceCoo) -> Result<Self> {
+        let n = coo.nnz.max(1);
+        gpu.ensure_free("the F-COO sort", scratch_bytes(&coo.dims, n))?;
+        let words = (0..coo.dims.len())
+            .map(|m| key_bytes(&coo.dims, m) / 4)
+            .max()
+            .unwrap_or(1)
+            * n;
+        let alloc = |what: &str, len: usize| -> Result<CudaSlice<u32>> {
+            // SAFETY: u32 has no invalid bit pattern, and every entry a
+            // kernel reads was written by an earlier step of the build.
+            unsafe { gpu.stream().alloc::<u32>(len) }
+                .map_err(|e| gpu.allocation_error(what, 4 * len, e))
+        };
+        Ok(SortScratch {
+            keys: [
+                alloc("the F-COO sort keys", words)?,
+                alloc("the F-COO sort keys", words)?,
+            ],
+            perm: [
+                alloc("the F-COO sort permutation", n)?,
+                alloc("the F-COO sort permutation", n)?,
+            ],
+            counts: alloc("the F-COO sort counts", DIGITS * n.div_ceil(SORT_TILE))?,
+            partial: alloc("the F-COO scan sums", SCAN_THREADS as usize)?,
+            total: alloc("the F-COO scan total", 1)?,
+        })
+    }
 }
 
 /// A key type of the sort and its kernels.
@@ -153,43 +210,65 @@ fn exact(threads: u64) -> LaunchConfig {
 pub(crate) type Lap<'a> = &'a mut dyn FnMut(&'static str) -> Result<()>;
 
 /// Sorts and flags `mode` of `coo`: see the module documentation.
-/// `coo` must hold at least one nonzero.
+/// `coo` must hold at least one nonzero; `scratch` is [`SortScratch::new`]
+/// of `coo`.
 pub(crate) fn sort_mode(
     gpu: &Gpu,
     coo: &DeviceCoo,
     mode: usize,
+    scratch: &mut SortScratch,
     lap: Lap<'_>,
 ) -> Result<SortedMode> {
-    gpu.ensure_free("the F-COO sort", sort_bytes(&coo.dims, mode, coo.nnz))?;
     if key_bytes(&coo.dims, mode) == 4 {
-        sort_with::<u32>(gpu, coo, mode, lap)
+        sort_with::<u32>(gpu, coo, mode, scratch, lap)
     } else {
-        sort_with::<u64>(gpu, coo, mode, lap)
+        sort_with::<u64>(gpu, coo, mode, scratch, lap)
     }
 }
 
-/// In place: `data[k]` becomes the sum of `data[..k]`; the total goes to
-/// `total` (one u32).
+/// In place: `data[k]` becomes the sum of `data[..k]` for `k < len`; the
+/// total goes to `scratch.total`. Three launches: the spans' sums, their
+/// scan, the spans rescanned (see `kernels/fcoo_build.cu`).
 fn scan(
     gpu: &Gpu,
     data: &mut CudaSlice<u32>,
     len: usize,
+    partial: &mut CudaSlice<u32>,
     total: &mut CudaSlice<u32>,
 ) -> Result<()> {
-    let f = function(gpu, Kernel::ScanExclusive)?;
     let n = len as u64;
-    let mut launch = gpu.stream().launch_builder(&f);
-    launch.arg(&mut *data).arg(&n).arg(&mut *total);
-    // SAFETY: one block of 1024 threads reads and writes data[k] for k < n
-    // (n at most data's length) and thread 1023 writes total[0].
-    unsafe {
-        launch.launch(LaunchConfig {
-            grid_dim: (1, 1, 1),
-            block_dim: (1024, 1, 1),
-            shared_mem_bytes: 0,
-        })
-    }
-    .map_err(driver("launching scan_exclusive"))?;
+    let threads = SCAN_THREADS as u64;
+    let span = n.div_ceil(threads).max(1).next_multiple_of(32);
+    let blocks = n.div_ceil(span).max(1) as u32;
+    let grid = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (SCAN_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let one = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        ..grid
+    };
+    let stream = gpu.stream();
+    let f = function(gpu, Kernel::ScanReduce)?;
+    let mut launch = stream.launch_builder(&f);
+    launch.arg(&*data).arg(&n).arg(&span).arg(&mut *partial);
+    // SAFETY: block b < blocks reads data[k] for k in its span below n
+    // (n at most data's length) and writes partial[b]; blocks is at most
+    // SCAN_THREADS, partial's length.
+    unsafe { launch.launch(grid) }.map_err(driver("launching scan_reduce"))?;
+    let f = function(gpu, Kernel::ScanPartials)?;
+    let mut launch = stream.launch_builder(&f);
+    launch.arg(&mut *partial).arg(&blocks).arg(&mut *total);
+    // SAFETY: one block; thread t < blocks reads and writes partial[t]
+    // (blocks <= partial's length), thread 0 writes total[0].
+    unsafe { launch.launch(one) }.map_err(driver("launching scan_partials"))?;
+    let f = function(gpu, Kernel::ScanApply)?;
+    let mut launch = stream.launch_builder(&f);
+    launch.arg(&mut *data).arg(&n).arg(&span).arg(&*partial);
+    // SAFETY: block b < blocks reads partial[b] and reads and writes
+    // data[k] for k in its span below n, spans not overlapping.
+    unsafe { launch.launch(grid) }.map_err(driver("launching scan_apply"))?;
     Ok(())
 }
 
@@ -198,7 +277,7 @@ fn scan(
 fn gather<S: DeviceRepr, T: DeviceRepr>(
     gpu: &Gpu,
     src: &CudaSlice<S>,
-    perm: &CudaSlice<u32>,
+    perm: &CudaView<'_, u32>,
     n: usize,
     out: &mut cudarc::driver::CudaViewMut<'_, T>,
 ) -> Result<()> {
@@ -216,6 +295,12 @@ fn gather<S: DeviceRepr, T: DeviceRepr>(
     Ok(())
 }
 
+/// Loads the build's kernels (one module: every function of
+/// `kernels/fcoo_build.cu`), so the steps after it find them loaded.
+pub(crate) fn load_kernels(gpu: &Gpu) -> Result<()> {
+    function(gpu, Kernel::FcooKeys32).map(drop)
+}
+
 fn function(gpu: &Gpu, kernel: Kernel) -> Result<cudarc::driver::CudaFunction> {
     gpu.kernels()
         .function(gpu.context(), kernel, &[("RANK", BUILD_RANK)])
@@ -225,6 +310,7 @@ fn sort_with<K: SortKey>(
     gpu: &Gpu,
     coo: &DeviceCoo,
     mode: usize,
+    scratch: &mut SortScratch,
     lap: Lap<'_>,
 ) -> Result<SortedMode> {
     let n = coo.nnz;
@@ -237,8 +323,21 @@ fn sort_with<K: SortKey>(
     let shift = second.map_or(0, |w| bits_below(dims[w]));
     let key_bits = bits_below(dims[mode]) + shift;
 
-    let mut keys = gpu.alloc_zeros::<K>("the F-COO sort keys", n)?;
-    let mut perm = gpu.alloc_zeros::<u32>("the F-COO sort permutation", n)?;
+    let SortScratch {
+        keys: [keys_a, keys_b],
+        perm: [perm_a, perm_b],
+        counts,
+        partial,
+        total,
+    } = scratch;
+    // SAFETY: the key buffers hold n keys of the widest type of any mode
+    // (transmute_mut checks the length); cudarc's allocations are aligned
+    // for u64, and u32 and u64 have no invalid bit patterns.
+    let mut keys = unsafe { keys_a.transmute_mut::<K>(n) }.expect("the key buffers hold n keys");
+    // SAFETY: as for `keys`.
+    let mut keys_b = unsafe { keys_b.transmute_mut::<K>(n) }.expect("the key buffers hold n keys");
+    let mut perm = perm_a.slice_mut(..n);
+    let mut perm_b = perm_b.slice_mut(..n);
     {
         let f = function(gpu, K::KEYS)?;
         let second_idx = &coo.idx[second.unwrap_or(mode)];
@@ -259,10 +358,6 @@ fn sort_with<K: SortKey>(
     if passes > 0 {
         let tiles = n.div_ceil(SORT_TILE);
         let tiles32 = tiles as u32;
-        let mut keys_b = gpu.alloc_zeros::<K>("the F-COO sort keys", n)?;
-        let mut perm_b = gpu.alloc_zeros::<u32>("the F-COO sort permutation", n)?;
-        let mut counts = gpu.alloc_zeros::<u32>("the F-COO sort counts", DIGITS * tiles)?;
-        let mut total = gpu.alloc_zeros::<u32>("the F-COO sort counts", 1)?;
         let count = function(gpu, K::COUNT)?;
         let scatter = function(gpu, K::SCATTER)?;
         let tile_grid = LaunchConfig {
@@ -272,27 +367,28 @@ fn sort_with<K: SortKey>(
         };
         for pass in 0..passes {
             let digit_shift = pass * DIGIT_BITS;
+            let (keys_in, perm_in) = (keys.as_view(), perm.as_view());
             let mut launch = stream.launch_builder(&count);
             launch
-                .arg(&keys)
+                .arg(&keys_in)
                 .arg(&n64)
                 .arg(&digit_shift)
-                .arg(&mut counts)
+                .arg(&mut *counts)
                 .arg(&tiles32);
             // SAFETY: block t reads keys t * 2048 .. below n (keys holds n)
-            // and writes counts[d * tiles + t], d < 16 (counts holds
-            // 16 x tiles).
+            // and writes counts[d * tiles + t], d < 256 (counts holds
+            // 256 x tiles).
             unsafe { launch.launch(tile_grid) }.map_err(driver("launching radix_count"))?;
-            scan(gpu, &mut counts, DIGITS * tiles, &mut total)?;
+            scan(gpu, counts, DIGITS * tiles, partial, total)?;
             let mut launch = stream.launch_builder(&scatter);
             launch
-                .arg(&keys)
-                .arg(&perm)
+                .arg(&keys_in)
+                .arg(&perm_in)
                 .arg(&mut keys_b)
                 .arg(&mut perm_b)
                 .arg(&n64)
                 .arg(&digit_shift)
-                .arg(&counts)
+                .arg(&*counts)
                 .arg(&tiles32);
             // SAFETY: block t reads keys and perm t * 2048 .. below n and
             // counts[d * tiles + t]; the scanned counts place tile t's keys
@@ -308,6 +404,7 @@ fn sort_with<K: SortKey>(
     lap("sort")?;
 
     // The product-mode indices and the values in sorted order.
+    let (keys, perm) = (keys.as_view(), perm.as_view());
     let products: Vec<usize> = (0..dims.len()).filter(|&w| w != mode).collect();
     let mut prod_idx = gpu.alloc_zeros::<u32>("F-COO indices", products.len() * n)?;
     for (q, &w) in products.iter().enumerate() {
@@ -316,7 +413,6 @@ fn sort_with<K: SortKey>(
     }
     let mut vals = gpu.alloc_zeros::<f32>("F-COO values", n)?;
     gather(gpu, &coo.vals, &perm, n, &mut vals.slice_mut(..n))?;
-    drop(perm);
     lap("gather")?;
 
     // Segment ends, their running counts, the segment rows.
@@ -334,7 +430,6 @@ fn sort_with<K: SortKey>(
             .map_err(driver("launching fcoo_ends"))?;
     }
     let mut prefix = gpu.alloc_zeros::<u32>("F-COO segment counts", words)?;
-    let mut total = gpu.alloc_zeros::<u32>("F-COO segment counts", 1)?;
     {
         let f = function(gpu, Kernel::FcooPopc)?;
         let words64 = words as u64;
@@ -345,9 +440,9 @@ fn sort_with<K: SortKey>(
         unsafe { launch.launch(grid_stride(words64, 1024)) }
             .map_err(driver("launching fcoo_popc"))?;
     }
-    scan(gpu, &mut prefix, words, &mut total)?;
+    scan(gpu, &mut prefix, words, partial, total)?;
     let segments = stream
-        .clone_dtoh(&total)
+        .clone_dtoh(&*total)
         .map_err(driver("reading the segment count"))?[0] as usize;
     let mut seg_rows = gpu.alloc_zeros::<u32>("F-COO segment rows", segments)?;
     {
@@ -420,7 +515,7 @@ pub(crate) fn segment_rows_of(
         gather(
             gpu,
             &sorted.seg_rows,
-            &numbers,
+            &numbers.as_view(),
             segments.len(),
             &mut rows.slice_mut(..segments.len()),
         )?;

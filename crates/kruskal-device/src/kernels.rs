@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaContext, CudaFunction};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::{CompileError, CompileOptions, Ptx, compile_ptx_with_opts};
 use sha2::{Digest, Sha256};
 
@@ -115,7 +115,9 @@ pub enum Kernel {
     RadixCount64,
     RadixScatter32,
     RadixScatter64,
-    ScanExclusive,
+    ScanReduce,
+    ScanPartials,
+    ScanApply,
     FcooGather,
     FcooEnds32,
     FcooEnds64,
@@ -127,7 +129,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every entry function of every source.
-    pub const ALL: [Kernel; 31] = [
+    pub const ALL: [Kernel; 33] = [
         Kernel::MttkrpCooAtomic,
         Kernel::StoreF32,
         Kernel::MttkrpFcoo,
@@ -151,7 +153,9 @@ impl Kernel {
         Kernel::RadixCount64,
         Kernel::RadixScatter32,
         Kernel::RadixScatter64,
-        Kernel::ScanExclusive,
+        Kernel::ScanReduce,
+        Kernel::ScanPartials,
+        Kernel::ScanApply,
         Kernel::FcooGather,
         Kernel::FcooEnds32,
         Kernel::FcooEnds64,
@@ -188,7 +192,9 @@ impl Kernel {
             Kernel::RadixCount64 => (Source::FcooBuild, "radix_count64"),
             Kernel::RadixScatter32 => (Source::FcooBuild, "radix_scatter32"),
             Kernel::RadixScatter64 => (Source::FcooBuild, "radix_scatter64"),
-            Kernel::ScanExclusive => (Source::FcooBuild, "scan_exclusive"),
+            Kernel::ScanReduce => (Source::FcooBuild, "scan_reduce"),
+            Kernel::ScanPartials => (Source::FcooBuild, "scan_partials"),
+            Kernel::ScanApply => (Source::FcooBuild, "scan_apply"),
             Kernel::FcooGather => (Source::FcooBuild, "fcoo_gather"),
             Kernel::FcooEnds32 => (Source::FcooBuild, "fcoo_ends32"),
             Kernel::FcooEnds64 => (Source::FcooBuild, "fcoo_ends64"),
@@ -406,6 +412,9 @@ pub struct KernelCache {
     arch: String,
     driver_version: i32,
     disk: Option<PathBuf>,
+    /// Loaded modules by source and options: every entry function of a
+    /// source comes from one load (loading PTX runs the driver's JIT).
+    modules: Mutex<HashMap<String, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
 }
 
@@ -419,6 +428,7 @@ impl KernelCache {
             arch,
             driver_version,
             disk,
+            modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
         }
     }
@@ -473,14 +483,31 @@ impl KernelCache {
         let (file, name) = (kernel.source().file(), kernel.name());
         // Every launch looks its kernel up here: key the in-memory cache by
         // the request itself, and hash the source only on a miss.
-        let key = format!("{file}/{name}/{}", options(&self.arch, defines).join(" "));
+        let module_key = format!("{file}/{}", options(&self.arch, defines).join(" "));
+        let key = format!("{module_key}/{name}");
         if let Some(f) = self.functions.lock().expect("kernel cache lock").get(&key) {
             return Ok(f.clone());
         }
-        let ptx = self.ptx(kernel.source(), defines)?;
-        let module = ctx
-            .load_module(Ptx::from_src(ptx))
-            .map_err(driver(format!("loading the PTX of {file}")))?;
+        let loaded = self
+            .modules
+            .lock()
+            .expect("kernel cache lock")
+            .get(&module_key)
+            .cloned();
+        let module = match loaded {
+            Some(m) => m,
+            None => {
+                let ptx = self.ptx(kernel.source(), defines)?;
+                let m = ctx
+                    .load_module(Ptx::from_src(ptx))
+                    .map_err(driver(format!("loading the PTX of {file}")))?;
+                self.modules
+                    .lock()
+                    .expect("kernel cache lock")
+                    .insert(module_key, m.clone());
+                m
+            }
+        };
         let f = module
             .load_function(name)
             .map_err(driver(format!("finding {name} in {file}")))?;

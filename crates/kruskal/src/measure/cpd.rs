@@ -338,6 +338,14 @@ pub fn cpd_report(
         "rank": model.rank(),
         "prepare_s": done.prep_s,
         "prepare": done.prepare,
+        "layout_steps": match &done.backend {
+            Chosen::Gpu(b) => b
+                .layout_steps()
+                .iter()
+                .map(|(step, s)| json!({"step": step, "s": s}))
+                .collect::<Vec<_>>(),
+            _ => Vec::new(),
+        },
         "cpd_s": done.cpd_s,
         "fit": model.fit(),
         "converged": model.converged,
