@@ -20,7 +20,7 @@ use std::process::{Command, ExitCode, ExitStatus};
 use anyhow::{Context, Result};
 use clap::Args;
 
-use crate::workspace_root;
+use crate::{cargo_program, workspace_root};
 
 /// The package, and binary, that runs the forwarded tasks.
 pub const PACKAGE: &str = "xtask-device";
@@ -38,7 +38,7 @@ pub fn forward(task: &str, args: &[OsString]) -> Result<ExitCode> {
     let mut cmd = match beside_this_executable() {
         Some(exe) => Command::new(exe),
         None => {
-            let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+            let mut c = Command::new(cargo_program());
             // The working directory stays the caller's: the task's relative
             // paths (`--out bench-out`) mean what they meant.
             c.arg("run")

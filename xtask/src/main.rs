@@ -38,6 +38,7 @@
 //! (`target/bundle`, so ordinary release builds keep their cache), because
 //! what is carried to the GPU machine is limited to 64 MiB.
 
+use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -130,8 +131,15 @@ const BUNDLED: [&str; 3] = ["kruskal", "xtask", forward::PACKAGE];
 /// What may be carried to the GPU machine.
 const CARRY_LIMIT_BYTES: u64 = 64 << 20;
 
+/// The cargo that runs this task (`CARGO`, which `cargo run` sets), else
+/// the one on `PATH`.
+fn cargo_program() -> OsString {
+    std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into())
+}
+
+/// Cargo in the workspace root.
 fn cargo() -> Command {
-    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let mut c = Command::new(cargo_program());
     c.current_dir(workspace_root());
     c
 }
