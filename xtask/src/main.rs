@@ -2,18 +2,21 @@
 //! `.cargo/config.toml`); clap parses the arguments, and `cargo xtask
 //! --help` (or `cargo xtask <task> --help`) lists them.
 //!
-//! - `bundle [DIR] [--benches]`: build the release `kruskal` and `xtask`
-//!   binaries, the release test executables and, with `--benches`, the
-//!   criterion benchmarks (`DIR/benches/NAME`, run as `NAME --bench
-//!   [FILTER]`; together they pass the carry limit) and copy them into DIR
-//!   (default `gpu-run/`, ignored by git),
+//! This package builds without the GPU crates (no `kruskal`, no
+//! `kruskal-device`, so no cudarc): `train`, `fetch-frostt`, `tune` and
+//! `bundle` run here. `kernels` and `bench`, which need them, are the
+//! `xtask-device` package (`xtask/device/`); this binary forwards their
+//! arguments to it untouched and passes its exit status back (see
+//! `forward.rs`), so both are run as before.
+//!
+//! - `bundle [DIR] [--benches]`: build the release `kruskal`, `xtask` and
+//!   `xtask-device` binaries, the release test executables and, with
+//!   `--benches`, the criterion benchmarks (`DIR/benches/NAME`, run as
+//!   `NAME --bench [FILTER]`; together they pass the carry limit) and copy
+//!   them into DIR (default `gpu-run/`, ignored by git),
 //!   ready to be carried to a machine without a Rust toolchain (the GPU
-//!   machines) and run there. Prints what to run on the other side.
-//! - `kernels [--arch sm_80|sm_90]... [--ptxas PATH] [--jobs N] [--json]`:
-//!   compile every kernel specialization with NVRTC for each architecture
-//!   (default sm_80 and sm_90), assemble it with `ptxas -v` and print
-//!   registers, spills and shared memory per function; fails on any compile
-//!   error (see `kernels.rs` and `docs/kernels.md`).
+//!   machines) and run there (`DIR/xtask bench ...` runs the
+//!   `DIR/xtask-device` beside it). Prints what to run on the other side.
 //! - `tune [--out DIR] [OPTIONS]`: on a GPU machine, build the release
 //!   `kruskal` and run `kruskal tune sweep` (every engine over its launch
 //!   parameters on the generated training set; see `tune.rs`).
@@ -27,17 +30,15 @@
 //!   `xtask/frostt-manifest.json` (recording them there on a first
 //!   download), and convert them to `.ktns` in DIR (default `frostt/`; see
 //!   `frostt.rs`).
-//! - `bench [--matrix FILE] [--out DIR] ...`: run the evaluation matrix
-//!   (`bench/*.toml`: tensors, engines, ranks, GPU counts) through the
-//!   library, with the PyTorch baseline where torch is installed, and
-//!   write `results.json`, `report.md` and SVG plots; `bench report` rebuilds
-//!   the report from results files and updates `docs/performance.md` (see
-//!   `bench/mod.rs`).
+//! - `kernels [--arch sm_80|sm_90]... [--ptxas PATH] [--jobs N] [--json]`
+//!   and `bench [--matrix FILE] [--out DIR] ...`: forwarded to
+//!   `xtask-device` (its `main.rs` describes them).
 //!
 //! The bundle is built without debug information, in its own target folder
 //! (`target/bundle`, so ordinary release builds keep their cache), because
 //! what is carried to the GPU machine is limited to 64 MiB.
 
+use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -45,9 +46,8 @@ use std::process::{Command, ExitCode, Stdio};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 
-mod bench;
+mod forward;
 mod frostt;
-mod kernels;
 mod tune;
 
 /// Development tasks for kruskal.
@@ -64,7 +64,8 @@ enum Task {
     Bundle(BundleArgs),
     /// Compile every kernel specialization (NVRTC + ptxas -v) and report
     /// registers, spills, shared memory.
-    Kernels(kernels::KernelsArgs),
+    #[command(disable_help_flag = true)]
+    Kernels(forward::Forwarded),
     /// On a GPU machine: time every engine over its launch parameters
     /// (kruskal tune sweep).
     Tune(tune::TuneArgs),
@@ -76,8 +77,8 @@ enum Task {
     FetchFrostt(frostt::FetchArgs),
     /// Run the evaluation matrix (bench/*.toml) and write results.json,
     /// report.md and plots.
-    #[command(args_conflicts_with_subcommands = true)]
-    Bench(bench::BenchArgs),
+    #[command(disable_help_flag = true)]
+    Bench(forward::Forwarded),
 }
 
 /// `cargo xtask bundle`.
@@ -95,7 +96,7 @@ struct BundleArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli.task) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             // One line: the error and its causes, outermost first.
             eprintln!("error: {e:#}");
@@ -104,15 +105,16 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(task: Task) -> Result<()> {
-    match task {
+fn run(task: Task) -> Result<ExitCode> {
+    let done = match task {
+        Task::Kernels(a) => return forward::forward("kernels", &a.args),
+        Task::Bench(a) => return forward::forward("bench", &a.args),
         Task::Bundle(a) => bundle(&a.dir, a.benches),
-        Task::Kernels(a) => kernels::kernels(a),
         Task::Tune(a) => tune::tune(a),
         Task::Train(a) => tune::train_task(a),
         Task::FetchFrostt(a) => frostt::fetch_frostt(a),
-        Task::Bench(a) => bench::bench(a),
-    }
+    };
+    done.map(|()| ExitCode::SUCCESS)
 }
 
 fn workspace_root() -> PathBuf {
@@ -122,11 +124,22 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// The binaries a bundle carries (each its package's name): the program,
+/// and xtask with the xtask-device it runs for `kernels` and `bench`.
+const BUNDLED: [&str; 3] = ["kruskal", "xtask", forward::PACKAGE];
+
 /// What may be carried to the GPU machine.
 const CARRY_LIMIT_BYTES: u64 = 64 << 20;
 
+/// The cargo that runs this task (`CARGO`, which `cargo run` sets), else
+/// the one on `PATH`.
+fn cargo_program() -> OsString {
+    std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into())
+}
+
+/// Cargo in the workspace root.
 fn cargo() -> Command {
-    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let mut c = Command::new(cargo_program());
     c.current_dir(workspace_root());
     c
 }
@@ -143,14 +156,16 @@ fn bundle_cargo() -> Command {
 fn bundle(dir: &Path, benches: bool) -> Result<()> {
     let dir = workspace_root().join(dir);
     let status = bundle_cargo()
-        .args(["build", "--release", "-p", "kruskal", "-p", "xtask"])
+        .args(["build", "--release"])
+        .args(BUNDLED.iter().flat_map(|name| ["-p", name]))
         .status()
         .context("running cargo build")?;
     if !status.success() {
         bail!("cargo build failed");
     }
     // The test executables: cargo lists them in its JSON messages. The
-    // development tools (xtask, the benchmark crate) have none worth carrying.
+    // development tools (xtask, xtask-device, the benchmark crate) have none
+    // worth carrying.
     let out = bundle_cargo()
         .args([
             "test",
@@ -158,6 +173,8 @@ fn bundle(dir: &Path, benches: bool) -> Result<()> {
             "--workspace",
             "--exclude",
             "xtask",
+            "--exclude",
+            forward::PACKAGE,
             "--exclude",
             "kruskal-benches",
             "--no-run",
@@ -223,7 +240,7 @@ fn bundle(dir: &Path, benches: bool) -> Result<()> {
         }
     }
     let mut bytes = 0;
-    for name in ["kruskal", "xtask"] {
+    for name in BUNDLED {
         let bin = workspace_root().join("target/bundle/release").join(name);
         fs::copy(&bin, dir.join(name)).with_context(|| format!("copying {}", bin.display()))?;
         bytes += fs::metadata(dir.join(name))?.len();
@@ -238,7 +255,8 @@ fn bundle(dir: &Path, benches: bool) -> Result<()> {
             .sum::<u64>();
     }
     println!(
-        "bundled kruskal, xtask, {} test executables{} into {} ({:.1} MiB)",
+        "bundled kruskal, xtask, {}, {} test executables{} into {} ({:.1} MiB)",
+        forward::PACKAGE,
         tests.len(),
         if benches { " and the benchmarks" } else { "" },
         dir.display(),
@@ -273,29 +291,44 @@ mod cli_tests {
         super::Cli::command().debug_assert();
     }
 
-    /// The invocations the README, the docs, CI and the GPU scripts use.
+    fn parse(line: &str) -> super::Cli {
+        let argv = std::iter::once("xtask").chain(line.split_whitespace());
+        super::Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("`cargo xtask {line}`: {e}"))
+    }
+
+    /// The invocations the README, the docs, CI and the GPU scripts use
+    /// (`xtask/invocations.txt`; xtask-device's test parses those of the
+    /// tasks forwarded to it).
     #[test]
     fn documented_invocations_parse() {
-        for line in [
-            "bundle",
-            "bundle gpu-run --benches",
-            "kernels",
-            "kernels --arch sm_90 --arch sm_80 --json",
-            "tune --out tune-out --set eval --scale 2",
-            "train --trees 16 --max-depth 8",
-            "train --trees 16 --max-depth 8 --held-out crates/kruskal-tune/model/held-out.json",
-            "fetch-frostt --list",
-            "fetch-frostt nell-2 nips",
-            "fetch-frostt --all --dir /data/frostt",
-            "bench --matrix bench/smoke.toml --out bench-out/smoke",
-            "bench --matrix bench/gpu.toml --only t3 --only t4 --out out/bench",
-            "bench report a.json b.json --out bench-out/all",
-            "bench report a.json --out docs/bench --doc docs/performance.md --image-dir bench",
-        ] {
-            let argv = std::iter::once("xtask").chain(line.split_whitespace());
-            if let Err(e) = super::Cli::try_parse_from(argv) {
-                panic!("`cargo xtask {line}`: {e}");
+        for line in include_str!("../invocations.txt").lines() {
+            if !line.starts_with('#') && !line.trim().is_empty() {
+                parse(line);
             }
+        }
+    }
+
+    /// `kernels` and `bench` hand every argument on as given, options and
+    /// `--help` included.
+    #[test]
+    fn forwarded_arguments_are_untouched() {
+        for line in [
+            "bench --help",
+            "bench -h",
+            "bench report a.json --out x --doc docs/performance.md",
+            "bench --matrix bench/gpu.toml --only t3",
+            "kernels --arch sm_90 --json",
+            "kernels --help",
+            "kernels",
+        ] {
+            let (task, rest) = line.split_once(' ').unwrap_or((line, ""));
+            let args = match parse(line).task {
+                super::Task::Bench(a) if task == "bench" => a.args,
+                super::Task::Kernels(a) if task == "kernels" => a.args,
+                other => panic!("`cargo xtask {line}` parsed as {other:?}"),
+            };
+            let args: Vec<_> = args.iter().map(|a| a.to_str().unwrap()).collect();
+            assert_eq!(args, rest.split_whitespace().collect::<Vec<_>>(), "{line}");
         }
     }
 }

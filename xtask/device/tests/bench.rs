@@ -1,6 +1,7 @@
 //! `cargo xtask bench` end to end on the smoke matrix (small generated
 //! tensors, CPU engines; GPU entries are listed as not measured where
-//! there is no GPU), and `bench report` updating a document.
+//! there is no GPU), and `bench report` updating a document. The tests run
+//! the `xtask-device` binary, which `cargo xtask bench` forwards to.
 
 use std::path::Path;
 use std::process::Command;
@@ -8,11 +9,14 @@ use std::process::Command;
 use serde_json::Value;
 
 fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .unwrap()
 }
 
 fn xtask(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_xtask"))
+    Command::new(env!("CARGO_BIN_EXE_xtask-device"))
         .current_dir(root())
         .args(args)
         // No PyTorch baseline attempt with whatever python3 is around.

@@ -4,8 +4,9 @@
 //! The matrix is a TOML file (`bench/*.toml`, see [`matrix`]). Every
 //! measurement runs the code of `kruskal mttkrp` and `kruskal cpd`
 //! (`kruskal::measure::{mttkrp, cpd}`) in this process, so the
-//! release xtask binary can be carried to a GPU machine without a Rust
-//! toolchain (`cargo xtask bundle` copies it) and run there. Each tensor is
+//! release `xtask` and `xtask-device` binaries can be carried to a GPU
+//! machine without a Rust toolchain (`cargo xtask bundle` copies them) and
+//! run there (`gpu-run/xtask bench ...`). Each tensor is
 //! loaded or generated once and serves every entry that names it. The
 //! PyTorch baseline (`benches/torch_mttkrp.py`) runs on the tensors of GPU
 //! MTTKRP entries when `python3` can import torch and sees a GPU.

@@ -589,7 +589,7 @@ source = "ANCHORS.md"
     /// The matrices in the repository parse.
     #[test]
     fn the_repository_matrices_parse() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench");
         let mut n = 0;
         for e in std::fs::read_dir(&dir).unwrap() {
             let p = e.unwrap().path();

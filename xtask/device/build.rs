@@ -1,6 +1,6 @@
-//! Records the commit the xtask binary is built from, for `cargo xtask
-//! bench` results measured where there is no git checkout (a GPU machine
-//! running the bundled binary).
+//! Records the commit the xtask-device binary is built from, for `cargo
+//! xtask bench` results measured where there is no git checkout (a GPU
+//! machine running the bundled binaries).
 
 use std::process::Command;
 
