@@ -41,7 +41,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
 use kruskal_cpu::{CpuKernel, FlycooMttkrp, MttkrpEngine, mttkrp_reference, relative_error};
 use kruskal_device::kernels::{CHECK_MODES, CHECK_RANKS};
 use kruskal_device::{FlycooGpu, Gpu, GpuKernel, GpuMttkrp, GpuOptions, build_engine};
@@ -52,6 +51,37 @@ use kruskal_partition::layout::LayoutOptions;
 use ndarray::Array2;
 use rayon::prelude::*;
 use serde::Serialize;
+
+/// Why the check could not run at all (an engine's failure is a failed
+/// case in the report instead).
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// Options that do not fit (a rank of 0, a mode count the generator
+    /// lacks, a data folder that is not one).
+    #[error("{0}")]
+    Invalid(String),
+    /// A folder could not be listed.
+    #[error("listing {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The one-thread pool of the CPU engines could not start.
+    #[error("could not start a one-thread pool: {0}")]
+    Pool(#[from] rayon::ThreadPoolBuildError),
+    /// The GPU could not be opened.
+    #[error(transparent)]
+    Device(#[from] kruskal_device::DeviceError),
+    /// A tensor could not be generated.
+    #[error(transparent)]
+    Format(#[from] kruskal_formats::FormatError),
+    /// The f64 reference MTTKRP failed.
+    #[error(transparent)]
+    Cpu(#[from] kruskal_cpu::CpuError),
+}
+
+/// `Result` with [`CheckError`].
+pub type Result<T, E = CheckError> = std::result::Result<T, E>;
 
 /// Largest relative Frobenius error an f32 engine may have.
 pub const TOLERANCE: f64 = 1e-5;
@@ -486,12 +516,7 @@ fn require_split_rows(
 
 /// Every CPU engine, and CPU FLYCOO with split rows.
 pub fn cpu_engines() -> Result<Vec<EngineSpec>> {
-    let one_thread = Arc::new(
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .context("could not start a one-thread pool")?,
-    );
+    let one_thread = Arc::new(rayon::ThreadPoolBuilder::new().num_threads(1).build()?);
     let mut specs: Vec<EngineSpec> = Vec::new();
     for kernel in CpuKernel::ENGINES {
         let pool = one_thread.clone();
@@ -585,10 +610,10 @@ pub fn power_law_tensor(nmodes: usize, nnz: usize, seed: u64) -> Result<SparseTe
     const DIMS: [u32; 6] = [3_000, 1_700, 900, 400, 150, 60];
     const EXPONENTS: [f64; 6] = [1.3, 1.1, 1.5, 1.2, 1.4, 1.1];
     if !(2..=DIMS.len()).contains(&nmodes) {
-        bail!(
+        return Err(CheckError::Invalid(format!(
             "the check's tensors have 2 to {} modes, not {nmodes}",
             DIMS.len()
-        );
+        )));
     }
     let mut spec = PowerLawSpec::new(DIMS[..nmodes].to_vec(), nnz).with_seed(seed ^ nmodes as u64);
     spec.exponents = EXPONENTS[..nmodes].to_vec();
@@ -605,7 +630,10 @@ pub fn data_folder(data: Option<&Path>) -> Result<Option<PathBuf>> {
         _ => return Ok(None),
     };
     if !dir.is_dir() {
-        bail!("{} (from {from}) is not a folder", dir.display());
+        return Err(CheckError::Invalid(format!(
+            "{} (from {from}) is not a folder",
+            dir.display()
+        )));
     }
     Ok(Some(dir))
 }
@@ -613,7 +641,10 @@ pub fn data_folder(data: Option<&Path>) -> Result<Option<PathBuf>> {
 /// The tensor files of `dir`, by name.
 fn tensor_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("listing {}", dir.display()))?
+        .map_err(|source| CheckError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             let name = p
@@ -727,7 +758,7 @@ pub fn run_with_engines(
 ) -> Result<CheckReport> {
     let start = Instant::now();
     if opts.ranks.contains(&0) {
-        bail!("ranks must be at least 1");
+        return Err(CheckError::Invalid("ranks must be at least 1".into()));
     }
     let mut notes = Vec::new();
     let mut cases = Vec::new();
@@ -746,7 +777,10 @@ pub fn run_with_engines(
         )),
         Some(dir) => {
             if !dir.is_dir() {
-                bail!("{} is not a folder", dir.display());
+                return Err(CheckError::Invalid(format!(
+                    "{} is not a folder",
+                    dir.display()
+                )));
             }
             let files = tensor_files(dir)?;
             if files.is_empty() {
