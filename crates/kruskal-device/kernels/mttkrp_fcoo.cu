@@ -116,19 +116,10 @@ typedef float factor_t;
 __device__ __forceinline__ float load_factor(const factor_t* p) { return __ldg(p); }
 #endif
 
-#ifndef TEAMS
-#define TEAMS 0
-#endif
 #if TEAMS
-#if RANK != 16 && RANK != 32 && RANK != 64 && RANK != 128
-#error "TEAMS needs RANK 16, 32, 64 or 128"
-#endif
 #if FIBER
 #error "TEAMS and FIBER do not combine"
 #endif
-// Lanes per team, and teams per warp.
-#define TL (RANK / 4)
-#define NT (WARP / TL)
 
 // Four consecutive factor values (16-byte aligned as f32, 8 as 16-bit).
 __device__ __forceinline__ float4 load_factor4(const factor_t* p)

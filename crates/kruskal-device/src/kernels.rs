@@ -271,7 +271,10 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         source: Source::Shard,
         per_mode: true,
-        variants: &[&[("WARPS", crate::group::WARPS as i64)]],
+        variants: &[
+            &[("WARPS", crate::group::WARPS as i64)],
+            &[("WARPS", crate::group::WARPS as i64), ("TEAMS", 1)],
+        ],
     },
     KernelSource {
         source: Source::Dense,

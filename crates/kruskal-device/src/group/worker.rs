@@ -262,11 +262,15 @@ impl Worker {
 
     fn mttkrp(&mut self, mode: usize) -> Result<()> {
         let n = self.dims.len();
-        let defines = [
+        // Lane teams where the rank allows them, as fcoo runs them.
+        let mut defines = vec![
             ("NMODES", n as i64),
             ("RANK", self.rank as i64),
             ("WARPS", WARPS as i64),
         ];
+        if crate::fcoo::teams_fit(self.rank) {
+            defines.push(("TEAMS", 1));
+        }
         let kernel =
             self.gpu
                 .kernels()
