@@ -25,11 +25,9 @@ typedef unsigned long long u64;
 #define COLS_PER_LANE ((RANK + WARP - 1) / WARP)
 
 // Lane teams (-DTEAMS=1, the fcoo and shard kernels): TL = RANK / 4 lanes
-// hold one nonzero's row as float4s, NT = 32 / TL teams per warp.
-#ifndef TEAMS
-#define TEAMS 0
-#endif
-#if TEAMS
+// hold one nonzero's row as float4s, NT = 32 / TL teams per warp. Nothing
+// is defined without -DTEAMS (mttkrp_flycoo.cu has TEAMS and TL of its own).
+#if defined(TEAMS) && TEAMS
 #if RANK != 16 && RANK != 32 && RANK != 64 && RANK != 128
 #error "TEAMS needs RANK 16, 32, 64 or 128"
 #endif

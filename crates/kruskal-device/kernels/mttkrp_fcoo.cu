@@ -116,6 +116,9 @@ typedef float factor_t;
 __device__ __forceinline__ float load_factor(const factor_t* p) { return __ldg(p); }
 #endif
 
+#ifndef TEAMS
+#define TEAMS 0
+#endif
 #if TEAMS
 #if FIBER
 #error "TEAMS and FIBER do not combine"

@@ -32,6 +32,9 @@
 
 #define STRIDE (NMODES + 1)
 
+#ifndef TEAMS
+#define TEAMS 0
+#endif
 #if TEAMS
 // Adds a team's run sums (its lane's four columns from tcol) into the
 // output row.
