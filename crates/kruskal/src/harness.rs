@@ -69,8 +69,9 @@ pub enum CheckError {
     /// The one-thread pool of the CPU engines could not start.
     #[error("could not start a one-thread pool: {0}")]
     Pool(#[from] rayon::ThreadPoolBuildError),
-    /// The GPU could not be opened.
-    #[error(transparent)]
+    /// The GPU could not be opened. The device's error is the source (not
+    /// hidden behind it), so the command line finds its kind in the chain.
+    #[error("{0}")]
     Device(#[from] kruskal_device::DeviceError),
     /// A tensor could not be generated.
     #[error(transparent)]
