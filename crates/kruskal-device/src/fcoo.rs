@@ -384,31 +384,25 @@ impl FcooGpu {
         };
         fcoo_build::load_kernels(&gpu)?;
         lap("kernels")?;
-        let (coo, locked) = DeviceCoo::upload(&gpu, tensor)?;
+        let coo = DeviceCoo::upload(&gpu, tensor)?;
         lap("upload")?;
         let mut modes: Vec<(Vec<ModeTables>, usize)> =
             variants.iter().map(|_| (Vec::new(), 0)).collect();
-        // The tensor's arrays are unlocked on another thread while the
-        // first mode sorts (the scope outlives neither `tensor` nor them).
-        std::thread::scope(|s| -> Result<()> {
-            s.spawn(move || drop(locked));
-            let mut scratch = fcoo_build::SortScratch::new(&gpu, &coo)?;
-            lap("buffers")?;
-            for mode in 0..tensor.nmodes() {
-                let sorted = fcoo_build::sort_mode(&gpu, &coo, mode, &mut scratch, &mut lap)?;
-                for ((tables, bytes), (&(threadlen, _), ok)) in
-                    modes.iter_mut().zip(variants.iter().zip(&checked))
-                {
-                    if ok.is_ok() {
-                        let (t, b) = ModeTables::from_sorted(&gpu, &sorted, threadlen)?;
-                        tables.push(t);
-                        *bytes += b;
-                    }
+        let mut scratch = fcoo_build::SortScratch::new(&gpu, &coo)?;
+        lap("buffers")?;
+        for mode in 0..tensor.nmodes() {
+            let sorted = fcoo_build::sort_mode(&gpu, &coo, mode, &mut scratch, &mut lap)?;
+            for ((tables, bytes), (&(threadlen, _), ok)) in
+                modes.iter_mut().zip(variants.iter().zip(&checked))
+            {
+                if ok.is_ok() {
+                    let (t, b) = ModeTables::from_sorted(&gpu, &sorted, threadlen)?;
+                    tables.push(t);
+                    *bytes += b;
                 }
-                lap("tables")?;
             }
-            Ok(())
-        })?;
+            lap("tables")?;
+        }
         Ok(checked
             .into_iter()
             .zip(modes)

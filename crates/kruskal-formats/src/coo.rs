@@ -2,6 +2,7 @@
 
 use rayon::prelude::*;
 
+use crate::attached::Attached;
 use crate::coalesce;
 use crate::error::{FormatError, Result};
 
@@ -14,6 +15,8 @@ use crate::error::{FormatError, Result};
 /// Dimensions are `u32`, which holds every FROSTT tensor.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SparseTensor {
+    /// First, so it is dropped before the arrays it may concern.
+    attached: Attached,
     dims: Vec<u32>,
     indices: Vec<Vec<u32>>,
     values: Vec<f32>,
@@ -55,6 +58,7 @@ impl SparseTensor {
         let c = coalesce::coalesce(&dims, indices, values).map_err(FormatError::Invalid)?;
         let seconds = start.elapsed().as_secs_f64();
         let t = SparseTensor {
+            attached: Attached::default(),
             dims,
             indices: c.indices,
             values: c.values,
@@ -72,6 +76,7 @@ impl SparseTensor {
     ) -> Result<Self> {
         check(&dims, &indices, &values)?;
         Ok(SparseTensor {
+            attached: Attached::default(),
             dims,
             indices,
             values,
@@ -106,8 +111,16 @@ impl SparseTensor {
         &self.values
     }
 
-    /// Gives the arrays back: `(dims, indices, values)`.
-    pub fn into_parts(self) -> (Vec<u32>, Vec<Vec<u32>>, Vec<f32>) {
+    /// What another crate keeps with this tensor's arrays (the device
+    /// crate's page-lock registration): see [`Attached`].
+    pub fn attached(&self) -> &Attached {
+        &self.attached
+    }
+
+    /// Gives the arrays back: `(dims, indices, values)`. What was attached
+    /// is dropped first.
+    pub fn into_parts(mut self) -> (Vec<u32>, Vec<Vec<u32>>, Vec<f32>) {
+        self.attached.clear();
         (self.dims, self.indices, self.values)
     }
 
@@ -156,6 +169,7 @@ impl SparseTensor {
     /// `perm[k]` of the input). `perm` must be a permutation of `0..nnz`.
     pub fn permute(&mut self, perm: &[usize]) {
         assert_eq!(perm.len(), self.nnz(), "permutation length must equal nnz");
+        self.attached.clear();
         for idx in &mut self.indices {
             *idx = perm.par_iter().map(|&p| idx[p]).collect();
         }

@@ -15,6 +15,7 @@
 //! assert!(stats.modes[0].degree_max >= 1);
 //! ```
 
+pub mod attached;
 pub mod binary;
 mod coalesce;
 pub mod compact;
@@ -28,6 +29,7 @@ pub mod io;
 mod mode_stats;
 pub mod tns;
 
+pub use attached::{Attached, AttachedSlot};
 pub use binary::{CrcPart, MappedBinary, RangeCounts};
 pub use compact::{Compaction, compact};
 pub use coo::{ModeStats, SparseTensor, TensorStats};
