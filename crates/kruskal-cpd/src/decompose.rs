@@ -148,7 +148,8 @@ pub struct StartSummary {
 pub struct PrepareTimes {
     /// Opening the GPU (the driver's context; `Gpu::open`).
     pub open_s: f64,
-    /// The tensor's features and the tuning model's choice of candidates.
+    /// The tensor's features (what they take beyond the GPU's opening,
+    /// which they overlap) and the tuning model's choice of candidates.
     pub choose_s: f64,
     /// Building and uploading the engines' layouts (and, on the CPU, the
     /// kernel's layout).
@@ -426,7 +427,7 @@ fn make_backend(
 ) -> Result<(Chosen, Option<String>)> {
     let record = |step: fn(&mut PrepareTimes) -> &mut f64, start: Instant| {
         let mut t = times.get();
-        *step(&mut t) = start.elapsed().as_secs_f64();
+        *step(&mut t) += start.elapsed().as_secs_f64();
         times.set(t);
     };
     if let Some(ordinals) = &opts.gpus {
@@ -488,9 +489,12 @@ fn make_backend(
             let start = Instant::now();
             let gpu = Gpu::open(0);
             record(|t| &mut t.open_s, start);
+            // What the features take beyond the opening is the choice's.
+            let start = Instant::now();
             let features = features
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            record(|t| &mut t.choose_s, start);
             (gpu, features)
         });
         let gpu = gpu?;

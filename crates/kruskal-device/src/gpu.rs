@@ -10,7 +10,7 @@ use cudarc::driver::{
 };
 
 use crate::kernels::{Kernel, KernelCache};
-use crate::probe::check_libraries;
+use crate::probe::{NvrtcCheck, check_driver};
 use crate::{DeviceError, Result, driver};
 
 /// Words per pinned staging buffer of [`Gpu::upload_staged`] (16 MiB);
@@ -126,17 +126,30 @@ pub struct Gpu {
 }
 
 impl Gpu {
-    /// Number of CUDA devices (an error if the driver cannot be loaded).
+    /// Number of CUDA devices (an error if the driver or NVRTC cannot be
+    /// loaded).
     pub fn count() -> Result<usize> {
-        check_libraries()?;
+        let nvrtc = NvrtcCheck::start();
+        let n = Self::driver_count();
+        let checked = nvrtc.wait();
+        let n = n?;
+        checked?;
+        Ok(n)
+    }
+
+    /// Number of CUDA devices, checking only the driver.
+    fn driver_count() -> Result<usize> {
+        check_driver()?;
         let n = CudaContext::device_count().map_err(driver("counting devices"))?;
         Ok(n.max(0) as usize)
     }
 
     /// Opens device `ordinal`. Never panics: a missing driver, NVRTC or
-    /// device is a [`DeviceError`].
+    /// device is a [`DeviceError`]. NVRTC is checked while the driver
+    /// starts.
     pub fn open(ordinal: usize) -> Result<Arc<Gpu>> {
-        let count = Self::count()?;
+        let nvrtc = NvrtcCheck::start();
+        let count = Self::driver_count()?;
         if ordinal >= count {
             return Err(DeviceError::NoDevice { ordinal, count });
         }
@@ -183,6 +196,7 @@ impl Gpu {
         stream
             .synchronize()
             .map_err(driver("setting up the device's memory pool"))?;
+        nvrtc.wait()?;
         Ok(Arc::new(Gpu {
             ctx,
             stream,

@@ -30,6 +30,9 @@ struct Finished {
     describe: String,
     fallback: Option<String>,
     prep_s: f64,
+    prepare: kruskal_cpd::PrepareTimes,
+    /// The GPU layout build's steps, with seconds (empty elsewhere).
+    layout_steps: Vec<(&'static str, f64)>,
     cpd_s: f64,
     summaries: Vec<kruskal_cpd::StartSummary>,
 }
@@ -140,9 +143,14 @@ pub fn cp_als<'py>(
         kruskal_cpd::decompose(&t, &opts, &mut progress, &stop).map(|d| Finished {
             name: d.backend.name(),
             describe: d.backend.describe(),
+            layout_steps: match &d.backend {
+                kruskal_cpd::Chosen::Gpu(b) => b.layout_steps().to_vec(),
+                _ => Vec::new(),
+            },
             model: d.model,
             fallback: d.fallback,
             prep_s: d.prep_s,
+            prepare: d.prepare,
             cpd_s: d.cpd_s,
             summaries: d.summaries,
         })
@@ -182,6 +190,12 @@ pub fn cp_als<'py>(
     out.set_item("describe", done.describe)?;
     out.set_item("fallback", done.fallback)?;
     out.set_item("prepare_s", done.prep_s)?;
+    let prepare = PyDict::new(py);
+    prepare.set_item("open_s", done.prepare.open_s)?;
+    prepare.set_item("choose_s", done.prepare.choose_s)?;
+    prepare.set_item("build_s", done.prepare.build_s)?;
+    out.set_item("prepare", prepare)?;
+    out.set_item("layout_steps", done.layout_steps)?;
     out.set_item("cpd_s", done.cpd_s)?;
     let summaries = PyList::empty(py);
     for s in &done.summaries {

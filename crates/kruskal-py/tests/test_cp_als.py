@@ -161,6 +161,12 @@ def test_starts_keep_the_best_fit():
     starts = m.info["starts"]
     assert [s["seed"] for s in starts] == [5, 6, 7]
     assert m.fit == max(s["fit"] for s in starts)
+    # The preparation's parts, as `kruskal cpd --json` gives them; on the
+    # CPU no GPU was opened and no GPU layout built.
+    assert sorted(m.info["prepare"]) == ["build_s", "choose_s", "open_s"]
+    if m.backend == "cpu":
+        assert m.info["prepare"]["open_s"] == 0
+        assert m.info["layout_steps"] == []
 
 
 def test_progress_bar_runs_with_and_without_tqdm(capsys):
@@ -199,3 +205,20 @@ def test_gpu_gives_the_cpu_fits():
         two = kruskal.cp_als(X, 8, init=factors, iters=10, tol=0, gpus=2, progress=False)
         assert two.backend == "gpus"
         np.testing.assert_allclose(two.fits, cpu.fits, atol=1e-4)
+
+
+@pytest.mark.skipif(gpu_reason() is not None, reason=str(gpu_reason()))
+def test_gpu_decomposes_one_large_tensor_twice_alike():
+    # Over 4M words of COO, so the upload page-locks the arrays; they stay
+    # locked with the tensor and the second run copies from that lock.
+    subs, vals, shape = random_parts((3000, 2000, 1000), 1_200_000, seed=5)
+    X = kruskal.SparseTensor(subs, vals, shape)
+    factors = initial(shape, 8)
+    runs = [kruskal.cp_als(X, 8, init=factors, iters=5, tol=0, backend="gpu", kernel="fcoo",
+                           progress=False) for _ in range(2)]
+    assert [r.backend for r in runs] == ["gpu", "gpu"]
+    steps = [dict(r.info["layout_steps"]) for r in runs]
+    assert all("upload" in s and "sort" in s for s in steps), steps
+    np.testing.assert_array_equal(runs[0].fits, runs[1].fits)
+    cpu = kruskal.cp_als(X, 8, init=factors, iters=5, tol=0, backend="cpu", progress=False)
+    np.testing.assert_allclose(runs[0].fits, cpu.fits, atol=1e-4)

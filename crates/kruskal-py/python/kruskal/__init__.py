@@ -66,9 +66,12 @@ class KruskalModel:
     info : dict
         How the run went: ``describe`` (the backend in words), ``fallback``
         (why ``backend="auto"`` did not use the GPU, or None),
-        ``prepare_s``, ``cpd_s``, ``starts`` (seed, fit, iterations of each
-        start), ``pseudo_inverse_solves``, ``notes`` (the choices
-        ``kruskal cpd`` prints).
+        ``prepare_s`` and its parts ``prepare`` (``open_s``, ``choose_s``,
+        ``build_s``, as ``kruskal cpd --json`` gives them), ``layout_steps``
+        (the GPU layout build's (step, seconds), empty on the CPU),
+        ``cpd_s``, ``starts`` (seed, fit, iterations of each start),
+        ``pseudo_inverse_solves``, ``notes`` (the choices ``kruskal cpd``
+        prints).
     """
 
     def __init__(self, weights: np.ndarray, factors: List[np.ndarray], iterations: List[dict],
@@ -307,8 +310,8 @@ def cp_als(
         if bar is not None:
             bar.close()
     factors = [f if out_dtype == f.dtype else f.astype(out_dtype) for f in out["factors"]]
-    info = {k: out[k] for k in ("describe", "fallback", "prepare_s", "cpd_s",
-                                "pseudo_inverse_solves", "notes")}
+    info = {k: out[k] for k in ("describe", "fallback", "prepare_s", "prepare", "layout_steps",
+                                "cpd_s", "pseudo_inverse_solves", "notes")}
     info["starts"] = [dict(zip(("seed", "fit", "iterations"), s)) for s in out["starts"]]
     return KruskalModel(out["weights"], factors, out["iterations"], out["converged"],
                         out["interrupted"], out["backend"], info)
