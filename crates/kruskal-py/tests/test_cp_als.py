@@ -161,11 +161,14 @@ def test_starts_keep_the_best_fit():
     starts = m.info["starts"]
     assert [s["seed"] for s in starts] == [5, 6, 7]
     assert m.fit == max(s["fit"] for s in starts)
-    # The preparation's parts, as `kruskal cpd --json` gives them; on the
-    # CPU no GPU was opened and no GPU layout built.
-    assert sorted(m.info["prepare"]) == ["build_s", "choose_s", "open_s"]
+    # The preparation's parts, as `kruskal cpd --json` gives them: disjoint
+    # spans of it (`auto` may have spent some of it trying the GPU); on the
+    # CPU no GPU layout was built.
+    parts = m.info["prepare"]
+    assert sorted(parts) == ["build_s", "choose_s", "open_s"]
+    assert all(v >= 0 for v in parts.values())
+    assert sum(parts.values()) <= m.info["prepare_s"] + 1e-9
     if m.backend == "cpu":
-        assert m.info["prepare"]["open_s"] == 0
         assert m.info["layout_steps"] == []
 
 
