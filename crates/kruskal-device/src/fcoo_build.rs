@@ -130,14 +130,20 @@ fn key_bytes(dims: &[u32], mode: usize) -> usize {
     if bits <= 32 { 4 } else { 8 }
 }
 
+/// Bytes of the widest sort key of any mode of a tensor with `dims`.
+fn widest_key(dims: &[u32]) -> usize {
+    (0..dims.len())
+        .map(|m| key_bytes(dims, m))
+        .max()
+        .unwrap_or(4)
+}
+
 /// Device bytes of the sort's buffers ([`SortScratch`]) for a tensor with
 /// `dims` and `nnz` nonzeros.
 pub(crate) fn scratch_bytes(dims: &[u32], nnz: usize) -> usize {
-    let key = (0..dims.len())
-        .map(|m| key_bytes(dims, m))
-        .max()
-        .unwrap_or(4);
-    2 * (key + 4) * nnz + 4 * DIGITS * nnz.div_ceil(SORT_TILE) + 4 * (SCAN_THREADS as usize + 1)
+    2 * (widest_key(dims) + 4) * nnz
+        + 4 * DIGITS * nnz.div_ceil(SORT_TILE)
+        + 4 * (SCAN_THREADS as usize + 1)
 }
 
 /// The sort's buffers, allocated once for every mode of a build (a buffer
@@ -160,11 +166,7 @@ impl SortScratch {
     pub(crate) fn new(gpu: &Gpu, coo: &DeviceCoo) -> Result<Self> {
         let n = coo.nnz.max(1);
         gpu.ensure_free("the F-COO sort", scratch_bytes(&coo.dims, n))?;
-        let words = (0..coo.dims.len())
-            .map(|m| key_bytes(&coo.dims, m) / 4)
-            .max()
-            .unwrap_or(1)
-            * n;
+        let words = widest_key(&coo.dims) / 4 * n;
         let alloc = |what: &str, len: usize| -> Result<CudaSlice<u32>> {
             // SAFETY: u32 has no invalid bit pattern, and every entry a
             // kernel reads was written by an earlier step of the build.
@@ -560,6 +562,10 @@ mod tests {
         assert_eq!(second_mode(&[5], 0), None);
         assert_eq!(key_bytes(&[1 << 20, 1 << 20, 1 << 13], 0), 8);
         assert_eq!(key_bytes(&[1 << 19, 1 << 20, 1 << 13], 0), 4);
+        // The scratch fits the widest mode's keys.
+        assert_eq!(widest_key(&[1 << 19, 1 << 20, 1 << 13]), 8);
+        assert_eq!(widest_key(&[12_092, 9_184, 28_818]), 4);
+        assert_eq!(widest_key(&[]), 4);
     }
 
     /// Whether the driver holds `p` page-locked.
