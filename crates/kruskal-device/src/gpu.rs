@@ -27,11 +27,10 @@ const REGISTER_PIECE: usize = 16 << 20;
 /// the host bytes `[start, end)`: cut at [`REGISTER_PIECE`] boundaries of
 /// the address space, so pieces of one array share no page.
 fn register_pieces(start: usize, end: usize) -> impl Iterator<Item = (usize, usize)> {
-    std::iter::successors((start < end).then_some(start), move |&at| {
-        let next = (at / REGISTER_PIECE + 1) * REGISTER_PIECE;
-        (next < end).then_some(next)
+    let piece = move |at: usize| (at, ((at / REGISTER_PIECE + 1) * REGISTER_PIECE).min(end));
+    std::iter::successors((start < end).then(|| piece(start)), move |&(_, next)| {
+        (next < end).then(|| piece(next))
     })
-    .map(move |at| (at, ((at / REGISTER_PIECE + 1) * REGISTER_PIECE).min(end)))
 }
 
 /// Host memory page-locked by [`Gpu::upload_registered`] (piece start

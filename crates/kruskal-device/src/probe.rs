@@ -50,9 +50,11 @@ fn check_once(lib: &'static str, cell: &'static OnceLock<Probe>) -> Result<()> {
 /// Checks once per process that NVRTC can be loaded (compiling kernels
 /// needs nothing else, not even a GPU).
 pub fn check_nvrtc() -> Result<()> {
-    static NVRTC: OnceLock<Probe> = OnceLock::new();
     check_once("nvrtc", &NVRTC)
 }
+
+/// [`check_nvrtc`]'s answer, once known.
+static NVRTC: OnceLock<Probe> = OnceLock::new();
 
 /// Checks once per process that the CUDA driver can be loaded.
 pub fn check_driver() -> Result<()> {
@@ -70,18 +72,27 @@ pub fn check_libraries() -> Result<()> {
 /// library in the page cache and 150 ms from disk (measured on an H100
 /// host), which the driver's own start (`cuInit`, 100 ms) hides when the
 /// two run side by side.
-pub(crate) struct NvrtcCheck(std::thread::JoinHandle<Result<()>>);
+/// No thread is started once the answer is known.
+pub(crate) struct NvrtcCheck(Option<std::thread::JoinHandle<Result<()>>>);
 
 impl NvrtcCheck {
     pub(crate) fn start() -> Self {
-        NvrtcCheck(std::thread::spawn(check_nvrtc))
+        NvrtcCheck(
+            NVRTC
+                .get()
+                .is_none()
+                .then(|| std::thread::spawn(check_nvrtc)),
+        )
     }
 
     /// The check's result, once it has run (a panic in it goes on here).
     pub(crate) fn wait(self) -> Result<()> {
-        self.0
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        match self.0 {
+            Some(thread) => thread
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            None => check_nvrtc(),
+        }
     }
 }
 
