@@ -12,6 +12,8 @@
 //! - [`rows`]: the multi-GPU group's plan: whole rows per GPU by LPT,
 //!   relabeled so each GPU owns one contiguous range, and the per-mode
 //!   elements its shards are cut from.
+//! - [`readers`]: which GPUs read which factor rows, and the rows each
+//!   owner sends each reader in the sparse exchange.
 //!
 //! ```
 //! use kruskal_formats::generate::{power_law, PowerLawSpec};
@@ -27,11 +29,13 @@
 pub mod flycoo;
 pub mod layout;
 pub mod lpt;
+pub mod readers;
 pub mod rows;
 pub mod shard;
 
 pub use layout::{LayoutOptions, ModeLayout};
 pub use lpt::{Assignment, Balance, Policy, cyclic, lpt};
+pub use readers::{ExchangeLists, ModeLists, RowReaders};
 pub use rows::RowShards;
 pub use shard::{ShardOptions, ShardPlan};
 

@@ -168,6 +168,11 @@ impl RowShards {
         self.loads[mode][g]
     }
 
+    /// Nonzeros per row of `mode`, in new-label order.
+    pub fn row_nnz(&self, mode: usize) -> &[u64] {
+        &self.counts[mode]
+    }
+
     /// Nonzeros per GPU in `mode`.
     pub fn balance(&self, mode: usize) -> Balance {
         Balance::of(&self.loads[mode])
