@@ -79,6 +79,10 @@ pub struct DecomposeOptions {
     /// Run on these GPUs as one group (the shard kernel); `None`: one GPU
     /// or the CPU, as `backend` says.
     pub gpus: Option<Vec<usize>>,
+    /// With `gpus`: use only as many of them as pay for this tensor (the
+    /// first ones; one GPU runs the one-GPU backend), as
+    /// [`crate::gpu_count::pick`] predicts (`--gpus all`).
+    pub pick_gpus: bool,
     /// Options of the group, with `gpus`.
     pub group: GroupOptions,
     /// The caller's option that relabels sparse modes (`--compact` on the
@@ -100,6 +104,7 @@ impl DecomposeOptions {
             gpu: GpuOptions::default(),
             no_model: false,
             gpus: None,
+            pick_gpus: false,
             group: GroupOptions::default(),
             compact_flag: None,
         }
@@ -385,6 +390,28 @@ pub fn gpu_group(
         (Some(_), Some(text)) => note("exchange", text),
         (None, _) => note("exchange", "none (one GPU)"),
     }
+    if group.exchange().is_some() {
+        let modes: Vec<String> = (0..t.nmodes())
+            .map(|mode| {
+                let v = group.exchange_volume(mode);
+                if v.read_only {
+                    format!(
+                        "mode {} rows read ({:.1} of {:.1} MB)",
+                        mode + 1,
+                        v.bytes as f64 / 1e6,
+                        v.all_gather_bytes as f64 / 1e6
+                    )
+                } else {
+                    format!(
+                        "mode {} all rows ({:.1} MB)",
+                        mode + 1,
+                        v.bytes as f64 / 1e6
+                    )
+                }
+            })
+            .collect();
+        note("", &format!("per iteration: {}", modes.join(", ")));
+    }
     Ok(group)
 }
 
@@ -401,12 +428,18 @@ fn group_backend(
             "--gpus runs on GPUs; it cannot be combined with --backend cpu".into(),
         ));
     }
+    // Where the shards are built follows where the one-GPU layout is
+    // (`--fcoo-build`).
+    let group_opts = GroupOptions {
+        build: opts.gpu.fcoo_build,
+        ..opts.group.clone()
+    };
     let group = gpu_group(
         ordinals,
         t,
         rank,
         &opts.kernel,
-        &opts.group,
+        &group_opts,
         &mut |topic, text| {
             let _ = progress(Event::Note { topic, text });
         },
@@ -431,7 +464,27 @@ fn make_backend(
         times.set(t);
     };
     if let Some(ordinals) = &opts.gpus {
-        return Ok((group_backend(opts, ordinals, t, rank, progress)?, None));
+        if !(opts.pick_gpus && ordinals.len() > 1) {
+            return Ok((group_backend(opts, ordinals, t, rank, progress)?, None));
+        }
+        let gpu = Gpu::open(ordinals[0])?;
+        let need = crate::memory::gpu_need(t.dims(), t.nnz(), rank);
+        let one_fits = need.total() <= gpu.free_bytes()? as u64 && opts.kernel != "shard";
+        drop(gpu);
+        let count = crate::gpu_count::pick(t, rank, ordinals.len(), one_fits);
+        let _ = progress(Event::Note {
+            topic: "gpus",
+            text: &count.reason,
+        });
+        if count.gpus > 1 {
+            let chosen = &ordinals[..count.gpus];
+            return Ok((group_backend(opts, chosen, t, rank, progress)?, None));
+        }
+        let mut one = opts.clone();
+        one.gpus = None;
+        one.pick_gpus = false;
+        one.backend = BackendChoice::Gpu;
+        return make_backend(&one, t, rank, progress, times);
     }
     let name = opts.kernel.as_str();
     let cpu_kernel = name.parse::<CpuKernel>().ok();

@@ -20,6 +20,7 @@ pub mod decompose;
 pub mod dense;
 pub mod error;
 pub mod gpu;
+pub mod gpu_count;
 pub mod memory;
 pub mod model;
 pub mod multi;

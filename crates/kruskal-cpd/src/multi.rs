@@ -29,6 +29,13 @@ pub struct ModeBreakdown {
     pub update_ms: f64,
     /// Row exchange, slowest GPU (ms).
     pub exchange_ms: f64,
+    /// Which rows the exchange sends: `read` (only those each GPU reads)
+    /// or `all` (the all-gather).
+    pub exchange_rows: &'static str,
+    /// Bytes the exchange moves per call, over all GPUs.
+    pub exchange_bytes: u64,
+    /// Bytes the all-gather would move per call.
+    pub all_gather_bytes: u64,
     /// Per GPU, MTTKRP time (ms), to show imbalance.
     pub per_gpu_mttkrp_ms: Vec<f64>,
 }
@@ -58,12 +65,23 @@ impl GroupBackend {
     pub fn with_norm(group: GpuGroup, norm_sq: f64) -> Self {
         let dims = group.plan().dims().to_vec();
         let n = dims.len();
+        let breakdown = (0..n)
+            .map(|mode| {
+                let v = group.exchange_volume(mode);
+                ModeBreakdown {
+                    exchange_rows: if v.read_only { "read" } else { "all" },
+                    exchange_bytes: v.bytes,
+                    all_gather_bytes: v.all_gather_bytes,
+                    ..ModeBreakdown::default()
+                }
+            })
+            .collect();
         GroupBackend {
             group,
             dims,
             norm_sq,
             inner: vec![None; n],
-            breakdown: vec![ModeBreakdown::default(); n],
+            breakdown,
             skip: vec![1; n],
             current: 0,
         }

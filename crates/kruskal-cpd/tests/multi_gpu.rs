@@ -16,7 +16,10 @@ use std::time::Duration;
 use common::{assert_same_fits, generated, options, real};
 use kruskal_cpd::{GpuBackend, GroupBackend, cpd_als, random_factors};
 use kruskal_cpu::{mttkrp_reference, relative_error};
-use kruskal_device::{Exchange, Gpu, GpuGroup, GpuKernel, GpuOptions, GroupOptions, StreamPolicy};
+use kruskal_device::{
+    Exchange, FcooBuild, Gpu, GpuGroup, GpuKernel, GpuOptions, GroupOptions, RowExchange,
+    StreamPolicy,
+};
 
 fn ordinals() -> Vec<usize> {
     let n = Gpu::count().expect("a CUDA driver").min(4);
@@ -24,9 +27,10 @@ fn ordinals() -> Vec<usize> {
     (0..n).collect()
 }
 
-/// The group configurations checked: every exchange this machine has, and
-/// a streamed run with small segments (many segments per shard, on two
-/// streams).
+/// The group configurations checked: every exchange this machine has,
+/// each also sending only the rows each GPU reads (once with the shards
+/// built on the host, the others build them on the GPUs), and a streamed
+/// run with small segments (many segments per shard, on two streams).
 fn configurations(gpus: usize) -> Vec<(String, GroupOptions)> {
     let mut out = Vec::new();
     let base = GroupOptions {
@@ -38,6 +42,31 @@ fn configurations(gpus: usize) -> Vec<(String, GroupOptions)> {
             "nccl".to_string(),
             GroupOptions {
                 exchange: Some(Exchange::Nccl),
+                ..base.clone()
+            },
+        ));
+        out.push((
+            "nccl read".to_string(),
+            GroupOptions {
+                exchange: Some(Exchange::Nccl),
+                rows: RowExchange::Read,
+                ..base.clone()
+            },
+        ));
+        out.push((
+            "nccl read, host-built shards".to_string(),
+            GroupOptions {
+                exchange: Some(Exchange::Nccl),
+                rows: RowExchange::Read,
+                build: FcooBuild::Host,
+                ..base.clone()
+            },
+        ));
+        out.push((
+            "p2p read".to_string(),
+            GroupOptions {
+                exchange: Some(Exchange::P2p),
+                rows: RowExchange::Read,
                 ..base.clone()
             },
         ));
@@ -142,6 +171,176 @@ fn group_fits_match_one_gpu() {
                 if label == "streamed" {
                     assert!(b.iter().all(|m| m.h2d_ms > 0.0), "{what}: {b:?}");
                 }
+            }
+        }
+    }
+}
+
+/// A tensor whose first mode has one row (every GPU but its owner holds
+/// an empty shard of it) and whose third mode is long and mostly empty
+/// (most rows are read by no GPU).
+fn sparse_tensor() -> kruskal_formats::SparseTensor {
+    let spec = kruskal_formats::generate::PowerLawSpec::new(vec![1, 400, 50_000], 30_000)
+        .with_draws()
+        .with_seed(11);
+    kruskal_formats::generate::power_law(&spec).unwrap()
+}
+
+/// For each GPU, the rows of `mode` (original indices) its shards of the
+/// other modes read, found from the nonzeros and the plan.
+fn rows_read(t: &kruskal_formats::SparseTensor, group: &GpuGroup, mode: usize) -> Vec<Vec<bool>> {
+    let plan = group.plan();
+    let owner = |m: usize, i: u32| -> usize {
+        let label = plan.relabel(m)[i as usize];
+        (0..plan.gpus())
+            .find(|&g| plan.rows(m, g).contains(&label))
+            .unwrap()
+    };
+    let mut read = vec![vec![false; t.dims()[mode] as usize]; plan.gpus()];
+    for k in 0..t.nnz() {
+        for m in (0..t.nmodes()).filter(|&m| m != mode) {
+            read[owner(m, t.indices()[m][k])][t.indices()[mode][k] as usize] = true;
+        }
+    }
+    read
+}
+
+#[test]
+#[ignore = "needs CUDA GPUs"]
+fn the_sparse_exchange_delivers_every_row_each_gpu_reads_bit_for_bit() {
+    let gpus = ordinals();
+    assert!(gpus.len() >= 2, "the exchange test needs two GPUs or more");
+    let t = sparse_tensor();
+    let rank = 16;
+    for exchange in [Exchange::Nccl, Exchange::P2p] {
+        let what = format!("{exchange:?} on {} GPUs", gpus.len());
+        let opts = GroupOptions {
+            exchange: Some(exchange),
+            rows: RowExchange::Read,
+            timeout: Duration::from_secs(120),
+            ..GroupOptions::default()
+        };
+        let mut group = GpuGroup::new(&gpus, &t, rank, &opts, &mut |_| {}).unwrap();
+        for mode in 0..t.nmodes() {
+            let v = group.exchange_volume(mode);
+            assert!(v.read_only, "{what}: mode {mode} {v:?}");
+            assert!(v.bytes <= v.all_gather_bytes, "{what}: mode {mode} {v:?}");
+        }
+        // The long mode: rows nobody reads are never sent.
+        let long = group.exchange_volume(2);
+        assert!(long.bytes * 2 < long.all_gather_bytes, "{what}: {long:?}");
+        // Mode 1 has one row: all but one GPU own none.
+        let owners = (0..gpus.len())
+            .filter(|&g| !group.plan().rows(0, g).is_empty())
+            .count();
+        assert_eq!(owners, 1, "{what}");
+        group
+            .load_factors(&random_factors(t.dims(), rank, 2))
+            .unwrap();
+        // W: a well-conditioned matrix, so every updated row changes.
+        let w: Vec<f64> = (0..rank * rank)
+            .map(|e| {
+                if e % (rank + 1) == 0 {
+                    1.5
+                } else {
+                    0.01 * (e % 7) as f64
+                }
+            })
+            .collect();
+        let inv: Vec<f32> = (0..rank).map(|c| 0.5 + 0.01 * c as f32).collect();
+        for mode in 0..t.nmodes() {
+            group.mttkrp(mode).unwrap();
+            group.sync().unwrap();
+            group.update(mode, &w).unwrap();
+            group.scale_gram(mode, Some(&inv)).unwrap();
+            group.exchange_rows(mode).unwrap();
+            let held: Vec<_> = (0..gpus.len())
+                .map(|s| group.factors_on(s).unwrap().swap_remove(mode))
+                .collect();
+            let read = rows_read(&t, &group, mode);
+            let plan = group.plan();
+            let mut checked = 0;
+            for (i, label) in plan.relabel(mode).iter().enumerate() {
+                let owner = (0..gpus.len())
+                    .find(|&g| plan.rows(mode, g).contains(label))
+                    .unwrap();
+                for h in (0..gpus.len()).filter(|&h| h != owner && read[h][i]) {
+                    let (a, b) = (held[h].row(i), held[owner].row(i));
+                    assert!(
+                        a.iter()
+                            .zip(b.iter())
+                            .all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{what}: mode {mode} row {i}: GPU {h} holds {a:?}, its owner {owner} {b:?}"
+                    );
+                    checked += 1;
+                }
+            }
+            if mode > 0 {
+                assert!(
+                    checked > 0,
+                    "{what}: mode {mode}: no row read by another GPU"
+                );
+            }
+        }
+        // The whole model is gathered from the owners.
+        let plan = group.plan().clone();
+        let held: Vec<_> = (0..gpus.len())
+            .map(|s| group.factors_on(s).unwrap())
+            .collect();
+        let all = group.factors().unwrap();
+        for mode in 0..t.nmodes() {
+            for (i, label) in plan.relabel(mode).iter().enumerate() {
+                let owner = (0..gpus.len())
+                    .find(|&g| plan.rows(mode, g).contains(label))
+                    .unwrap();
+                assert_eq!(
+                    all[mode].row(i),
+                    held[owner][mode].row(i),
+                    "{what}: mode {mode} row {i}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs CUDA GPUs"]
+fn sparse_and_all_gathered_rows_give_the_same_cpd() {
+    let gpus = ordinals();
+    assert!(gpus.len() >= 2, "the exchange test needs two GPUs or more");
+    let mut tensors = vec![("long sparse mode".to_string(), sparse_tensor())];
+    tensors.extend(real());
+    for (name, t) in &tensors {
+        let opts = options(t, 16);
+        let run = |exchange: Exchange, rows: RowExchange| {
+            let g = GroupOptions {
+                exchange: Some(exchange),
+                rows,
+                timeout: Duration::from_secs(120),
+                ..GroupOptions::default()
+            };
+            let group = GpuGroup::new(&gpus, t, 16, &g, &mut |_| {}).unwrap();
+            cpd_als(&mut GroupBackend::new(group, t), &opts).unwrap()
+        };
+        for exchange in [Exchange::Nccl, Exchange::P2p] {
+            let what = format!("{name}, {exchange:?} on {} GPUs", gpus.len());
+            let all = run(exchange, RowExchange::All);
+            let read = run(exchange, RowExchange::Read);
+            for (a, b) in all.iterations.iter().zip(&read.iterations) {
+                assert!(
+                    (a.fit - b.fit).abs() <= 1e-6,
+                    "{what}: fit {} all-gathered, {} sparse",
+                    a.fit,
+                    b.fit
+                );
+            }
+            for (fa, fr) in all.factors.iter().zip(&read.factors) {
+                let diff = fa
+                    .iter()
+                    .zip(fr.iter())
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0f32, f32::max);
+                assert!(diff <= 1e-4, "{what}: factors differ by {diff}");
             }
         }
     }

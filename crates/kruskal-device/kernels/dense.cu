@@ -1,6 +1,7 @@
 // The dense steps of CPD-ALS on the GPU: the factor update A = M W with its
-// column statistics, the column scaling, the Gram matrix A^T A, and the
-// ordered reduction of per-block partials.
+// column statistics, the column scaling, the Gram matrix A^T A, the
+// ordered reduction of per-block partials, and the copy of listed factor
+// rows that a GPU group's sparse exchange runs.
 //
 // Compiled with -DRANK only (no NMODES: nothing here depends on the mode
 // count). Matrices are row-major, RANK columns: M is the MTTKRP output, A a
@@ -299,5 +300,41 @@ extern "C" __global__ void cpd_reduce(
             s = is_max ? fmax(s, x) : s + x;
         }
         if (lane == 0) out[c] = s;
+    }
+}
+
+// copy_rows: dst row (dst_rows ? dst_rows[i] : i) = src row (src_rows ?
+// src_rows[i] : i) for i < count, RANK floats a row: the sparse exchange's
+// pack (factor rows into a send buffer), unpack (a receive buffer into
+// factor rows) and pull (a peer GPU's factor rows into this one's, src
+// then lies on the peer: peer access is enabled). src and dst never
+// overlap.
+//
+// Thread mapping: grid-stride over (row, piece of four columns) when RANK
+// is a multiple of 4 (16-byte loads and stores; rows start 16-byte
+// aligned), over (row, column) otherwise; consecutive threads take
+// consecutive pieces of one row, so every row moves in whole sectors.
+extern "C" __global__ void copy_rows(
+    const float* __restrict__ src,
+    const u32* __restrict__ src_rows,
+    float* __restrict__ dst,
+    const u32* __restrict__ dst_rows,
+    u64 count)
+{
+#if RANK % 4 == 0
+    const u64 per = RANK / 4;
+#else
+    const u64 per = RANK;
+#endif
+    const u64 n = count * per;
+    for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (u64)blockDim.x) {
+        const u64 i = e / per, c = e % per;
+        const u64 s = src_rows ? (u64)src_rows[i] : i;
+        const u64 d = dst_rows ? (u64)dst_rows[i] : i;
+#if RANK % 4 == 0
+        reinterpret_cast<float4*>(dst + d * RANK)[c] = reinterpret_cast<const float4*>(src + s * RANK)[c];
+#else
+        dst[d * RANK + c] = src[s * RANK + c];
+#endif
     }
 }

@@ -1,6 +1,7 @@
 // fcoo_build: the F-COO layout of one MTTKRP mode, built on the device from
 // the COO (the preparation of FcooGpu; the host builds the same layout in
-// kruskal_formats::Fcoo, and the two are equal bit for bit).
+// kruskal_formats::Fcoo, and the two are equal bit for bit), and, with the
+// same sort, a GPU group's shards (at the end of this file).
 //
 // Steps, each a launch (src/fcoo_build.rs drives them):
 //   fcoo_keys{32,64}      key = row << shift | second-mode index, perm = k
@@ -402,4 +403,118 @@ extern "C" __global__ void fcoo_start_flags(
     }
     const u32 word = __ballot_sync(FULL, start);
     if (threadIdx.x % WARP == 0 && c < chunks) start_flags[c / WARP] = word;
+}
+
+// ---------------------------------------------------------------------------
+// The shards of a GPU group, built by each GPU from the COO (src/group/
+// build.rs drives them): GPU g's shard of mode m holds the nonzeros whose
+// relabeled mode-m row lies in [lo, hi), as elements (every mode's
+// relabeled index, then the value's bits) sorted by that row, stably (equal
+// rows keep the COO's order).
+//   shard_tile_counts   per tile of SORT_TILE nonzeros: how many are g's
+//   scan_*              the tiles' first places
+//   shard_select        key = row - lo and perm = k of g's nonzeros, in order
+//   radix_count32, scan_*, radix_scatter32   sort (key, perm) as above
+//   shard_elements      the elements, in sorted order
+//   shard_mark          the other modes' rows the shard reads, as bitmaps
+//
+// Tile t holds nonzeros t * SORT_TILE ..; step i of thread x takes nonzero
+// t * SORT_TILE + i * SORT_THREADS + x, so the steps in order and the threads
+// by number walk the tile in increasing k.
+
+// Whether nonzero k's relabeled mode row lies in [lo, hi); its row in *row.
+__device__ __forceinline__ bool shard_owns(
+    const u32* __restrict__ idx, const u32* __restrict__ relabel, u64 k, u32 lo, u32 hi, u32* row)
+{
+    const u32 r = relabel[idx[k]];
+    *row = r;
+    return r >= lo && r < hi;
+}
+
+// counts[t]: nonzeros of tile t whose relabeled row lies in [lo, hi).
+// Launch: grid = ceil(n / SORT_TILE), blockDim = SORT_THREADS.
+extern "C" __global__ void __launch_bounds__(SORT_THREADS) shard_tile_counts(
+    const u32* __restrict__ idx, const u32* __restrict__ relabel, u64 n, u32 lo, u32 hi,
+    u32* __restrict__ counts)
+{
+    __shared__ u32 sums[WARP];
+    const u64 base = (u64)blockIdx.x * SORT_TILE + threadIdx.x;
+    u32 own = 0, row;
+#pragma unroll
+    for (int i = 0; i < SORT_ITEMS; ++i) {
+        const u64 k = base + (u64)i * SORT_THREADS;
+        if (k < n && shard_owns(idx, relabel, k, lo, hi, &row)) ++own;
+    }
+    u32 total;
+    block_exclusive_scan(own, sums, &total);
+    if (threadIdx.x == 0) counts[blockIdx.x] = total;
+}
+
+// For the r-th of tile t's own nonzeros in increasing k: keys[offsets[t] +
+// r] = row - lo, perm[offsets[t] + r] = k. offsets: the exclusive scan of
+// shard_tile_counts' counts (so every place is below their total).
+// Launch: as shard_tile_counts.
+extern "C" __global__ void __launch_bounds__(SORT_THREADS) shard_select(
+    const u32* __restrict__ idx, const u32* __restrict__ relabel, u64 n, u32 lo, u32 hi,
+    const u32* __restrict__ offsets, u32* __restrict__ keys, u32* __restrict__ perm)
+{
+    __shared__ u32 sums[WARP];
+    const u64 base = (u64)blockIdx.x * SORT_TILE + threadIdx.x;
+    u32 at = offsets[blockIdx.x];
+    for (int i = 0; i < SORT_ITEMS; ++i) {
+        const u64 k = base + (u64)i * SORT_THREADS;
+        u32 row = 0;
+        const bool mine = k < n && shard_owns(idx, relabel, k, lo, hi, &row);
+        u32 step;
+        const u32 before = block_exclusive_scan(mine ? 1u : 0u, sums, &step);
+        if (mine) {
+            keys[at + before] = row - lo;
+            perm[at + before] = (u32)k;
+        }
+        at += step;
+    }
+}
+
+// Element j < count of the shard, from nonzero perm[j]: its index in every
+// mode w relabeled (relabel[w][idx[w][k]]), then the value's bits. idx and
+// relabel are device arrays of nmodes device addresses (the COO's index
+// arrays, the modes' relabelings). Launch: any grid-stride shape.
+extern "C" __global__ void shard_elements(
+    const u64* __restrict__ idx, const u64* __restrict__ relabel, const u32* __restrict__ vals,
+    u32 nmodes, const u32* __restrict__ perm, u64 count, u32* __restrict__ out)
+{
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < count; j += stride) {
+        const u64 k = perm[j];
+        u32* e = out + j * (nmodes + 1);
+        for (u32 w = 0; w < nmodes; ++w) {
+            const u32* iw = reinterpret_cast<const u32*>(idx[w]);
+            const u32* rw = reinterpret_cast<const u32*>(relabel[w]);
+            e[w] = rw[iw[k]];
+        }
+        e[nmodes] = vals[k];
+    }
+}
+
+// For every element j < count of a shard of mode `mode`, and every other
+// mode w with first[w] != ~0: bit row % 32 of bitmap[first[w] + row / 32],
+// row = the element's mode-w index (the rows this shard reads). Launch:
+// any grid-stride shape.
+extern "C" __global__ void shard_mark(
+    const u32* __restrict__ elems, u64 count, u32 nmodes, u32 mode,
+    const u64* __restrict__ first, u32* __restrict__ bitmap)
+{
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 j = (u64)blockIdx.x * blockDim.x + threadIdx.x; j < count; j += stride) {
+        const u32* e = elems + j * (nmodes + 1);
+        for (u32 w = 0; w < nmodes; ++w) {
+            const u64 at = first[w];
+            if (w == mode || at == ~0ull) continue;
+            const u32 row = e[w];
+            u32* word = bitmap + at + row / 32;
+            const u32 bit = 1u << (row % 32);
+            // Hot rows are read by many elements: look before writing.
+            if ((*word & bit) == 0) atomicOr(word, bit);
+        }
+    }
 }

@@ -22,7 +22,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
+    CudaSlice, CudaView, CudaViewMut, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 use kruskal_formats::SparseTensor;
 
@@ -32,8 +32,8 @@ use crate::{Gpu, Result, driver, grid_stride};
 
 /// Threads and keys per tile of the radix sort (`SORT_THREADS`,
 /// `SORT_TILE` of the kernels).
-const SORT_THREADS: u32 = 256;
-const SORT_TILE: usize = 2048;
+pub(crate) const SORT_THREADS: u32 = 256;
+pub(crate) const SORT_TILE: usize = 2048;
 /// Bits per radix digit, and the digits (`DIGIT_BITS`, `DIGITS`).
 const DIGIT_BITS: u32 = 8;
 const DIGITS: usize = 256;
@@ -90,6 +90,16 @@ impl DeviceCoo {
         })
     }
 
+    /// Mode `w`'s indices.
+    pub(crate) fn indices(&self, w: usize) -> &CudaSlice<u32> {
+        &self.idx[w]
+    }
+
+    /// The values' bits.
+    pub(crate) fn value_bits(&self) -> &CudaSlice<u32> {
+        &self.vals
+    }
+
     /// Device bytes of the COO of a tensor of `nmodes` modes and `nnz`
     /// nonzeros.
     pub(crate) fn bytes(nmodes: usize, nnz: usize) -> usize {
@@ -111,7 +121,7 @@ pub(crate) struct SortedMode {
 }
 
 /// Bits to write the numbers below `dim` (0 for a dimension of 1).
-fn bits_below(dim: u32) -> u32 {
+pub(crate) fn bits_below(dim: u32) -> u32 {
     u32::BITS - dim.saturating_sub(1).leading_zeros()
 }
 
@@ -190,7 +200,7 @@ impl SortScratch {
 }
 
 /// A key type of the sort and its kernels.
-trait SortKey: DeviceRepr + ValidAsZeroBits + Unpin {
+pub(crate) trait SortKey: DeviceRepr + ValidAsZeroBits + Unpin {
     const KEYS: Kernel;
     const COUNT: Kernel;
     const SCATTER: Kernel;
@@ -228,6 +238,95 @@ fn exact(threads: u64) -> LaunchConfig {
 /// `gather`, `segments`), to time it.
 pub(crate) type Lap<'a> = &'a mut dyn FnMut(&'static str) -> Result<()>;
 
+/// The digit counts and scan sums of a radix sort.
+pub(crate) struct SortCounts<'a> {
+    /// `DIGITS x tiles` words.
+    pub(crate) counts: &'a mut CudaSlice<u32>,
+    /// `SCAN_THREADS` words.
+    pub(crate) partial: &'a mut CudaSlice<u32>,
+    pub(crate) total: &'a mut CudaSlice<u32>,
+}
+
+/// Words the digit counts of a sort of `n` keys take.
+pub(crate) fn count_words(n: usize) -> usize {
+    DIGITS * n.div_ceil(SORT_TILE)
+}
+
+/// Words of a scan's block sums.
+pub(crate) const SCAN_WORDS: usize = SCAN_THREADS as usize;
+
+/// Stable LSD radix sort of the first `n` keys of `keys[0]` (`key_bits`
+/// bits) with their `perm[0]` entries, 8 bits a pass, through `keys[1]`
+/// and `perm[1]`; on return `keys[0]` and `perm[0]` are the views that
+/// hold the sorted result (the views are swapped after each pass).
+/// `sc.counts` holds [`count_words`]`(n)` words.
+pub(crate) fn radix_sort<K: SortKey>(
+    gpu: &Gpu,
+    keys: [&mut CudaViewMut<'_, K>; 2],
+    perm: [&mut CudaViewMut<'_, u32>; 2],
+    n: usize,
+    key_bits: u32,
+    sc: SortCounts<'_>,
+) -> Result<()> {
+    let [keys, keys_b] = keys;
+    let [perm, perm_b] = perm;
+    let SortCounts {
+        counts,
+        partial,
+        total,
+    } = sc;
+    let stream = gpu.stream().clone();
+    let n64 = n as u64;
+    let passes = key_bits.div_ceil(DIGIT_BITS);
+    if passes == 0 || n == 0 {
+        return Ok(());
+    }
+    let tiles = n.div_ceil(SORT_TILE);
+    let tiles32 = tiles as u32;
+    let count = function(gpu, K::COUNT)?;
+    let scatter = function(gpu, K::SCATTER)?;
+    let tile_grid = LaunchConfig {
+        grid_dim: (tiles32, 1, 1),
+        block_dim: (SORT_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    for pass in 0..passes {
+        let digit_shift = pass * DIGIT_BITS;
+        let (keys_in, perm_in) = (keys.as_view(), perm.as_view());
+        let mut launch = stream.launch_builder(&count);
+        launch
+            .arg(&keys_in)
+            .arg(&n64)
+            .arg(&digit_shift)
+            .arg(&mut *counts)
+            .arg(&tiles32);
+        // SAFETY: block t reads keys t * 2048 .. below n (keys holds n)
+        // and writes counts[d * tiles + t], d < 256 (counts holds
+        // 256 x tiles).
+        unsafe { launch.launch(tile_grid) }.map_err(driver("launching radix_count"))?;
+        scan(gpu, counts, DIGITS * tiles, partial, total)?;
+        let mut launch = stream.launch_builder(&scatter);
+        launch
+            .arg(&keys_in)
+            .arg(&perm_in)
+            .arg(&mut *keys_b)
+            .arg(&mut *perm_b)
+            .arg(&n64)
+            .arg(&digit_shift)
+            .arg(&*counts)
+            .arg(&tiles32);
+        // SAFETY: block t reads keys and perm t * 2048 .. below n and
+        // counts[d * tiles + t]; the scanned counts place tile t's keys
+        // of digit d at offsets below the count of keys before the next
+        // (digit, tile), so every write lies below n in keys_b and
+        // perm_b (n each), each position written once.
+        unsafe { launch.launch(tile_grid) }.map_err(driver("launching radix_scatter"))?;
+        std::mem::swap(keys, keys_b);
+        std::mem::swap(perm, perm_b);
+    }
+    Ok(())
+}
+
 /// Sorts and flags `mode` of `coo`: see the module documentation.
 /// `coo` must hold at least one nonzero; `scratch` is [`SortScratch::new`]
 /// of `coo`.
@@ -248,7 +347,7 @@ pub(crate) fn sort_mode(
 /// In place: `data[k]` becomes the sum of `data[..k]` for `k < len`; the
 /// total goes to `scratch.total`. Three launches: the spans' sums, their
 /// scan, the spans rescanned (see `kernels/fcoo_build.cu`).
-fn scan(
+pub(crate) fn scan(
     gpu: &Gpu,
     data: &mut CudaSlice<u32>,
     len: usize,
@@ -320,7 +419,7 @@ pub(crate) fn load_kernels(gpu: &Gpu) -> Result<()> {
     function(gpu, Kernel::FcooKeys32).map(drop)
 }
 
-fn function(gpu: &Gpu, kernel: Kernel) -> Result<cudarc::driver::CudaFunction> {
+pub(crate) fn function(gpu: &Gpu, kernel: Kernel) -> Result<cudarc::driver::CudaFunction> {
     gpu.kernels()
         .function(gpu.context(), kernel, &[("RANK", BUILD_RANK)])
 }
@@ -373,52 +472,18 @@ fn sort_with<K: SortKey>(
         unsafe { launch.launch(grid_stride(n64, 1024)) }.map_err(driver("launching fcoo_keys"))?;
     }
 
-    let passes = key_bits.div_ceil(DIGIT_BITS);
-    if passes > 0 {
-        let tiles = n.div_ceil(SORT_TILE);
-        let tiles32 = tiles as u32;
-        let count = function(gpu, K::COUNT)?;
-        let scatter = function(gpu, K::SCATTER)?;
-        let tile_grid = LaunchConfig {
-            grid_dim: (tiles32, 1, 1),
-            block_dim: (SORT_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        for pass in 0..passes {
-            let digit_shift = pass * DIGIT_BITS;
-            let (keys_in, perm_in) = (keys.as_view(), perm.as_view());
-            let mut launch = stream.launch_builder(&count);
-            launch
-                .arg(&keys_in)
-                .arg(&n64)
-                .arg(&digit_shift)
-                .arg(&mut *counts)
-                .arg(&tiles32);
-            // SAFETY: block t reads keys t * 2048 .. below n (keys holds n)
-            // and writes counts[d * tiles + t], d < 256 (counts holds
-            // 256 x tiles).
-            unsafe { launch.launch(tile_grid) }.map_err(driver("launching radix_count"))?;
-            scan(gpu, counts, DIGITS * tiles, partial, total)?;
-            let mut launch = stream.launch_builder(&scatter);
-            launch
-                .arg(&keys_in)
-                .arg(&perm_in)
-                .arg(&mut keys_b)
-                .arg(&mut perm_b)
-                .arg(&n64)
-                .arg(&digit_shift)
-                .arg(&*counts)
-                .arg(&tiles32);
-            // SAFETY: block t reads keys and perm t * 2048 .. below n and
-            // counts[d * tiles + t]; the scanned counts place tile t's keys
-            // of digit d at offsets below the count of keys before the next
-            // (digit, tile), so every write lies below n in keys_b and
-            // perm_b (n each), each position written once.
-            unsafe { launch.launch(tile_grid) }.map_err(driver("launching radix_scatter"))?;
-            std::mem::swap(&mut keys, &mut keys_b);
-            std::mem::swap(&mut perm, &mut perm_b);
-        }
-    }
+    radix_sort::<K>(
+        gpu,
+        [&mut keys, &mut keys_b],
+        [&mut perm, &mut perm_b],
+        n,
+        key_bits,
+        SortCounts {
+            counts: &mut *counts,
+            partial: &mut *partial,
+            total: &mut *total,
+        },
+    )?;
 
     lap("sort")?;
 

@@ -40,7 +40,8 @@ pub enum Source {
     Dense,
     /// `probe.cu`: the L2 gather micro-benchmark.
     Probe,
-    /// `fcoo_build.cu`: the F-COO layout built on the device.
+    /// `fcoo_build.cu`: the F-COO layout built on the device, and a GPU
+    /// group's shards.
     FcooBuild,
 }
 
@@ -108,6 +109,7 @@ pub enum Kernel {
     CpdScaleGram,
     CpdScale,
     CpdReduce,
+    CopyRows,
     L2Gather,
     FcooKeys32,
     FcooKeys64,
@@ -125,11 +127,15 @@ pub enum Kernel {
     FcooSegmentRows32,
     FcooSegmentRows64,
     FcooStartFlags,
+    ShardTileCounts,
+    ShardSelect,
+    ShardElements,
+    ShardMark,
 }
 
 impl Kernel {
     /// Every entry function of every source.
-    pub const ALL: [Kernel; 33] = [
+    pub const ALL: [Kernel; 38] = [
         Kernel::MttkrpCooAtomic,
         Kernel::StoreF32,
         Kernel::MttkrpFcoo,
@@ -146,6 +152,7 @@ impl Kernel {
         Kernel::CpdScaleGram,
         Kernel::CpdScale,
         Kernel::CpdReduce,
+        Kernel::CopyRows,
         Kernel::L2Gather,
         Kernel::FcooKeys32,
         Kernel::FcooKeys64,
@@ -163,6 +170,10 @@ impl Kernel {
         Kernel::FcooSegmentRows32,
         Kernel::FcooSegmentRows64,
         Kernel::FcooStartFlags,
+        Kernel::ShardTileCounts,
+        Kernel::ShardSelect,
+        Kernel::ShardElements,
+        Kernel::ShardMark,
     ];
 
     /// The source file that defines the function, and the function's name
@@ -185,6 +196,7 @@ impl Kernel {
             Kernel::CpdScaleGram => (Source::Dense, "cpd_scale_gram"),
             Kernel::CpdScale => (Source::Dense, "cpd_scale"),
             Kernel::CpdReduce => (Source::Dense, "cpd_reduce"),
+            Kernel::CopyRows => (Source::Dense, "copy_rows"),
             Kernel::L2Gather => (Source::Probe, "l2_gather"),
             Kernel::FcooKeys32 => (Source::FcooBuild, "fcoo_keys32"),
             Kernel::FcooKeys64 => (Source::FcooBuild, "fcoo_keys64"),
@@ -202,6 +214,10 @@ impl Kernel {
             Kernel::FcooSegmentRows32 => (Source::FcooBuild, "fcoo_segment_rows32"),
             Kernel::FcooSegmentRows64 => (Source::FcooBuild, "fcoo_segment_rows64"),
             Kernel::FcooStartFlags => (Source::FcooBuild, "fcoo_start_flags"),
+            Kernel::ShardTileCounts => (Source::FcooBuild, "shard_tile_counts"),
+            Kernel::ShardSelect => (Source::FcooBuild, "shard_select"),
+            Kernel::ShardElements => (Source::FcooBuild, "shard_elements"),
+            Kernel::ShardMark => (Source::FcooBuild, "shard_mark"),
         }
     }
 

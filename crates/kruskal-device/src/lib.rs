@@ -131,7 +131,10 @@ pub use engine::{
 pub use fcoo::{FcooBuild, FcooGpu};
 pub use flycoo::FlycooGpu;
 pub use gpu::{Gpu, GpuProperties};
-pub use group::{Exchange, GpuGroup, GroupOptions, MttkrpTimes, Residency, StreamPolicy};
+pub use group::{
+    Exchange, ExchangeVolume, GpuGroup, GroupOptions, MttkrpTimes, Residency, RowExchange,
+    StreamPolicy,
+};
 pub use hicoo::HicooGpu;
 pub use process::{CommAbort, ProcessComm};
 

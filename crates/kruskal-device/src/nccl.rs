@@ -43,6 +43,14 @@ type AllReduce = unsafe extern "C" fn(
     ncclComm_t,
     cudaStream_t,
 ) -> ncclResult_t;
+type SendRecv = unsafe extern "C" fn(
+    *mut c_void,
+    usize,
+    ncclDataType_t,
+    c_int,
+    ncclComm_t,
+    cudaStream_t,
+) -> ncclResult_t;
 type GetUniqueId = unsafe extern "C" fn(*mut ncclUniqueId) -> ncclResult_t;
 type CommInitRank =
     unsafe extern "C" fn(*mut ncclComm_t, c_int, ncclUniqueId, c_int) -> ncclResult_t;
@@ -55,6 +63,13 @@ pub const UNIQUE_ID_BYTES: usize = 128;
 pub enum Reduce {
     Sum,
     Max,
+}
+
+/// The way of a [`Nccl::transfer_f32`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transfer {
+    Send,
+    Recv,
 }
 
 /// The loaded library and the entry points kruskal uses.
@@ -71,6 +86,8 @@ pub struct Nccl {
     group_end: GroupFn,
     broadcast: Broadcast,
     all_reduce: AllReduce,
+    send: SendRecv,
+    recv: SendRecv,
     get_unique_id: GetUniqueId,
     comm_init_rank: CommInitRank,
     _lib: libloading::Library,
@@ -204,6 +221,10 @@ impl Nccl {
                 group_end: *lib.get(b"ncclGroupEnd\0")?,
                 broadcast: *lib.get(b"ncclBroadcast\0")?,
                 all_reduce: *lib.get(b"ncclAllReduce\0")?,
+                // ncclSend takes a const buffer; the pointer's constness
+                // does not change the C calling convention.
+                send: *lib.get(b"ncclSend\0")?,
+                recv: *lib.get(b"ncclRecv\0")?,
                 get_unique_id: *lib.get(b"ncclGetUniqueId\0")?,
                 comm_init_rank: *lib.get(b"ncclCommInitRank\0")?,
                 _lib: lib,
@@ -312,6 +333,41 @@ impl Nccl {
             )
         };
         self.check("ncclBroadcast", r)
+    }
+
+    /// Sends `count` f32 at device address `ptr` to rank `peer`, or
+    /// receives them from it there, queued on `stream` (inside a group with
+    /// the matching calls of the peers, so that pairs exchanging both ways
+    /// do not wait on each other).
+    ///
+    /// # Safety
+    /// As [`Nccl::broadcast_f32`].
+    pub unsafe fn transfer_f32(
+        &self,
+        way: Transfer,
+        comm: &Comm,
+        ptr: u64,
+        count: usize,
+        peer: usize,
+        stream: cudaStream_t,
+    ) -> Result<(), NcclError> {
+        let (call, f) = match way {
+            Transfer::Send => ("ncclSend", self.send),
+            Transfer::Recv => ("ncclRecv", self.recv),
+        };
+        // SAFETY: see the function's contract; a send only reads the
+        // buffer.
+        let r = unsafe {
+            f(
+                ptr as *mut c_void,
+                count,
+                ncclDataType_t::ncclFloat32,
+                peer as c_int,
+                comm.0,
+                stream,
+            )
+        };
+        self.check(call, r)
     }
 
     /// In-place reduction `op` of `count` f64 at device address `ptr`

@@ -84,6 +84,7 @@ pub fn cp_als<'py>(
         gpu: GpuOptions::default(),
         no_model: false,
         gpus,
+        pick_gpus: false,
         group: Default::default(),
         compact_flag: None,
     };

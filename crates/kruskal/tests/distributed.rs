@@ -250,39 +250,48 @@ fn two_processes_match_one_process_on_two_gpus() {
     assert!(single.status.success(), "{}", text(&single.stderr));
     let want = fits(&text(&single.stdout));
 
-    let out = dir.path().join("model");
-    let port = free_port();
-    let rank1 = spawn_rank(1, port, &[f], &common, Stdio::piped());
-    let rank0 = spawn_rank(
-        0,
-        port,
-        &[f, "--out", out.to_str().unwrap()],
-        &common,
-        Stdio::piped(),
-    );
-    let o0 = wait_bounded(rank0, Duration::from_secs(180), "rank 0");
-    let o1 = wait_bounded(rank1, Duration::from_secs(30), "rank 1");
-    assert!(o0.status.success(), "rank 0: {}", text(&o0.stderr));
-    assert!(o1.status.success(), "rank 1: {}", text(&o1.stderr));
-    assert!(o1.stdout.is_empty(), "rank 1 printed: {}", text(&o1.stdout));
     // A fit that moves, not one stuck at a bound.
     assert!(
         want[0] < 0.999 && want[want.len() - 1] - want[0] > 1e-3,
         "the fits do not move: {want:?}"
     );
-    let got = fits(&text(&o0.stdout));
-    assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
-    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-        assert!(
-            (a - b).abs() <= 1e-4,
-            "iteration {}: fit {a} across processes, {b} in one: {got:?} vs {want:?}",
-            i + 1
+    // Every row all-gathered, and only the rows each rank reads (its
+    // marks sent to the other rank as a bitmap).
+    for rows in ["all", "read"] {
+        let args: Vec<&str> = common
+            .iter()
+            .copied()
+            .chain(["--exchange-rows", rows])
+            .collect();
+        let out = dir.path().join(format!("model-{rows}"));
+        let port = free_port();
+        let rank1 = spawn_rank(1, port, &[f], &args, Stdio::piped());
+        let rank0 = spawn_rank(
+            0,
+            port,
+            &[f, "--out", out.to_str().unwrap()],
+            &args,
+            Stdio::piped(),
         );
+        let o0 = wait_bounded(rank0, Duration::from_secs(180), "rank 0");
+        let o1 = wait_bounded(rank1, Duration::from_secs(30), "rank 1");
+        assert!(o0.status.success(), "rank 0 ({rows}): {}", text(&o0.stderr));
+        assert!(o1.status.success(), "rank 1 ({rows}): {}", text(&o1.stderr));
+        assert!(o1.stdout.is_empty(), "rank 1 printed: {}", text(&o1.stdout));
+        let got = fits(&text(&o0.stdout));
+        assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4,
+                "iteration {} ({rows} rows): fit {a} across processes, {b} in one: {got:?} vs {want:?}",
+                i + 1
+            );
+        }
+        for name in ["lambda.npy", "mode-1.npy", "mode-2.npy", "mode-3.npy"] {
+            assert!(out.join(name).is_file(), "rank 0 did not write {name}");
+        }
+        eprintln!("fits across processes ({rows} rows) {got:?}\nfits in one process  {want:?}");
     }
-    for name in ["lambda.npy", "mode-1.npy", "mode-2.npy", "mode-3.npy"] {
-        assert!(out.join(name).is_file(), "rank 0 did not write {name}");
-    }
-    eprintln!("fits across processes {got:?}\nfits in one process  {want:?}");
 }
 
 #[test]

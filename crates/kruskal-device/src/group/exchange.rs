@@ -50,6 +50,8 @@ pub(super) struct Shared {
     pub(super) rows: Vec<Vec<Range<u32>>>,
     /// First row of each mode in the concatenated factor buffer.
     pub(super) first_row: Vec<u64>,
+    /// Per mode, the sparse exchange's counts (`None`: all-gathered).
+    pub(super) sparse: Vec<Option<super::sparse::SparseMode>>,
     pub(super) collective: Option<Collective>,
     pub(super) timeout: Duration,
 }
@@ -93,6 +95,18 @@ impl Collective {
     }
 }
 
+/// How a group's rows travel, as [`choose`] found it.
+pub(super) struct Chosen {
+    /// `None` with one GPU.
+    pub(super) exchange: Option<Exchange>,
+    /// Why the exchange is not what was asked for, or how peer access is.
+    pub(super) note: Option<String>,
+    pub(super) collective: Option<Collective>,
+    /// Peer-to-peer copies only: whether every pair has peer access (a
+    /// kernel can then read a peer's memory).
+    pub(super) direct: bool,
+}
+
 /// The exchange of a group of `gpus` (opened from `ordinals`) in one
 /// process: none with one GPU; peer-to-peer copies when `want` says so;
 /// otherwise NCCL's communicators when NCCL loads, else (unless NCCL was
@@ -103,7 +117,7 @@ pub(super) fn choose(
     ordinals: &[usize],
     gpus: &[Arc<Gpu>],
     want: Option<Exchange>,
-) -> Result<(Option<Exchange>, Option<String>, Option<Collective>)> {
+) -> Result<Chosen> {
     let (exchange, exchange_note, comms) = if gpus.len() == 1 {
         (None, None, None)
     } else {
@@ -130,8 +144,9 @@ pub(super) fn choose(
         }
     };
     let mut exchange_note = exchange_note;
+    let mut direct = false;
     if exchange == Some(Exchange::P2p) {
-        let direct = enable_peer_access(gpus)?;
+        direct = enable_peer_access(gpus)?;
         let how = if direct {
             "peer access enabled between every pair"
         } else {
@@ -142,7 +157,12 @@ pub(super) fn choose(
             None => format!("p2p: {how}"),
         });
     }
-    Ok((exchange, exchange_note, comms))
+    Ok(Chosen {
+        exchange,
+        note: exchange_note,
+        collective: comms,
+        direct,
+    })
 }
 
 /// Peer access between every pair that supports it (NVLink or PCIe P2P);

@@ -19,7 +19,9 @@
 //!   by NCCL (a grouped in-place broadcast per owner: all-gather with
 //!   uneven counts) or by peer-to-peer copies (AMPED Algorithm 3: M - 1
 //!   steps, each GPU passing one block to the next with a barrier between
-//!   steps). NCCL is the default when it loads ([`crate::nccl`]).
+//!   steps). NCCL is the default when it loads ([`crate::nccl`]). Where a
+//!   mode's rows are read by few GPUs, only the rows each GPU reads are
+//!   sent (`sparse.rs`, [`RowExchange`]).
 //! - **Streaming** (ScalFrag, AMPED's out-of-memory case): a shard that
 //!   does not fit stays in pinned host memory and is copied in segments
 //!   on several streams, each segment's kernel overlapping the next
@@ -33,7 +35,8 @@
 //! gathering of their replies); `worker.rs` the worker thread of one GPU
 //! and its work; `residency.rs` where each shard lives ([`Residency`],
 //! [`StreamPolicy`]); `exchange.rs` the row exchange between the GPUs
-//! (NCCL or peer-to-peer copies) and the state the workers share.
+//! (NCCL or peer-to-peer copies) and the state the workers share;
+//! `sparse.rs` the exchange of only the rows each GPU reads.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -41,24 +44,28 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kruskal_formats::SparseTensor;
-use kruskal_partition::RowShards;
+use kruskal_partition::{RowReaders, RowShards};
 use ndarray::Array2;
 
 use crate::dense::{UpdateStats, check_rank};
 use crate::nccl::Reduce;
 use crate::process::ProcessComm;
-use crate::{DeviceError, Gpu, Result, driver};
+use crate::{DeviceError, FcooBuild, Gpu, Result, driver};
 
+mod build;
 mod exchange;
 mod residency;
+mod sparse;
 mod worker;
 
 pub use exchange::Exchange;
 pub use residency::{Residency, StreamPolicy};
+pub use sparse::{ExchangeVolume, RowExchange};
 pub use worker::WARPS;
 
-use exchange::{Collective, Shared, TimedBarrier};
-use residency::decide_residency;
+use exchange::{Chosen, Collective, Shared, TimedBarrier};
+use residency::{decide_residency, resident_bytes};
+use sparse::{DeviceLists, SparsePlan};
 use worker::{Cmd, Reply, Shard, Worker, WorkerHandle};
 
 /// Options of a group.
@@ -66,6 +73,12 @@ use worker::{Cmd, Reply, Shard, Worker, WorkerHandle};
 pub struct GroupOptions {
     /// `None`: NCCL when it loads, else peer-to-peer copies.
     pub exchange: Option<Exchange>,
+    /// Which rows the exchange after a mode sends.
+    pub rows: RowExchange,
+    /// Where the shards are built: on the GPUs (each its own, where every
+    /// shard stays resident and the build fits; the host otherwise) or on
+    /// the host.
+    pub build: FcooBuild,
     /// When shards are streamed from host memory.
     pub stream: StreamPolicy,
     /// CUDA streams a streamed shard is copied on.
@@ -86,6 +99,8 @@ impl Default for GroupOptions {
     fn default() -> Self {
         GroupOptions {
             exchange: None,
+            rows: RowExchange::Auto,
+            build: FcooBuild::Device,
             stream: StreamPolicy::Auto,
             streams: 3,
             segment_bytes: 256 << 20,
@@ -118,6 +133,8 @@ pub struct GpuGroup {
     rank: usize,
     exchange: Option<Exchange>,
     exchange_note: Option<String>,
+    /// Per mode, what its exchange moves.
+    volumes: Vec<ExchangeVolume>,
     residency: Vec<Vec<Residency>>,
     workers: Vec<WorkerHandle>,
     replies: Receiver<(usize, Result<Reply>)>,
@@ -162,40 +179,116 @@ impl GpuGroup {
             .collect::<Result<Vec<_>>>()?;
         let m = gpus.len();
         let started = Instant::now();
-        let plan = RowShards::new(t, m).map_err(|e| DeviceError::Prepare {
-            format: "shards",
-            message: e.to_string(),
-        })?;
+        let plan = RowShards::new(t, m).map_err(prepare)?;
         progress(&format!(
             "planned {} modes over {m} GPU(s) in {:.1} s",
             t.nmodes(),
             started.elapsed().as_secs_f64()
         ));
         let n = t.nmodes();
-        let stride = plan.stride();
+        // The rows each GPU reads, marked from its shards as they are built.
+        let marked = sparse::modes_to_mark(&plan, opts.rows);
+        let mut readers = RowReaders::for_modes(&plan, &marked).map_err(prepare)?;
 
         // Residency per GPU and mode.
+        let free = gpus
+            .iter()
+            .map(|gpu| gpu.free_bytes())
+            .collect::<Result<Vec<_>>>()?;
         let residency = gpus
             .iter()
             .enumerate()
             .map(|(g, gpu)| {
-                let free = gpu.free_bytes()?;
-                decide_residency(&plan, g, gpu.properties().ordinal, free, rank, opts)
+                decide_residency(&plan, g, gpu.properties().ordinal, free[g], rank, opts)
             })
             .collect::<Result<Vec<_>>>()?;
-        // Shards: built once per mode, uploaded or kept pinned.
+        // Each GPU builds its own shards where all of them stay resident
+        // and the build fits beside them; the host builds them otherwise.
+        let on_device = opts.build == FcooBuild::Device
+            && (0..m).all(|g| {
+                residency[g].iter().all(|r| *r == Residency::Resident)
+                    && build::fits(&plan, g, t.nnz(), resident_bytes(&plan, g, rank), free[g])
+            });
+        let shards = if on_device {
+            let t0 = Instant::now();
+            let built: Vec<Result<build::Built>> = std::thread::scope(|s| {
+                let (plan, marked) = (&plan, &marked);
+                let handles: Vec<_> = gpus
+                    .iter()
+                    .enumerate()
+                    .map(|(g, gpu)| s.spawn(move || build::build(gpu, t, plan, g, marked)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .collect()
+            });
+            let mut shards: Vec<Vec<Shard>> = Vec::with_capacity(m);
+            for (g, b) in built.into_iter().enumerate() {
+                let b = b?;
+                if let Some(bits) = &b.bitmap {
+                    readers.merge_bitmap(g, bits).map_err(prepare)?;
+                }
+                shards.push(
+                    b.shards
+                        .into_iter()
+                        .map(|(elems, count)| Shard::Resident { elems, count })
+                        .collect(),
+                );
+            }
+            progress(&format!(
+                "shards of {n} modes built on the GPUs in {:.1} s",
+                t0.elapsed().as_secs_f64()
+            ));
+            shards
+        } else {
+            Self::host_shards(t, &plan, &gpus, &residency, &readers, progress)?
+        };
+
+        // The exchange: how rows travel, and which.
+        let chosen = exchange::choose(ordinals, &gpus, opts.exchange)?;
+        let members: Vec<usize> = (0..m).collect();
+        let rows = if chosen.exchange == Some(Exchange::P2p) && !chosen.direct {
+            // Pulling rows needs peer access between every pair.
+            RowExchange::All
+        } else {
+            opts.rows
+        };
+        let t0 = Instant::now();
+        let sparse = sparse::plan_modes(&plan, &readers, &marked, rows, &members)?;
+        drop(readers);
+        if marked.iter().any(|&x| x) {
+            progress(&format!(
+                "exchange lists of {} mode(s) in {:.1} s",
+                marked.iter().filter(|&&x| x).count(),
+                t0.elapsed().as_secs_f64()
+            ));
+        }
+        Self::start(
+            gpus, members, plan, rank, residency, shards, chosen, sparse, opts,
+        )
+    }
+
+    /// The shards built on the host, one mode at a time: uploaded to their
+    /// GPUs, or kept in pinned memory for streaming. The rows each GPU's
+    /// shards read are marked in `readers` on the way.
+    fn host_shards(
+        t: &SparseTensor,
+        plan: &RowShards,
+        gpus: &[Arc<Gpu>],
+        residency: &[Vec<Residency>],
+        readers: &RowReaders,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Vec<Vec<Shard>>> {
+        let (m, n, stride) = (gpus.len(), t.nmodes(), plan.stride());
+        let words = t.nnz() * stride;
         let mut shards: Vec<Vec<Shard>> = (0..m).map(|_| Vec::with_capacity(n)).collect();
+        // One buffer for every mode whose shards all stay resident.
+        let mut resident_buf: Vec<u32> = Vec::new();
         for mode in 0..n {
             let t0 = Instant::now();
-            let words = t.nnz() * stride;
             let any_streamed = residency.iter().any(|r| r[mode] != Residency::Resident);
-            let fill = |buf: &mut [u32]| {
-                plan.fill_elements(t, mode, buf)
-                    .map_err(|e| DeviceError::Prepare {
-                        format: "shards",
-                        message: e.to_string(),
-                    })
-            };
+            let fill = |buf: &mut [u32]| plan.fill_elements(t, mode, buf).map_err(prepare);
             if any_streamed {
                 // SAFETY: the buffer is filled completely by
                 // `fill_elements` (every element written once) before
@@ -216,6 +309,7 @@ impl GpuGroup {
                 // SAFETY: `ptr` addresses `words` (or 1) u32 the slice owns.
                 let buf = unsafe { std::slice::from_raw_parts_mut(ptr, words) };
                 let offsets = fill(buf)?;
+                mark(readers, mode, buf, &offsets, stride)?;
                 let host = Arc::new(pinned);
                 for g in 0..m {
                     let count = offsets[g + 1] - offsets[g];
@@ -236,18 +330,19 @@ impl GpuGroup {
                     });
                 }
             } else {
-                let mut buf = vec![0u32; words];
-                let offsets = fill(&mut buf)?;
+                resident_buf.resize(words, 0);
+                let offsets = fill(&mut resident_buf)?;
+                mark(readers, mode, &resident_buf, &offsets, stride)?;
                 for g in 0..m {
                     let range = (offsets[g] as usize * stride)..(offsets[g + 1] as usize * stride);
                     shards[g].push(Shard::Resident {
-                        elems: gpus[g].upload("a shard", &buf[range])?,
+                        elems: gpus[g].upload("a shard", &resident_buf[range])?,
                         count: offsets[g + 1] - offsets[g],
                     });
                 }
             }
             progress(&format!(
-                "mode {}: shards built and placed in {:.1} s ({})",
+                "mode {}: shards built on the host and placed in {:.1} s ({})",
                 mode + 1,
                 t0.elapsed().as_secs_f64(),
                 if any_streamed {
@@ -257,12 +352,7 @@ impl GpuGroup {
                 }
             ));
         }
-
-        // The exchange.
-        let exchange = exchange::choose(ordinals, &gpus, opts.exchange)?;
-
-        let members = (0..m).collect();
-        Self::start(gpus, members, plan, rank, residency, shards, exchange, opts)
+        Ok(shards)
     }
 
     /// This process's part of a group spread over several processes, one
@@ -318,11 +408,11 @@ impl GpuGroup {
         let residency = decide_residency(&plan, g, gpu.properties().ordinal, free, rank, opts)?;
         let t0 = Instant::now();
         let mut placed = Vec::with_capacity(n);
-        for (mode, elems) in shards.into_iter().enumerate() {
+        for (mode, elems) in shards.iter().enumerate() {
             let count = plan.nnz(mode, g);
             placed.push(match residency[mode] {
                 Residency::Resident => Shard::Resident {
-                    elems: gpu.upload("a shard", &elems)?,
+                    elems: gpu.upload("a shard", elems)?,
                     count,
                 },
                 Residency::Streamed { .. } => {
@@ -345,7 +435,7 @@ impl GpuGroup {
                     // SAFETY: `ptr` addresses at least `elems.len()` u32
                     // that the pinned buffer owns.
                     unsafe { std::slice::from_raw_parts_mut(ptr, elems.len()) }
-                        .copy_from_slice(&elems);
+                        .copy_from_slice(elems);
                     Shard::Streamed {
                         host: Arc::new(pinned),
                         first: 0,
@@ -358,7 +448,50 @@ impl GpuGroup {
             "rank {g}: shards of {n} modes placed in {:.1} s",
             t0.elapsed().as_secs_f64()
         ));
-        let collective = Collective::Process(Arc::new(pc));
+        // The rows every rank reads: each marks its own, and the marks
+        // travel as bitmaps (an all-reduce of a buffer that is zero outside
+        // each rank's slot), so every rank derives the same lists.
+        let t0 = Instant::now();
+        let marked = sparse::modes_to_mark(&plan, opts.rows);
+        let mut readers = RowReaders::for_modes(&plan, &marked).map_err(prepare)?;
+        if marked.iter().any(|&x| x) {
+            for (mode, elems) in shards.iter().enumerate() {
+                readers.mark(g, mode, elems).map_err(prepare)?;
+            }
+            let words = readers.bitmap_words();
+            let world = pc.world();
+            let mut all = vec![0f64; world * words];
+            for (slot, &w) in all[g * words..(g + 1) * words]
+                .iter_mut()
+                .zip(&readers.bitmap(g))
+            {
+                *slot = f64::from(w);
+            }
+            pc.all_reduce(&mut all, Reduce::Sum)?;
+            for (rank_g, bits) in all.chunks_exact(words.max(1)).enumerate().take(world) {
+                if rank_g == g {
+                    continue;
+                }
+                let bits: Vec<u32> = bits.iter().map(|&x| x as u32).collect();
+                readers.merge_bitmap(rank_g, &bits).map_err(prepare)?;
+            }
+        }
+        drop(shards);
+        let sparse = sparse::plan_modes(&plan, &readers, &marked, opts.rows, &[g])?;
+        drop(readers);
+        if marked.iter().any(|&x| x) {
+            progress(&format!(
+                "rank {g}: exchange lists of {} mode(s) in {:.1} s",
+                marked.iter().filter(|&&x| x).count(),
+                t0.elapsed().as_secs_f64()
+            ));
+        }
+        let chosen = Chosen {
+            exchange: Some(Exchange::Nccl),
+            note: None,
+            collective: Some(Collective::Process(Arc::new(pc))),
+            direct: false,
+        };
         Self::start(
             vec![gpu],
             vec![g],
@@ -366,7 +499,8 @@ impl GpuGroup {
             rank,
             vec![residency],
             vec![placed],
-            (Some(Exchange::Nccl), None, Some(collective)),
+            chosen,
+            sparse,
             opts,
         )
     }
@@ -381,10 +515,23 @@ impl GpuGroup {
         rank: usize,
         residency: Vec<Vec<Residency>>,
         shards: Vec<Vec<Shard>>,
-        exchange: (Option<Exchange>, Option<String>, Option<Collective>),
+        chosen: Chosen,
+        sparse: SparsePlan,
         opts: &GroupOptions,
     ) -> Result<Self> {
-        let (exchange, exchange_note, collective) = exchange;
+        let Chosen {
+            exchange,
+            note: exchange_note,
+            collective,
+            ..
+        } = chosen;
+        let SparsePlan {
+            modes: sparse_modes,
+            lists: host_lists,
+        } = sparse;
+        let volumes = (0..plan.dims().len())
+            .map(|mode| sparse::volume(&plan, mode, rank, sparse_modes[mode].as_ref()))
+            .collect();
         let m = gpus.len();
         let n = plan.dims().len();
         let stride = plan.stride();
@@ -406,14 +553,19 @@ impl GpuGroup {
                 .map(|mode| (0..plan.gpus()).map(|g| plan.rows(mode, g)).collect())
                 .collect(),
             first_row,
+            sparse: sparse_modes,
             collective,
             timeout: opts.timeout,
         });
 
         let (reply_tx, replies) = mpsc::channel();
         let mut workers = Vec::with_capacity(m);
-        for (slot, shards) in shards.into_iter().enumerate() {
+        for (slot, (shards, lists)) in shards.into_iter().zip(host_lists).enumerate() {
             let gpu = &gpus[slot];
+            let lists = lists
+                .iter()
+                .map(|l| l.as_ref().map(|l| DeviceLists::upload(gpu, l)).transpose())
+                .collect::<Result<Vec<_>>>()?;
             let streams = if shards.iter().any(|s| matches!(s, Shard::Streamed { .. })) {
                 (0..opts.streams)
                     .map(|_| gpu.context().new_stream())
@@ -438,6 +590,9 @@ impl GpuGroup {
                 dense: None,
                 outputs: (0..n).map(|_| None).collect(),
                 last: None,
+                lists,
+                send_buf: None,
+                recv_buf: None,
                 #[cfg(feature = "fault-injection")]
                 calls: 0,
                 #[cfg(feature = "fault-injection")]
@@ -454,6 +609,7 @@ impl GpuGroup {
             rank,
             exchange,
             exchange_note,
+            volumes,
             residency,
             workers,
             replies,
@@ -481,6 +637,12 @@ impl GpuGroup {
     /// The exchange in use (`None` with one GPU).
     pub fn exchange(&self) -> Option<Exchange> {
         self.exchange
+    }
+
+    /// What the exchange after `mode` moves per call: only the rows read,
+    /// or the all-gather, and the bytes of both.
+    pub fn exchange_volume(&self, mode: usize) -> ExchangeVolume {
+        self.volumes[mode]
     }
 
     /// Why the exchange is not NCCL, when NCCL was wanted but not found.
@@ -793,9 +955,33 @@ impl GpuGroup {
         Ok(self.unlabel(mode, &relabeled))
     }
 
-    /// Every factor, from the first GPU, in the original row order.
+    /// Every factor, from the first GPU, in the original row order. Modes
+    /// exchanged sparsely are all-gathered first (on every GPU, so across
+    /// processes every rank calls this), since no GPU holds all of their
+    /// rows.
     pub fn factors(&mut self) -> Result<Vec<Array2<f32>>> {
-        let reply = self.some(&[0], || Cmd::Factors, "downloading the factors")?;
+        if self.plan.gpus() > 1 {
+            for mode in 0..self.plan.dims().len() {
+                if self.volumes[mode].read_only {
+                    self.all(|| Cmd::ExchangeAll(mode), "gathering the factors")?;
+                }
+            }
+        }
+        self.factors_on(0)
+    }
+
+    /// Every factor as local GPU `slot` holds it, in the original row
+    /// order, without gathering first: after a sparse exchange, the rows
+    /// this GPU neither owns nor reads are stale. What the exchange tests
+    /// compare; [`GpuGroup::factors`] is the whole model.
+    pub fn factors_on(&mut self, slot: usize) -> Result<Vec<Array2<f32>>> {
+        if slot >= self.workers.len() {
+            return Err(DeviceError::Shape(format!(
+                "local GPU {slot} of a group of {}",
+                self.workers.len()
+            )));
+        }
+        let reply = self.some(&[slot], || Cmd::Factors, "downloading the factors")?;
         let Some(Reply::Floats(rows)) = reply.into_iter().next() else {
             return Err(DeviceError::Shape("no factors came back".into()));
         };
@@ -833,6 +1019,30 @@ impl GpuGroup {
         }
         Ok(())
     }
+}
+
+/// A partitioning error while preparing the shards or the exchange.
+fn prepare(e: kruskal_partition::PartitionError) -> DeviceError {
+    DeviceError::Prepare {
+        format: "shards",
+        message: e.to_string(),
+    }
+}
+
+/// Marks the rows every GPU's shard of `mode` reads: GPU `g`'s elements
+/// are `buf`'s elements `offsets[g]..offsets[g + 1]`.
+fn mark(
+    readers: &RowReaders,
+    mode: usize,
+    buf: &[u32],
+    offsets: &[u64],
+    stride: usize,
+) -> Result<()> {
+    for g in 0..offsets.len() - 1 {
+        let range = offsets[g] as usize * stride..offsets[g + 1] as usize * stride;
+        readers.mark(g, mode, &buf[range]).map_err(prepare)?;
+    }
+    Ok(())
 }
 
 impl Drop for GpuGroup {

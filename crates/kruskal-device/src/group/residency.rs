@@ -41,6 +41,21 @@ pub enum Residency {
 /// rows of every mode, [`MARGIN_BYTES`] and every shard; streaming a shard
 /// takes it off that sum and adds the stream buffers (`streams` segments
 /// of `segment_bytes`) once.
+/// Device bytes GPU `g` needs with every shard resident: the whole factor
+/// copy, its output rows of every mode, [`MARGIN_BYTES`] and its shards.
+pub(super) fn resident_bytes(plan: &RowShards, g: usize, rank: usize) -> usize {
+    let n = plan.dims().len();
+    let stride = plan.stride();
+    let rows_total: usize = plan.dims().iter().map(|&d| d as usize).sum();
+    rows_total * rank * 4
+        + (0..n)
+            .map(|mode| {
+                plan.rows(mode, g).len() * rank * 4 + plan.nnz(mode, g) as usize * stride * 4
+            })
+            .sum::<usize>()
+        + MARGIN_BYTES
+}
+
 pub(super) fn decide_residency(
     plan: &RowShards,
     g: usize,

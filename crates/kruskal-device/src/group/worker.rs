@@ -16,6 +16,7 @@ use cudarc::driver::{
 
 use super::MttkrpTimes;
 use super::exchange::Shared;
+use super::sparse::DeviceLists;
 use crate::coo::DeviceFactors;
 use crate::dense::{DenseKernels, UpdateStats};
 use crate::kernels::Kernel;
@@ -41,7 +42,11 @@ pub(super) enum Cmd {
     Sync,
     Update(usize, Arc<Vec<f64>>),
     ScaleGram(usize, Option<Arc<Vec<f32>>>),
+    /// The mode's exchange as planned (sparse or all-gather).
     Exchange(usize),
+    /// The mode's all-gather, whatever was planned (every GPU then holds
+    /// the whole factor).
+    ExchangeAll(usize),
     Output(usize),
     Factors,
 }
@@ -97,6 +102,12 @@ pub(super) struct Worker {
     pub(super) dense: Option<DenseKernels>,
     pub(super) outputs: Vec<Option<CudaSlice<f32>>>,
     pub(super) last: Option<Recorded>,
+    /// Per mode, the rows this GPU sends and receives in a sparse
+    /// exchange (`None`: the mode is all-gathered).
+    pub(super) lists: Vec<Option<DeviceLists>>,
+    /// The sparse exchange's packed rows, sent and received.
+    pub(super) send_buf: Option<CudaSlice<f32>>,
+    pub(super) recv_buf: Option<CudaSlice<f32>>,
     /// MTTKRPs queued so far.
     #[cfg(feature = "fault-injection")]
     pub(super) calls: usize,
@@ -155,7 +166,11 @@ impl Worker {
             Cmd::ScaleGram(mode, inv) => self
                 .scale_gram(mode, inv.as_deref().map(Vec::as_slice))
                 .map(Reply::Gram),
-            Cmd::Exchange(mode) => self.exchange(mode).map(Reply::Millis),
+            Cmd::Exchange(mode) => match self.shared.sparse[mode].clone() {
+                Some(sparse) => self.exchange_read(mode, &sparse).map(Reply::Millis),
+                None => self.exchange(mode).map(Reply::Millis),
+            },
+            Cmd::ExchangeAll(mode) => self.exchange(mode).map(Reply::Millis),
             Cmd::Output(mode) => {
                 let stream = self.gpu.stream().clone();
                 let out = self.output(mode)?;

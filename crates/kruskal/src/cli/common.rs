@@ -129,7 +129,9 @@ pub struct GpuArgs {
     /// GPU fcoo: where the F-COO layout is built, gpu (radix sort on the
     /// device from one upload of the tensor) or host (sorted here, each
     /// mode uploaded). gpu falls back to host for fiber reuse or when the
-    /// GPU lacks memory for the sort.
+    /// GPU lacks memory for the sort. With --gpus, where the shards are
+    /// built: gpu (each GPU its own, where they all stay resident and the
+    /// build fits) or host.
     #[arg(long, default_value = "gpu")]
     pub fcoo_build: kruskal_device::FcooBuild,
     /// GPU: ignore the tuning model; `auto` is the fixed default and every
@@ -167,6 +169,7 @@ pub enum OnOff {
 /// Defaults of the several-GPU options (also what [`MultiGpuArgs::check_used`]
 /// compares with).
 const DEFAULT_STREAM: &str = "auto";
+const DEFAULT_EXCHANGE_ROWS: &str = "auto";
 const DEFAULT_STREAMS: usize = 3;
 const DEFAULT_SEGMENT_MB: usize = 256;
 const DEFAULT_GPU_TIMEOUT_S: u64 = 300;
@@ -174,15 +177,22 @@ const DEFAULT_GPU_TIMEOUT_S: u64 = 300;
 /// Several GPUs (`kruskal cpd` and `kruskal mttkrp`).
 #[derive(Args, Clone, Debug, Default)]
 pub struct MultiGpuArgs {
-    /// Run on several GPUs of this host: a count (the first N) or `all`.
-    /// Each GPU gets whole output rows of every mode (AMPED shards);
-    /// rows are exchanged after every mode.
+    /// Run on several GPUs of this host: a count (the first N) or `all`
+    /// (for `cpd`: as many as pay for the tensor, predicted from its size
+    /// and the exchange; a small tensor stays on one GPU, and the output
+    /// says why). Each GPU gets whole output rows of every mode (AMPED
+    /// shards); rows are exchanged after every mode.
     #[arg(long, value_name = "N|all")]
     pub gpus: Option<String>,
     /// How factor rows travel between GPUs: nccl (default when NCCL
     /// loads) or p2p (peer-to-peer copies around the ring).
     #[arg(long, value_name = "nccl|p2p")]
     pub exchange: Option<String>,
+    /// Which factor rows travel after each mode: auto (per mode, the
+    /// cheaper of the two), all (every row to every GPU, an all-gather) or
+    /// read (only the rows each GPU's shards read).
+    #[arg(long, value_name = "auto|all|read", default_value = DEFAULT_EXCHANGE_ROWS)]
+    pub exchange_rows: String,
     /// Stream shards from pinned host memory: auto (only what does not
     /// fit), always, never.
     #[arg(long, value_name = "auto|always|never", default_value = DEFAULT_STREAM)]
@@ -204,16 +214,23 @@ impl MultiGpuArgs {
     /// (`several`: `--gpus` or `--distributed` was given).
     pub fn check_used(&self, several: bool) -> Result<()> {
         let changed = self.exchange.is_some()
+            || self.exchange_rows != DEFAULT_EXCHANGE_ROWS
             || self.stream != DEFAULT_STREAM
             || self.streams != DEFAULT_STREAMS
             || self.segment_mb != DEFAULT_SEGMENT_MB
             || self.gpu_timeout_s != DEFAULT_GPU_TIMEOUT_S;
         if changed && !several && self.gpus.is_none() {
             bail!(
-                "--exchange, --stream, --streams, --segment-mb and --gpu-timeout-s apply to runs on several GPUs (--gpus or --distributed)"
+                "--exchange, --exchange-rows, --stream, --streams, --segment-mb and --gpu-timeout-s apply to runs on several GPUs (--gpus or --distributed)"
             );
         }
         Ok(())
+    }
+
+    /// `--gpus all`: every GPU may be used, and the run takes as many as
+    /// pay for the tensor (fewer, or one, when more would be slower).
+    pub fn all(&self) -> bool {
+        self.gpus.as_deref() == Some("all")
     }
 
     /// The GPU ordinals `--gpus` names (`None` without `--gpus`).
@@ -239,6 +256,10 @@ impl MultiGpuArgs {
             Some("p2p") => Some(Exchange::P2p),
             Some(other) => bail!("--exchange takes nccl or p2p, not '{other}'"),
         };
+        let rows = self
+            .exchange_rows
+            .parse::<kruskal_device::RowExchange>()
+            .map_err(|e| anyhow::anyhow!("--exchange-rows {e}"))?;
         let stream = match self.stream.as_str() {
             "auto" => StreamPolicy::Auto,
             "always" => StreamPolicy::Always,
@@ -253,6 +274,7 @@ impl MultiGpuArgs {
         #[allow(clippy::needless_update)]
         let options = kruskal_device::GroupOptions {
             exchange,
+            rows,
             stream,
             streams: self.streams,
             segment_bytes: self.segment_mb << 20,

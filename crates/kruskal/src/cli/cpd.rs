@@ -226,6 +226,7 @@ fn decompose_options(args: &CpdArgs, nmodes: usize) -> Result<DecomposeOptions> 
         no_model: args.gpu.no_model,
         group,
         gpus,
+        pick_gpus: args.multi.all(),
         // Already relabeled, a tensor has no mode left to compact.
         compact_flag: (!args.compact).then(|| "--compact".to_string()),
     })
@@ -287,7 +288,7 @@ pub(super) fn run_starts(
 /// iteration).
 pub(super) fn print_breakdown(b: &GroupBackend, whose: &str) {
     println!(
-        "per mode   ms per iteration after the first ({whose}): h2d, kernel, MTTKRP, update, exchange; MTTKRP per GPU"
+        "per mode   ms per iteration after the first ({whose}): h2d, kernel, MTTKRP, update, exchange (rows sent, MB moved of the all-gather's, GB/s); MTTKRP per GPU"
     );
     for (mode, m) in b.breakdown().iter().enumerate() {
         if m.calls == 0 {
@@ -299,14 +300,23 @@ pub(super) fn print_breakdown(b: &GroupBackend, whose: &str) {
             .iter()
             .map(|x| format!("{:.2}", x / c))
             .collect();
+        let exchange_ms = m.exchange_ms / c;
+        let rate = if exchange_ms > 0.0 {
+            format!(", {:.0} GB/s", m.exchange_bytes as f64 / exchange_ms / 1e6)
+        } else {
+            String::new()
+        };
         println!(
-            "  mode {}: h2d {:.2}, kernel {:.2}, MTTKRP {:.2}, update {:.2}, exchange {:.2}; [{}]",
+            "  mode {}: h2d {:.2}, kernel {:.2}, MTTKRP {:.2}, update {:.2}, exchange {:.2} ({} rows, {:.1} of {:.1} MB{rate}); [{}]",
             mode + 1,
             m.h2d_ms / c,
             m.kernel_ms / c,
             m.mttkrp_ms / c,
             m.update_ms / c,
-            m.exchange_ms / c,
+            exchange_ms,
+            m.exchange_rows,
+            m.exchange_bytes as f64 / 1e6,
+            m.all_gather_bytes as f64 / 1e6,
             per_gpu.join(" ")
         );
     }

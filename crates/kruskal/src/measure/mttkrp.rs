@@ -352,12 +352,17 @@ fn run_group(
         );
     }
     let prep = Instant::now();
+    // Where the shards are built follows `--fcoo-build`, as for one GPU.
+    let group_opts = kruskal_device::GroupOptions {
+        build: opts.gpu.fcoo_build,
+        ..opts.group.clone()
+    };
     let mut group = kruskal_cpd::decompose::gpu_group(
         ordinals,
         t,
         opts.rank,
         &opts.kernel,
-        &opts.group,
+        &group_opts,
         &mut |topic, text| {
             if !opts.quiet {
                 println!("{topic:<11}{text}");
@@ -436,9 +441,12 @@ fn run_group(
                 error.map_or(String::new(), |e| format!("   {e:.2e}"))
             );
         }
+        let volume = group.exchange_volume(mode);
         rows.push(json!({
             "mode": mode + 1, "median_ms": ms, "h2d_ms": h2d, "kernel_ms": kernel,
             "exchange_ms": exchange, "per_gpu_ms": per_gpu, "relative_error": error,
+            "exchange_rows": if volume.read_only { "read" } else { "all" },
+            "exchange_bytes": volume.bytes, "all_gather_bytes": volume.all_gather_bytes,
         }));
     }
     if !opts.quiet && modes.len() > 1 {

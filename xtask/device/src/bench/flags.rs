@@ -12,14 +12,14 @@
 //! - `[[mttkrp]]`: `--mode all|M`, `--verify`;
 //! - `[[cpd]]`: `--kernel K`, `--seed S`, `--starts N`, and for a group of
 //!   GPUs `--stream auto|always|never`, `--streams N`, `--segment-mb MB`,
-//!   `--gpu-timeout-s S`.
+//!   `--gpu-timeout-s S`, `--exchange-rows auto|all|read`.
 
 use std::time::Duration;
 
 use anyhow::Result;
 use clap::{Args, Parser, ValueEnum};
 use kruskal::measure::{CpdRunOptions, MttkrpOptions};
-use kruskal_device::{FactorPrecision, GpuOptions, StreamPolicy};
+use kruskal_device::{FactorPrecision, GpuOptions, RowExchange, StreamPolicy};
 
 /// `on` or `off`, as the program takes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -110,6 +110,8 @@ struct CpdFlags {
     segment_mb: u64,
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     gpu_timeout_s: u64,
+    #[arg(long, default_value = "auto")]
+    exchange_rows: RowExchange,
     #[command(flatten)]
     launch: Launch,
 }
@@ -159,6 +161,7 @@ pub fn cpd(flags: &[String], opts: &mut CpdRunOptions) -> Result<()> {
     d.group.streams = f.streams as usize;
     d.group.segment_bytes = (f.segment_mb as usize) << 20;
     d.group.timeout = Duration::from_secs(f.gpu_timeout_s);
+    d.group.rows = f.exchange_rows;
     Ok(())
 }
 
@@ -183,6 +186,8 @@ mod tests {
         cpd(&strings(&["--kernel", "fcoo", "--no-model"]), &mut c).unwrap();
         assert_eq!(c.decompose.kernel, "fcoo");
         assert!(c.decompose.no_model);
+        cpd(&strings(&["--exchange-rows", "all"]), &mut c).unwrap();
+        assert_eq!(c.decompose.group.rows, RowExchange::All);
         // Without flags, the program's defaults.
         let mut c = CpdRunOptions::default();
         cpd(&[], &mut c).unwrap();

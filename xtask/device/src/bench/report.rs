@@ -461,8 +461,9 @@ fn mttkrp_sections(
 }
 
 /// Per-iteration breakdown of a group run, per mode: h2d, kernel,
-/// MTTKRP, update, exchange, MTTKRP per GPU (ms per iteration).
-fn breakdown(m: &Measurement) -> Vec<[String; 6]> {
+/// MTTKRP, update, exchange (ms per iteration), the rows the exchange
+/// sends with the MB it moves against the all-gather's, MTTKRP per GPU.
+fn breakdown(m: &Measurement) -> Vec<[String; 7]> {
     let Some(modes) = m.report["kernel"]["breakdown"].as_array() else {
         return Vec::new();
     };
@@ -479,12 +480,23 @@ fn breakdown(m: &Measurement) -> Vec<[String; 6]> {
                         .collect()
                 })
                 .unwrap_or_default();
+            let mb = |k: &str| {
+                b[k].as_f64()
+                    .map_or("-".into(), |x| format!("{:.1}", x / 1e6))
+            };
+            let moved = format!(
+                "{} ({} of {} MB)",
+                b["exchange_rows"].as_str().unwrap_or("-"),
+                mb("exchange_bytes"),
+                mb("all_gather_bytes")
+            );
             [
                 f("h2d_ms"),
                 f("kernel_ms"),
                 f("mttkrp_ms"),
                 f("update_ms"),
                 f("exchange_ms"),
+                moved,
                 per_gpu.join(" / "),
             ]
         })
@@ -543,9 +555,9 @@ fn cpd_sections(md: &mut String, all: &[&Measurement], out: &Path) -> Result<()>
         )?;
         writeln!(
             md,
-            "| tensor | GPUs | exchange | mode | h2d | kernel | MTTKRP | update | exchange | MTTKRP per GPU |"
+            "| tensor | GPUs | exchange | mode | h2d | kernel | MTTKRP | update | exchange | rows sent | MTTKRP per GPU |"
         )?;
-        writeln!(md, "|{}", " --- |".repeat(10))?;
+        writeln!(md, "|{}", " --- |".repeat(11))?;
         for m in grouped {
             for (k, b) in breakdown(m).iter().enumerate() {
                 writeln!(

@@ -1,0 +1,189 @@
+//! How many GPUs pay for a tensor (`--gpus all`): a prediction of one
+//! CPD-ALS iteration on 1, 2, ... GPUs, and the count that is fastest.
+//!
+//! On one GPU an iteration is the MTTKRP of every mode and the dense
+//! update. A group splits both over its GPUs, but adds per mode the
+//! exchange of the updated rows and a fixed cost: the host's round trips
+//! to every worker (MTTKRP, update, scaling, exchange) and the collective
+//! launches. A tensor whose iteration takes a few milliseconds on one GPU
+//! gains less from the split than the fixed cost takes, and stays on one
+//! GPU; the output says why.
+//!
+//! The constants are measured on H100s joined by NVLink (four to a host,
+//! docs/performance.md, "How many GPUs"); the prediction only has to rank
+//! the counts, not to time them.
+
+use kruskal_formats::SparseTensor;
+
+/// MTTKRP on one GPU (fcoo), picoseconds per nonzero and mode.
+const MTTKRP_PS: f64 = 60.0;
+/// The group's shard kernel against fcoo on the same work.
+const SHARD_SLOWER: f64 = 1.25;
+/// Dense update and Gram, picoseconds per factor row and column.
+const UPDATE_PS: f64 = 12.0;
+/// What a group adds per mode whatever the tensor (host round trips to
+/// the workers, collective launches), milliseconds.
+const GROUP_MODE_MS: f64 = 0.35;
+/// Rows one GPU receives per second from the others, in bytes.
+const LINK_BYTES_PER_S: f64 = 300e9;
+/// A sparse exchange is used when it moves at most this share of the
+/// all-gather's rows (as the group decides, see kruskal-partition).
+const SPARSE_SHARE: f64 = 0.8;
+
+/// The count [`pick`] chose and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuCount {
+    /// GPUs to use (1: the one-GPU backend).
+    pub gpus: usize,
+    /// Predicted milliseconds per iteration on 1, 2, ... `available` GPUs.
+    pub predicted_ms: Vec<f64>,
+    /// One line for the user.
+    pub reason: String,
+}
+
+/// The predicted iteration time of `t` at `rank` on each count from 1 to
+/// `available`, and the fastest count. `one_fits`: whether the one-GPU
+/// backend fits one GPU's memory (if not, at least two GPUs are used).
+///
+/// Cost: nothing beyond the dimensions when the all-gather bound already
+/// favours the most GPUs; otherwise one pass over each mode's indices (the
+/// rows each mode uses, for the sparse exchange's volume).
+pub fn pick(t: &SparseTensor, rank: usize, available: usize, one_fits: bool) -> GpuCount {
+    let available = available.max(1);
+    let upper: Vec<f64> = (1..=available)
+        .map(|g| predict(t, rank, g, &|mode, g| all_gather_rows(t, mode, g)))
+        .collect();
+    let predicted = if fastest(&upper, one_fits) == available {
+        upper
+    } else {
+        let counts: Vec<Vec<u64>> = (0..t.nmodes()).map(|m| t.mode_counts(m)).collect();
+        (1..=available)
+            .map(|g| {
+                predict(t, rank, g, &|mode, g| {
+                    let all = all_gather_rows(t, mode, g);
+                    let read = read_rows(&counts[mode], t.nmodes(), g);
+                    if read <= SPARSE_SHARE * all {
+                        read
+                    } else {
+                        all
+                    }
+                })
+            })
+            .collect()
+    };
+    let gpus = fastest(&predicted, one_fits);
+    let reason = if gpus == 1 {
+        format!(
+            "1 of {available}: predicted {:.2} ms per iteration on one GPU, {:.2} ms on {available} \
+             (the exchange and the group's per-mode round trips cost more than splitting saves)",
+            predicted[0],
+            predicted[available - 1]
+        )
+    } else {
+        format!(
+            "{gpus} of {available}: predicted {:.2} ms per iteration on one GPU, {:.2} ms on {gpus}",
+            predicted[0],
+            predicted[gpus - 1]
+        )
+    };
+    GpuCount {
+        gpus,
+        predicted_ms: predicted,
+        reason,
+    }
+}
+
+/// The count (from 1) with the smallest prediction; ties go to fewer GPUs.
+fn fastest(predicted: &[f64], one_fits: bool) -> usize {
+    let first = if one_fits || predicted.len() == 1 {
+        0
+    } else {
+        1
+    };
+    let mut best = first;
+    for (i, &ms) in predicted.iter().enumerate().skip(first) {
+        if ms < predicted[best] {
+            best = i;
+        }
+    }
+    best + 1
+}
+
+/// One iteration on `g` GPUs; `exchanged(mode, g)` is the rows one GPU
+/// receives after the mode's update.
+fn predict(
+    t: &SparseTensor,
+    rank: usize,
+    g: usize,
+    exchanged: &dyn Fn(usize, usize) -> f64,
+) -> f64 {
+    let n = t.nmodes();
+    let nnz = t.nnz() as f64;
+    let rows: f64 = t.dims().iter().map(|&d| f64::from(d)).sum();
+    let mttkrp_ms = nnz * n as f64 * MTTKRP_PS * 1e-9;
+    let update_ms = rows * rank as f64 * UPDATE_PS * 1e-9;
+    if g == 1 {
+        return mttkrp_ms + update_ms;
+    }
+    let split = (mttkrp_ms * SHARD_SLOWER + update_ms) / g as f64;
+    let exchange_ms: f64 = (0..n)
+        .map(|mode| exchanged(mode, g) * (rank * 4) as f64 / LINK_BYTES_PER_S * 1e3)
+        .sum();
+    split + exchange_ms + GROUP_MODE_MS * n as f64
+}
+
+/// Rows one GPU receives when a mode is all-gathered over `g` GPUs.
+fn all_gather_rows(t: &SparseTensor, mode: usize, g: usize) -> f64 {
+    f64::from(t.dims()[mode]) * (g - 1) as f64 / g as f64
+}
+
+/// Rows one GPU is expected to receive when only the rows read are sent:
+/// a row it does not own (`(g - 1) / g` of them) is read when one of the
+/// `c (n - 1)` factor reads its `c` nonzeros make falls on it.
+fn read_rows(counts: &[u64], n: usize, g: usize) -> f64 {
+    let miss = 1.0 - 1.0 / g as f64;
+    let read: f64 = counts
+        .iter()
+        .filter(|&&c| c > 0)
+        .map(|&c| 1.0 - miss.powf((c * (n as u64 - 1)) as f64))
+        .sum();
+    read * miss
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kruskal_formats::generate::{PowerLawSpec, power_law};
+
+    #[test]
+    fn a_small_tensor_stays_on_one_gpu_and_says_why() {
+        let t = power_law(&PowerLawSpec::new(vec![300, 200, 100], 20_000)).unwrap();
+        let c = pick(&t, 32, 4, true);
+        assert_eq!(c.gpus, 1, "{c:?}");
+        assert_eq!(c.predicted_ms.len(), 4);
+        assert!(c.reason.starts_with("1 of 4"), "{}", c.reason);
+        // Unless one GPU cannot hold it.
+        assert!(pick(&t, 32, 4, false).gpus >= 2);
+        // One GPU available: one GPU.
+        assert_eq!(pick(&t, 32, 1, true).gpus, 1);
+    }
+
+    #[test]
+    fn the_prediction_splits_the_work_and_adds_the_exchange() {
+        let t = power_law(&PowerLawSpec::new(vec![300, 200, 100], 20_000)).unwrap();
+        let none = |_: usize, _: usize| 0.0;
+        let one = predict(&t, 32, 1, &none);
+        let four = predict(&t, 32, 4, &none);
+        assert!(
+            (four - (one * SHARD_SLOWER / 4.0 + 3.0 * GROUP_MODE_MS)).abs() < 0.01 * one + 1e-9
+        );
+        let rows = |_: usize, _: usize| 1e6;
+        assert!(predict(&t, 32, 4, &rows) > four);
+        // A row read by many nonzeros is expected on every GPU; an empty
+        // row on none.
+        assert!((read_rows(&[1_000_000], 3, 4) - 0.75).abs() < 1e-9);
+        assert_eq!(read_rows(&[0, 0], 3, 4), 0.0);
+        assert_eq!(fastest(&[3.0, 2.0, 2.0, 2.5], true), 2);
+        assert_eq!(fastest(&[1.0, 2.0], false), 2);
+    }
+}

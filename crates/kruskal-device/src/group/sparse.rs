@@ -1,0 +1,505 @@
+//! The sparse exchange: after a mode's update, each owner sends each
+//! reader only the rows of that mode the reader's shards read
+//! (kruskal-partition's [`RowReaders`] and [`ExchangeLists`]), instead of
+//! all-gathering the whole factor. Rows no GPU reads never travel.
+//!
+//! - **With NCCL**: the owner packs the rows it sends into one buffer
+//!   (`copy_rows`, reader after reader), the GPUs exchange them with
+//!   grouped `ncclSend`/`ncclRecv` pairs, and each reader scatters what it
+//!   received into its copy of the factor.
+//! - **Peer-to-peer** (one process, peer access between every pair): each
+//!   reader pulls its rows straight out of every owner's factor with one
+//!   `copy_rows` launch per owner, between two barriers.
+//!
+//! Chosen per mode ([`RowExchange`]): `auto` sends only the rows read
+//! where that moves at most [`kruskal_partition::readers::CHEAPER_SHARE`]
+//! of the all-gather's rows to the GPU that receives most; a mode whose
+//! rows nearly every GPU reads (a short, dense mode) keeps the all-gather.
+//! The rows each GPU reads are marked from its shards while they are
+//! built; under `auto`, a mode whose row counts predict nearly every row
+//! to be read by every GPU is not marked at all.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, PushKernelArg};
+use kruskal_partition::RowShards;
+use kruskal_partition::readers::{ExchangeLists, MAX_GPUS, RowReaders, all_gather_received};
+
+use super::worker::Worker;
+use crate::kernels::Kernel;
+use crate::nccl::Transfer;
+use crate::{DeviceError, Gpu, Result, driver, grid_stride};
+
+/// Which rows the exchange after a mode sends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RowExchange {
+    /// Per mode, the cheaper of the two.
+    #[default]
+    Auto,
+    /// Every row to every GPU (all-gather).
+    All,
+    /// Only the rows each GPU reads.
+    Read,
+}
+
+impl RowExchange {
+    /// The name `--exchange-rows` spells.
+    pub fn name(self) -> &'static str {
+        match self {
+            RowExchange::Auto => "auto",
+            RowExchange::All => "all",
+            RowExchange::Read => "read",
+        }
+    }
+}
+
+impl std::str::FromStr for RowExchange {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(RowExchange::Auto),
+            "all" => Ok(RowExchange::All),
+            "read" => Ok(RowExchange::Read),
+            other => Err(format!("takes auto, all or read, not '{other}'")),
+        }
+    }
+}
+
+/// Under `auto`, a mode is not marked when its row counts predict the
+/// sparse exchange to receive more than this share of the all-gather's
+/// rows (it would not be chosen).
+const PREDICTED_SHARE: f64 = 0.95;
+
+/// What one mode's exchange moves, for the reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExchangeVolume {
+    /// Whether only the rows read are sent.
+    pub read_only: bool,
+    /// Bytes the exchange moves per call, over all GPUs.
+    pub bytes: u64,
+    /// Bytes the all-gather would move.
+    pub all_gather_bytes: u64,
+}
+
+/// One mode's sparse exchange, as every worker knows it.
+#[derive(Clone, Debug)]
+pub(super) struct SparseMode {
+    /// `counts[o][h]`: rows owner `o` sends reader `h`.
+    pub(super) counts: Vec<Vec<u64>>,
+}
+
+impl SparseMode {
+    /// Rows `g` sends, in all.
+    pub(super) fn sent(&self, g: usize) -> u64 {
+        self.counts[g].iter().sum()
+    }
+
+    /// Rows `g` receives, in all.
+    pub(super) fn received(&self, g: usize) -> u64 {
+        self.counts.iter().map(|to| to[g]).sum()
+    }
+
+    /// Where each reader's rows start in `g`'s send list (readers in
+    /// order).
+    fn send_offsets(&self, g: usize) -> Vec<u64> {
+        prefix(self.counts[g].iter().copied())
+    }
+
+    /// Where each owner's rows start in `g`'s receive list (owners in
+    /// order).
+    fn recv_offsets(&self, g: usize) -> Vec<u64> {
+        prefix(self.counts.iter().map(|to| to[g]))
+    }
+}
+
+fn prefix(counts: impl Iterator<Item = u64>) -> Vec<u64> {
+    let mut out = vec![0];
+    let mut acc = 0;
+    for c in counts {
+        acc += c;
+        out.push(acc);
+    }
+    out
+}
+
+/// One GPU's lists of one mode: the rows it sends (readers in order, each
+/// reader's rows increasing) and the rows it receives (owners in order).
+pub(super) struct HostLists {
+    pub(super) send: Vec<u32>,
+    pub(super) recv: Vec<u32>,
+}
+
+/// The lists on the device.
+pub(super) struct DeviceLists {
+    send: CudaSlice<u32>,
+    recv: CudaSlice<u32>,
+}
+
+impl DeviceLists {
+    pub(super) fn upload(gpu: &Gpu, lists: &HostLists) -> Result<Self> {
+        Ok(DeviceLists {
+            send: gpu.upload("the rows a GPU sends", &lists.send)?,
+            recv: gpu.upload("the rows a GPU receives", &lists.recv)?,
+        })
+    }
+}
+
+/// Which modes are worth marking: all under `read`, none under `all` or
+/// with one GPU (or more than the readers' masks hold), and under `auto`
+/// those whose row counts predict that the sparse exchange could be
+/// chosen.
+pub(super) fn modes_to_mark(plan: &RowShards, rows: RowExchange) -> Vec<bool> {
+    let n = plan.dims().len();
+    let m = plan.gpus();
+    if m == 1 || m > MAX_GPUS {
+        return vec![false; n];
+    }
+    match rows {
+        RowExchange::All => vec![false; n],
+        RowExchange::Read => vec![true; n],
+        RowExchange::Auto => (0..n)
+            .map(|mode| predicted_share(plan, mode) <= PREDICTED_SHARE)
+            .collect(),
+    }
+}
+
+/// The share of the all-gather's rows the GPU that receives most would
+/// receive from a sparse exchange, predicted from the row counts alone: a
+/// row of `c` nonzeros has `c (N - 1)` factor reads in the other modes'
+/// shards, each on a GPU that is, for the prediction, drawn at random.
+fn predicted_share(plan: &RowShards, mode: usize) -> f64 {
+    let m = plan.gpus();
+    let n = plan.dims().len();
+    let miss = 1.0 - 1.0 / m as f64;
+    let counts = plan.row_nnz(mode);
+    let (mut sparse, mut all) = (0.0f64, 0u64);
+    for h in 0..m {
+        let own = plan.rows(mode, h);
+        let expected: f64 = (0..m)
+            .filter(|&o| o != h)
+            .map(|o| {
+                let rows = plan.rows(mode, o);
+                counts[rows.start as usize..rows.end as usize]
+                    .iter()
+                    .map(|&c| 1.0 - miss.powf((c * (n as u64 - 1)) as f64))
+                    .sum::<f64>()
+            })
+            .sum();
+        debug_assert!(own.len() as u64 <= u64::from(plan.dims()[mode]));
+        sparse = sparse.max(expected);
+        all = all.max(all_gather_received(plan, mode, h));
+    }
+    if all == 0 { 1.0 } else { sparse / all as f64 }
+}
+
+/// The sparse exchange of a group, as planned.
+pub(super) struct SparsePlan {
+    /// Per mode, its counts (`None`: all-gathered).
+    pub(super) modes: Vec<Option<SparseMode>>,
+    /// Per local GPU and mode, its lists.
+    pub(super) lists: Vec<Vec<Option<HostLists>>>,
+}
+
+/// Which modes of a group are exchanged sparsely (from `rows` and the
+/// lists' volumes; `auto`: the cheaper), and each local GPU's lists.
+/// `members` are the local GPUs' indices in the plan.
+pub(super) fn plan_modes(
+    plan: &RowShards,
+    readers: &RowReaders,
+    marked: &[bool],
+    rows: RowExchange,
+    members: &[usize],
+) -> Result<SparsePlan> {
+    let n = plan.dims().len();
+    let m = plan.gpus();
+    let mut modes = vec![None; n];
+    let mut per_slot: Vec<Vec<Option<HostLists>>> = members
+        .iter()
+        .map(|_| (0..n).map(|_| None).collect())
+        .collect();
+    if !marked.iter().any(|&x| x) {
+        return Ok(SparsePlan {
+            modes,
+            lists: per_slot,
+        });
+    }
+    let lists: ExchangeLists = readers.lists(plan).map_err(|e| DeviceError::Prepare {
+        format: "exchange lists",
+        message: e.to_string(),
+    })?;
+    for mode in 0..n {
+        if !marked[mode] {
+            continue;
+        }
+        let l = lists.mode(mode);
+        let chosen = match rows {
+            RowExchange::Read => true,
+            RowExchange::All => false,
+            RowExchange::Auto => l.cheaper_than_all_gather(plan, mode),
+        };
+        if !chosen {
+            continue;
+        }
+        let counts = (0..m)
+            .map(|o| (0..m).map(|h| l.rows(o, h).len() as u64).collect())
+            .collect();
+        modes[mode] = Some(SparseMode { counts });
+        for (slot, &g) in members.iter().enumerate() {
+            let send = (0..m).flat_map(|h| l.rows(g, h).iter().copied()).collect();
+            let recv = (0..m).flat_map(|o| l.rows(o, g).iter().copied()).collect();
+            per_slot[slot][mode] = Some(HostLists { send, recv });
+        }
+    }
+    Ok(SparsePlan {
+        modes,
+        lists: per_slot,
+    })
+}
+
+/// What mode `mode`'s exchange moves with `sparse` (or the all-gather).
+pub(super) fn volume(
+    plan: &RowShards,
+    mode: usize,
+    rank: usize,
+    sparse: Option<&SparseMode>,
+) -> ExchangeVolume {
+    let m = plan.gpus();
+    let row_bytes = (rank * 4) as u64;
+    let all: u64 = (0..m).map(|h| all_gather_received(plan, mode, h)).sum();
+    let all_gather_bytes = if m > 1 { all * row_bytes } else { 0 };
+    match sparse {
+        Some(s) => ExchangeVolume {
+            read_only: true,
+            bytes: (0..m).map(|h| s.received(h)).sum::<u64>() * row_bytes,
+            all_gather_bytes,
+        },
+        None => ExchangeVolume {
+            read_only: false,
+            bytes: all_gather_bytes,
+            all_gather_bytes,
+        },
+    }
+}
+
+/// Queues `copy_rows` on `stream`: `count` rows of `rank` floats from
+/// `src` (rows `src_rows[i]`, or `i` when 0) to `dst` (rows `dst_rows[i]`,
+/// or `i`).
+///
+/// # Safety
+/// Every row read must lie inside the memory at `src` and every row
+/// written inside the memory at `dst` (device addresses this GPU can reach,
+/// a peer's with peer access), both alive until the stream has run the
+/// copy; the lists, when not 0, must hold `count` u32 each.
+unsafe fn copy_rows(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    rank: usize,
+    src: (u64, u64),
+    dst: (u64, u64),
+    count: u64,
+) -> Result<()> {
+    if count == 0 {
+        return Ok(());
+    }
+    let f = gpu
+        .kernels()
+        .function(gpu.context(), Kernel::CopyRows, &[("RANK", rank as i64)])?;
+    let per = if rank % 4 == 0 { rank / 4 } else { rank } as u64;
+    let mut l = stream.launch_builder(&f);
+    l.arg(&src.0)
+        .arg(&src.1)
+        .arg(&dst.0)
+        .arg(&dst.1)
+        .arg(&count);
+    // SAFETY: the caller's contract.
+    unsafe { l.launch(grid_stride(count * per, 256)) }.map_err(driver("launching copy_rows"))?;
+    Ok(())
+}
+
+/// The device address of element `at` of `list`.
+fn element_ptr(list: &CudaSlice<u32>, stream: &Arc<CudaStream>, at: u64) -> u64 {
+    let (ptr, _sync) = list.device_ptr(stream);
+    ptr + at * 4
+}
+
+impl Worker {
+    /// Sends and receives the rows of `mode` that `sparse` lists; returns
+    /// the milliseconds it took.
+    pub(super) fn exchange_read(&mut self, mode: usize, sparse: &SparseMode) -> Result<f64> {
+        let started = std::time::Instant::now();
+        let stream = self.gpu.stream().clone();
+        let r = self.rank;
+        let g = self.g;
+        let row_bytes = (r * 4) as u64;
+        let own_ptr = self.shared.factor_ptrs.lock().expect("pointer table")[self.slot];
+        let mode_at = self.shared.first_row[mode] * row_bytes;
+        let lists = self.lists[mode]
+            .as_ref()
+            .ok_or_else(|| DeviceError::Shape(format!("no exchange lists for mode {mode}")))?;
+        let recv_at = sparse.recv_offsets(g);
+        match &self.shared.collective {
+            Some(collective) => {
+                let (sent, received) = (sparse.sent(g), sparse.received(g));
+                ensure(&self.gpu, &mut self.send_buf, sent * r as u64)?;
+                ensure(&self.gpu, &mut self.recv_buf, received * r as u64)?;
+                let send_buf = self.send_buf.as_ref().expect("made above");
+                let recv_buf = self.recv_buf.as_ref().expect("made above");
+                let (send_ptr, _s) = send_buf.device_ptr(&stream);
+                let (recv_ptr, _r) = recv_buf.device_ptr(&stream);
+                let send_list = element_ptr(&lists.send, &stream, 0);
+                let recv_list = element_ptr(&lists.recv, &stream, 0);
+                // SAFETY: the send list holds `sent` row labels of this
+                // mode (below its dimension, so inside this GPU's factor
+                // buffer at `mode_at`), and the send buffer `sent` rows.
+                unsafe {
+                    copy_rows(
+                        &self.gpu,
+                        &stream,
+                        r,
+                        (own_ptr + mode_at, send_list),
+                        (send_ptr, 0),
+                        sent,
+                    )
+                }?;
+                let (nccl, comm) = collective.comm(self.slot);
+                let nccl_err = |e: crate::nccl::NcclError| DeviceError::Nccl(e.to_string());
+                let send_at = sparse.send_offsets(g);
+                nccl.group_start().map_err(nccl_err)?;
+                for peer in 0..sparse.counts.len() {
+                    let ways = [
+                        (
+                            Transfer::Send,
+                            sparse.counts[g][peer],
+                            send_ptr + send_at[peer] * row_bytes,
+                        ),
+                        (
+                            Transfer::Recv,
+                            sparse.counts[peer][g],
+                            recv_ptr + recv_at[peer] * row_bytes,
+                        ),
+                    ];
+                    for (way, rows, at) in ways {
+                        if rows == 0 {
+                            continue;
+                        }
+                        // SAFETY: reader `peer`'s rows lie inside the send
+                        // buffer, owner `peer`'s inside the receive buffer,
+                        // both alive until the wait below.
+                        unsafe {
+                            nccl.transfer_f32(
+                                way,
+                                comm,
+                                at,
+                                (rows * r as u64) as usize,
+                                peer,
+                                stream.cu_stream() as _,
+                            )
+                        }
+                        .map_err(nccl_err)?;
+                    }
+                }
+                nccl.group_end().map_err(nccl_err)?;
+                // SAFETY: the receive list holds `received` labels of this
+                // mode, the receive buffer as many rows.
+                unsafe {
+                    copy_rows(
+                        &self.gpu,
+                        &stream,
+                        r,
+                        (recv_ptr, 0),
+                        (own_ptr + mode_at, recv_list),
+                        received,
+                    )
+                }?;
+                self.wait(&stream, "the sparse NCCL exchange")?;
+            }
+            None => {
+                // Every owner's rows must be final before anyone pulls.
+                self.wait(&stream, "the update before the exchange")?;
+                self.barrier()?;
+                let ptrs = self
+                    .shared
+                    .factor_ptrs
+                    .lock()
+                    .expect("pointer table")
+                    .clone();
+                for (o, &owner_ptr) in ptrs.iter().enumerate() {
+                    let count = sparse.counts[o][g];
+                    if o == g || count == 0 {
+                        continue;
+                    }
+                    let rows = element_ptr(&lists.recv, &stream, recv_at[o]);
+                    // SAFETY: the labels (`count` of them from `rows`) are
+                    // rows of this mode, inside both factor buffers, which
+                    // have one layout; the owner's buffer is reachable
+                    // (peer access between every pair, checked when the
+                    // sparse exchange was chosen) and nobody writes these
+                    // rows until the barrier below.
+                    unsafe {
+                        copy_rows(
+                            &self.gpu,
+                            &stream,
+                            r,
+                            (owner_ptr + mode_at, rows),
+                            (own_ptr + mode_at, rows),
+                            count,
+                        )
+                    }?;
+                }
+                self.wait(&stream, "pulling rows from the other GPUs")?;
+                self.barrier()?;
+            }
+        }
+        Ok(started.elapsed().as_secs_f64() * 1e3)
+    }
+}
+
+/// Grows `buf` to at least `len` floats (never shrinks it).
+fn ensure(gpu: &Gpu, buf: &mut Option<CudaSlice<f32>>, len: u64) -> Result<()> {
+    let len = len.max(1) as usize;
+    if buf.as_ref().is_none_or(|b| b.len() < len) {
+        *buf = None;
+        *buf = Some(gpu.alloc_zeros("an exchange buffer", len)?);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_follow_the_counts() {
+        let s = SparseMode {
+            counts: vec![vec![0, 3, 1], vec![2, 0, 0], vec![5, 4, 0]],
+        };
+        assert_eq!(s.sent(0), 4);
+        assert_eq!(s.received(0), 7);
+        assert_eq!(s.send_offsets(2), vec![0, 5, 9, 9]);
+        assert_eq!(s.recv_offsets(1), vec![0, 3, 3, 7]);
+    }
+
+    #[test]
+    fn row_exchange_names_parse_back() {
+        for r in [RowExchange::Auto, RowExchange::All, RowExchange::Read] {
+            assert_eq!(r.name().parse::<RowExchange>(), Ok(r));
+        }
+        assert!("some".parse::<RowExchange>().is_err());
+    }
+
+    #[test]
+    fn a_long_mode_of_empty_rows_is_marked_and_a_dense_one_is_not() {
+        let t = kruskal_formats::generate::power_law(
+            &kruskal_formats::generate::PowerLawSpec::new(vec![20, 30, 20_000], 5_000).with_seed(9),
+        )
+        .unwrap();
+        let plan = RowShards::new(&t, 4).unwrap();
+        let marked = modes_to_mark(&plan, RowExchange::Auto);
+        assert_eq!(marked, vec![false, false, true]);
+        assert_eq!(modes_to_mark(&plan, RowExchange::Read), vec![true; 3]);
+        assert_eq!(modes_to_mark(&plan, RowExchange::All), vec![false; 3]);
+        let one = RowShards::new(&t, 1).unwrap();
+        assert_eq!(modes_to_mark(&one, RowExchange::Read), vec![false; 3]);
+    }
+}
