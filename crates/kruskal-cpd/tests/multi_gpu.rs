@@ -102,6 +102,11 @@ fn group_mttkrp_equals_the_f64_reference() {
             let factors = random_factors(t.dims(), rank, 3);
             let views: Vec<_> = factors.iter().map(|f| f.view()).collect();
             for (label, opts) in configurations(gpus.len()) {
+                // The sparse exchanges at the plain mapping's rank and one
+                // of the lane teams'.
+                if label.contains("read") && ![7, 32].contains(&rank) {
+                    continue;
+                }
                 let what = format!("{name} rank {rank} {label} on {} GPU(s)", gpus.len());
                 let mut group = GpuGroup::new(&gpus, t, rank, &opts, &mut |_| {}).unwrap();
                 if label == "streamed" {
@@ -154,6 +159,9 @@ fn group_fits_match_one_gpu() {
             )
             .unwrap();
             for (label, gopts) in configurations(gpus.len()) {
+                if label.contains("read") && rank == 16 {
+                    continue;
+                }
                 let what = format!("{name} rank {rank} {label} on {} GPU(s)", gpus.len());
                 let group = GpuGroup::new(&gpus, t, rank, &gopts, &mut |_| {}).unwrap();
                 let mut backend = GroupBackend::new(group, t);

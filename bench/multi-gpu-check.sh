@@ -1,0 +1,109 @@
+#!/bin/bash
+# Several GPUs of one host: the group's GPU tests, then CPD-ALS per
+# iteration (median after the first) and the preparation on 1 GPU (fcoo),
+# and on 2, 3 and 4 GPUs with every row all-gathered and with only the rows
+# each GPU reads, on the tensors of the several-GPU issue. Usage, from the
+# repository root of a bundle on the GPU machine:
+#   bash bench/multi-gpu-check.sh OUT_DIR [tests] [nell1] [full] [t3u] [amazon] [dist]
+# (no parts: all but amazon). K=path/to/kruskal (default gpu-run/kruskal).
+set -u
+N=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib
+mkdir -p /tmp/nccl && ln -sf $N/libnccl.so.2 /tmp/nccl/libnccl.so
+export LD_LIBRARY_PATH=/tmp/nccl:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
+export KRUSKAL_CACHE_DIR=/tmp/kc
+PY=/opt/torch/.venv/bin/python
+K=${K:-gpu-run/kruskal}
+R=${1:?an output folder}; shift; mkdir -p $R
+PARTS=${*:-tests nell1 full t3u dist}
+has() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
+GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
+{ date -u; nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c; nproc; } > $R/machine.txt
+cat $R/machine.txt
+
+summary() { # label json
+  $PY - "$1" "$2" <<'EOF'
+import json, statistics, sys
+label, path = sys.argv[1], sys.argv[2]
+try:
+    d = json.load(open(path))
+except Exception as e:
+    print(f"{label:34s} FAILED ({e})"); sys.exit()
+its = [i["mttkrp_s"] + i["other_s"] for i in d["iterations"]][1:]
+ms = statistics.median(its) * 1e3 if its else float("nan")
+line = f"{label:34s} {ms:8.2f} ms/it  prep {d['prepare_s']:6.2f} s  load {d['tensor']['load_s']:5.2f} s  fit {d['fit']:.6f}"
+k = d.get("kernel")
+if isinstance(k, dict) and "breakdown" in k:
+    parts = []
+    for m, b in enumerate(k["breakdown"]):
+        c = max(b["calls"], 1)
+        parts.append(f"m{m+1}: mttkrp {b['mttkrp_ms']/c:.2f} upd {b['update_ms']/c:.2f} "
+                     f"xchg {b['exchange_ms']/c:.2f} {b['exchange_rows']} {b['exchange_bytes']/1e6:.0f}/{b['all_gather_bytes']/1e6:.0f}MB")
+    line += "\n" + " " * 36 + "; ".join(parts)
+print(line)
+EOF
+}
+
+run_cpd() { # label file args...
+  local label=$1 file=$2; shift 2
+  local f=$R/cpd-$(echo "$label" | tr ' /' '__').json
+  timeout 400 $K cpd $file -r 32 --tol 0 --json "$@" > $f 2> ${f%.json}.err
+  summary "$label" $f | tee -a $R/summary.txt
+}
+
+if has tests; then
+  for t in gpu-run/tests/kruskal_device-* gpu-run/tests/multi_gpu-* gpu-run/tests/multi_gpu_fault-* gpu-run/tests/distributed-*; do
+    n=$(basename $t)
+    timeout 500 $t --include-ignored --test-threads 1 > $R/test-$n.txt 2>&1
+    echo "test $n: rc $? $(grep -E '^test result' $R/test-$n.txt | tail -1)" | tee -a $R/summary.txt
+    grep -E "FAILED|panicked" $R/test-$n.txt | head -5
+  done
+fi
+
+cpd_set() { # name file iters
+  local name=$1 file=$2 iters=$3
+  run_cpd "$name 1 GPU fcoo" $file --iters $iters --backend gpu --kernel fcoo --no-model
+  for g in 2 3 4; do
+    [ $g -le $GPUS ] || continue
+    run_cpd "$name $g GPUs all rows" $file --iters $iters --gpus $g --exchange-rows all
+    run_cpd "$name $g GPUs auto" $file --iters $iters --gpus $g
+  done
+}
+
+if has nell1; then
+  /usr/bin/time -v $K gen /tmp/nell1.ktns --like nell-1 --nnz 144M > $R/gen-nell1.txt 2>&1
+  grep -E "Elapsed|Maximum resident" $R/gen-nell1.txt
+  cpd_set nell-1 /tmp/nell1.ktns 8
+  run_cpd "nell-1 4 GPUs auto p2p" /tmp/nell1.ktns --iters 8 --gpus 4 --exchange p2p
+  run_cpd "nell-1 4 GPUs host-built" /tmp/nell1.ktns --iters 8 --gpus 4 --fcoo-build host
+  run_cpd "nell-1 --gpus all" /tmp/nell1.ktns --iters 8 --gpus all
+fi
+if has full; then
+  $K gen /tmp/full.ktns --dims 3000000,2000000,26000000 --nnz 144M --exponent 0.5 > $R/gen-full.txt 2>&1
+  cpd_set nearly-full /tmp/full.ktns 8
+fi
+if has t3u; then
+  $PY bench/gen_anchor.py t3 /tmp/t3u.ktns 20000000 --distinct > $R/gen-t3u.txt 2>&1
+  cpd_set t3u /tmp/t3u.ktns 20
+  run_cpd "t3u --gpus all" /tmp/t3u.ktns --iters 20 --gpus all
+fi
+if has dist; then
+  # Four processes, one GPU each, against --gpus 4 on nell-1.
+  [ -f /tmp/nell1.ktns ] || $K gen /tmp/nell1.ktns --like nell-1 --nnz 144M > /dev/null 2>&1
+  port=$((20000 + RANDOM % 20000)); export KRUSKAL_JOB_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  for r in 3 2 1; do
+    timeout 300 $K cpd /tmp/nell1.ktns -r 32 --tol 0 --iters 8 --json --distributed --process-rank $r --world-size 4 --local-gpu $r --rendezvous 127.0.0.1:$port > $R/dist-$r.json 2> $R/dist-$r.err &
+  done
+  timeout 300 $K cpd /tmp/nell1.ktns -r 32 --tol 0 --iters 8 --json --distributed --process-rank 0 --world-size 4 --local-gpu 0 --rendezvous 127.0.0.1:$port > $R/cpd-dist4.json 2> $R/cpd-dist4.err
+  wait
+  summary "nell-1 4 processes" $R/cpd-dist4.json | tee -a $R/summary.txt
+fi
+if has amazon; then
+  /usr/bin/time -v $K gen /tmp/amazon.ktns --like amazon > $R/gen-amazon.txt 2>&1
+  grep -E "Elapsed|Maximum resident" $R/gen-amazon.txt
+  for g in 2 4; do
+    /usr/bin/time -v $K cpd /tmp/amazon.ktns -r 32 --tol 0 --json --iters 4 --gpus $g > $R/cpd-amazon-$g.json 2> $R/cpd-amazon-$g.err
+    summary "amazon $g GPUs" $R/cpd-amazon-$g.json | tee -a $R/summary.txt
+    grep -E "Maximum resident" $R/cpd-amazon-$g.err
+  done
+fi
+echo "== summary"; cat $R/summary.txt
