@@ -464,19 +464,27 @@ fn make_backend(
         times.set(t);
     };
     if let Some(ordinals) = &opts.gpus {
-        if !(opts.pick_gpus && ordinals.len() > 1) {
+        if !opts.pick_gpus {
             return Ok((group_backend(opts, ordinals, t, rank, progress)?, None));
         }
-        let gpu = Gpu::open(ordinals[0])?;
-        let need = crate::memory::gpu_need(t.dims(), t.nnz(), rank);
-        let one_fits = need.total() <= gpu.free_bytes()? as u64 && opts.kernel != "shard";
-        drop(gpu);
-        let count = crate::gpu_count::pick(t, rank, ordinals.len(), one_fits);
+        let count = if ordinals.len() > 1 {
+            let gpu = Gpu::open(ordinals[0])?;
+            let need = crate::memory::gpu_need(t.dims(), t.nnz(), rank);
+            let one_fits = need.total() <= gpu.free_bytes()? as u64 && opts.kernel != "shard";
+            drop(gpu);
+            crate::gpu_count::pick(t, rank, ordinals.len(), one_fits)
+        } else {
+            crate::gpu_count::GpuCount {
+                gpus: 1,
+                predicted_ms: Vec::new(),
+                reason: "1 of 1: this machine has one GPU".into(),
+            }
+        };
         let _ = progress(Event::Note {
             topic: "gpus",
             text: &count.reason,
         });
-        if count.gpus > 1 {
+        if count.gpus > 1 || opts.kernel == "shard" {
             let chosen = &ordinals[..count.gpus];
             return Ok((group_backend(opts, chosen, t, rank, progress)?, None));
         }

@@ -39,7 +39,7 @@ struct Finished {
 
 /// What the Python layer's `cp_als` passes down; see its docstring.
 #[pyfunction]
-#[pyo3(signature = (tensor, rank, *, backend, gpus, iters, tol, init, seed, starts, kernel, callback))]
+#[pyo3(signature = (tensor, rank, *, backend, gpus, pick_gpus, iters, tol, init, seed, starts, kernel, callback))]
 #[allow(clippy::too_many_arguments)]
 pub fn cp_als<'py>(
     py: Python<'py>,
@@ -47,6 +47,7 @@ pub fn cp_als<'py>(
     rank: usize,
     backend: &str,
     gpus: usize,
+    pick_gpus: bool,
     iters: usize,
     tol: f64,
     init: Option<Vec<PyReadonlyArray2<'py, f32>>>,
@@ -64,6 +65,11 @@ pub fn cp_als<'py>(
         Some(factors) => Init::Given(owned_factors(&factors)),
     };
     let gpus = match gpus {
+        // gpus="all": every GPU of the machine, as many used as pay.
+        _ if pick_gpus => {
+            let n = kruskal_device::Gpu::count().map_err(|e| cpd_error(e.into(), true))?;
+            Some(kruskal_cpd::decompose::first_gpus(n).map_err(|e| cpd_error(e, true))?)
+        }
         0 => return Err(value_error("gpus must be at least 1")),
         // One GPU is the single-GPU backend (all engines, kernel auto);
         // a group only from two on.
@@ -84,7 +90,7 @@ pub fn cp_als<'py>(
         gpu: GpuOptions::default(),
         no_model: false,
         gpus,
-        pick_gpus: false,
+        pick_gpus,
         group: Default::default(),
         compact_flag: None,
     };

@@ -164,6 +164,8 @@ def test_bad_arguments_raise_value_error():
         (dict(rank=2, init="nvecs"), "init"),
         (dict(rank=2, init=[np.ones((d, 2)) for d in (6, 5, 4)], starts=2), "starts"),
         (dict(rank=2, gpus=0), "gpus"),
+        (dict(rank=2, gpus="some"), "gpus"),
+        (dict(rank=2, gpus=True), "gpus"),
         (dict(rank=2, init=[np.full((d, 2), np.nan) for d in (6, 5, 4)]), "not finite"),
         (dict(rank=2, dtype=np.int32), "dtype"),
     ]:
@@ -230,6 +232,8 @@ def test_gpu_backend_without_a_gpu_raises_gpu_error():
         kruskal.cp_als(X, 2, backend="gpu", progress=False)
     with pytest.raises(kruskal.GpuError, match="CUDA"):
         kruskal.mttkrp(X, [np.ones((d, 2)) for d in X.shape], 0, backend="gpu")
+    with pytest.raises(kruskal.GpuError, match="CUDA"):
+        kruskal.cp_als(X, 2, gpus="all", progress=False)
     # auto falls back to the CPU and says why.
     m = kruskal.cp_als(X, 2, iters=2, progress=False)
     assert m.backend == "cpu" and "CUDA" in m.info["fallback"]

@@ -200,7 +200,7 @@ def cp_als(
     rank: int = 10,
     *,
     backend: str = "auto",
-    gpus: int = 1,
+    gpus: Union[int, str] = 1,
     iters: int = DEFAULT_ITERS,
     tol: float = DEFAULT_TOL,
     init: Union[str, Sequence[np.ndarray]] = "random",
@@ -225,9 +225,11 @@ def cp_als(
     backend : {"auto", "cpu", "gpu"}, default "auto"
         ``auto`` runs on the GPU when one is usable and the run fits in
         its memory, else on the CPU (``info["fallback"]`` says why).
-    gpus : int, default 1
+    gpus : int or "all", default 1
         GPUs of this machine to run on; from 2 on, the tensor is sharded
-        over them (``--gpus``).
+        over them (``--gpus``). ``"all"``: as many of the machine's GPUs as
+        pay for this tensor (a small one stays on one GPU;
+        ``info["notes"]`` says why), as ``kruskal cpd --gpus all``.
     iters : int, default 50
         Iteration limit (``--iters``).
     tol : float, default 1e-5
@@ -264,8 +266,8 @@ def cp_als(
         Bad arguments (rank 0, unknown backend or kernel, factors of the
         wrong shape) or data.
     GpuError
-        ``backend="gpu"`` or ``gpus >= 2`` and the GPU cannot be used or
-        fails.
+        ``backend="gpu"``, ``gpus >= 2`` or ``gpus="all"`` and the GPU
+        cannot be used or fails.
     KeyboardInterrupt
         Ctrl-C: heard after the current iteration; the run stops and its
         memory (GPU included) is released.
@@ -276,8 +278,11 @@ def cp_als(
         raise ValueError(f"iters must be an integer >= 0, not {iters!r}")
     if not isinstance(starts, (int, np.integer)) or starts < 1:
         raise ValueError(f"starts must be an integer >= 1, not {starts!r}")
-    if not isinstance(gpus, (int, np.integer)) or gpus < 1:
-        raise ValueError(f"gpus must be an integer >= 1, not {gpus!r}")
+    pick_gpus = isinstance(gpus, str) and gpus == "all"
+    if not pick_gpus and (
+        not isinstance(gpus, (int, np.integer)) or isinstance(gpus, bool) or gpus < 1
+    ):
+        raise ValueError(f"gpus must be an integer >= 1 or 'all', not {gpus!r}")
     if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, not {seed!r}")
     out_dtype = np.dtype(dtype)
@@ -303,7 +308,8 @@ def cp_als(
 
     try:
         out = _kruskal.cp_als(
-            tensor, int(rank), backend=backend, gpus=int(gpus), iters=int(iters),
+            tensor, int(rank), backend=backend, gpus=0 if pick_gpus else int(gpus),
+            pick_gpus=pick_gpus, iters=int(iters),
             tol=float(tol), init=given, seed=int(seed), starts=int(starts), kernel=kernel,
             callback=hear if (bar is not None or callback is not None) else None)
     finally:
