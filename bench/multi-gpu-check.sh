@@ -5,12 +5,13 @@
 # each GPU reads, on the tensors of the several-GPU issue. Usage, from the
 # repository root of a bundle on the GPU machine:
 #   bash bench/multi-gpu-check.sh OUT_DIR [tests] [nell1] [full] [t3u] [amazon] [dist]
-# (no parts: all but amazon). K=path/to/kruskal (default gpu-run/kruskal).
+# (no parts: all but amazon). K=path/to/kruskal (default gpu-run/kruskal);
+# TESTS=names of the test executables to run (default: every GPU one).
 set -u
 N=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib
 mkdir -p /tmp/nccl && ln -sf $N/libnccl.so.2 /tmp/nccl/libnccl.so
 export LD_LIBRARY_PATH=/tmp/nccl:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
-export KRUSKAL_CACHE_DIR=/tmp/kc
+export KRUSKAL_CACHE_DIR=/tmp/kc KRUSKAL_BIN=${K:-gpu-run/kruskal} KRUSKAL_TEST_DATA=data
 PY=/opt/torch/.venv/bin/python
 K=${K:-gpu-run/kruskal}
 R=${1:?an output folder}; shift; mkdir -p $R
@@ -51,11 +52,13 @@ run_cpd() { # label file args...
 }
 
 if has tests; then
-  for t in gpu-run/tests/kruskal_device-* gpu-run/tests/multi_gpu-* gpu-run/tests/multi_gpu_fault-* gpu-run/tests/distributed-*; do
+  for name in ${TESTS:-kruskal_device multi_gpu multi_gpu_fault distributed gpu_backend kruskal}; do
+   for t in gpu-run/tests/$name-*; do
     n=$(basename $t)
     timeout 500 $t --include-ignored --test-threads 1 > $R/test-$n.txt 2>&1
     echo "test $n: rc $? $(grep -E '^test result' $R/test-$n.txt | tail -1)" | tee -a $R/summary.txt
     grep -E "FAILED|panicked" $R/test-$n.txt | head -5
+   done
   done
 fi
 

@@ -15,15 +15,25 @@
 
 use kruskal_formats::SparseTensor;
 
-/// MTTKRP on one GPU (fcoo), picoseconds per nonzero and mode.
+/// MTTKRP on one GPU (fcoo), picoseconds per nonzero and mode: when the
+/// factors fit in the L2 cache (t3u: 2.0 ms for 20M nonzeros of 3 modes),
+/// and when they do not (nell-1: 24.9 ms for 144M).
+const MTTKRP_PS_CACHED: f64 = 34.0;
 const MTTKRP_PS: f64 = 60.0;
-/// The group's shard kernel against fcoo on the same work.
-const SHARD_SLOWER: f64 = 1.25;
-/// Dense update and Gram, picoseconds per factor row and column.
+/// Factors up to this many bytes count as cached (the H100's L2 is 50 MB).
+const CACHED_BYTES: f64 = 40e6;
+/// The group's shard kernel against fcoo on the same work: 1.22x on t3u;
+/// on nell-1 the shards' smaller working sets make up for it.
+const SHARD_SLOWER_CACHED: f64 = 1.22;
+const SHARD_SLOWER: f64 = 1.0;
+/// Dense update and Gram, picoseconds per factor row and column (nell-1:
+/// 10.5 ms for 30.5M rows at rank 32).
 const UPDATE_PS: f64 = 12.0;
 /// What a group adds per mode whatever the tensor (host round trips to
-/// the workers, collective launches), milliseconds.
-const GROUP_MODE_MS: f64 = 0.35;
+/// the workers for the MTTKRP, update, scaling and exchange, collective
+/// launches), milliseconds: t3u's all-mode MTTKRP alone took 1.78 ms on
+/// four GPUs against 0.6 ms of split work.
+const GROUP_MODE_MS: f64 = 0.8;
 /// Rows one GPU receives per second from the others, in bytes.
 const LINK_BYTES_PER_S: f64 = 300e9;
 /// A sparse exchange is used when it moves at most this share of the
@@ -120,12 +130,18 @@ fn predict(
     let n = t.nmodes();
     let nnz = t.nnz() as f64;
     let rows: f64 = t.dims().iter().map(|&d| f64::from(d)).sum();
-    let mttkrp_ms = nnz * n as f64 * MTTKRP_PS * 1e-9;
+    let cached = rows * rank as f64 * 4.0 <= CACHED_BYTES;
+    let (ps, slower) = if cached {
+        (MTTKRP_PS_CACHED, SHARD_SLOWER_CACHED)
+    } else {
+        (MTTKRP_PS, SHARD_SLOWER)
+    };
+    let mttkrp_ms = nnz * n as f64 * ps * 1e-9;
     let update_ms = rows * rank as f64 * UPDATE_PS * 1e-9;
     if g == 1 {
         return mttkrp_ms + update_ms;
     }
-    let split = (mttkrp_ms * SHARD_SLOWER + update_ms) / g as f64;
+    let split = (mttkrp_ms * slower + update_ms) / g as f64;
     let exchange_ms: f64 = (0..n)
         .map(|mode| exchanged(mode, g) * (rank * 4) as f64 / LINK_BYTES_PER_S * 1e3)
         .sum();
@@ -169,13 +185,32 @@ mod tests {
     }
 
     #[test]
+    fn a_tensor_of_nell_1s_size_goes_to_every_gpu_and_one_of_t3s_stays_on_one() {
+        // Shapes only (the prediction reads dimensions and nonzero counts;
+        // the rows read are estimated from the index counts).
+        // nell-1's shape with 1M nonzeros: the update of 30.5M rows alone
+        // takes about 12 ms on one GPU, and splits over four.
+        let big = power_law(
+            &PowerLawSpec::new(vec![2_902_330, 2_143_368, 25_495_389], 1_000_000).with_seed(1),
+        )
+        .unwrap();
+        let c = pick(&big, 32, 4, true);
+        assert_eq!(c.gpus, 4, "{c:?}");
+        assert!(c.predicted_ms[0] > 10.0, "{c:?}");
+        let small = power_law(&PowerLawSpec::new(vec![12_092, 9_184, 28_818], 2_000_000)).unwrap();
+        let c = pick(&small, 32, 4, true);
+        assert_eq!(c.gpus, 1, "{c:?}");
+    }
+
+    #[test]
     fn the_prediction_splits_the_work_and_adds_the_exchange() {
         let t = power_law(&PowerLawSpec::new(vec![300, 200, 100], 20_000)).unwrap();
         let none = |_: usize, _: usize| 0.0;
         let one = predict(&t, 32, 1, &none);
         let four = predict(&t, 32, 4, &none);
         assert!(
-            (four - (one * SHARD_SLOWER / 4.0 + 3.0 * GROUP_MODE_MS)).abs() < 0.01 * one + 1e-9
+            (four - (one * SHARD_SLOWER_CACHED / 4.0 + 3.0 * GROUP_MODE_MS)).abs()
+                < 0.01 * one + 1e-9
         );
         let rows = |_: usize, _: usize| 1e6;
         assert!(predict(&t, 32, 4, &rows) > four);

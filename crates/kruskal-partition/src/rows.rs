@@ -4,8 +4,12 @@
 //! For each mode, the output rows go to GPUs by greedy LPT on their nonzero
 //! counts (AMPED's tensor sharding): every nonzero of a row lands on one
 //! GPU, so no two GPUs write the same output row. The rows are then given
-//! new labels, GPU by GPU (inside a GPU in their old order), so that GPU
-//! `g` owns rows `rows(mode, g)` of the relabeled factor. That turns the
+//! new labels, GPU by GPU (inside a GPU the rows holding nonzeros first,
+//! then the empty ones, each in their old order), so that GPU `g` owns rows
+//! `rows(mode, g)` of the relabeled factor, and its rows with nonzeros are
+//! the first [`RowShards::rows_with_nonzeros`] of them: an empty row's
+//! MTTKRP output is zero, so after its first update its factor row is zero
+//! for good, and the update can skip it. That turns the
 //! exchange after each mode into an all-gather of contiguous blocks, and
 //! the per-GPU factor update into a dense update of one slice.
 //!
@@ -51,6 +55,9 @@ pub struct RowShards {
     loads: Vec<Vec<u64>>,
     /// Per mode, nonzeros per new row label.
     counts: Vec<Vec<u64>>,
+    /// Per mode, each GPU's rows that hold nonzeros (the first of its
+    /// range).
+    nonempty: Vec<Vec<u32>>,
 }
 
 impl RowShards {
@@ -110,26 +117,37 @@ impl RowShards {
         let mut row_ptr = Vec::with_capacity(n);
         let mut loads = Vec::with_capacity(n);
         let mut new_counts_all = Vec::with_capacity(n);
+        let mut nonempty_all = Vec::with_capacity(n);
         for old_counts in counts {
             let mut assignment = lpt(&old_counts, gpus);
             spread_empty_rows(&old_counts, &mut assignment.part_of, gpus);
-            // New labels: GPU by GPU, old order inside a GPU.
+            // New labels: GPU by GPU; inside a GPU its rows with nonzeros,
+            // then its empty rows, each in their old order.
             let mut ptr = vec![0u32; gpus + 1];
-            for &g in &assignment.part_of {
+            let mut nonempty = vec![0u32; gpus];
+            for (&g, &c) in assignment.part_of.iter().zip(&old_counts) {
                 ptr[g as usize + 1] += 1;
+                nonempty[g as usize] += u32::from(c > 0);
             }
             for g in 0..gpus {
                 ptr[g + 1] += ptr[g];
             }
-            let mut next = ptr.clone();
+            let mut next_full = ptr.clone();
+            let mut next_empty: Vec<u32> = (0..gpus).map(|g| ptr[g] + nonempty[g]).collect();
             let mut labels = vec![0u32; old_counts.len()];
             let mut new_counts = vec![0u64; old_counts.len()];
             for (old, &g) in assignment.part_of.iter().enumerate() {
+                let next = if old_counts[old] > 0 {
+                    &mut next_full
+                } else {
+                    &mut next_empty
+                };
                 let label = next[g as usize];
                 next[g as usize] += 1;
                 labels[old] = label;
                 new_counts[label as usize] = old_counts[old];
             }
+            nonempty_all.push(nonempty);
             relabel.push(labels);
             row_ptr.push(ptr);
             loads.push(assignment.loads);
@@ -142,6 +160,7 @@ impl RowShards {
             row_ptr,
             loads,
             counts: new_counts_all,
+            nonempty: nonempty_all,
         })
     }
 
@@ -161,6 +180,13 @@ impl RowShards {
     /// The rows GPU `g` owns in `mode` (new labels).
     pub fn rows(&self, mode: usize, g: usize) -> Range<u32> {
         self.row_ptr[mode][g]..self.row_ptr[mode][g + 1]
+    }
+
+    /// The rows GPU `g` owns in `mode` that hold nonzeros: the first of
+    /// [`RowShards::rows`] (the others are empty).
+    pub fn rows_with_nonzeros(&self, mode: usize, g: usize) -> Range<u32> {
+        let start = self.row_ptr[mode][g];
+        start..start + self.nonempty[mode][g]
     }
 
     /// Nonzeros of GPU `g`'s shard of `mode`.
@@ -457,6 +483,16 @@ mod tests {
                 seen.sort_unstable();
                 prop_assert_eq!(seen, (0..t.dims()[mode]).collect::<Vec<_>>());
                 prop_assert_eq!(plan.rows(mode, gpus - 1).end, t.dims()[mode]);
+                // Inside a GPU, the rows with nonzeros come first.
+                let counts = plan.row_nnz(mode);
+                for g in 0..gpus {
+                    let full = plan.rows_with_nonzeros(mode, g);
+                    let all = plan.rows(mode, g);
+                    prop_assert!(full.start == all.start && full.end <= all.end);
+                    for row in all {
+                        prop_assert_eq!(counts[row as usize] > 0, full.contains(&row));
+                    }
+                }
                 let mut elems = vec![0u32; t.nnz() * stride];
                 let offsets = plan.fill_elements(&t, mode, &mut elems).unwrap();
                 prop_assert_eq!(offsets.len(), gpus + 1);

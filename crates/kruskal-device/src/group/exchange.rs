@@ -48,6 +48,10 @@ pub(super) struct Shared {
     /// Per mode, per GPU of the whole group (all processes): the rows it
     /// owns.
     pub(super) rows: Vec<Vec<Range<u32>>>,
+    /// Per mode and GPU: its rows that hold nonzeros, the first of `rows`
+    /// (an empty row's update gives zero, so after a mode's first update
+    /// its empty rows are skipped).
+    pub(super) live: Vec<Vec<Range<u32>>>,
     /// First row of each mode in the concatenated factor buffer.
     pub(super) first_row: Vec<u64>,
     /// Per mode, the sparse exchange's counts (`None`: all-gathered).

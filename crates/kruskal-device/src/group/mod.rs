@@ -173,15 +173,27 @@ impl GpuGroup {
                 "streaming needs at least one stream and a segment of at least one byte".into(),
             ));
         }
-        let gpus = ordinals
-            .iter()
-            .map(|&o| Gpu::open(o))
-            .collect::<Result<Vec<_>>>()?;
-        let m = gpus.len();
+        // The GPUs open (each on its own thread) while the rows are planned.
+        let m = ordinals.len();
         let started = Instant::now();
-        let plan = RowShards::new(t, m).map_err(prepare)?;
+        let (gpus, plan) = std::thread::scope(|s| {
+            let opening: Vec<_> = ordinals
+                .iter()
+                .map(|&o| s.spawn(move || Gpu::open(o)))
+                .collect();
+            let plan = RowShards::new(t, m).map_err(prepare);
+            let planned_s = started.elapsed().as_secs_f64();
+            let gpus = opening
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect::<Result<Vec<_>>>();
+            (gpus, plan.map(|p| (p, planned_s)))
+        });
+        let gpus = gpus?;
+        let (plan, planned_s) = plan?;
         progress(&format!(
-            "planned {} modes over {m} GPU(s) in {:.1} s",
+            "planned {} modes over {m} GPU(s) in {planned_s:.1} s (GPUs opened meanwhile, \
+             {:.1} s in all)",
             t.nmodes(),
             started.elapsed().as_secs_f64()
         ));
@@ -209,44 +221,51 @@ impl GpuGroup {
                 residency[g].iter().all(|r| *r == Residency::Resident)
                     && build::fits(&plan, g, t.nnz(), resident_bytes(&plan, g, rank), free[g])
             });
-        let shards = if on_device {
-            let t0 = Instant::now();
-            let built: Vec<Result<build::Built>> = std::thread::scope(|s| {
-                let (plan, marked) = (&plan, &marked);
-                let handles: Vec<_> = gpus
-                    .iter()
-                    .enumerate()
-                    .map(|(g, gpu)| s.spawn(move || build::build(gpu, t, plan, g, marked)))
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                    .collect()
-            });
-            let mut shards: Vec<Vec<Shard>> = Vec::with_capacity(m);
-            for (g, b) in built.into_iter().enumerate() {
-                let b = b?;
-                if let Some(bits) = &b.bitmap {
-                    readers.merge_bitmap(g, bits).map_err(prepare)?;
-                }
-                shards.push(
-                    b.shards
+        // NCCL's communicators start on a thread of their own meanwhile.
+        let (shards, chosen) = std::thread::scope(|s| -> Result<_> {
+            let nccl = s.spawn(|| exchange::choose(ordinals, &gpus, opts.exchange));
+            let shards = if on_device {
+                let t0 = Instant::now();
+                let built: Vec<Result<build::Built>> = std::thread::scope(|s| {
+                    let (plan, marked) = (&plan, &marked);
+                    let handles: Vec<_> = gpus
+                        .iter()
+                        .enumerate()
+                        .map(|(g, gpu)| s.spawn(move || build::build(gpu, t, plan, g, marked)))
+                        .collect();
+                    handles
                         .into_iter()
-                        .map(|(elems, count)| Shard::Resident { elems, count })
-                        .collect(),
-                );
-            }
-            progress(&format!(
-                "shards of {n} modes built on the GPUs in {:.1} s",
-                t0.elapsed().as_secs_f64()
-            ));
-            shards
-        } else {
-            Self::host_shards(t, &plan, &gpus, &residency, &readers, progress)?
-        };
+                        .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                        .collect()
+                });
+                let mut shards: Vec<Vec<Shard>> = Vec::with_capacity(m);
+                for (g, b) in built.into_iter().enumerate() {
+                    let b = b?;
+                    if let Some(bits) = &b.bitmap {
+                        readers.merge_bitmap(g, bits).map_err(prepare)?;
+                    }
+                    shards.push(
+                        b.shards
+                            .into_iter()
+                            .map(|(elems, count)| Shard::Resident { elems, count })
+                            .collect(),
+                    );
+                }
+                progress(&format!(
+                    "shards of {n} modes built on the GPUs in {:.1} s",
+                    t0.elapsed().as_secs_f64()
+                ));
+                shards
+            } else {
+                Self::host_shards(t, &plan, &gpus, &residency, &readers, progress)?
+            };
+            let chosen = nccl
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+            Ok((shards, chosen))
+        })?;
 
-        // The exchange: how rows travel, and which.
-        let chosen = exchange::choose(ordinals, &gpus, opts.exchange)?;
+        // Which rows travel.
         let members: Vec<usize> = (0..m).collect();
         let rows = if chosen.exchange == Some(Exchange::P2p) && !chosen.direct {
             // Pulling rows needs peer access between every pair.
@@ -552,6 +571,13 @@ impl GpuGroup {
             rows: (0..n)
                 .map(|mode| (0..plan.gpus()).map(|g| plan.rows(mode, g)).collect())
                 .collect(),
+            live: (0..n)
+                .map(|mode| {
+                    (0..plan.gpus())
+                        .map(|g| plan.rows_with_nonzeros(mode, g))
+                        .collect()
+                })
+                .collect(),
             first_row,
             sparse: sparse_modes,
             collective,
@@ -593,6 +619,7 @@ impl GpuGroup {
                 lists,
                 send_buf: None,
                 recv_buf: None,
+                updated: vec![false; n],
                 #[cfg(feature = "fault-injection")]
                 calls: 0,
                 #[cfg(feature = "fault-injection")]

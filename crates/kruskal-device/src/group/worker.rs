@@ -108,6 +108,9 @@ pub(super) struct Worker {
     /// The sparse exchange's packed rows, sent and received.
     pub(super) send_buf: Option<CudaSlice<f32>>,
     pub(super) recv_buf: Option<CudaSlice<f32>>,
+    /// Per mode, whether it was updated since the factors were loaded: its
+    /// empty rows are zero then, and the update, scaling and Gram skip them.
+    pub(super) updated: Vec<bool>,
     /// MTTKRPs queued so far.
     #[cfg(feature = "fault-injection")]
     pub(super) calls: usize,
@@ -213,7 +216,18 @@ impl Worker {
             .map_err(|e| DeviceError::Timeout(e.to_string()))
     }
 
+    /// The rows of `mode` the dense steps cover: every row this GPU owns
+    /// until the mode's first update, its rows with nonzeros after it.
+    fn dense_rows(&self, mode: usize) -> Range<u32> {
+        if self.updated[mode] {
+            self.shared.live[mode][self.g].clone()
+        } else {
+            self.shared.rows[mode][self.g].clone()
+        }
+    }
+
     fn load(&mut self, rows: &[f32]) -> Result<()> {
+        self.updated.iter_mut().for_each(|u| *u = false);
         match &mut self.factors {
             Some(f) if f.data.len() == rows.len() => self
                 .gpu
@@ -300,8 +314,11 @@ impl Worker {
         let start = self.gpu.timing_event()?;
         let end = self.gpu.timing_event()?;
         {
+            // Only the rows with nonzeros: the others are never written
+            // and stay zero from the allocation.
+            let live = self.shared.live[mode][self.g].len() * self.rank;
             let out = self.output(mode)?;
-            main.memset_zeros(out)
+            main.memset_zeros(&mut out.slice_mut(..live))
                 .map_err(driver("zeroing the output"))?;
         }
         start.record(&main).map_err(driver("recording an event"))?;
@@ -425,7 +442,7 @@ impl Worker {
     }
 
     fn update(&mut self, mode: usize, w: &[f64]) -> Result<UpdateStats> {
-        let rows = self.shared.rows[mode][self.g].clone();
+        let rows = self.dense_rows(mode);
         let r = self.rank;
         if rows.is_empty() {
             return Ok(UpdateStats {
@@ -438,11 +455,13 @@ impl Worker {
         self.output(mode)?;
         let m = self.outputs[mode].as_ref().expect("allocated above");
         let (dense, mut own) = own_rows(&mut self.factors, &mut self.dense, mode, rows.clone())?;
-        dense.update(m, w, &mut own, rows.len())
+        let stats = dense.update(m, w, &mut own, rows.len())?;
+        self.updated[mode] = true;
+        Ok(stats)
     }
 
     fn scale_gram(&mut self, mode: usize, inv: Option<&[f32]>) -> Result<Vec<f64>> {
-        let rows = self.shared.rows[mode][self.g].clone();
+        let rows = self.dense_rows(mode);
         let r = self.rank;
         if rows.is_empty() {
             return Ok(vec![0.0; r * r]);
