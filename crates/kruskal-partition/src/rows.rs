@@ -42,6 +42,10 @@ use crate::{PartitionError, Result};
 /// Nonzeros per rayon task when scattering elements.
 const SCATTER_CHUNK: usize = 1 << 16;
 
+/// How far above the mean load [`RowShards::prefer_readers`] lets a GPU's
+/// nonzeros of a mode grow to give a row to a GPU that reads it.
+pub const PREFER_SLACK: f64 = 0.01;
+
 /// The row plan of every mode over `gpus` GPUs.
 #[derive(Clone, Debug)]
 pub struct RowShards {
@@ -121,37 +125,12 @@ impl RowShards {
         for old_counts in counts {
             let mut assignment = lpt(&old_counts, gpus);
             spread_empty_rows(&old_counts, &mut assignment.part_of, gpus);
-            // New labels: GPU by GPU; inside a GPU its rows with nonzeros,
-            // then its empty rows, each in their old order.
-            let mut ptr = vec![0u32; gpus + 1];
-            let mut nonempty = vec![0u32; gpus];
-            for (&g, &c) in assignment.part_of.iter().zip(&old_counts) {
-                ptr[g as usize + 1] += 1;
-                nonempty[g as usize] += u32::from(c > 0);
-            }
-            for g in 0..gpus {
-                ptr[g + 1] += ptr[g];
-            }
-            let mut next_full = ptr.clone();
-            let mut next_empty: Vec<u32> = (0..gpus).map(|g| ptr[g] + nonempty[g]).collect();
-            let mut labels = vec![0u32; old_counts.len()];
-            let mut new_counts = vec![0u64; old_counts.len()];
-            for (old, &g) in assignment.part_of.iter().enumerate() {
-                let next = if old_counts[old] > 0 {
-                    &mut next_full
-                } else {
-                    &mut next_empty
-                };
-                let label = next[g as usize];
-                next[g as usize] += 1;
-                labels[old] = label;
-                new_counts[label as usize] = old_counts[old];
-            }
-            nonempty_all.push(nonempty);
-            relabel.push(labels);
-            row_ptr.push(ptr);
+            let l = Labels::of(&old_counts, &assignment.part_of, gpus);
+            nonempty_all.push(l.nonempty);
+            relabel.push(l.labels);
+            row_ptr.push(l.ptr);
             loads.push(assignment.loads);
-            new_counts_all.push(new_counts);
+            new_counts_all.push(l.counts);
         }
         Ok(RowShards {
             gpus,
@@ -162,6 +141,102 @@ impl RowShards {
             counts: new_counts_all,
             nonempty: nonempty_all,
         })
+    }
+
+    /// Gives each row of `mode` to a GPU that reads it where that keeps
+    /// the balance: the GPUs whose shards of the other modes hold one of
+    /// the row's nonzeros (from `t`'s nonzeros and the plan's other modes)
+    /// read the row, and only they receive it in a sparse exchange; owned
+    /// by one of them, the row travels to one GPU fewer. Rows go largest
+    /// first (as LPT) to their least loaded reader while its load stays
+    /// within [`PREFER_SLACK`] of the mode's mean (or of LPT's largest load,
+    /// if that is larger), else to the least loaded GPU; empty rows are
+    /// dealt out as before. Only worth it for a mode whose rows are read by
+    /// few GPUs (a long sparse mode).
+    ///
+    /// Errors: a tensor of other dimensions, or a mode out of range.
+    ///
+    /// Cost: one parallel pass over the nonzeros, then a sort of the rows.
+    pub fn prefer_readers(&mut self, t: &SparseTensor, mode: usize) -> Result<()> {
+        let n = self.dims.len();
+        if t.dims() != self.dims.as_slice() || mode >= n {
+            return Err(PartitionError::Argument(format!(
+                "a tensor of dims {:?} (mode {mode}) for a plan of dims {:?}",
+                t.dims(),
+                self.dims
+            )));
+        }
+        let gpus = self.gpus;
+        if gpus == 1 || gpus > 32 {
+            return Ok(());
+        }
+        // The GPU of every old row of every mode.
+        let part_of: Vec<Vec<u8>> = (0..n)
+            .map(|m| {
+                let ptr = &self.row_ptr[m];
+                self.relabel[m]
+                    .par_iter()
+                    .map(|&label| (ptr.partition_point(|&p| p <= label) - 1) as u8)
+                    .collect()
+            })
+            .collect();
+        // Readers of every row of `mode`.
+        let masks: Vec<AtomicU64> = (0..self.dims[mode])
+            .into_par_iter()
+            .map(|_| AtomicU64::new(0))
+            .collect();
+        let indices = t.indices();
+        (0..t.nnz())
+            .into_par_iter()
+            .with_min_len(SCATTER_CHUNK)
+            .for_each(|k| {
+                let mut bits = 0u64;
+                for m in (0..n).filter(|&m| m != mode) {
+                    bits |= 1 << part_of[m][indices[m][k] as usize];
+                }
+                let slot = &masks[indices[mode][k] as usize];
+                if slot.load(Ordering::Relaxed) & bits != bits {
+                    slot.fetch_or(bits, Ordering::Relaxed);
+                }
+            });
+        // Old counts of the mode, and LPT with preferences.
+        let mut old_counts = vec![0u64; self.dims[mode] as usize];
+        for (old, &label) in self.relabel[mode].iter().enumerate() {
+            old_counts[old] = self.counts[mode][label as usize];
+        }
+        let total: u64 = old_counts.iter().sum();
+        let mean = total as f64 / gpus as f64;
+        let lpt_max = self.loads[mode].iter().copied().max().unwrap_or(0) as f64;
+        let cap = (mean * (1.0 + PREFER_SLACK)).max(lpt_max);
+        let mut order: Vec<u32> = (0..self.dims[mode])
+            .filter(|&i| old_counts[i as usize] > 0)
+            .collect();
+        order.par_sort_unstable_by_key(|&i| (std::cmp::Reverse(old_counts[i as usize]), i));
+        let mut loads = vec![0u64; gpus];
+        let mut new_part = vec![0u32; self.dims[mode] as usize];
+        for &row in &order {
+            let c = old_counts[row as usize];
+            let readers = masks[row as usize].load(Ordering::Relaxed);
+            let least = |allowed: u64| -> Option<usize> {
+                (0..gpus)
+                    .filter(|&g| allowed >> g & 1 == 1)
+                    .min_by_key(|&g| (loads[g], g))
+            };
+            let g = match least(readers) {
+                Some(g) if (loads[g] + c) as f64 <= cap => g,
+                _ => least(u64::MAX).expect("at least one GPU"),
+            };
+            loads[g] += c;
+            new_part[row as usize] = g as u32;
+        }
+        spread_empty_rows(&old_counts, &mut new_part, gpus);
+        let l = Labels::of(&old_counts, &new_part, gpus);
+        self.relabel[mode] = l.labels;
+        self.row_ptr[mode] = l.ptr;
+        self.counts[mode] = l.counts;
+        self.nonempty[mode] = l.nonempty;
+        self.loads[mode] = loads;
+        Ok(())
     }
 
     pub fn gpus(&self) -> usize {
@@ -435,6 +510,55 @@ fn spread_empty_rows(counts: &[u64], part_of: &mut [u32], gpus: usize) {
     }
 }
 
+/// One mode's new labels from the GPU of every old row.
+struct Labels {
+    /// `labels[old]`: the new label of row `old`.
+    labels: Vec<u32>,
+    /// `gpus + 1` boundaries of the GPUs' ranges.
+    ptr: Vec<u32>,
+    /// Nonzeros per new label.
+    counts: Vec<u64>,
+    /// Each GPU's rows with nonzeros (the first of its range).
+    nonempty: Vec<u32>,
+}
+
+impl Labels {
+    /// GPU by GPU; inside a GPU its rows with nonzeros, then its empty
+    /// rows, each in their old order.
+    fn of(old_counts: &[u64], part_of: &[u32], gpus: usize) -> Self {
+        let mut ptr = vec![0u32; gpus + 1];
+        let mut nonempty = vec![0u32; gpus];
+        for (&g, &c) in part_of.iter().zip(old_counts) {
+            ptr[g as usize + 1] += 1;
+            nonempty[g as usize] += u32::from(c > 0);
+        }
+        for g in 0..gpus {
+            ptr[g + 1] += ptr[g];
+        }
+        let mut next_full = ptr.clone();
+        let mut next_empty: Vec<u32> = (0..gpus).map(|g| ptr[g] + nonempty[g]).collect();
+        let mut labels = vec![0u32; old_counts.len()];
+        let mut counts = vec![0u64; old_counts.len()];
+        for (old, &g) in part_of.iter().enumerate() {
+            let next = if old_counts[old] > 0 {
+                &mut next_full
+            } else {
+                &mut next_empty
+            };
+            let label = next[g as usize];
+            next[g as usize] += 1;
+            labels[old] = label;
+            counts[label as usize] = old_counts[old];
+        }
+        Labels {
+            labels,
+            ptr,
+            counts,
+            nonempty,
+        }
+    }
+}
+
 /// The element buffer, shared by the scatter's tasks (each writes
 /// positions no other task writes).
 struct SharedOut(*mut u32);
@@ -588,6 +712,52 @@ mod tests {
                 }
             }
             check_local_elements(&t, &from_counts);
+        }
+    }
+
+    #[test]
+    fn rows_given_to_their_readers_stay_balanced_and_travel_less() {
+        use crate::readers::RowReaders;
+        // A long third mode of light rows, read by few GPUs.
+        let t = power_law(&PowerLawSpec::new(vec![300, 200, 40_000], 30_000).with_seed(4)).unwrap();
+        let volume = |plan: &RowShards| -> u64 {
+            let readers = RowReaders::new(plan).unwrap();
+            let stride = plan.stride();
+            for mode in 0..t.nmodes() {
+                let mut buf = vec![0u32; t.nnz() * stride];
+                let offsets = plan.fill_elements(&t, mode, &mut buf).unwrap();
+                for g in 0..plan.gpus() {
+                    let part = &buf[offsets[g] as usize * stride..offsets[g + 1] as usize * stride];
+                    readers.mark(g, mode, part).unwrap();
+                }
+            }
+            readers.lists(plan).unwrap().mode(2).total()
+        };
+        for gpus in [2, 3, 4] {
+            let lpt = RowShards::new(&t, gpus).unwrap();
+            let mut preferred = lpt.clone();
+            preferred.prefer_readers(&t, 2).unwrap();
+            // Still a plan: a permutation of the rows, every nonzero in the
+            // shard of its row's GPU (fill_elements checks the counts).
+            let mut seen = preferred.relabel(2).to_vec();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..40_000).collect::<Vec<u32>>());
+            let mut buf = vec![0u32; t.nnz() * preferred.stride()];
+            preferred.fill_elements(&t, 2, &mut buf).unwrap();
+            let loads: Vec<u64> = (0..gpus).map(|g| preferred.nnz(2, g)).collect();
+            assert_eq!(loads.iter().sum::<u64>(), t.nnz() as u64);
+            let mean = t.nnz() as f64 / gpus as f64;
+            let lpt_max = (0..gpus).map(|g| lpt.nnz(2, g)).max().unwrap() as f64;
+            let max = *loads.iter().max().unwrap() as f64;
+            assert!(
+                max <= (mean * (1.0 + PREFER_SLACK)).max(lpt_max) + 1.0,
+                "{loads:?}"
+            );
+            let (before, after) = (volume(&lpt), volume(&preferred));
+            assert!(
+                after * 10 < before * 9,
+                "{gpus} GPUs: {before} rows sent, then {after}"
+            );
         }
     }
 

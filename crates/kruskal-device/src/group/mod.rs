@@ -181,7 +181,20 @@ impl GpuGroup {
                 .iter()
                 .map(|&o| s.spawn(move || Gpu::open(o)))
                 .collect();
-            let plan = RowShards::new(t, m).map_err(prepare);
+            let plan = RowShards::new(t, m).and_then(|mut plan| {
+                // Rows of a mode read by few GPUs go to one of their
+                // readers, so a sparse exchange sends them to fewer.
+                for (mode, prefer) in sparse::modes_to_prefer(&plan, opts.rows)
+                    .into_iter()
+                    .enumerate()
+                {
+                    if prefer {
+                        plan.prefer_readers(t, mode)?;
+                    }
+                }
+                Ok(plan)
+            });
+            let plan = plan.map_err(prepare);
             let planned_s = started.elapsed().as_secs_f64();
             let gpus = opening
                 .into_iter()

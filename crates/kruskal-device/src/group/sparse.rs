@@ -164,6 +164,20 @@ pub(super) fn modes_to_mark(plan: &RowShards, rows: RowExchange) -> Vec<bool> {
     }
 }
 
+/// The modes whose rows go to a GPU that reads them where that keeps the
+/// balance ([`RowShards::prefer_readers`]): those a sparse exchange may
+/// send (not under `all`) whose row counts predict few readers per row.
+pub(super) fn modes_to_prefer(plan: &RowShards, rows: RowExchange) -> Vec<bool> {
+    let n = plan.dims().len();
+    let m = plan.gpus();
+    if m == 1 || m > MAX_GPUS || rows == RowExchange::All {
+        return vec![false; n];
+    }
+    (0..n)
+        .map(|mode| predicted_share(plan, mode) <= PREDICTED_SHARE)
+        .collect()
+}
+
 /// The share of the all-gather's rows the GPU that receives most would
 /// receive from a sparse exchange, predicted from the row counts alone: a
 /// row of `c` nonzeros has `c (N - 1)` factor reads in the other modes'
