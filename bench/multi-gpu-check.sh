@@ -6,7 +6,8 @@
 # repository root of a bundle on the GPU machine:
 #   bash bench/multi-gpu-check.sh OUT_DIR [tests] [nell1] [full] [t3u] [amazon] [dist]
 # (no parts: all but amazon). K=path/to/kruskal (default gpu-run/kruskal);
-# TESTS=names of the test executables to run (default: every GPU one).
+# TESTS=names of the test executables to run (default: every GPU one),
+# FILTER=a test name filter passed to each.
 set -u
 N=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib
 mkdir -p /tmp/nccl && ln -sf $N/libnccl.so.2 /tmp/nccl/libnccl.so
@@ -55,38 +56,45 @@ if has tests; then
   for name in ${TESTS:-kruskal_device multi_gpu multi_gpu_fault distributed gpu_backend kruskal}; do
    for t in gpu-run/tests/$name-*; do
     n=$(basename $t)
-    timeout 500 $t --include-ignored --test-threads 1 > $R/test-$n.txt 2>&1
+    timeout 500 $t --include-ignored --test-threads 1 ${FILTER:-} > $R/test-$n.txt 2>&1
     echo "test $n: rc $? $(grep -E '^test result' $R/test-$n.txt | tail -1)" | tee -a $R/summary.txt
     grep -E "FAILED|panicked" $R/test-$n.txt | head -5
    done
   done
 fi
 
-cpd_set() { # name file iters
-  local name=$1 file=$2 iters=$3
+cpd_set() { # name file iters counts...
+  local name=$1 file=$2 iters=$3; shift 3
   run_cpd "$name 1 GPU fcoo" $file --iters $iters --backend gpu --kernel fcoo --no-model
-  for g in 2 3 4; do
+  for spec in "$@"; do
+    local g=${spec%:*} rows=${spec#*:}
     [ $g -le $GPUS ] || continue
-    run_cpd "$name $g GPUs all rows" $file --iters $iters --gpus $g --exchange-rows all
-    run_cpd "$name $g GPUs auto" $file --iters $iters --gpus $g
+    if [ "$rows" = all ]; then
+      run_cpd "$name $g GPUs all rows" $file --iters $iters --gpus $g --exchange-rows all
+    else
+      run_cpd "$name $g GPUs auto" $file --iters $iters --gpus $g
+    fi
   done
 }
 
 if has nell1; then
   /usr/bin/time -v $K gen /tmp/nell1.ktns --like nell-1 --nnz 144M > $R/gen-nell1.txt 2>&1
   grep -E "Elapsed|Maximum resident" $R/gen-nell1.txt
-  cpd_set nell-1 /tmp/nell1.ktns 8
+  cpd_set nell-1 /tmp/nell1.ktns 8 2:all 2:auto 3:auto 4:all 4:auto
   run_cpd "nell-1 4 GPUs auto p2p" /tmp/nell1.ktns --iters 8 --gpus 4 --exchange p2p
   run_cpd "nell-1 4 GPUs host-built" /tmp/nell1.ktns --iters 8 --gpus 4 --fcoo-build host
   run_cpd "nell-1 --gpus all" /tmp/nell1.ktns --iters 8 --gpus all
+  # The preparation's steps, as the program prints them.
+  timeout 300 $K cpd /tmp/nell1.ktns -r 32 --iters 2 --gpus 4 > $R/nell1-g4-steps.txt 2>&1
+  grep -E "gpus|exchange|backend|load|per iteration" $R/nell1-g4-steps.txt | head -20 | tee -a $R/summary.txt
 fi
 if has full; then
   $K gen /tmp/full.ktns --dims 3000000,2000000,26000000 --nnz 144M --exponent 0.5 > $R/gen-full.txt 2>&1
-  cpd_set nearly-full /tmp/full.ktns 8
+  cpd_set nearly-full /tmp/full.ktns 8 2:auto 4:all 4:auto
 fi
 if has t3u; then
   $PY bench/gen_anchor.py t3 /tmp/t3u.ktns 20000000 --distinct > $R/gen-t3u.txt 2>&1
-  cpd_set t3u /tmp/t3u.ktns 20
+  cpd_set t3u /tmp/t3u.ktns 20 2:auto 4:auto
   run_cpd "t3u --gpus all" /tmp/t3u.ktns --iters 20 --gpus all
 fi
 if has dist; then

@@ -30,10 +30,13 @@ pub const MAX_GPUS: usize = 32;
 const MARK_CHUNK: usize = 1 << 15;
 
 /// A sparse exchange must receive at most this share of the all-gather's
-/// rows (on the GPU that receives most) to be used: packing and
-/// scattering the rows costs two passes over them in GPU memory, about a
-/// tenth of sending them over NVLink, and the sends are smaller messages.
-pub const CHEAPER_SHARE: f64 = 0.8;
+/// rows (on the GPU that receives most) to be used. Measured on 4 H100s
+/// (2026-11-26, docs/performance.md): a sparse exchange moved rows at
+/// about two thirds of the all-gather's rate (packing, scattering and
+/// smaller messages), so at 76% and 79% of the all-gather's bytes it was
+/// slower (1.07 against 0.94 ms, 8.45 against 7.30 ms) and at 19% far
+/// faster (2.36 against 7.16 ms).
+pub const CHEAPER_SHARE: f64 = 0.6;
 
 /// Per mode and row (new labels of a [`RowShards`]), the GPUs that read it.
 #[derive(Debug)]

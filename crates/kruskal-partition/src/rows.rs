@@ -123,8 +123,7 @@ impl RowShards {
         let mut new_counts_all = Vec::with_capacity(n);
         let mut nonempty_all = Vec::with_capacity(n);
         for old_counts in counts {
-            let mut assignment = lpt(&old_counts, gpus);
-            spread_empty_rows(&old_counts, &mut assignment.part_of, gpus);
+            let assignment = assign_rows(&old_counts, gpus);
             let l = Labels::of(&old_counts, &assignment.part_of, gpus);
             nonempty_all.push(l.nonempty);
             relabel.push(l.labels);
@@ -200,10 +199,10 @@ impl RowShards {
                 }
             });
         // Old counts of the mode, and LPT with preferences.
-        let mut old_counts = vec![0u64; self.dims[mode] as usize];
-        for (old, &label) in self.relabel[mode].iter().enumerate() {
-            old_counts[old] = self.counts[mode][label as usize];
-        }
+        let old_counts: Vec<u64> = self.relabel[mode]
+            .par_iter()
+            .map(|&label| self.counts[mode][label as usize])
+            .collect();
         let total: u64 = old_counts.iter().sum();
         let mean = total as f64 / gpus as f64;
         let lpt_max = self.loads[mode].iter().copied().max().unwrap_or(0) as f64;
@@ -483,6 +482,28 @@ impl RowShards {
             }
         }
         Ok(())
+    }
+}
+
+/// Rows to GPUs: LPT over the rows that hold nonzeros (exactly what LPT
+/// over every row gives them: an empty row weighs nothing and sorts last),
+/// then the empty rows dealt out. A long sparse mode (nell-1's third: 15.3M
+/// of 25.5M rows empty) sorts and walks only its rows with nonzeros.
+fn assign_rows(counts: &[u64], gpus: usize) -> crate::lpt::Assignment {
+    let full: Vec<u32> = (0..counts.len() as u32)
+        .into_par_iter()
+        .filter(|&i| counts[i as usize] > 0)
+        .collect();
+    let weights: Vec<u64> = full.par_iter().map(|&i| counts[i as usize]).collect();
+    let a = lpt(&weights, gpus);
+    let mut part_of = vec![0u32; counts.len()];
+    for (&i, &g) in full.iter().zip(&a.part_of) {
+        part_of[i as usize] = g;
+    }
+    spread_empty_rows(counts, &mut part_of, gpus);
+    crate::lpt::Assignment {
+        part_of,
+        loads: a.loads,
     }
 }
 

@@ -166,7 +166,9 @@ pub(super) fn modes_to_mark(plan: &RowShards, rows: RowExchange) -> Vec<bool> {
 
 /// The modes whose rows go to a GPU that reads them where that keeps the
 /// balance ([`RowShards::prefer_readers`]): those a sparse exchange may
-/// send (not under `all`) whose row counts predict few readers per row.
+/// send (not under `all`) whose row counts predict at most
+/// [`PREFER_SHARE`] of the all-gather's rows (a long sparse mode: the pass
+/// over the nonzeros it takes pays only there).
 pub(super) fn modes_to_prefer(plan: &RowShards, rows: RowExchange) -> Vec<bool> {
     let n = plan.dims().len();
     let m = plan.gpus();
@@ -174,9 +176,12 @@ pub(super) fn modes_to_prefer(plan: &RowShards, rows: RowExchange) -> Vec<bool> 
         return vec![false; n];
     }
     (0..n)
-        .map(|mode| predicted_share(plan, mode) <= PREDICTED_SHARE)
+        .map(|mode| predicted_share(plan, mode) <= PREFER_SHARE)
         .collect()
 }
+
+/// See [`modes_to_prefer`].
+const PREFER_SHARE: f64 = 0.5;
 
 /// The share of the all-gather's rows the GPU that receives most would
 /// receive from a sparse exchange, predicted from the row counts alone: a
