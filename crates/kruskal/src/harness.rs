@@ -1035,7 +1035,7 @@ mod tests {
             .iter()
             .filter(|c| c.group == Group::PowerLaw)
             .count();
-        assert_eq!(accuracy, 7 * 2 * 5);
+        assert_eq!(accuracy, 7 * 2 * CpuKernel::ENGINES.len());
         assert!(report.notes.iter().any(|n| n.contains("--data")));
     }
 
