@@ -55,19 +55,16 @@ impl CpuKernel {
     /// for itself).
     ///
     /// The rule, from the all-mode MTTKRP times of every engine on the
-    /// FROSTT-shaped tensors of `docs/formats.md`: `csf` on three-mode
-    /// tensors, where its fibers save a factor-row gather per nonzero in two
-    /// of three and it was the fastest on every shape measured (t3u,
-    /// nell-2, nell-1: 1.2 to 1.6 times `sorted`); `sorted` on the others,
-    /// where the levels below a tree's second hold about one nonzero each
-    /// and the tree's extra loop levels cost more than the gathers they
-    /// save (within 6% of `csf` either way on the four-mode shapes, and on
-    /// two-mode tensors there is nothing to share); `sorted` also past
-    /// CSF's `u32::MAX` nonzeros.
+    /// FROSTT-shaped tensors of `docs/formats.md`: `csf` on tensors of three
+    /// or more modes, where it was the fastest on six of the seven shapes
+    /// measured (0.72 to 0.93 times the best other engine; on nell-1's
+    /// shape, whose rows are mostly out of cache, within 13% of `fcoo`, and
+    /// ahead of it in another run); `sorted` on two-mode tensors (a tree of
+    /// two levels shares nothing) and past CSF's `u32::MAX` nonzeros.
     pub fn resolve(self, tensor: &SparseTensor) -> CpuKernel {
         match self {
             CpuKernel::Auto
-                if tensor.nmodes() == 3 && Csf::check_capacity(tensor.nnz() as u64).is_ok() =>
+                if tensor.nmodes() >= 3 && Csf::check_capacity(tensor.nnz() as u64).is_ok() =>
             {
                 CpuKernel::Csf
             }
@@ -116,16 +113,16 @@ mod tests {
     use kruskal_formats::generate::{PowerLawSpec, power_law};
 
     #[test]
-    fn auto_is_csf_on_three_modes_and_sorted_otherwise() {
+    fn auto_is_csf_from_three_modes_and_sorted_below() {
         let t3 = power_law(&PowerLawSpec::new(vec![30, 20, 10], 500)).unwrap();
         let t4 = power_law(&PowerLawSpec::new(vec![30, 20, 10, 5], 500)).unwrap();
         let t2 = power_law(&PowerLawSpec::new(vec![30, 20], 300)).unwrap();
         assert_eq!(CpuKernel::Auto.resolve(&t3), CpuKernel::Csf);
-        assert_eq!(CpuKernel::Auto.resolve(&t4), CpuKernel::Sorted);
+        assert_eq!(CpuKernel::Auto.resolve(&t4), CpuKernel::Csf);
         assert_eq!(CpuKernel::Auto.resolve(&t2), CpuKernel::Sorted);
         assert_eq!(CpuKernel::Fcoo.resolve(&t3), CpuKernel::Fcoo);
         assert_eq!(CpuKernel::Auto.build(&t3).unwrap().name(), "csf");
-        assert_eq!(CpuKernel::Auto.build(&t4).unwrap().name(), "sorted");
+        assert_eq!(CpuKernel::Auto.build(&t2).unwrap().name(), "sorted");
         for k in CpuKernel::ENGINES {
             assert_eq!(k.name().parse::<CpuKernel>().unwrap(), k);
             assert_eq!(k.build(&t4).unwrap().name(), k.name());

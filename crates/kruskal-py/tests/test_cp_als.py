@@ -51,7 +51,7 @@ def test_same_fits_as_pyttb_every_iteration(small):
     X = kruskal.SparseTensor(subs, vals, shape)
     theirs = pyttb_fits(pyttb_tensor(subs, vals, shape), factors, iters)
     fits = {}
-    # The default (auto: csf on three modes, sorted otherwise) and the
+    # The default (auto: csf from three modes, sorted on two) and the
     # engines themselves.
     for kernel in ("auto", "sorted", "csf"):
         m = kruskal.cp_als(X, rank, init=factors, iters=iters, tol=0, backend="cpu",
