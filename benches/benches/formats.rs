@@ -9,10 +9,10 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kruskal_cpu::{CpuKernel, CpuMttkrp, MttkrpEngine};
-use kruskal_formats::SparseTensor;
 use kruskal_formats::fcoo::Fcoo;
 use kruskal_formats::generate::{PowerLawSpec, power_law, preset};
 use kruskal_formats::hicoo::Hicoo;
+use kruskal_formats::{Csf, SparseTensor};
 use kruskal_partition::flycoo::build_flycoo;
 use kruskal_partition::layout::LayoutOptions;
 use ndarray::Array2;
@@ -53,6 +53,16 @@ fn bench_build(c: &mut Criterion) {
     }
     group.bench_function("hicoo", |b| {
         b.iter(|| Hicoo::new(&t, Hicoo::DEFAULT_BLOCK_BITS).expect("fits"))
+    });
+    // One CSF tree per mode, each rooted at its mode (the csf engine's
+    // default copies).
+    group.bench_function("csf", |b| {
+        b.iter(|| {
+            modes
+                .clone()
+                .map(|m| Csf::new(&t, &Csf::root_first(t.dims(), m)).expect("fits"))
+                .collect::<Vec<_>>()
+        })
     });
     group.finish();
 }

@@ -68,7 +68,7 @@ pub struct DecomposeOptions {
     /// Seed of the first start (also reported when the factors are given).
     pub seed: u64,
     pub backend: BackendChoice,
-    /// MTTKRP engine. CPU: auto, sorted, fcoo, flycoo, hicoo. GPU: auto,
+    /// MTTKRP engine. CPU: auto, sorted, fcoo, flycoo, hicoo, csf. GPU: auto,
     /// coo, fcoo, flycoo, hicoo; several GPUs: auto or shard.
     pub kernel: String,
     /// Launch parameters of the GPU engines; a parameter given here wins
@@ -499,7 +499,7 @@ fn make_backend(
     let gpu_kernel = name.parse::<GpuKernel>().ok();
     if cpu_kernel.is_none() && gpu_kernel.is_none() {
         return Err(CpdError::Invalid(format!(
-            "unknown kernel '{name}' (CPU: auto, sorted, fcoo, flycoo, hicoo; GPU: auto, coo, fcoo, flycoo, hicoo)"
+            "unknown kernel '{name}' (CPU: auto, sorted, fcoo, flycoo, hicoo, csf; GPU: auto, coo, fcoo, flycoo, hicoo)"
         )));
     }
     let cpu = |kernel: Option<CpuKernel>,

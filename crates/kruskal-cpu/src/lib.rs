@@ -23,6 +23,7 @@
 //! assert!(relative_error(out.view(), exact.view()) < 1e-6);
 //! ```
 
+pub mod csf;
 pub mod fcoo;
 pub mod flycoo;
 pub mod hicoo;
@@ -31,6 +32,7 @@ pub mod mttkrp;
 pub mod reference;
 pub mod spttm;
 
+pub use csf::{CsfCopies, CsfMttkrp};
 pub use fcoo::FcooMttkrp;
 pub use flycoo::FlycooMttkrp;
 pub use hicoo::HicooMttkrp;

@@ -478,7 +478,7 @@ fn index_bits(dim: u32) -> u32 {
 /// When the indices and the position fit in 128 bits (always for two modes)
 /// this is one parallel sort of packed keys, which scales with cores;
 /// otherwise a stable comparison sort over the index columns.
-fn sort_permutation(tensor: &SparseTensor, modes: &[usize]) -> Vec<usize> {
+pub(crate) fn sort_permutation(tensor: &SparseTensor, modes: &[usize]) -> Vec<usize> {
     let nnz = tensor.nnz();
     let pos_bits = u64::BITS - (nnz as u64).leading_zeros();
     let widths: Vec<u32> = modes

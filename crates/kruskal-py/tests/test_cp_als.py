@@ -49,13 +49,20 @@ def test_same_fits_as_pyttb_every_iteration(small):
     rank, iters = min(4, min(shape)), 12
     factors = initial(shape, rank)
     X = kruskal.SparseTensor(subs, vals, shape)
-    m = kruskal.cp_als(X, rank, init=factors, iters=iters, tol=0, backend="cpu",
-                       progress=False)
     theirs = pyttb_fits(pyttb_tensor(subs, vals, shape), factors, iters)
-    assert len(m.fits) == iters
-    np.testing.assert_allclose(m.fits, theirs, rtol=0, atol=1e-6)
-    # Relative too: the fits of the sparsest tensors are small.
-    np.testing.assert_allclose(m.fits, theirs, rtol=1e-5)
+    fits = {}
+    # The default (auto: csf from three modes, sorted on two) and the
+    # engines themselves.
+    for kernel in ("auto", "sorted", "csf"):
+        m = kruskal.cp_als(X, rank, init=factors, iters=iters, tol=0, backend="cpu",
+                           kernel=kernel, progress=False)
+        assert len(m.fits) == iters
+        np.testing.assert_allclose(m.fits, theirs, rtol=0, atol=1e-6, err_msg=kernel)
+        # Relative too: the fits of the sparsest tensors are small.
+        np.testing.assert_allclose(m.fits, theirs, rtol=1e-5, err_msg=kernel)
+        fits[kernel] = np.array(m.fits)
+    # The engines agree with each other far closer than with pyttb's float64.
+    np.testing.assert_allclose(fits["csf"], fits["sorted"], rtol=0, atol=1e-7)
 
 
 def test_repeated_coordinates_are_summed_as_pyttb_does():

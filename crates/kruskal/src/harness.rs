@@ -1029,13 +1029,14 @@ mod tests {
         assert!(has("cpu flycoo", Group::Remap));
         let det = format!("cpu flycoo kappa={SPLIT_KAPPA}");
         assert!(has(&det, Group::Determinism) && has(&det, Group::Remap));
-        // Every engine, rank and mode: 3 + 4 modes, 2 ranks, 5 engines.
+        // Every engine, rank and mode: 3 + 4 modes, 2 ranks, the CPU
+        // engines and FLYCOO with split rows.
         let accuracy = report
             .cases
             .iter()
             .filter(|c| c.group == Group::PowerLaw)
             .count();
-        assert_eq!(accuracy, 7 * 2 * 5);
+        assert_eq!(accuracy, 7 * 2 * (CpuKernel::ENGINES.len() + 1));
         assert!(report.notes.iter().any(|n| n.contains("--data")));
     }
 

@@ -244,8 +244,8 @@ def cp_als(
         Run from this many random starts (seeds ``seed``, ``seed + 1``,
         ...) and keep the best fit (``--starts``).
     kernel : str, default "auto"
-        MTTKRP engine (``--kernel``). CPU: auto, sorted, fcoo, flycoo,
-        hicoo. GPU: auto (times fcoo, flycoo and hicoo on the first
+        MTTKRP engine (``--kernel``). CPU: auto (csf from three modes,
+        sorted on two), sorted, fcoo, flycoo, hicoo, csf. GPU: auto (times fcoo, flycoo and hicoo on the first
         iteration and keeps the fastest per mode), coo, fcoo, flycoo, hicoo.
     progress : bool, default True
         Show a progress bar (tqdm when installed, in a terminal or in

@@ -74,7 +74,7 @@ pub struct CpdArgs {
     /// the CPU), cpu or gpu.
     #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
     pub backend: BackendChoice,
-    /// MTTKRP engine. CPU: auto, sorted, fcoo, flycoo, hicoo. GPU: auto
+    /// MTTKRP engine. CPU: auto, sorted, fcoo, flycoo, hicoo, csf. GPU: auto
     /// (times fcoo, flycoo and hicoo on the first iteration and keeps the
     /// fastest per mode), coo, fcoo, flycoo, hicoo.
     #[arg(long, default_value = "auto")]

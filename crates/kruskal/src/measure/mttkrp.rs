@@ -37,7 +37,7 @@ pub struct MttkrpOptions {
     /// The CPU (default) or the first GPU; ignored with [`gpus`](Self::gpus).
     pub backend: MttkrpBackend,
     /// MTTKRP engine, or `all` to time each one in turn. CPU: auto,
-    /// sorted, fcoo, flycoo, hicoo. GPU: auto, coo, hicoo, fcoo, flycoo;
+    /// sorted, fcoo, flycoo, hicoo, csf. GPU: auto, coo, hicoo, fcoo, flycoo;
     /// on the GPU `auto` is the tuning model's choice of engine and launch
     /// parameter for this tensor and rank (fcoo with threadlen 8 when
     /// there is no trained model), and an engine's parameter not given in
