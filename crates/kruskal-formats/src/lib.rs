@@ -26,6 +26,7 @@ pub mod flycoo;
 pub mod generate;
 pub mod hicoo;
 pub mod io;
+pub mod memory;
 mod mode_stats;
 pub mod tns;
 
