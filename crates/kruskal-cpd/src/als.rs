@@ -106,11 +106,7 @@ pub(crate) fn check_factor_shapes(dims: &[u32], factors: &[Array2<f32>]) -> Resu
                 f.ncols()
             )));
         }
-        let finite = match f.as_slice() {
-            Some(data) => data.par_iter().all(|x| x.is_finite()),
-            None => f.iter().all(|x| x.is_finite()),
-        };
-        if !finite {
+        if !all_finite(f) {
             return Err(CpdError::Shape(format!(
                 "factor of mode {} has a value that is not finite",
                 m + 1
@@ -121,6 +117,15 @@ pub(crate) fn check_factor_shapes(dims: &[u32], factors: &[Array2<f32>]) -> Resu
         return Err(CpdError::Shape("factors have no columns".into()));
     }
     Ok(rank)
+}
+
+/// Whether every entry of `f` is finite (in parallel where `f` is
+/// contiguous).
+fn all_finite(f: &Array2<f32>) -> bool {
+    match f.as_slice() {
+        Some(data) => data.par_iter().all(|x| x.is_finite()),
+        None => f.iter().all(|x| x.is_finite()),
+    }
 }
 
 /// Runs CPD-ALS without progress reports. See [`cpd_als_with`].
@@ -220,7 +225,13 @@ pub fn cpd_als_with(
                     .sum::<f64>()
             })
             .sum();
-        let residual = (norm_x_sq + model_sq - 2.0 * inner).max(0.0).sqrt();
+        // `max` would turn a NaN into 0, a perfect fit: NaN stays NaN.
+        let residual_sq = norm_x_sq + model_sq - 2.0 * inner;
+        let residual = if residual_sq.is_nan() {
+            f64::NAN
+        } else {
+            residual_sq.max(0.0).sqrt()
+        };
         let fit = if norm_x > 0.0 {
             1.0 - residual / norm_x
         } else {
@@ -243,7 +254,7 @@ pub fn cpd_als_with(
         };
         let flow = on_iteration(&stats);
         iterations.push(stats);
-        if !fit.is_finite() {
+        if !fit.is_finite() || !lambda.iter().all(|l| l.is_finite()) {
             return Err(CpdError::Backend(format!(
                 "the fit became {fit} at iteration {}: the factors diverged",
                 iter + 1
@@ -261,6 +272,22 @@ pub fn cpd_als_with(
 
     let factors = backend.take_factors()?;
     let (lambda, factors) = arrange(lambda, factors);
+    // A model that is not finite is an error, never a result.
+    if let Some(r) = lambda.iter().position(|l| !l.is_finite()) {
+        return Err(CpdError::Backend(format!(
+            "weight {} of the model is {}: the factors diverged",
+            r + 1,
+            lambda[r]
+        )));
+    }
+    for (m, f) in factors.iter().enumerate() {
+        if !all_finite(f) {
+            return Err(CpdError::Backend(format!(
+                "the mode-{} factor holds a value that is not finite: the factors diverged",
+                m + 1
+            )));
+        }
+    }
     Ok(KruskalModel {
         lambda,
         factors,
@@ -518,6 +545,26 @@ mod tests {
         assert!(model.interrupted && model.iterations.len() == 2);
         opts.rank = 0;
         assert!(cpd_als(&mut CpuBackend::new(&p.tensor), &opts).is_err());
+    }
+
+    #[test]
+    fn a_model_that_is_not_finite_is_an_error_not_a_perfect_fit() {
+        // Values at the top of f32 overflow the f32 MTTKRP when run as
+        // they are (`decompose` scales them; the driver alone must not
+        // turn the NaNs into a fit of 1).
+        let t = SparseTensor::new(
+            vec![2, 2, 2],
+            vec![vec![0, 1], vec![0, 1], vec![0, 1]],
+            vec![3.4e38, 3.4e38],
+        )
+        .unwrap();
+        let mut opts = CpdOptions::new(2);
+        opts.max_iters = 5;
+        let err = cpd_als(&mut CpuBackend::new(&t), &opts).unwrap_err();
+        assert!(
+            matches!(err, CpdError::Backend(_)) && err.to_string().contains("diverged"),
+            "{err}"
+        );
     }
 
     #[test]

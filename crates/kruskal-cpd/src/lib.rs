@@ -23,6 +23,7 @@ pub mod gpu;
 pub mod memory;
 pub mod model;
 pub mod multi;
+pub mod scale;
 pub mod score;
 pub mod warnings;
 
@@ -37,5 +38,6 @@ pub use error::{CpdError, Result};
 pub use gpu::{GpuBackend, KernelPlan};
 pub use model::{IterationStats, KruskalModel, load_factors};
 pub use multi::{GroupBackend, ModeBreakdown};
+pub use scale::ValueScale;
 pub use score::factor_match_score;
 pub use warnings::warnings;

@@ -286,6 +286,42 @@ fn two_processes_match_one_process_on_two_gpus() {
 }
 
 #[test]
+fn a_false_claim_of_distinct_coordinates_is_refused_by_every_rank() {
+    if two_gpus().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = tensor_file(dir.path(), 40_000);
+    // Nonzero 20,000 (rank 1's first) made to repeat nonzero 19,999
+    // (rank 0's last), the header's claim kept and both checksums sealed
+    // again: only the pair across the shares' border shows it.
+    let mut bytes = std::fs::read(&file).unwrap();
+    // 3 modes: D = 48, H = 56, S = 4 * 40,000.
+    let stride = 160_000;
+    for mode in 0..3 {
+        let at = 56 + mode * stride + 4 * 20_000;
+        let before: [u8; 4] = bytes[at - 4..at].try_into().unwrap();
+        bytes[at..at + 4].copy_from_slice(&before);
+    }
+    let payload = crc32fast::hash(&bytes[56..]);
+    bytes[24..28].copy_from_slice(&payload.to_le_bytes());
+    let crc = crc32fast::hash(&bytes[..48]);
+    bytes[48..52].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&file, &bytes).unwrap();
+    let f = file.to_str().unwrap();
+    let port = free_port();
+    let args = ["--rank", "4", "--iters", "3"];
+    let rank1 = spawn_rank(1, port, &[f], &args, Stdio::null());
+    let rank0 = spawn_rank(0, port, &[f], &args, Stdio::null());
+    let o0 = wait_bounded(rank0, Duration::from_secs(120), "rank 0");
+    let o1 = wait_bounded(rank1, Duration::from_secs(30), "rank 1");
+    for o in [&o0, &o1] {
+        assert_clean_failure(o, "not in increasing order");
+        assert_clean_failure(o, "kruskal convert");
+    }
+}
+
+#[test]
 fn a_killed_rank_stops_the_other_with_its_name_and_nothing_written() {
     if two_gpus().is_none() {
         return;

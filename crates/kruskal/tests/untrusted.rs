@@ -1,0 +1,272 @@
+//! The `kruskal` program against input a careless or hostile user gives
+//! it: files that lie about themselves, values at the ends of f32, options
+//! at their limits, signals. Every case ends in a right answer or one
+//! clear error line with a non-zero exit, never a silent wrong answer, a
+//! crash, a hang or a file left behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use kruskal_formats::{ReadOptions, SparseTensor, read_tensor, write_tensor};
+
+mod common;
+
+use common::{assert_clean_failure, data, fits, kruskal, kruskal_bin, stderr, stdout};
+
+/// The `--json` report of `kruskal cpd FILE` at rank `rank` on the CPU,
+/// 8 iterations from seed 11, with `extra` flags.
+fn cpd_json(file: &Path, rank: &str, extra: &[&str]) -> serde_json::Value {
+    common::cpd_json(file, rank, extra).0
+}
+
+fn lambda(report: &serde_json::Value) -> Vec<f64> {
+    report["lambda"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_f64().expect("a finite weight"))
+        .collect()
+}
+
+fn read(path: &Path) -> SparseTensor {
+    read_tensor(path, &ReadOptions::default()).unwrap()
+}
+
+/// Writes `t` with every value times `factor` (rounded once to f32) as a
+/// `.tns` file in `dir`.
+fn scaled_copy(dir: &Path, name: &str, t: &SparseTensor, factor: f64) -> PathBuf {
+    let values = t
+        .values()
+        .iter()
+        .map(|&v| (f64::from(v) * factor) as f32)
+        .collect();
+    let s = SparseTensor::new(t.dims().to_vec(), t.indices().to_vec(), values).unwrap();
+    let path = dir.join(name);
+    write_tensor(&path, &s).unwrap();
+    path
+}
+
+/// Rewrites a 3-mode `.ktns` so that nonzero 1 repeats nonzero 0's
+/// coordinate, keeping the header's claim of distinct coordinates and
+/// sealing both checksums again. Returns the tensor the file now means
+/// (the two lines summed).
+fn repeat_first_coordinate(path: &Path) -> SparseTensor {
+    let t = read(path);
+    let nnz = t.nnz();
+    let mut bytes = std::fs::read(path).unwrap();
+    // 3 modes: D = 48, H = 56, S = align8(4 nnz).
+    let stride = (4 * nnz).div_ceil(8) * 8;
+    for mode in 0..3 {
+        let at = 56 + mode * stride;
+        let first: [u8; 4] = bytes[at..at + 4].try_into().unwrap();
+        bytes[at + 4..at + 8].copy_from_slice(&first);
+    }
+    assert_eq!(&bytes[28..32], &1u32.to_le_bytes(), "the distinct flag");
+    let payload = crc32fast::hash(&bytes[56..]);
+    bytes[24..28].copy_from_slice(&payload.to_le_bytes());
+    let crc = crc32fast::hash(&bytes[..48]);
+    bytes[48..52].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(path, &bytes).unwrap();
+    let mut indices = t.indices().to_vec();
+    for idx in &mut indices {
+        idx[1] = idx[0];
+    }
+    SparseTensor::new(t.dims().to_vec(), indices, t.values().to_vec()).unwrap()
+}
+
+#[test]
+fn a_ktns_that_falsely_claims_distinct_coordinates_is_summed() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("lies.ktns");
+    let o = kruskal(&[
+        "convert",
+        data("splatt-med.tns.gz").to_str().unwrap(),
+        bin.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let meant = repeat_first_coordinate(&bin);
+    assert_eq!(meant.nnz(), 99_999);
+    let honest = dir.path().join("meant.tns");
+    write_tensor(&honest, &meant).unwrap();
+
+    // The same fit, iteration by iteration, as the tensor the file means.
+    let want = fits(&cpd_json(&honest, "6", &[]));
+    let got = fits(&cpd_json(&bin, "6", &[]));
+    assert_eq!(got, want);
+    // Every CPU engine.
+    for kernel in ["fcoo", "flycoo", "hicoo"] {
+        let want = fits(&cpd_json(&honest, "6", &["--kernel", kernel]));
+        let got = fits(&cpd_json(&bin, "6", &["--kernel", kernel]));
+        assert_eq!(got, want, "{kernel}");
+    }
+    // `info` counts the merged line and the summed norm.
+    let info = |p: &Path| -> serde_json::Value {
+        let o = kruskal(&["info", p.to_str().unwrap(), "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    let (lies, meant) = (info(&bin), info(&honest));
+    assert_eq!(lies["nnz"].as_u64(), Some(99_999));
+    assert_eq!(lies["duplicates_merged"].as_u64(), Some(1));
+    assert_eq!(lies["norm"], meant["norm"]);
+}
+
+/// The tensor of the two lines `1 1 1 v` and `2 2 2 v`.
+fn two_lines(dir: &Path, name: &str, value: f32) -> PathBuf {
+    let t = SparseTensor::new(vec![2, 2, 2], vec![vec![0, 1]; 3], vec![value; 2]).unwrap();
+    let path = dir.join(name);
+    write_tensor(&path, &t).unwrap();
+    path
+}
+
+/// The per-iteration fits and the weights of `kruskal cpd` at rank 2 on
+/// the two lines of value `big` equal, to the bit, those of the same
+/// tensor scaled exactly into [1, 2) (which runs as it is), the weights
+/// times the scale; and they are finite and right.
+fn assert_same_run_as_near_one(dir: &Path, big: f32) {
+    let exponent = kruskal::cpd::ValueScale::for_max_abs(f64::from(big)).exponent();
+    assert_ne!(exponent, 0, "{big} is run scaled");
+    let near_one = (f64::from(big) * 2f64.powi(exponent)) as f32;
+    assert!((1.0..2.0).contains(&near_one));
+    let out = dir.join(format!("model-{big:e}"));
+    let v = cpd_json(
+        &two_lines(dir, &format!("{big:e}.tns"), big),
+        "2",
+        &["--out", out.to_str().unwrap()],
+    );
+    let one = cpd_json(
+        &two_lines(dir, &format!("{near_one:e}.tns"), near_one),
+        "2",
+        &[],
+    );
+    assert_eq!(fits(&v), fits(&one), "{big}");
+    // Exactly the weights times the power (to the last bit JSON keeps).
+    for (w, l) in lambda(&v).iter().zip(lambda(&one)) {
+        let want = l * 2f64.powi(-exponent);
+        assert!((w - want).abs() <= 1e-15 * want, "{big}: {w} {want}");
+    }
+    let fit = v["fit"].as_f64().unwrap();
+    assert!(fit > 0.9999, "{big}: fit {fit}");
+    for w in lambda(&v) {
+        assert!(
+            w.is_finite() && (w / f64::from(big) - 1.0).abs() < 1e-3,
+            "{big}: {w}"
+        );
+    }
+    // The files hold the same finite model.
+    let saved = kruskal::cpd::load_factors(&out, 3).unwrap();
+    assert!(saved.iter().flatten().all(|x| x.is_finite()));
+    let bytes = std::fs::read(out.join("lambda.npy")).unwrap();
+    let weights: Vec<f64> = bytes[bytes.len() - 16..]
+        .chunks_exact(8)
+        .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    for (a, b) in weights.iter().zip(lambda(&v)) {
+        assert!((a - b).abs() <= 1e-15 * b, "{big}: {a} {b}");
+    }
+}
+
+#[test]
+fn values_at_the_top_of_f32_give_a_finite_model() {
+    let dir = tempfile::tempdir().unwrap();
+    for big in [3.4e38, f32::MAX, 1e30] {
+        assert_same_run_as_near_one(dir.path(), big);
+    }
+}
+
+#[test]
+fn tiny_and_subnormal_values_give_the_fit_of_values_near_one() {
+    let dir = tempfile::tempdir().unwrap();
+    for tiny in [1e-23, 1e-30, 1e-40, f32::from_bits(1)] {
+        assert_same_run_as_near_one(dir.path(), tiny);
+    }
+}
+
+#[test]
+fn the_fits_of_the_data_tensors_do_not_depend_on_the_scale_of_their_values() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, rank, pattern) in [
+        ("splatt-small.tns", "2", false),
+        ("splatt-med.tns.gz", "4", false),
+        ("splatt-med4.tns.gz", "4", false),
+        ("splatt-med5.tns.gz", "4", false),
+        ("kg-jf17k-5mode-novalues.tns.gz", "4", true),
+    ] {
+        let opts = ReadOptions {
+            pattern,
+            ..ReadOptions::default()
+        };
+        let t = read_tensor(&data(name), &opts).unwrap();
+        let flag: &[&str] = if pattern { &["--pattern"] } else { &[] };
+        let base = fits(&cpd_json(&data(name), rank, flag));
+        for factor in [1e-30, 1e30] {
+            let file = scaled_copy(dir.path(), &format!("x{factor:e}-{name}"), &t, factor);
+            let got = fits(&cpd_json(&file, rank, &[]));
+            assert_eq!(got.len(), base.len());
+            for (i, (a, b)) in got.iter().zip(&base).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-6,
+                    "{name} times {factor:e}, iteration {}: fit {a}, unscaled {b}",
+                    i + 1
+                );
+            }
+        }
+    }
+}
+
+/// A `.ktns` of `nnz` nonzeros of 3 modes with a valid header and the
+/// right length, whose payload is a hole: a few KiB on disk.
+fn sparse_ktns(path: &Path, nnz: u64) {
+    let mut header = Vec::new();
+    header.extend_from_slice(b"KRUSKAL\0");
+    header.extend_from_slice(&2u32.to_le_bytes());
+    header.extend_from_slice(&3u32.to_le_bytes());
+    header.extend_from_slice(&nnz.to_le_bytes());
+    header.extend_from_slice(&0u32.to_le_bytes()); // payload CRC
+    header.extend_from_slice(&1u32.to_le_bytes()); // distinct
+    for _ in 0..3 {
+        header.extend_from_slice(&10u32.to_le_bytes());
+    }
+    header.resize(48, 0);
+    let crc = crc32fast::hash(&header);
+    header.extend_from_slice(&crc.to_le_bytes());
+    header.extend_from_slice(&0u32.to_le_bytes());
+    std::fs::write(path, &header).unwrap();
+    let stride = (4 * nnz).div_ceil(8) * 8;
+    let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    file.set_len(56 + 4 * stride).unwrap();
+}
+
+/// `kruskal ARGS` under an address-space limit of `limit_kib` (`ulimit
+/// -v`), as a user on a shared machine may run it.
+fn kruskal_limited(limit_kib: u64, args: &[&str]) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -v {limit_kib} && exec \"$0\" \"$@\""))
+        .arg(kruskal_bin())
+        .args(args)
+        .output()
+        .expect("sh runs")
+}
+
+#[test]
+fn a_ktns_promising_more_than_memory_is_refused_before_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sparse.ktns");
+    // 2^30 nonzeros: 16 GiB of arrays, under a 4 GiB limit.
+    sparse_ktns(&file, 1 << 30);
+    for cmd in ["info", "cpd"] {
+        let start = std::time::Instant::now();
+        let o = kruskal_limited(
+            4 << 20,
+            &[cmd, file.to_str().unwrap(), "--backend", "cpu"][..if cmd == "info" { 2 } else { 4 }],
+        );
+        assert_clean_failure(&o, "MemAvailable");
+        assert_clean_failure(&o, "1073741824 nonzeros");
+        assert!(
+            start.elapsed().as_secs() < 20,
+            "{cmd} took {:?}",
+            start.elapsed()
+        );
+    }
+}
