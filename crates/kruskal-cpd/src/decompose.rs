@@ -302,7 +302,10 @@ pub fn run_starts(
         ));
     }
     let start = Instant::now();
-    let mut runs: Vec<(u64, KruskalModel)> = Vec::with_capacity(starts);
+    // Only the best model is kept (the memory estimate counts one besides
+    // the run's own), and nothing is sized by `starts` ahead.
+    let mut best: Option<KruskalModel> = None;
+    let mut summaries: Vec<StartSummary> = Vec::new();
     for k in 0..starts {
         let seed = seed + k as u64;
         let mut opts = opts.clone();
@@ -324,24 +327,24 @@ pub fn run_starts(
         };
         let model = cpd_als_with(backend, &opts, &mut report)?;
         let interrupted = model.interrupted;
-        runs.push((seed, model));
+        summaries.push(StartSummary {
+            seed,
+            fit: model.fit(),
+            iterations: model.iterations.len(),
+        });
+        // The last of equal fits is kept (as `max_by` did).
+        if best
+            .as_ref()
+            .is_none_or(|b| model.fit().total_cmp(&b.fit()).is_ge())
+        {
+            best = Some(model);
+        }
         if interrupted {
             break;
         }
     }
     let cpd_s = start.elapsed().as_secs_f64();
-    let summaries: Vec<_> = runs
-        .iter()
-        .map(|(seed, m)| StartSummary {
-            seed: *seed,
-            fit: m.fit(),
-            iterations: m.iterations.len(),
-        })
-        .collect();
-    let Some((_, model)) = runs
-        .into_iter()
-        .max_by(|a, b| a.1.fit().total_cmp(&b.1.fit()))
-    else {
+    let Some(model) = best else {
         return Err(CpdError::Invalid("--starts must be at least 1".into()));
     };
     Ok(Starts {

@@ -243,6 +243,17 @@ pub(crate) fn read_binary_merged(path: &Path) -> Result<(SparseTensor, usize, f6
     read_binary_with(path, DEFAULT_CHUNK)
 }
 
+/// The dimensions and nonzero count of the `.ktns` file at `path`, from
+/// its header alone, checked as [`read_binary`] checks it (magic, version,
+/// header CRC, exact file length). Reads the header only, and maps
+/// nothing: what a caller needs to size a run before reading the file.
+pub fn read_shape(path: &Path) -> Result<(Vec<u32>, usize)> {
+    crate::io::regular_file(path)?;
+    let mut file = File::open(path).map_err(|e| FormatError::io(path, e))?;
+    let header = read_header(path, &mut file)?;
+    Ok((header.dims, header.nnz))
+}
+
 /// What a valid header says, with the sizes derived from it.
 pub(crate) struct Header {
     pub(crate) dims: Vec<u32>,
@@ -560,6 +571,20 @@ mod tests {
         let values = &bytes[56 + 48..56 + 48 + 12];
         let want: Vec<u8> = t.values().iter().flat_map(|x| x.to_le_bytes()).collect();
         assert_eq!(values, &want[..]);
+    }
+
+    #[test]
+    fn the_shape_comes_from_the_header_alone() {
+        let (_dir, p, t) = written(1000);
+        assert_eq!(read_shape(&p).unwrap(), (t.dims().to_vec(), t.nnz()));
+        let mut bytes = std::fs::read(&p).unwrap();
+        let k = bytes.len() - 100;
+        bytes[k] ^= 1; // the payload: not read
+        std::fs::write(&p, &bytes).unwrap();
+        assert_eq!(read_shape(&p).unwrap().1, t.nnz());
+        bytes[33] ^= 1; // the header: checked
+        std::fs::write(&p, &bytes).unwrap();
+        assert!(read_shape(&p).is_err());
     }
 
     #[test]

@@ -11,7 +11,9 @@ use kruskal_formats::{ReadOptions, SparseTensor, read_tensor, write_tensor};
 
 mod common;
 
-use common::{assert_clean_failure, data, fits, kruskal, kruskal_bin, stderr, stdout};
+use common::{
+    assert_clean_failure, data, fits, kruskal, kruskal_bin, kruskal_command, stderr, stdout,
+};
 
 /// The `--json` report of `kruskal cpd FILE` at rank `rank` on the CPU,
 /// 8 iterations from seed 11, with `extra` flags.
@@ -262,11 +264,136 @@ fn a_ktns_promising_more_than_memory_is_refused_before_allocating() {
             &[cmd, file.to_str().unwrap(), "--backend", "cpu"][..if cmd == "info" { 2 } else { 4 }],
         );
         assert_clean_failure(&o, "MemAvailable");
-        assert_clean_failure(&o, "1073741824 nonzeros");
+        // `cpd` knows from the header alone that the run cannot fit.
+        let needle = if cmd == "info" {
+            "1073741824 nonzeros"
+        } else {
+            "nothing was read"
+        };
+        assert_clean_failure(&o, needle);
         assert!(
             start.elapsed().as_secs() < 20,
             "{cmd} took {:?}",
             start.elapsed()
         );
     }
+}
+
+/// Whether a CUDA GPU is present (some refusals below are for machines
+/// without one).
+fn has_gpu() -> bool {
+    kruskal_device::Gpu::count().is_ok_and(|n| n > 0)
+}
+
+#[test]
+fn runs_that_cannot_work_are_refused_before_any_work() {
+    // Each would generate or allocate tens to thousands of GiB; under an
+    // 8 GiB limit each is refused in one line, at once.
+    let mut cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["cpd", "--like", "amazon", "--backend", "cpu"],
+            "nothing was read or generated",
+        ),
+        (
+            vec!["cpd", "--like", "patents", "--backend", "cpu"],
+            "nothing was read or generated",
+        ),
+        (
+            vec![
+                "cpd",
+                "--like",
+                "nell-2",
+                "--nnz",
+                "1e11",
+                "--backend",
+                "cpu",
+            ],
+            "MemAvailable",
+        ),
+        (
+            vec!["mttkrp", "--like", "nell-2", "--nnz", "1e11"],
+            "MemAvailable",
+        ),
+        (
+            vec!["info", "--like", "nell-2", "--nnz", "1e11"],
+            "MemAvailable",
+        ),
+        (vec!["info", "--like", "amazon"], "MemAvailable"),
+        (
+            vec![
+                "gen",
+                "/nonexistent/x.tns",
+                "--dims",
+                "4294967295,4294967295",
+                "--nnz",
+                "10",
+            ],
+            "MemAvailable",
+        ),
+    ];
+    if !has_gpu() {
+        // Asking for GPUs where there are none is found out first.
+        cases.push((
+            vec!["cpd", "--like", "nell-1", "--nnz", "144M", "--gpus", "2"],
+            "CUDA",
+        ));
+        cases.push((vec!["cpd", "--like", "nell-1", "--backend", "gpu"], "CUDA"));
+        cases.push((
+            vec![
+                "mttkrp", "--like", "amazon", "--rank", "32", "--gpus", "1", "--stream", "always",
+                "--verify",
+            ],
+            "CUDA",
+        ));
+    }
+    for (args, needle) in cases {
+        let start = std::time::Instant::now();
+        let o = kruskal_limited(8 << 20, &args);
+        assert_clean_failure(&o, needle);
+        assert!(
+            start.elapsed().as_secs() < 5,
+            "{args:?} took {:?}",
+            start.elapsed()
+        );
+    }
+}
+
+#[test]
+fn a_billion_starts_allocate_nothing_ahead() {
+    // Each start runs and only the best model is kept: the process stays
+    // small while it works through them, and Ctrl-C ends it.
+    let file = data("splatt-small.tns");
+    let mut child = kruskal_command(&[
+        "cpd",
+        file.to_str().unwrap(),
+        "--rank",
+        "2",
+        "--iters",
+        "2",
+        "--starts",
+        "1000000000",
+        "--backend",
+        "cpu",
+        "--json",
+    ])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    assert!(child.try_wait().unwrap().is_none(), "ended early");
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let o = child.wait_with_output().unwrap();
+    assert!(rss_kib < 500 << 10, "{rss_kib} KiB resident after 1.5 s");
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
 }

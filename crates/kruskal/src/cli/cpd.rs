@@ -125,6 +125,25 @@ pub fn run(args: CpdArgs) -> Result<()> {
     if args.distributed.distributed {
         return super::distributed::run(&args);
     }
+    // What can be known before the tensor is read or generated is checked
+    // first: the GPUs asked for, and the memory for the tensor's shape.
+    args.multi.group()?;
+    // (A CPU-only --kernel is an option error, which decompose reports.)
+    let gpu_kernel = args.kernel.parse::<kruskal_device::GpuKernel>().is_ok();
+    if args.backend == BackendChoice::Gpu && args.multi.gpus.is_none() && gpu_kernel {
+        preflight::check_gpu_present()?;
+    }
+    let on_cpu = args.multi.gpus.is_none()
+        && (args.backend == BackendChoice::Cpu
+            || (args.backend == BackendChoice::Auto && preflight::no_gpu_here()));
+    // (`--compact` shrinks the dimensions first; checked after it.)
+    if on_cpu && !args.demo && !args.compact {
+        let rank = args.rank.unwrap_or(DEMO_RANK);
+        let starts = args.starts.unwrap_or(1);
+        preflight::check_memory_ahead(&args.input, |dims, nnz| {
+            kruskal_cpd::memory::cpu_need(dims, nnz, rank, rayon::current_num_threads(), starts)
+        })?;
+    }
     // The driver takes a few tenths of a second to open a GPU: start it
     // while the tensor is read. The backend then opens the same (primary)
     // context, waiting only for what is left of the start (its `open_s`);
@@ -191,7 +210,8 @@ pub fn run(args: CpdArgs) -> Result<()> {
         }
         print_summary(model, done.cpd_s, done.starts, fms, args.out.as_ref());
     }
-    if model.interrupted {
+    // (The kept model may be an earlier start's, which ran to its end.)
+    if model.interrupted || stop.load(Ordering::SeqCst) {
         // Stopped on purpose: the model so far is written; say so in the
         // exit status, as a shell expects of an interrupted program.
         std::process::exit(130);

@@ -84,12 +84,33 @@ impl MttkrpArgs {
 pub fn run(args: MttkrpArgs) -> Result<()> {
     set_threads(args.threads)?;
     args.multi.check_used(false)?;
+    // The GPUs asked for, and the memory for the tensor's shape, before
+    // the tensor is read or generated.
+    let options = args.options()?;
+    if args.backend == BackendChoice::Gpu && args.multi.gpus.is_none() {
+        super::preflight::check_gpu_present()?;
+    }
+    let (rank, on_gpus) = (
+        args.rank,
+        args.backend == BackendChoice::Gpu || options.gpus.is_some(),
+    );
+    if !args.compact {
+        // (`--compact` shrinks the dimensions first; checked after it.)
+        super::preflight::check_memory_ahead(&args.input, |dims, nnz| {
+            let mut need = kruskal_cpd::memory::mttkrp_need(dims, nnz, rank);
+            if on_gpus {
+                // On GPUs the host holds the factors (made, then uploaded).
+                need.parts.truncate(1);
+            }
+            need
+        })?;
+    }
     let mut loaded = args.input.load()?;
     if args.compact {
         // MTTKRP writes no factors, so the map back is not needed.
         super::compact::compact_tensor(&mut loaded, args.json, false)?;
     }
-    let reports = kruskal::measure::mttkrp(&args.options()?, &loaded)?;
+    let reports = kruskal::measure::mttkrp(&options, &loaded)?;
     finish(&reports, args.json, "MTTKRP")
 }
 
