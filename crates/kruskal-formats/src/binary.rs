@@ -340,6 +340,12 @@ pub(crate) fn read_header(path: &Path, file: &mut File) -> Result<Header> {
     if nmodes == 0 {
         return Err(corrupt("the header says 0 modes: file is corrupt".into()));
     }
+    if nmodes as usize > crate::coo::MAX_MODES {
+        return Err(corrupt(format!(
+            "the header says {nmodes} modes, and kruskal takes at most {}",
+            crate::coo::MAX_MODES
+        )));
+    }
     let known = if version == 1 { 0 } else { FLAG_DISTINCT };
     if flags & !known != 0 {
         return Err(corrupt(format!(
@@ -799,6 +805,22 @@ mod tests {
             err.contains("invalid tensor") && err.contains("mode-1 index"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_dimension_of_zero_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("e.ktns");
+        let t = SparseTensor::new(vec![4, 2], vec![vec![], vec![]], vec![]).unwrap();
+        write_binary(&p, &t).unwrap();
+        let mut bytes = std::fs::read(&p).unwrap();
+        // M = 2: the dimensions at 32..40, the header CRC at 40.
+        bytes[32..36].copy_from_slice(&0u32.to_le_bytes());
+        let crc = crc32fast::hash(&bytes[..40]);
+        bytes[40..44].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(&p, &bytes).unwrap();
+        let err = err_of(&p);
+        assert!(err.contains("the dimension of mode 1 is 0"), "{err}");
     }
 
     #[test]

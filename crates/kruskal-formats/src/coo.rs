@@ -6,6 +6,12 @@ use crate::attached::Attached;
 use crate::coalesce;
 use crate::error::{FormatError, Result};
 
+/// The most modes a tensor may have. The engines keep one copy of the
+/// tensor per mode, each with every mode's indices, so preparing grows
+/// with the square of the mode count (2,000 modes took a minute on a few
+/// nonzeros); FROSTT's tensors have 3 to 5.
+pub const MAX_MODES: usize = 64;
+
 /// A sparse tensor in coordinate form, stored as a structure of arrays.
 /// No coordinate appears twice: building one sums repeated coordinates.
 ///
@@ -276,6 +282,18 @@ fn check(dims: &[u32], indices: &[Vec<u32>], values: &[f32]) -> Result<()> {
         return Err(FormatError::Invalid(
             "a tensor needs at least one mode".into(),
         ));
+    }
+    if dims.len() > MAX_MODES {
+        return Err(FormatError::Invalid(format!(
+            "{} modes: kruskal takes at most {MAX_MODES}",
+            dims.len()
+        )));
+    }
+    if let Some(m) = dims.iter().position(|&d| d == 0) {
+        return Err(FormatError::Invalid(format!(
+            "the dimension of mode {} is 0: every mode needs at least one index",
+            m + 1
+        )));
     }
     if indices.len() != dims.len() {
         return Err(FormatError::Invalid(format!(

@@ -99,6 +99,13 @@ fn check_dims(dims: &[u32]) -> Result<()> {
             dims.len()
         )));
     }
+    if dims.len() > crate::coo::MAX_MODES {
+        return Err(FormatError::Argument(format!(
+            "{} modes: kruskal takes at most {}",
+            dims.len(),
+            crate::coo::MAX_MODES
+        )));
+    }
     if let Some(m) = dims.iter().position(|&d| d == 0) {
         return Err(FormatError::Argument(format!("dimension of mode {m} is 0")));
     }

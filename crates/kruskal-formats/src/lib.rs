@@ -33,7 +33,7 @@ pub mod tns;
 pub use attached::{Attached, AttachedSlot};
 pub use binary::{CrcPart, MappedBinary, RangeCounts};
 pub use compact::{Compaction, compact};
-pub use coo::{ModeStats, SparseTensor, TensorStats};
+pub use coo::{MAX_MODES, ModeStats, SparseTensor, TensorStats};
 pub use error::{FormatError, Result};
 pub use fcoo::{Fcoo, FcooOp};
 pub use hicoo::Hicoo;

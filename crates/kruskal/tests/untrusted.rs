@@ -397,3 +397,35 @@ fn a_billion_starts_allocate_nothing_ahead() {
     assert!(rss_kib < 500 << 10, "{rss_kib} KiB resident after 1.5 s");
     assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
 }
+
+#[test]
+fn modes_and_threads_have_documented_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    // A 40 KB file of 9,999 columns: refused at its first line.
+    let wide = dir.path().join("wide.tns");
+    let line: Vec<String> = (0..9_999).map(|_| "1".to_string()).collect();
+    std::fs::write(&wide, format!("{}\n", line.join(" "))).unwrap();
+    let start = std::time::Instant::now();
+    let o = kruskal(&["cpd", wide.to_str().unwrap(), "--backend", "cpu"]);
+    assert_clean_failure(&o, "at most 64");
+    assert_clean_failure(&o, "wide.tns:1:");
+    assert!(start.elapsed().as_secs() < 5, "{:?}", start.elapsed());
+    // 64 modes are taken, 65 are not.
+    let line = |n: usize| (0..n).map(|_| "1").collect::<Vec<_>>().join(" ");
+    let ok = dir.path().join("ok.tns");
+    std::fs::write(&ok, format!("{} 2.5\n", line(64))).unwrap();
+    let o = kruskal(&["info", ok.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::write(&ok, format!("{} 2.5\n", line(65))).unwrap();
+    assert_clean_failure(&kruskal(&["info", ok.to_str().unwrap()]), "at most 64");
+    let dims = vec!["2"; 65].join(",");
+    let out = dir.path().join("g.tns");
+    let o = kruskal(&["gen", out.to_str().unwrap(), "--dims", &dims, "--nnz", "3"]);
+    assert_clean_failure(&o, "at most 64");
+    // Threads: a few per core, not a hundred thousand.
+    let start = std::time::Instant::now();
+    let small = data("splatt-small.tns");
+    let o = kruskal(&["cpd", small.to_str().unwrap(), "--threads", "100000"]);
+    assert_clean_failure(&o, "--threads 100000: at most");
+    assert!(start.elapsed().as_secs() < 5, "{:?}", start.elapsed());
+}

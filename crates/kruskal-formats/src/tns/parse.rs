@@ -6,6 +6,7 @@ use std::path::Path;
 use super::columns::Columns;
 use super::feed::Stop;
 use super::numbers::parse_value;
+use crate::coo::MAX_MODES;
 use crate::error::{FormatError, Result};
 use crate::io::ReadOptions;
 /// Parsing parameters fixed by the first data line.
@@ -36,6 +37,16 @@ pub(super) fn make_layout<'a>(
         ));
     }
     let nmodes = if opts.pattern { ncols } else { ncols - 1 };
+    if nmodes > MAX_MODES {
+        return Err(FormatError::parse(
+            path,
+            line,
+            format!(
+                "{ncols} columns make a tensor of {nmodes} modes, and kruskal takes at most \
+                 {MAX_MODES}"
+            ),
+        ));
+    }
     if let Some(dims) = &opts.dims {
         if dims.len() != nmodes {
             return Err(FormatError::parse(

@@ -274,8 +274,21 @@ impl MultiGpuArgs {
     }
 }
 
-/// Sets the size of rayon's global pool (0: one thread per core).
+/// The most worker threads per core `--threads` takes: more only adds
+/// switching (and a pool of 100,000 threads takes minutes to start).
+pub const MAX_THREADS_PER_CORE: usize = 4;
+
+/// Sets the size of rayon's global pool (0: one thread per core). More
+/// than [`MAX_THREADS_PER_CORE`] per core is refused.
 pub fn set_threads(threads: usize) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads > MAX_THREADS_PER_CORE * cores {
+        bail!(
+            "--threads {threads}: at most {} on this machine ({MAX_THREADS_PER_CORE} per core, \
+             {cores} cores)",
+            MAX_THREADS_PER_CORE * cores
+        );
+    }
     if threads > 0 {
         rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
