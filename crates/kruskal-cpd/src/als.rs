@@ -13,6 +13,7 @@
 //! the last mode's MTTKRP. The run stops when the fit changes by less than
 //! `tol` (from the second iteration on) or after `max_iters`.
 
+use std::collections::VecDeque;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
@@ -24,7 +25,7 @@ use rayon::prelude::*;
 use crate::backend::Backend;
 use crate::dense::{SolveKind, hadamard_except, solve_matrix};
 use crate::error::{CpdError, Result};
-use crate::model::{IterationStats, KruskalModel};
+use crate::model::{HISTORY, IterationStats, IterationTotals, KruskalModel};
 
 /// Default iteration limit.
 pub const DEFAULT_MAX_ITERS: usize = 50;
@@ -174,7 +175,8 @@ pub fn cpd_als_with(
     let norm_x = norm_x_sq.sqrt();
     let mut lambda = vec![1f64; rank];
     let mut fit_old = 0f64;
-    let mut iterations = Vec::new();
+    let mut iterations = VecDeque::new();
+    let mut totals = IterationTotals::default();
     let mut converged = false;
     let mut interrupted = false;
     let mut pseudo_inverse_solves = 0;
@@ -253,7 +255,11 @@ pub fn cpd_als_with(
             fit_s,
         };
         let flow = on_iteration(&stats);
-        iterations.push(stats);
+        totals.add(&stats);
+        if iterations.len() == HISTORY {
+            iterations.pop_front();
+        }
+        iterations.push_back(stats);
         if !fit.is_finite() || !lambda.iter().all(|l| l.is_finite()) {
             return Err(CpdError::Backend(format!(
                 "the fit became {fit} at iteration {}: the factors diverged",
@@ -291,7 +297,8 @@ pub fn cpd_als_with(
     Ok(KruskalModel {
         lambda,
         factors,
-        iterations,
+        iterations: iterations.into(),
+        totals,
         converged,
         pseudo_inverse_solves,
         interrupted,
@@ -565,6 +572,28 @@ mod tests {
             matches!(err, CpdError::Backend(_)) && err.to_string().contains("diverged"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_history_keeps_the_last_iterations_and_every_total() {
+        let t =
+            SparseTensor::new(vec![2, 2], vec![vec![0, 1], vec![0, 1]], vec![1.0, 2.0]).unwrap();
+        let mut opts = CpdOptions::new(1);
+        opts.max_iters = HISTORY + 7;
+        opts.tol = 0.0;
+        let mut heard = 0;
+        let model = cpd_als_with(&mut CpuBackend::new(&t), &opts, &mut |_| {
+            heard += 1;
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(heard, HISTORY + 7);
+        assert_eq!(model.totals.count, HISTORY + 7);
+        assert_eq!(model.iterations.len(), HISTORY);
+        assert_eq!(model.iterations[0].iteration, 8);
+        assert_eq!(model.iterations.last().unwrap().iteration, HISTORY + 7);
+        let kept: f64 = model.iterations.iter().map(|s| s.mttkrp_s).sum();
+        assert!(model.totals.mttkrp_s >= kept && model.totals.first_mttkrp_s > 0.0);
     }
 
     #[test]

@@ -330,7 +330,7 @@ pub fn run_starts(
         summaries.push(StartSummary {
             seed,
             fit: model.fit(),
-            iterations: model.iterations.len(),
+            iterations: model.totals.count,
         });
         // The last of equal fits is kept (as `max_by` did).
         if best

@@ -38,6 +38,42 @@ pub struct IterationStats {
     pub fit_s: f64,
 }
 
+/// Iterations a model's history keeps: the last ones. A run of more
+/// keeps its totals in [`IterationTotals`] (a history of every iteration
+/// grew by about 170 bytes each, without bound).
+pub const HISTORY: usize = 10_000;
+
+/// Counts and seconds summed over every iteration of a run, the ones the
+/// history dropped included.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct IterationTotals {
+    /// Iterations run.
+    pub count: usize,
+    pub mttkrp_s: f64,
+    pub other_s: f64,
+    pub update_s: f64,
+    pub fit_s: f64,
+    /// The first iteration's MTTKRP and other seconds (it also compiles
+    /// kernels and, on a GPU with `--kernel auto`, tries the candidates).
+    pub first_mttkrp_s: f64,
+    pub first_other_s: f64,
+}
+
+impl IterationTotals {
+    /// Adds one iteration.
+    pub fn add(&mut self, s: &IterationStats) {
+        if self.count == 0 {
+            self.first_mttkrp_s = s.mttkrp_s;
+            self.first_other_s = s.other_s;
+        }
+        self.count += 1;
+        self.mttkrp_s += s.mttkrp_s;
+        self.other_s += s.other_s;
+        self.update_s += s.update_s;
+        self.fit_s += s.fit_s;
+    }
+}
+
 /// A CP model `sum_r lambda_r a_r^(1) o ... o a_r^(N)` and how it was found.
 #[derive(Clone, Debug)]
 pub struct KruskalModel {
@@ -45,8 +81,10 @@ pub struct KruskalModel {
     pub lambda: Vec<f64>,
     /// One `dims[m] x rank` matrix per mode, columns of unit 2-norm.
     pub factors: Vec<Array2<f32>>,
-    /// One entry per iteration run.
+    /// One entry per iteration run, the last [`HISTORY`] of them.
     pub iterations: Vec<IterationStats>,
+    /// Every iteration's count and seconds.
+    pub totals: IterationTotals,
     /// The fit changed less than the tolerance before the iteration limit.
     pub converged: bool,
     /// Mode updates whose R x R system was singular (solved by the
@@ -279,6 +317,7 @@ mod tests {
                 Array2::from_shape_fn((2, 2), |(i, j)| i as f32 - j as f32),
             ],
             iterations: vec![],
+            totals: IterationTotals::default(),
             converged: true,
             pseudo_inverse_solves: 0,
             interrupted: false,

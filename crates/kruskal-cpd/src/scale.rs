@@ -169,6 +169,7 @@ mod tests {
             lambda: vec![3.0 * s.factor(), 0.5 * s.factor()],
             factors: Vec::new(),
             iterations: Vec::new(),
+            totals: Default::default(),
             converged: true,
             pseudo_inverse_solves: 0,
             interrupted: false,

@@ -382,9 +382,10 @@ pub(super) fn print_summary(
     fms: Option<f64>,
     out: Option<&PathBuf>,
 ) {
-    let its = model.iterations.len();
-    let mttkrp: f64 = model.iterations.iter().map(|s| s.mttkrp_s).sum();
-    let other: f64 = model.iterations.iter().map(|s| s.other_s).sum();
+    // Totals over every iteration (the history keeps only the last).
+    let totals = &model.totals;
+    let its = totals.count;
+    let (mttkrp, other) = (totals.mttkrp_s, totals.other_s);
     let how = if model.converged {
         "converged"
     } else if model.interrupted {
@@ -400,8 +401,7 @@ pub(super) fn print_summary(
         println!("time       {cpd_s:.3} s for {starts} starts; the kept run:");
     }
     let run_s = mttkrp + other;
-    let update: f64 = model.iterations.iter().map(|s| s.update_s).sum();
-    let fit: f64 = model.iterations.iter().map(|s| s.fit_s).sum();
+    let (update, fit) = (totals.update_s, totals.fit_s);
     println!(
         "time       {:.3} s: MTTKRP {:.3} s ({:.0}%), update {:.3} s, fit {:.3} s, {:.4} s per iteration",
         if starts > 1 { run_s } else { cpd_s },
@@ -415,12 +415,11 @@ pub(super) fn print_summary(
         // The first iteration also compiles kernels (and, with --kernel
         // auto on the GPU, tries every candidate): the steady state is
         // the rest.
-        let rest = &model.iterations[1..];
-        let m: f64 = rest.iter().map(|s| s.mttkrp_s).sum();
-        let all: f64 = rest.iter().map(|s| s.mttkrp_s + s.other_s).sum();
+        let m = mttkrp - totals.first_mttkrp_s;
+        let all = m + other - totals.first_other_s;
         println!(
             "           after the first iteration: {:.4} s per iteration, MTTKRP {:.0}%",
-            all / rest.len() as f64,
+            all / (its - 1) as f64,
             100.0 * m / all.max(f64::MIN_POSITIVE)
         );
     }

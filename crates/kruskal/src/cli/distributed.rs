@@ -381,6 +381,7 @@ fn report(args: &CpdArgs, path: &Path, done: &Done) -> Result<()> {
             "converged": model.converged,
             "pseudo_inverse_solves": model.pseudo_inverse_solves,
             "iterations": model.iterations,
+            "iterations_run": model.totals.count,
             "starts": runs.summaries,
             "lambda": model.lambda,
             "out": args.out.as_ref().map(|p| p.display().to_string()),

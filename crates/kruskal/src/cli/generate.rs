@@ -117,6 +117,7 @@ pub fn run(args: GenArgs) -> Result<()> {
             lambda,
             factors,
             iterations: Vec::new(),
+            totals: Default::default(),
             converged: true,
             pseudo_inverse_solves: 0,
             interrupted: false,
