@@ -106,14 +106,13 @@ impl KruskalModel {
 
     /// Writes `lambda.npy` and `mode-<n>.npy` into `dir` (created if needed).
     ///
-    /// All files are first written under temporary names and renamed only
-    /// when every one was written, so a failure leaves no model file behind
-    /// (and never a half-written one). They get the permissions of any
-    /// newly created file (0666 less the umask).
+    /// The files are written into a new staging directory and moved into
+    /// place only when every one was written ([`StagedModel`]), so a
+    /// failure leaves no model file behind (and never a half-written one).
+    /// They get the permissions of any newly created file (0666 less the
+    /// umask).
     pub fn save(&self, dir: &Path) -> Result<()> {
-        self.save_with(dir, &|m, w| {
-            self.factors[m].write_npy(w).map_err(|e| e.to_string())
-        })
+        self.stage(dir, &mut |_| {})?.commit()
     }
 
     /// Writes the model of a compacted tensor (see
@@ -125,6 +124,17 @@ impl KruskalModel {
     ///
     /// Shapes: `factors[m]` has `compaction.compact_dims()[m]` rows.
     pub fn save_expanded(&self, dir: &Path, compaction: &Compaction) -> Result<()> {
+        self.stage_expanded(dir, compaction, &mut |_| {})?.commit()
+    }
+
+    /// [`save_expanded`](Self::save_expanded)'s files, staged and not yet
+    /// in place (see [`stage`](Self::stage)).
+    pub fn stage_expanded(
+        &self,
+        dir: &Path,
+        compaction: &Compaction,
+        staging: &mut dyn FnMut(&Path),
+    ) -> Result<StagedModel> {
         let rank = self.rank();
         let compact_dims = compaction.compact_dims();
         if self.factors.len() != compact_dims.len()
@@ -139,7 +149,7 @@ impl KruskalModel {
             ));
         }
         let zero_chunk = vec![0f32; rank.max(1) * EXPAND_ZERO_ROWS];
-        self.save_with(dir, &|m, w| {
+        self.stage_with(dir, staging, &|m, w| {
             let factor = &self.factors[m];
             let rows = factor.as_slice().ok_or("factor not in standard layout")?;
             write_npy_f32_header(w, compaction.dims[m] as u64, rank).map_err(|e| e.to_string())?;
@@ -154,18 +164,30 @@ impl KruskalModel {
         })
     }
 
+    /// Writes the model's files into a new staging directory and returns
+    /// it, not yet in place: [`StagedModel::commit`] moves them. `staging`
+    /// hears the staging directory's path as soon as it exists, before
+    /// anything is written into it, so a caller that may be ended by a
+    /// signal can remove it then (dropping the [`StagedModel`], or a
+    /// failure, removes it otherwise).
+    pub fn stage(&self, dir: &Path, staging: &mut dyn FnMut(&Path)) -> Result<StagedModel> {
+        self.stage_with(dir, staging, &|m, w| {
+            self.factors[m].write_npy(w).map_err(|e| e.to_string())
+        })
+    }
+
     /// Writes `lambda.npy`, then each `mode-<n>.npy` through `factor(m, w)`,
-    /// staged as temporary files renamed when all were written.
-    fn save_with(
+    /// into a new staging directory.
+    fn stage_with(
         &self,
         dir: &Path,
+        on_staging: &mut dyn FnMut(&Path),
         factor: &dyn Fn(usize, &mut dyn Write) -> std::result::Result<(), String>,
-    ) -> Result<()> {
-        fs::create_dir_all(dir).map_err(|e| CpdError::file(dir, e))?;
-        // Refuse up front what would make a rename fail half way.
+    ) -> Result<StagedModel> {
         let names: Vec<String> = std::iter::once("lambda.npy".to_string())
             .chain((1..=self.factors.len()).map(|m| format!("mode-{m}.npy")))
             .collect();
+        // Refuse up front what would make a rename fail half way.
         for name in &names {
             let target = dir.join(name);
             if target.is_dir() {
@@ -175,45 +197,153 @@ impl KruskalModel {
                 ));
             }
         }
-        let mut staged: Vec<(tempfile::NamedTempFile, PathBuf)> = Vec::new();
-        let stage =
-            |name: &str, write: &dyn Fn(&mut dyn Write) -> std::result::Result<(), String>| {
+        let staged = StagedModel::create(dir, names)?;
+        on_staging(&staged.staging);
+        let write =
+            |name: &str, body: &dyn Fn(&mut dyn Write) -> std::result::Result<(), String>| {
                 let target = dir.join(name);
-                let mut builder = tempfile::Builder::new();
-                builder.prefix(".kruskal-").suffix(".tmp");
-                // tempfile creates files readable by the owner only, and the
-                // rename keeps that mode; ask for what a plain create gives
-                // (0666, less the umask, which open(2) applies).
-                #[cfg(unix)]
-                {
-                    use std::os::unix::fs::PermissionsExt;
-                    builder.permissions(fs::Permissions::from_mode(0o666));
-                }
-                let tmp = builder
-                    .tempfile_in(dir)
-                    .map_err(|e| CpdError::file(&target, e))?;
-                {
-                    let mut w = BufWriter::with_capacity(WRITE_BUFFER, tmp.as_file());
-                    write(&mut w).map_err(|e| CpdError::file(&target, e))?;
-                    w.flush().map_err(|e| CpdError::file(&target, e))?;
-                }
-                Ok::<_, CpdError>((tmp, target))
+                let path = staged.staging.join(name);
+                // A plain create: 0666 less the umask.
+                let file = fs::File::create(&path).map_err(|e| CpdError::file(&target, e))?;
+                let mut w = BufWriter::with_capacity(WRITE_BUFFER, &file);
+                body(&mut w).map_err(|e| CpdError::file(&target, e))?;
+                w.flush().map_err(|e| CpdError::file(&target, e))?;
+                drop(w);
+                file.sync_all().map_err(|e| CpdError::file(&target, e))
             };
         let lambda = Array1::from(self.lambda.clone());
-        staged.push(stage(&names[0], &|w| {
+        write(&staged.names[0], &|w| {
             lambda.write_npy(w).map_err(|e| e.to_string())
-        })?);
-        for (m, name) in names[1..].iter().enumerate() {
-            staged.push(stage(name, &|w| factor(m, w))?);
+        })?;
+        for (m, name) in staged.names[1..].iter().enumerate() {
+            write(name, &|w| factor(m, w))?;
         }
-        for (tmp, target) in staged {
-            tmp.as_file()
-                .sync_all()
-                .map_err(|e| CpdError::file(&target, e))?;
-            tmp.persist(&target)
-                .map_err(|e| CpdError::file(&target, e.error))?;
+        Ok(staged)
+    }
+}
+
+/// A model's files written into a staging directory, not yet in place.
+/// Dropped without [`commit`](StagedModel::commit), it removes the
+/// staging directory and everything in it.
+///
+/// Where the destination does not exist or is empty (a directory made
+/// for the run), the staging directory sits beside it and
+/// [`commit`](StagedModel::commit) is one rename of the whole directory:
+/// the model appears at once. Where the destination holds other files
+/// (an earlier model, say), the staging directory sits inside it and the
+/// files are renamed in one by one, each replacing its namesake.
+#[derive(Debug)]
+pub struct StagedModel {
+    /// Where the files are.
+    staging: PathBuf,
+    /// Where they go.
+    dir: PathBuf,
+    /// The files, `lambda.npy` first.
+    names: Vec<String>,
+    /// Whether the staging directory replaces `dir` whole.
+    whole: bool,
+    committed: bool,
+}
+
+/// Staging directories made by this process so far (for unique names).
+static STAGINGS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl StagedModel {
+    /// Makes a new, empty staging directory for `dir`'s files (0777 less
+    /// the umask, as `mkdir` makes it, so the model directory it may
+    /// become has the usual permissions).
+    fn create(dir: &Path, names: Vec<String>) -> Result<StagedModel> {
+        let empty = match fs::read_dir(dir) {
+            Ok(mut entries) => entries.next().is_none(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+            Err(e) => return Err(CpdError::file(dir, e)),
+        };
+        let parent = match dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let mut builder = fs::DirBuilder::new();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            builder.mode(0o777);
         }
+        let base = dir
+            .file_name()
+            .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+        let try_in = |place: &Path| -> std::io::Result<PathBuf> {
+            loop {
+                let n = STAGINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let name = format!(".kruskal-{base}-{}-{n}.tmp", std::process::id());
+                let path = place.join(name);
+                match builder.create(&path) {
+                    Ok(()) => return Ok(path),
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        // Beside an empty destination (one rename), where its parent lets
+        // us write; else inside it.
+        if empty {
+            if let Ok(staging) = try_in(&parent) {
+                return Ok(StagedModel {
+                    staging,
+                    dir: dir.to_path_buf(),
+                    names,
+                    whole: true,
+                    committed: false,
+                });
+            }
+        }
+        fs::create_dir_all(dir).map_err(|e| CpdError::file(dir, e))?;
+        let staging = try_in(dir).map_err(|e| CpdError::file(dir, e))?;
+        Ok(StagedModel {
+            staging,
+            dir: dir.to_path_buf(),
+            names,
+            whole: false,
+            committed: false,
+        })
+    }
+
+    /// The staging directory.
+    pub fn staging_path(&self) -> &Path {
+        &self.staging
+    }
+
+    /// Moves the files into place: one rename of the staging directory
+    /// over an empty destination, else one rename per file. Cost: renames
+    /// only (the files were synced when written).
+    pub fn commit(mut self) -> Result<()> {
+        let io = |e| CpdError::file(&self.dir, e);
+        if self.whole {
+            // An empty destination may be replaced; one that became
+            // non-empty meanwhile is not, and the files go in one by one.
+            match fs::rename(&self.staging, &self.dir) {
+                Ok(()) => {
+                    self.committed = true;
+                    return Ok(());
+                }
+                Err(_) if self.dir.is_dir() => {}
+                Err(e) => return Err(io(e)),
+            }
+        }
+        for name in &self.names {
+            fs::rename(self.staging.join(name), self.dir.join(name))
+                .map_err(|e| CpdError::file(self.dir.join(name), e))?;
+        }
+        let _ = fs::remove_dir(&self.staging);
+        self.committed = true;
         Ok(())
+    }
+}
+
+impl Drop for StagedModel {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = fs::remove_dir_all(&self.staging);
+        }
     }
 }
 
@@ -381,6 +511,76 @@ mod tests {
             .filter(|n| n != "mode-2.npy")
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_new_or_empty_directory_gets_the_model_in_one_rename() {
+        let root = tempfile::tempdir().unwrap();
+        for made in [false, true] {
+            let dir = root.path().join(format!("model-{made}"));
+            if made {
+                fs::create_dir(&dir).unwrap();
+            }
+            let mut heard = None;
+            let staged = model()
+                .stage(&dir, &mut |p| heard = Some(p.to_path_buf()))
+                .unwrap();
+            let staging = heard.unwrap();
+            assert_eq!(staging, staged.staging_path());
+            // Beside the destination, which holds nothing yet.
+            assert_eq!(staging.parent(), Some(root.path()));
+            assert!(!dir.exists() || names_in(&dir).is_empty());
+            staged.commit().unwrap();
+            assert_eq!(
+                names_in(&dir),
+                ["lambda.npy", "mode-1.npy", "mode-2.npy", "mode-3.npy"]
+            );
+            assert!(!staging.exists());
+        }
+        assert_eq!(names_in(root.path()), ["model-false", "model-true"]);
+    }
+
+    #[test]
+    fn a_directory_with_other_files_gets_them_replaced_one_by_one() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("mode-1.npy"), b"old").unwrap();
+        fs::write(dir.path().join("notes.txt"), b"mine").unwrap();
+        let staged = model().stage(dir.path(), &mut |_| {}).unwrap();
+        assert_eq!(staged.staging_path().parent(), Some(dir.path()));
+        assert_eq!(fs::read(dir.path().join("mode-1.npy")).unwrap(), b"old");
+        staged.commit().unwrap();
+        assert_eq!(
+            names_in(dir.path()),
+            [
+                "lambda.npy",
+                "mode-1.npy",
+                "mode-2.npy",
+                "mode-3.npy",
+                "notes.txt"
+            ]
+        );
+        assert_eq!(load_factors(dir.path(), 3).unwrap()[1], model().factors[1]);
+    }
+
+    #[test]
+    fn a_staged_model_not_committed_leaves_nothing() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("m");
+        drop(model().stage(&dir, &mut |_| {}).unwrap());
+        assert!(names_in(root.path()).is_empty());
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("keep"), b"x").unwrap();
+        drop(model().stage(&dir, &mut |_| {}).unwrap());
+        assert_eq!(names_in(&dir), ["keep"]);
     }
 
     #[cfg(unix)]

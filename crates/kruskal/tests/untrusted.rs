@@ -358,12 +358,22 @@ fn runs_that_cannot_work_are_refused_before_any_work() {
     }
 }
 
+/// `kruskal ARGS` started with its standard output discarded and its
+/// standard error captured.
+fn spawn_quiet(args: &[&str]) -> std::process::Child {
+    kruskal_command(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn a_billion_starts_allocate_nothing_ahead() {
     // Each start runs and only the best model is kept: the process stays
     // small while it works through them, and Ctrl-C ends it.
     let file = data("splatt-small.tns");
-    let mut child = kruskal_command(&[
+    let mut child = spawn_quiet(&[
         "cpd",
         file.to_str().unwrap(),
         "--rank",
@@ -375,11 +385,7 @@ fn a_billion_starts_allocate_nothing_ahead() {
         "--backend",
         "cpu",
         "--json",
-    ])
-    .stdout(std::process::Stdio::null())
-    .stderr(std::process::Stdio::piped())
-    .spawn()
-    .unwrap();
+    ]);
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
     let rss_kib: u64 = status
@@ -388,11 +394,7 @@ fn a_billion_starts_allocate_nothing_ahead() {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap();
     assert!(child.try_wait().unwrap().is_none(), "ended early");
-    let kill = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    signal(child.id(), "INT");
     let o = child.wait_with_output().unwrap();
     assert!(rss_kib < 500 << 10, "{rss_kib} KiB resident after 1.5 s");
     assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
@@ -428,4 +430,143 @@ fn modes_and_threads_have_documented_limits() {
     let o = kruskal(&["cpd", small.to_str().unwrap(), "--threads", "100000"]);
     assert_clean_failure(&o, "--threads 100000: at most");
     assert!(start.elapsed().as_secs() < 5, "{:?}", start.elapsed());
+}
+
+/// Sends `signal` (`TERM`, `INT`, `HUP`) to the process `pid`.
+fn signal(pid: u32, signal: &str) {
+    let sent = Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
+
+/// Waits up to `limit` for `ready`, checking every 5 ms.
+fn wait_until(limit: std::time::Duration, mut ready: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    while start.elapsed() < limit {
+        if ready() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    false
+}
+
+/// The names in `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// A long `kruskal cpd` of splatt-small writing its model to `out`.
+fn long_run(file: &Path, out: &Path) -> std::process::Child {
+    spawn_quiet(&[
+        "cpd",
+        file.to_str().unwrap(),
+        "--rank",
+        "2",
+        "--iters",
+        "100000000",
+        "--tol",
+        "0",
+        "--backend",
+        "cpu",
+        "--json",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+}
+
+#[test]
+fn sigterm_and_sighup_stop_cleanly_and_a_second_one_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = data("splatt-small.tns");
+    // One SIGTERM (or SIGHUP): stop after the iteration, write the model.
+    for sig in ["TERM", "HUP"] {
+        let out = dir.path().join(format!("model-{sig}"));
+        let child = long_run(&file, &out);
+        assert!(wait_until(std::time::Duration::from_secs(20), || out.is_dir()));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        signal(child.id(), sig);
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(130), "{sig}: {}", stderr(&o));
+        assert_eq!(
+            names_in(&out),
+            ["lambda.npy", "mode-1.npy", "mode-2.npy", "mode-3.npy"],
+            "{sig}"
+        );
+    }
+    // Two: stop at once. Unless the model was in place before the second
+    // arrived (and the program says so), the directories the run made are
+    // gone. (Two signals sent at once may reach it as one: a pause.)
+    let out = dir.path().join("deep").join("model");
+    let child = long_run(&file, &out);
+    assert!(wait_until(std::time::Duration::from_secs(20), || out.is_dir()));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    signal(child.id(), "TERM");
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    signal(child.id(), "TERM");
+    let o = child.wait_with_output().unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    if err.contains("nothing written") {
+        assert!(!dir.path().join("deep").exists(), "{err}");
+    } else {
+        assert_eq!(names_in(&out).len(), 4, "{err}");
+    }
+}
+
+#[test]
+fn a_second_signal_while_the_model_is_written_leaves_all_or_nothing() {
+    // A 40,000,000-row factor (--compact writes the file's numbering):
+    // 320 MB to write, long enough to be interrupted while writing.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("wide.tns");
+    std::fs::write(&file, "1 1 1 1.0\n2 2 2 2.0\n40000000 3 3 3.0\n").unwrap();
+    let out = dir.path().join("model");
+    let child = spawn_quiet(&[
+        "cpd",
+        file.to_str().unwrap(),
+        "--rank",
+        "2",
+        "--iters",
+        "2",
+        "--compact",
+        "--backend",
+        "cpu",
+        "--json",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let staging = || {
+        names_in(dir.path())
+            .iter()
+            .any(|n| n.starts_with(".kruskal-"))
+    };
+    let seen = wait_until(std::time::Duration::from_secs(60), staging);
+    // (Two signals sent at once may reach it as one: a pause.)
+    signal(child.id(), "INT");
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    signal(child.id(), "INT");
+    let o = child.wait_with_output().unwrap();
+    let err = stderr(&o);
+    assert!(seen, "no staging directory was seen: {err}");
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    // Either nothing (and no directory), or the whole model, as it says.
+    let left = names_in(dir.path());
+    if err.contains("nothing written") {
+        assert_eq!(left, ["wide.tns"], "{err}");
+    } else {
+        assert!(err.contains("the model was already written"), "{err}");
+        assert_eq!(left, ["model", "wide.tns"], "{err}");
+        assert_eq!(
+            names_in(&out),
+            ["lambda.npy", "mode-1.npy", "mode-2.npy", "mode-3.npy"]
+        );
+    }
 }

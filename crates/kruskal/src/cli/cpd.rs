@@ -1,7 +1,7 @@
 //! `kruskal cpd`: CP decomposition of a tensor file, or of a planted
 //! low-rank tensor with `--demo`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -15,7 +15,7 @@ use kruskal_cpd::{
 use kruskal_formats::generate::{PlantedSpec, planted};
 
 use super::common::{GpuArgs, InputArgs, MultiGpuArgs, set_threads};
-use super::{compact, preflight};
+use super::{cleanup, compact, preflight};
 use kruskal::input::Loaded;
 use kruskal::measure::{CpdRunOptions, cpd_report};
 
@@ -163,6 +163,9 @@ pub fn run(args: CpdArgs) -> Result<()> {
         .compact
         .then(|| compact::compact_tensor(&mut loaded, args.json, args.out.is_some()))
         .transpose()?;
+    // From here on a signal stops the run cleanly (reading above is ended
+    // by it at once, as it leaves nothing behind).
+    let stop = interrupt_flag()?;
     let out_dir = match &args.out {
         Some(dir) => {
             let dims = compaction
@@ -173,7 +176,6 @@ pub fn run(args: CpdArgs) -> Result<()> {
         }
         None => None,
     };
-    let stop = interrupt_flag()?;
     let opts = CpdRunOptions {
         decompose: decompose_options(&args, loaded.tensor.nmodes())?,
         quiet: args.json,
@@ -185,11 +187,17 @@ pub fn run(args: CpdArgs) -> Result<()> {
         .as_ref()
         .map(|p| factor_match_score(&model.lambda, &model.factors, &p.lambda, &p.factors));
     if let Some(dir) = &args.out {
-        match &compaction {
-            Some(map) => model.save_expanded(dir, map),
-            None => model.save(dir),
+        // Written into a staging directory the signal handler removes, and
+        // moved into place under its lock: all of the model or none.
+        let mut track = |staging: &Path| cleanup::track_staging(staging);
+        let staged = match &compaction {
+            Some(map) => model.stage_expanded(dir, map, &mut track),
+            None => model.stage(dir, &mut track),
         }
         .with_context(|| format!("writing the model to {}", dir.display()))?;
+        let staging = staged.staging_path().to_path_buf();
+        cleanup::committing(&staging, || staged.commit())
+            .with_context(|| format!("writing the model to {}", dir.display()))?;
     }
     if let Some(dir) = out_dir {
         dir.keep();
@@ -337,13 +345,15 @@ pub(super) fn print_breakdown(b: &GroupBackend, whose: &str) {
 static INTERRUPTS: AtomicUsize = AtomicUsize::new(0);
 static STOP: AtomicBool = AtomicBool::new(false);
 
-/// Installs the Ctrl-C handler (once per process).
+/// Installs the handler of Ctrl-C, SIGTERM and SIGHUP (once per
+/// process): the first stops the run after the current iteration (the
+/// model so far is written), the next ends the process at once, removing
+/// the model's temporaries and the `--out` directories the run made.
 fn interrupt_flag() -> Result<&'static AtomicBool> {
     ctrlc::set_handler(|| {
         STOP.store(true, Ordering::SeqCst);
         if INTERRUPTS.fetch_add(1, Ordering::SeqCst) > 0 {
-            eprintln!("kruskal: interrupted again; stopping now, nothing written");
-            std::process::exit(130);
+            cleanup::quit(130, "interrupted again");
         }
         eprintln!("kruskal: stopping after this iteration (Ctrl-C again to quit at once)");
     })

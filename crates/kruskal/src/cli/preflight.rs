@@ -123,7 +123,9 @@ impl OutDir {
             if let Err(e) = std::fs::create_dir(&dir) {
                 bail!("--out {shown}: cannot create {}: {e}", dir.display());
             }
-            out.created.push(dir);
+            out.created.push(dir.clone());
+            // Removed by a quit on a signal too, not only on a failure.
+            super::cleanup::track_created(&[dir]);
         }
         for name in model_names(nmodes) {
             if path.join(&name).is_dir() {
@@ -162,6 +164,7 @@ impl OutDir {
     /// The run succeeded: keep the directory.
     pub fn keep(mut self) {
         self.kept = true;
+        super::cleanup::forget_created(&self.created);
     }
 
     /// Refuses a model of `bytes` (see
@@ -194,6 +197,7 @@ impl Drop for OutDir {
         for dir in self.created.iter().rev() {
             let _ = std::fs::remove_dir(dir);
         }
+        super::cleanup::forget_created(&self.created);
     }
 }
 
