@@ -108,8 +108,17 @@ pub(crate) fn check_factor_shapes(dims: &[u32], factors: &[Array2<f32>]) -> Resu
             )));
         }
         if !all_finite(f) {
-            return Err(CpdError::Shape(format!(
-                "factor of mode {} has a value that is not finite",
+            return Err(CpdError::Invalid(format!(
+                "the initial factor of mode {} holds a value that is not finite",
+                m + 1
+            )));
+        }
+        // The first mode's factor is computed first, from the others; a
+        // zero factor of another mode makes every MTTKRP zero, and ALS
+        // would "converge" at once to a fit of 0.
+        if m > 0 && f.iter().all(|&x| x == 0.0) {
+            return Err(CpdError::Invalid(format!(
+                "the initial factor of mode {} is all zeros, from which ALS cannot move",
                 m + 1
             )));
         }
@@ -506,6 +515,35 @@ mod tests {
         given.init = Init::Given(random_factors(t.dims(), 2, 9));
         let err = cpd_als(&mut CpuBackend::new(&t), &given).unwrap_err();
         assert!(err.to_string().contains("rank 2"), "{err}");
+    }
+
+    #[test]
+    fn initial_factors_that_are_not_finite_or_all_zero_are_refused() {
+        let t = power_law(&PowerLawSpec::new(vec![30, 20, 10], 2_000)).unwrap();
+        let mut opts = CpdOptions::new(3);
+        let refused = |factors: Vec<Array2<f32>>, opts: &mut CpdOptions| {
+            opts.init = Init::Given(factors);
+            let err = cpd_als(&mut CpuBackend::new(&t), opts).unwrap_err();
+            assert!(matches!(err, CpdError::Invalid(_)), "{err}");
+            err.to_string()
+        };
+        let mut nan = random_factors(t.dims(), 3, 1);
+        nan[1][[4, 2]] = f32::NAN;
+        let err = refused(nan, &mut opts);
+        assert!(
+            err.contains("mode 2 holds a value that is not finite"),
+            "{err}"
+        );
+        let mut zero = random_factors(t.dims(), 3, 1);
+        zero[2].fill(0.0);
+        let err = refused(zero, &mut opts);
+        assert!(err.contains("mode 3 is all zeros"), "{err}");
+        // The first mode's factor may be zero: it is computed first.
+        let mut first = random_factors(t.dims(), 3, 1);
+        first[0].fill(0.0);
+        opts.init = Init::Given(first);
+        opts.max_iters = 3;
+        assert!(cpd_als(&mut CpuBackend::new(&t), &opts).unwrap().fit() > 0.0);
     }
 
     #[test]

@@ -388,6 +388,11 @@ fn read_matrix(path: &Path) -> Result<Array2<f32>> {
 /// `mode-<nmodes>.npy`, and `lambda.npy` if present, whose weights are
 /// multiplied into the first mode's factor (ALS recomputes that factor first,
 /// so they do not change the iterations; they keep the given model whole).
+///
+/// Errors name the file: a missing one, one that is not a float matrix,
+/// a value that is not finite (at its row and column), weights that do
+/// not match the columns, and a `mode-<nmodes + 1>.npy` beside them
+/// (factors of a tensor with more modes).
 pub fn load_factors(dir: &Path, nmodes: usize) -> Result<Vec<Array2<f32>>> {
     let mut factors = Vec::with_capacity(nmodes);
     for m in 1..=nmodes {
@@ -398,7 +403,28 @@ pub fn load_factors(dir: &Path, nmodes: usize) -> Result<Vec<Array2<f32>>> {
                 format!("missing: a {nmodes}-mode tensor needs mode-1.npy .. mode-{nmodes}.npy"),
             ));
         }
-        factors.push(read_matrix(&path)?);
+        let factor = read_matrix(&path)?;
+        if let Some(((row, col), x)) = factor.indexed_iter().find(|(_, x)| !x.is_finite()) {
+            return Err(CpdError::file(
+                &path,
+                format!(
+                    "holds {x} at row {}, column {}: initial factors must be finite",
+                    row + 1,
+                    col + 1
+                ),
+            ));
+        }
+        factors.push(factor);
+    }
+    let stray = dir.join(format!("mode-{}.npy", nmodes + 1));
+    if stray.exists() {
+        return Err(CpdError::file(
+            &stray,
+            format!(
+                "a factor beyond the tensor's {nmodes} modes: these factors are for a tensor of \
+                 more modes"
+            ),
+        ));
     }
     let lambda_path = dir.join("lambda.npy");
     if lambda_path.exists() {
@@ -415,6 +441,12 @@ pub fn load_factors(dir: &Path, nmodes: usize) -> Result<Vec<Array2<f32>>> {
                     .mapv(f64::from)
             }
         };
+        if let Some((r, l)) = lambda.iter().enumerate().find(|(_, l)| !l.is_finite()) {
+            return Err(CpdError::file(
+                &lambda_path,
+                format!("weight {} is {l}: initial weights must be finite", r + 1),
+            ));
+        }
         let rank = factors.first().map_or(0, |f| f.ncols());
         if lambda.len() != rank {
             return Err(CpdError::file(
@@ -495,6 +527,40 @@ mod tests {
             err.contains("mode-2.npy") && err.contains(".npy matrix"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn load_names_the_file_of_a_bad_value_and_a_stray_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        model().save(dir.path()).unwrap();
+        let mut weights = Array1::from(vec![1.0f64, f64::NAN]);
+        weights
+            .write_npy(fs::File::create(dir.path().join("lambda.npy")).unwrap())
+            .unwrap();
+        let err = load_factors(dir.path(), 3).unwrap_err().to_string();
+        assert!(
+            err.contains("lambda.npy: weight 2 is NaN") && !err.contains("mode-1"),
+            "{err}"
+        );
+        weights[1] = 1.0;
+        weights
+            .write_npy(fs::File::create(dir.path().join("lambda.npy")).unwrap())
+            .unwrap();
+        let mut f = model().factors[2].clone();
+        f[[1, 0]] = f32::INFINITY;
+        f.write_npy(fs::File::create(dir.path().join("mode-3.npy")).unwrap())
+            .unwrap();
+        let err = load_factors(dir.path(), 3).unwrap_err().to_string();
+        assert!(
+            err.contains("mode-3.npy: holds inf at row 2, column 1"),
+            "{err}"
+        );
+        model().save(dir.path()).unwrap();
+        model().factors[0]
+            .write_npy(fs::File::create(dir.path().join("mode-4.npy")).unwrap())
+            .unwrap();
+        let err = load_factors(dir.path(), 3).unwrap_err().to_string();
+        assert!(err.contains("mode-4.npy: a factor beyond"), "{err}");
     }
 
     #[test]

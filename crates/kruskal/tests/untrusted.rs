@@ -570,3 +570,109 @@ fn a_second_signal_while_the_model_is_written_leaves_all_or_nothing() {
         );
     }
 }
+
+#[test]
+fn options_get_the_programs_own_rules() {
+    let small = data("splatt-small.tns");
+    let f = small.to_str().unwrap();
+    // Negative numbers reach the rule, not the number parser.
+    for (flag, value, rule) in [
+        ("--seed", "-1", "a seed is a whole number from 0"),
+        ("--threads", "-1", "--threads is 0 (one thread per core)"),
+        ("--rank", "-3", "the rank is a whole number of at least 1"),
+    ] {
+        let o = kruskal(&["cpd", f, flag, value]);
+        let err = stderr(&o);
+        assert!(
+            !o.status.success() && err.contains(rule),
+            "{flag} {value}: {err}"
+        );
+        assert!(
+            !err.contains("unexpected argument") && !err.contains("invalid digit"),
+            "{err}"
+        );
+    }
+    // GPU launch options: out of range anywhere, and refused on the CPU
+    // rather than ignored.
+    for (args, needle) in [
+        (vec!["--threadlen", "3"], "--threadlen 3: a power of two"),
+        (vec!["--block-bits", "99"], "--block-bits 99: from 1 to 8"),
+        (vec!["--kappa", "0"], "--kappa 0"),
+        (
+            vec!["--backend", "cpu", "--threadlen", "4", "--kappa", "2"],
+            "--kappa, --threadlen: options of the GPU engines",
+        ),
+    ] {
+        let mut all = vec!["cpd", f];
+        all.extend(&args);
+        assert_clean_failure(&kruskal(&all), needle);
+        all[0] = "mttkrp";
+        assert_clean_failure(&kruskal(&all), needle);
+    }
+}
+
+#[test]
+fn bad_initial_factors_name_their_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = data("splatt-small.tns");
+    let f = small.to_str().unwrap();
+    let model = dir.path().join("model");
+    let o = kruskal(&[
+        "cpd",
+        f,
+        "--rank",
+        "2",
+        "--backend",
+        "cpu",
+        "--out",
+        model.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let init = |extra: &[&str]| {
+        let mut args = vec![
+            "cpd",
+            f,
+            "--backend",
+            "cpu",
+            "--init",
+            model.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        kruskal(&args)
+    };
+    assert!(init(&[]).status.success());
+    // A .npy of float64 values: the 2 weights, one of them NaN.
+    let npy = |values: &[f64], shape: &str| {
+        let dict = format!("{{'descr': '<f8', 'fortran_order': False, 'shape': {shape}, }}");
+        let mut header = dict.into_bytes();
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(b' ');
+        }
+        header.push(b'\n');
+        let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+        bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        bytes.extend_from_slice(&header);
+        for v in values {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        bytes
+    };
+    let lambda = model.join("lambda.npy");
+    let good_lambda = std::fs::read(&lambda).unwrap();
+    std::fs::write(&lambda, npy(&[1.0, f64::NAN], "(2,)")).unwrap();
+    assert_clean_failure(&init(&[]), "lambda.npy: weight 2 is NaN");
+    std::fs::write(&lambda, &good_lambda).unwrap();
+    // splatt-small is 2 x 3 x 2: mode 3 has 2 rows of 2 columns.
+    let mode3 = model.join("mode-3.npy");
+    let good_mode3 = std::fs::read(&mode3).unwrap();
+    std::fs::write(&mode3, npy(&[1.0, 0.5, f64::INFINITY, 2.0], "(2, 2)")).unwrap();
+    assert_clean_failure(&init(&[]), "mode-3.npy: holds inf at row 2, column 1");
+    std::fs::write(&mode3, npy(&[0.0; 4], "(2, 2)")).unwrap();
+    assert_clean_failure(&init(&[]), "mode 3 is all zeros");
+    std::fs::write(&mode3, &good_mode3).unwrap();
+    std::fs::write(model.join("mode-4.npy"), &good_mode3).unwrap();
+    assert_clean_failure(
+        &init(&[]),
+        "mode-4.npy: a factor beyond the tensor's 3 modes",
+    );
+}

@@ -8,7 +8,9 @@ use rayon::prelude::*;
 
 use super::columns::Columns;
 use super::feed::{Block, Feed, Job};
-use super::parse::{Layout, ParsedBlock, count_lines, first_data_line, make_layout, parse_block};
+use super::parse::{
+    Layout, ParsedBlock, count_lines, first_data_line, make_layout, parse_block, with_cr_hint,
+};
 use crate::error::{FormatError, Result};
 use crate::io::ReadOptions;
 use crate::memory;
@@ -48,7 +50,19 @@ pub(super) fn parse_batches(
             let mut line = lines_before;
             for b in &mut blocks {
                 if let Some((local, ncols)) = first_data_line(b.text()) {
-                    layout = Some(make_layout(path, ncols, line + local, opts)?);
+                    let made = make_layout(path, ncols, line + local, opts);
+                    layout = Some(made.map_err(|e| match e {
+                        FormatError::Parse {
+                            path,
+                            line,
+                            message,
+                        } => FormatError::Parse {
+                            path,
+                            line,
+                            message: with_cr_hint(message, b.text()),
+                        },
+                        other => other,
+                    })?);
                     break;
                 }
                 line += count_lines(b.text());

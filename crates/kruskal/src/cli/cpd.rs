@@ -14,7 +14,9 @@ use kruskal_cpd::{
 };
 use kruskal_formats::generate::{PlantedSpec, planted};
 
-use super::common::{GpuArgs, InputArgs, MultiGpuArgs, set_threads};
+use super::common::{
+    GpuArgs, InputArgs, MultiGpuArgs, parse_rank, parse_seed, parse_threads, set_threads,
+};
 use super::{cleanup, compact, preflight};
 use kruskal::input::Loaded;
 use kruskal::measure::{CpdRunOptions, cpd_report};
@@ -39,7 +41,7 @@ pub struct CpdArgs {
     #[arg(long, conflicts_with_all = ["file", "like"])]
     pub demo: bool,
     /// Number of components (default 10, or the planted rank with --demo).
-    #[arg(long, short, allow_negative_numbers = true)]
+    #[arg(long, short, allow_negative_numbers = true, value_parser = parse_rank)]
     pub rank: Option<usize>,
     /// Iteration limit (0: the output is the initial factors).
     #[arg(long, default_value_t = kruskal_cpd::als::DEFAULT_MAX_ITERS, allow_negative_numbers = true)]
@@ -48,7 +50,7 @@ pub struct CpdArgs {
     #[arg(long, default_value_t = kruskal_cpd::als::DEFAULT_TOL, allow_negative_numbers = true)]
     pub tol: f64,
     /// Seed of the random initial factors.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = parse_seed)]
     pub seed: u64,
     /// Run from this many random starts (seeds SEED, SEED+1, ...) and keep
     /// the model with the best fit: ALS from one start can stop in a local
@@ -86,7 +88,7 @@ pub struct CpdArgs {
     #[command(flatten)]
     pub distributed: super::distributed::DistributedArgs,
     /// Worker threads (default: one per core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = parse_threads)]
     pub threads: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -136,6 +138,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
     let on_cpu = args.multi.gpus.is_none()
         && (args.backend == BackendChoice::Cpu
             || (args.backend == BackendChoice::Auto && preflight::no_gpu_here()));
+    args.gpu.check(on_cpu)?;
     // (`--compact` shrinks the dimensions first; checked after it.)
     if on_cpu && !args.demo && !args.compact {
         let rank = args.rank.unwrap_or(DEMO_RANK);

@@ -31,7 +31,7 @@ pub struct GenArgs {
     /// Zipf exponent of every mode, or one per mode (e.g. 1.1,0.5,1.1).
     #[arg(long, default_value = "1.1")]
     pub exponent: String,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = super::common::parse_seed)]
     pub seed: u64,
     /// Accepted for old scripts: generated coordinates are always distinct
     /// (the nonzero count is that of distinct coordinates).

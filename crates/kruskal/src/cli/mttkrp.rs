@@ -6,7 +6,7 @@ use anyhow::{Result, bail};
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
-use super::common::{GpuArgs, InputArgs, MultiGpuArgs, set_threads};
+use super::common::{GpuArgs, InputArgs, MultiGpuArgs, parse_rank, parse_threads, set_threads};
 use kruskal::measure::{MttkrpBackend, MttkrpOptions, TOLERANCE};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -21,7 +21,7 @@ pub struct MttkrpArgs {
     #[command(flatten)]
     pub input: InputArgs,
     /// Number of columns of the factor matrices.
-    #[arg(long, short, default_value_t = 32, allow_negative_numbers = true)]
+    #[arg(long, short, default_value_t = 32, allow_negative_numbers = true, value_parser = parse_rank)]
     pub rank: usize,
     /// `all`, or one mode numbered from 1.
     #[arg(long, default_value = "all")]
@@ -51,7 +51,7 @@ pub struct MttkrpArgs {
     #[arg(long)]
     pub compact: bool,
     /// Worker threads (default: one per core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = parse_threads)]
     pub threads: usize,
     #[arg(long)]
     pub json: bool,
@@ -94,6 +94,7 @@ pub fn run(args: MttkrpArgs) -> Result<()> {
         args.rank,
         args.backend == BackendChoice::Gpu || options.gpus.is_some(),
     );
+    args.gpu.check(!on_gpus)?;
     if !args.compact {
         // (`--compact` shrinks the dimensions first; checked after it.)
         super::preflight::check_memory_ahead(&args.input, |dims, nnz| {
