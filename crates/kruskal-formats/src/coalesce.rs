@@ -82,9 +82,9 @@ fn check_memory(width: KeyWidth, nmodes: usize, nnz: usize) -> Result<()> {
         .saturating_add(memory::coo_bytes(nmodes, nnz as u64));
     match memory::shortfall(need) {
         Some(available) => Err(FormatError::Memory(format!(
-            "the {nnz} nonzeros are not in coordinate order, and searching them for repeated \
-             coordinates needs {} (a sort of their coordinates and the summed arrays), and {} \
-             are available (MemAvailable)",
+            "the {nnz} nonzeros are not in strictly increasing coordinate order, and searching \
+             them for repeated coordinates needs {} (a sort of their coordinates and the summed \
+             arrays), and {} are available (MemAvailable)",
             memory::bytes_text(need),
             memory::bytes_text(available)
         ))),

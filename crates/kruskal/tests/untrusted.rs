@@ -242,11 +242,16 @@ fn sparse_ktns(path: &Path, nnz: u64) {
 /// `kruskal ARGS` under an address-space limit of `limit_kib` (`ulimit
 /// -v`), as a user on a shared machine may run it.
 fn kruskal_limited(limit_kib: u64, args: &[&str]) -> Output {
+    // Two threads and two malloc arenas, so that the address space the
+    // process takes before it allocates anything large does not grow
+    // with the machine's cores (each arena reserves 64 MiB).
     Command::new("sh")
         .arg("-c")
         .arg(format!("ulimit -v {limit_kib} && exec \"$0\" \"$@\""))
         .arg(kruskal_bin())
         .args(args)
+        .env("RAYON_NUM_THREADS", "2")
+        .env("MALLOC_ARENA_MAX", "2")
         .output()
         .expect("sh runs")
 }
@@ -674,5 +679,56 @@ fn bad_initial_factors_name_their_file() {
     assert_clean_failure(
         &init(&[]),
         "mode-4.npy: a factor beyond the tensor's 3 modes",
+    );
+}
+
+#[test]
+fn a_gzip_bomb_of_one_repeated_line_is_refused_not_killed() {
+    // 400 KB of gzip, 24,000,000 copies of one line: 384 MB of columns
+    // and as much again to sum them, under a 1 GiB limit.
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let bomb = dir.path().join("bomb.tns.gz");
+    let mut gz = flate2::write::GzEncoder::new(
+        std::fs::File::create(&bomb).unwrap(),
+        flate2::Compression::fast(),
+    );
+    let block = b"1 1 1 1\n".repeat(1 << 20);
+    for _ in 0..24_000_000 / (1 << 20) + 1 {
+        gz.write_all(&block).unwrap();
+    }
+    gz.finish().unwrap();
+    let start = std::time::Instant::now();
+    let o = kruskal_limited(1 << 20, &["info", bomb.to_str().unwrap()]);
+    assert_clean_failure(&o, "MemAvailable");
+    assert_clean_failure(&o, "bomb.tns.gz");
+    assert!(start.elapsed().as_secs() < 60, "{:?}", start.elapsed());
+}
+
+#[test]
+fn streams_and_devices_are_named_as_such_and_a_fifo_does_not_hang() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.tns.gz");
+    let made = Command::new("mkfifo").arg(&fifo).status();
+    let mut inputs = vec![PathBuf::from("/dev/zero"), PathBuf::from("/dev/urandom")];
+    if made.is_ok_and(|s| s.success()) {
+        inputs.push(fifo);
+    }
+    for input in &inputs {
+        let start = std::time::Instant::now();
+        let o = kruskal(&["info", input.to_str().unwrap()]);
+        assert_clean_failure(&o, "not a regular file");
+        assert!(start.elapsed().as_secs() < 5, "{}", input.display());
+    }
+    if Path::new("/proc/self/environ").is_file() {
+        let o = kruskal(&["info", "/proc/self/environ"]);
+        assert_clean_failure(&o, "reports a length of 0 but holds data");
+    }
+    // A .ktns that is neither the binary format nor text says so.
+    let bad = dir.path().join("bad.ktns");
+    std::fs::write(&bad, b"KRUSKAX\0\x02\x00\x00\x00\xff\xfe").unwrap();
+    assert_clean_failure(
+        &kruskal(&["info", bad.to_str().unwrap()]),
+        "not a kruskal binary tensor",
     );
 }
