@@ -247,7 +247,7 @@ fn scaled_copy(
     if scale.is_none() {
         return Ok((scale, None));
     }
-    let bytes = (tensor.nnz() as u64).saturating_mul(4 * tensor.nmodes() as u64 + 4);
+    let bytes = kruskal_formats::memory::coo_bytes(tensor.nmodes(), tensor.nnz() as u64);
     let available = crate::memory::available_bytes().unwrap_or(u64::MAX);
     if bytes > available {
         return Err(CpdError::Memory(format!(

@@ -253,6 +253,41 @@ const WRITE_BUFFER: usize = 1 << 20;
 ///
 /// `write` gets a buffered writer. If it, or any later step, fails, the
 /// temporary file is removed and nothing is created under `path`.
+/// How the temporary files this process writes `path` through begin:
+/// `.NAME.PID.` (then random characters and `.tmp`), in `path`'s
+/// directory. A program ended by a signal while writing removes those of
+/// its own pid ([`remove_temporaries`]). `None` when `path` names no file.
+pub fn temporary_prefix(path: &Path) -> Option<std::ffi::OsString> {
+    let name = path.file_name()?;
+    let mut prefix = std::ffi::OsString::from(".");
+    prefix.push(name);
+    prefix.push(format!(".{}.", std::process::id()));
+    Some(prefix)
+}
+
+/// Removes the temporary files this process is writing `path` through
+/// (see [`temporary_prefix`]); for a signal handler that ends the process
+/// while a write may be under way. Best effort: errors are ignored.
+pub fn remove_temporaries(path: &Path) {
+    let Some(prefix) = temporary_prefix(path) else {
+        return;
+    };
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = prefix.to_string_lossy().into_owned();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&prefix) && name.ends_with(".tmp") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 pub(crate) fn write_atomically<F>(path: &Path, write: F) -> Result<()>
 where
     F: FnOnce(&mut dyn Write) -> Result<()>,
@@ -261,12 +296,8 @@ where
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let name = path
-        .file_name()
-        .ok_or_else(|| FormatError::file(path, "not a file name"))?;
-    let mut prefix = std::ffi::OsString::from(".");
-    prefix.push(name);
-    prefix.push(".");
+    let prefix =
+        temporary_prefix(path).ok_or_else(|| FormatError::file(path, "not a file name"))?;
     let mut builder = tempfile::Builder::new();
     builder.prefix(&prefix).suffix(".tmp");
     // tempfile creates files readable by the owner only; ask for the usual
@@ -491,6 +522,22 @@ mod tests {
         let missing = dir.path().join("no/such/dir/out.ktns");
         assert!(write_tensor(&missing, &small()).is_err());
         assert!(entries(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn temporaries_carry_the_pid_and_can_be_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("t.tns");
+        let prefix = temporary_prefix(&out).unwrap();
+        let prefix = prefix.to_string_lossy();
+        assert_eq!(prefix, format!(".t.tns.{}.", std::process::id()));
+        // As a write under way leaves it, beside another process's and a
+        // file of the user's.
+        std::fs::write(dir.path().join(format!("{prefix}abc123.tmp")), b"x").unwrap();
+        std::fs::write(dir.path().join(".t.tns.1.abc123.tmp"), b"x").unwrap();
+        std::fs::write(dir.path().join("keep.tns"), b"x").unwrap();
+        remove_temporaries(&out);
+        assert_eq!(entries(dir.path()), [".t.tns.1.abc123.tmp", "keep.tns"]);
     }
 
     #[test]

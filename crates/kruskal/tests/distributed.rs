@@ -285,6 +285,51 @@ fn two_processes_match_one_process_on_two_gpus() {
     eprintln!("fits across processes {got:?}\nfits in one process  {want:?}");
 }
 
+/// Rank 0's `--json` report of a run of two processes on `file`.
+fn two_process_report(file: &Path, args: &[&str]) -> serde_json::Value {
+    let f = file.to_str().unwrap();
+    let port = free_port();
+    let rank1 = spawn_rank(1, port, &[f], args, Stdio::null());
+    let rank0 = spawn_rank(0, port, &[f], args, Stdio::piped());
+    let o0 = wait_bounded(rank0, Duration::from_secs(180), "rank 0");
+    let o1 = wait_bounded(rank1, Duration::from_secs(30), "rank 1");
+    assert!(o0.status.success(), "rank 0: {}", text(&o0.stderr));
+    assert!(o1.status.success(), "rank 1: {}", text(&o1.stderr));
+    serde_json::from_str(&text(&o0.stdout)).unwrap()
+}
+
+#[test]
+fn values_far_from_one_give_the_same_fits_across_processes() {
+    if two_gpus().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let base = tensor_file(dir.path(), 100_000);
+    let mut t = kruskal_formats::binary::read_binary(&base).unwrap();
+    t.scale_values_pow2(110).unwrap();
+    let big = dir.path().join("big.ktns");
+    kruskal_formats::binary::write_binary(&big, &t).unwrap();
+    let args = ["--rank", "8", "--iters", "10", "--tol", "0", "--json"];
+    let want = two_process_report(&base, &args);
+    let got = two_process_report(&big, &args);
+    let (want_fits, got_fits) = (fits(&want.to_string()), fits(&got.to_string()));
+    for (a, b) in got_fits.iter().zip(&want_fits) {
+        assert!((a - b).abs() <= 1e-6, "{got_fits:?} vs {want_fits:?}");
+    }
+    let weights = |v: &serde_json::Value| -> Vec<f64> {
+        v["lambda"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l.as_f64().unwrap())
+            .collect()
+    };
+    for (a, b) in weights(&got).iter().zip(weights(&want)) {
+        let b = b * 2f64.powi(110);
+        assert!(a.is_finite() && (a - b).abs() <= 1e-3 * b, "{a} {b}");
+    }
+}
+
 #[test]
 fn a_false_claim_of_distinct_coordinates_is_refused_by_every_rank() {
     if two_gpus().is_none() {

@@ -732,3 +732,35 @@ fn streams_and_devices_are_named_as_such_and_a_fifo_does_not_hang() {
         "not a kruskal binary tensor",
     );
 }
+
+#[test]
+fn a_signal_while_a_tensor_file_is_written_leaves_no_temporary() {
+    // gen writes through a temporary beside the output; SIGTERM while it
+    // does removes it (and the output never appears).
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("big.tns");
+    let child = spawn_quiet(&[
+        "gen",
+        out.to_str().unwrap(),
+        "--like",
+        "nell-2",
+        "--nnz",
+        "8M",
+    ]);
+    let writing = || {
+        names_in(dir.path())
+            .iter()
+            .any(|n| n.starts_with(".big.tns."))
+    };
+    let seen = wait_until(std::time::Duration::from_secs(120), writing);
+    signal(child.id(), "TERM");
+    let o = child.wait_with_output().unwrap();
+    assert!(seen, "no temporary was seen: {}", stderr(&o));
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    assert!(stderr(&o).contains("nothing written"), "{}", stderr(&o));
+    assert!(
+        names_in(dir.path()).is_empty(),
+        "{:?}",
+        names_in(dir.path())
+    );
+}

@@ -1,5 +1,6 @@
 //! What a run must not leave behind when it is ended early: the model's
-//! staging directory and the `--out` directories the pre-run check made.
+//! staging directory, the `--out` directories the pre-run check made, and
+//! the temporaries of a tensor file being written (`convert`, `gen`).
 //!
 //! Paths are registered while they exist; [`quit`] (the signal handler's
 //! way out: a second Ctrl-C, SIGTERM or SIGHUP) removes them before the
@@ -17,6 +18,9 @@ struct Registry {
     staging: Vec<PathBuf>,
     /// Directories made for `--out`, outermost first; removed if empty.
     created: Vec<PathBuf>,
+    /// Files being written through temporaries beside them, removed
+    /// (`kruskal_formats::io::remove_temporaries`).
+    outputs: Vec<PathBuf>,
     /// The model was moved into place.
     written: bool,
 }
@@ -24,6 +28,7 @@ struct Registry {
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     staging: Vec::new(),
     created: Vec::new(),
+    outputs: Vec::new(),
     written: false,
 });
 
@@ -49,6 +54,20 @@ pub fn forget_created(dirs: &[PathBuf]) {
     registry().created.retain(|d| !dirs.contains(d));
 }
 
+/// Registers a tensor file about to be written (`convert`, `gen`): a
+/// quit removes the temporaries it is written through.
+pub fn track_output(path: &Path) {
+    registry().outputs.push(path.to_path_buf());
+}
+
+/// Installs the handler of Ctrl-C, SIGTERM and SIGHUP of a command that
+/// has no run to stop gently: the first signal quits, removing what is
+/// registered.
+pub fn quit_on_signal() -> anyhow::Result<()> {
+    use anyhow::Context;
+    ctrlc::set_handler(|| quit(130, "interrupted")).context("installing the Ctrl-C handler")
+}
+
 /// Runs `commit` (moving the staged model into place) under the lock a
 /// quit takes, then unregisters `staging`.
 pub fn committing<T>(staging: &Path, commit: impl FnOnce() -> T) -> T {
@@ -66,6 +85,9 @@ pub fn quit(code: i32, why: &str) -> ! {
     let r = registry();
     for dir in &r.staging {
         let _ = std::fs::remove_dir_all(dir);
+    }
+    for path in &r.outputs {
+        kruskal_formats::io::remove_temporaries(path);
     }
     // Innermost first; only empty directories go, so nothing the user put
     // there meanwhile is lost.

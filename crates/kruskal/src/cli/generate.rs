@@ -102,6 +102,8 @@ pub fn run(args: GenArgs) -> Result<()> {
         (power_law(&spec)?, None)
     };
     bar.set_message(format!("writing {}", output.display()));
+    super::cleanup::track_output(&output);
+    super::cleanup::quit_on_signal()?;
     write_tensor(&output, &tensor)?;
     bar.finish_and_clear();
     println!(
