@@ -13,6 +13,7 @@
 //! the last mode's MTTKRP. The run stops when the fit changes by less than
 //! `tol` (from the second iteration on) or after `max_iters`.
 
+use std::collections::VecDeque;
 use std::ops::ControlFlow;
 use std::time::Instant;
 
@@ -24,7 +25,7 @@ use rayon::prelude::*;
 use crate::backend::Backend;
 use crate::dense::{SolveKind, hadamard_except, solve_matrix};
 use crate::error::{CpdError, Result};
-use crate::model::{IterationStats, KruskalModel};
+use crate::model::{HISTORY, IterationStats, IterationTotals, KruskalModel};
 
 /// Default iteration limit.
 pub const DEFAULT_MAX_ITERS: usize = 50;
@@ -106,13 +107,18 @@ pub(crate) fn check_factor_shapes(dims: &[u32], factors: &[Array2<f32>]) -> Resu
                 f.ncols()
             )));
         }
-        let finite = match f.as_slice() {
-            Some(data) => data.par_iter().all(|x| x.is_finite()),
-            None => f.iter().all(|x| x.is_finite()),
-        };
-        if !finite {
-            return Err(CpdError::Shape(format!(
-                "factor of mode {} has a value that is not finite",
+        if !all_finite(f) {
+            return Err(CpdError::Invalid(format!(
+                "the initial factor of mode {} holds a value that is not finite",
+                m + 1
+            )));
+        }
+        // The first mode's factor is computed first, from the others; a
+        // zero factor of another mode makes every MTTKRP zero, and ALS
+        // would "converge" at once to a fit of 0.
+        if m > 0 && f.iter().all(|&x| x == 0.0) {
+            return Err(CpdError::Invalid(format!(
+                "the initial factor of mode {} is all zeros, from which ALS cannot move",
                 m + 1
             )));
         }
@@ -121,6 +127,15 @@ pub(crate) fn check_factor_shapes(dims: &[u32], factors: &[Array2<f32>]) -> Resu
         return Err(CpdError::Shape("factors have no columns".into()));
     }
     Ok(rank)
+}
+
+/// Whether every entry of `f` is finite (in parallel where `f` is
+/// contiguous).
+fn all_finite(f: &Array2<f32>) -> bool {
+    match f.as_slice() {
+        Some(data) => data.par_iter().all(|x| x.is_finite()),
+        None => f.iter().all(|x| x.is_finite()),
+    }
 }
 
 /// Runs CPD-ALS without progress reports. See [`cpd_als_with`].
@@ -169,7 +184,8 @@ pub fn cpd_als_with(
     let norm_x = norm_x_sq.sqrt();
     let mut lambda = vec![1f64; rank];
     let mut fit_old = 0f64;
-    let mut iterations = Vec::new();
+    let mut iterations = VecDeque::new();
+    let mut totals = IterationTotals::default();
     let mut converged = false;
     let mut interrupted = false;
     let mut pseudo_inverse_solves = 0;
@@ -220,7 +236,13 @@ pub fn cpd_als_with(
                     .sum::<f64>()
             })
             .sum();
-        let residual = (norm_x_sq + model_sq - 2.0 * inner).max(0.0).sqrt();
+        // `max` would turn a NaN into 0, a perfect fit: NaN stays NaN.
+        let residual_sq = norm_x_sq + model_sq - 2.0 * inner;
+        let residual = if residual_sq.is_nan() {
+            f64::NAN
+        } else {
+            residual_sq.max(0.0).sqrt()
+        };
         let fit = if norm_x > 0.0 {
             1.0 - residual / norm_x
         } else {
@@ -242,8 +264,12 @@ pub fn cpd_als_with(
             fit_s,
         };
         let flow = on_iteration(&stats);
-        iterations.push(stats);
-        if !fit.is_finite() {
+        totals.add(&stats);
+        if iterations.len() == HISTORY {
+            iterations.pop_front();
+        }
+        iterations.push_back(stats);
+        if !fit.is_finite() || !lambda.iter().all(|l| l.is_finite()) {
             return Err(CpdError::Backend(format!(
                 "the fit became {fit} at iteration {}: the factors diverged",
                 iter + 1
@@ -261,10 +287,27 @@ pub fn cpd_als_with(
 
     let factors = backend.take_factors()?;
     let (lambda, factors) = arrange(lambda, factors);
+    // A model that is not finite is an error, never a result.
+    if let Some(r) = lambda.iter().position(|l| !l.is_finite()) {
+        return Err(CpdError::Backend(format!(
+            "weight {} of the model is {}: the factors diverged",
+            r + 1,
+            lambda[r]
+        )));
+    }
+    for (m, f) in factors.iter().enumerate() {
+        if !all_finite(f) {
+            return Err(CpdError::Backend(format!(
+                "the mode-{} factor holds a value that is not finite: the factors diverged",
+                m + 1
+            )));
+        }
+    }
     Ok(KruskalModel {
         lambda,
         factors,
-        iterations,
+        iterations: iterations.into(),
+        totals,
         converged,
         pseudo_inverse_solves,
         interrupted,
@@ -475,6 +518,35 @@ mod tests {
     }
 
     #[test]
+    fn initial_factors_that_are_not_finite_or_all_zero_are_refused() {
+        let t = power_law(&PowerLawSpec::new(vec![30, 20, 10], 2_000)).unwrap();
+        let mut opts = CpdOptions::new(3);
+        let refused = |factors: Vec<Array2<f32>>, opts: &mut CpdOptions| {
+            opts.init = Init::Given(factors);
+            let err = cpd_als(&mut CpuBackend::new(&t), opts).unwrap_err();
+            assert!(matches!(err, CpdError::Invalid(_)), "{err}");
+            err.to_string()
+        };
+        let mut nan = random_factors(t.dims(), 3, 1);
+        nan[1][[4, 2]] = f32::NAN;
+        let err = refused(nan, &mut opts);
+        assert!(
+            err.contains("mode 2 holds a value that is not finite"),
+            "{err}"
+        );
+        let mut zero = random_factors(t.dims(), 3, 1);
+        zero[2].fill(0.0);
+        let err = refused(zero, &mut opts);
+        assert!(err.contains("mode 3 is all zeros"), "{err}");
+        // The first mode's factor may be zero: it is computed first.
+        let mut first = random_factors(t.dims(), 3, 1);
+        first[0].fill(0.0);
+        opts.init = Init::Given(first);
+        opts.max_iters = 3;
+        assert!(cpd_als(&mut CpuBackend::new(&t), &opts).unwrap().fit() > 0.0);
+    }
+
+    #[test]
     fn rank_above_a_dimension_uses_the_pseudo_inverse() {
         // Mode 3 has 2 indices: its Gram has rank <= 2 < 4, so every other
         // mode's V = hadamard(...) may be singular; the run must stay finite.
@@ -518,6 +590,48 @@ mod tests {
         assert!(model.interrupted && model.iterations.len() == 2);
         opts.rank = 0;
         assert!(cpd_als(&mut CpuBackend::new(&p.tensor), &opts).is_err());
+    }
+
+    #[test]
+    fn a_model_that_is_not_finite_is_an_error_not_a_perfect_fit() {
+        // Values at the top of f32 overflow the f32 MTTKRP when run as
+        // they are (`decompose` scales them; the driver alone must not
+        // turn the NaNs into a fit of 1).
+        let t = SparseTensor::new(
+            vec![2, 2, 2],
+            vec![vec![0, 1], vec![0, 1], vec![0, 1]],
+            vec![3.4e38, 3.4e38],
+        )
+        .unwrap();
+        let mut opts = CpdOptions::new(2);
+        opts.max_iters = 5;
+        let err = cpd_als(&mut CpuBackend::new(&t), &opts).unwrap_err();
+        assert!(
+            matches!(err, CpdError::Backend(_)) && err.to_string().contains("diverged"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_history_keeps_the_last_iterations_and_every_total() {
+        let t =
+            SparseTensor::new(vec![2, 2], vec![vec![0, 1], vec![0, 1]], vec![1.0, 2.0]).unwrap();
+        let mut opts = CpdOptions::new(1);
+        opts.max_iters = HISTORY + 7;
+        opts.tol = 0.0;
+        let mut heard = 0;
+        let model = cpd_als_with(&mut CpuBackend::new(&t), &opts, &mut |_| {
+            heard += 1;
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        assert_eq!(heard, HISTORY + 7);
+        assert_eq!(model.totals.count, HISTORY + 7);
+        assert_eq!(model.iterations.len(), HISTORY);
+        assert_eq!(model.iterations[0].iteration, 8);
+        assert_eq!(model.iterations.last().unwrap().iteration, HISTORY + 7);
+        let kept: f64 = model.iterations.iter().map(|s| s.mttkrp_s).sum();
+        assert!(model.totals.mttkrp_s >= kept && model.totals.first_mttkrp_s > 0.0);
     }
 
     #[test]

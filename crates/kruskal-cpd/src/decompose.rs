@@ -25,6 +25,7 @@ use crate::error::{CpdError, Result};
 use crate::gpu::{GpuBackend, KernelPlan};
 use crate::model::{IterationStats, KruskalModel};
 use crate::multi::GroupBackend;
+use crate::scale::ValueScale;
 use crate::{CpdOptions, Init, cpd_als_with};
 
 /// Where the decomposition runs.
@@ -198,7 +199,17 @@ pub fn decompose(
     }
     let prep = Instant::now();
     let prepare = std::cell::Cell::new(PrepareTimes::default());
-    let (mut backend, fallback) = make_backend(opts, tensor, rank, progress, &prepare)?;
+    // Values far from 1 run scaled by a power of two (see `scale`): the
+    // backends are built from a scaled copy, dropped once they are.
+    let (scale, scaled) = scaled_copy(tensor, progress)?;
+    let (mut backend, fallback) = make_backend(
+        opts,
+        scaled.as_ref().unwrap_or(tensor),
+        rank,
+        progress,
+        &prepare,
+    )?;
+    drop(scaled);
     let prepare = prepare.get();
     let prep_s = prep.elapsed().as_secs_f64();
     let _ = progress(Event::Ready {
@@ -207,7 +218,7 @@ pub fn decompose(
         prepare,
         fallback: fallback.as_deref(),
     });
-    let runs = run_starts(
+    let mut runs = run_starts(
         backend.as_dyn(),
         &opts.cpd,
         opts.seed,
@@ -215,6 +226,7 @@ pub fn decompose(
         progress,
         stop,
     )?;
+    scale.restore(&mut runs.model);
     Ok(Decomposition {
         model: runs.model,
         backend,
@@ -225,6 +237,41 @@ pub fn decompose(
         starts: runs.starts,
         summaries: runs.summaries,
     })
+}
+
+/// The scale `tensor`'s values run at ([`ValueScale`]) and, where it is
+/// not 1, the scaled copy the backends are built from; tells `progress`.
+/// The copy is refused (before it is made) when `MemAvailable` cannot
+/// hold it.
+fn scaled_copy(
+    tensor: &SparseTensor,
+    progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+) -> Result<(ValueScale, Option<SparseTensor>)> {
+    let max_abs = tensor.max_abs();
+    let scale = ValueScale::for_max_abs(max_abs);
+    if scale.is_none() {
+        return Ok((scale, None));
+    }
+    let bytes = kruskal_formats::memory::coo_bytes(tensor.nmodes(), tensor.nnz() as u64);
+    let available = crate::memory::available_bytes().unwrap_or(u64::MAX);
+    if bytes > available {
+        return Err(CpdError::Memory(format!(
+            "the largest |value| is {max_abs:.3e}, so the run needs a copy of the tensor with its \
+             values scaled by 2^{} ({}), and {} are available (MemAvailable); rescale the values \
+             of the file into 2^-24 .. 2^40",
+            scale.exponent(),
+            crate::memory::bytes_text(bytes),
+            crate::memory::bytes_text(available)
+        )));
+    }
+    let _ = progress(Event::Note {
+        topic: "values",
+        text: &scale.describe(max_abs),
+    });
+    let mut copy = tensor.clone();
+    copy.scale_values_pow2(scale.exponent())
+        .map_err(|e| CpdError::Invalid(e.to_string()))?;
+    Ok((scale, Some(copy)))
 }
 
 /// What [`run_starts`] found.
@@ -260,7 +307,10 @@ pub fn run_starts(
         ));
     }
     let start = Instant::now();
-    let mut runs: Vec<(u64, KruskalModel)> = Vec::with_capacity(starts);
+    // Only the best model is kept (the memory estimate counts one besides
+    // the run's own), and nothing is sized by `starts` ahead.
+    let mut best: Option<KruskalModel> = None;
+    let mut summaries: Vec<StartSummary> = Vec::new();
     for k in 0..starts {
         let seed = seed + k as u64;
         let mut opts = opts.clone();
@@ -282,24 +332,24 @@ pub fn run_starts(
         };
         let model = cpd_als_with(backend, &opts, &mut report)?;
         let interrupted = model.interrupted;
-        runs.push((seed, model));
+        summaries.push(StartSummary {
+            seed,
+            fit: model.fit(),
+            iterations: model.totals.count,
+        });
+        // The last of equal fits is kept (as `max_by` did).
+        if best
+            .as_ref()
+            .is_none_or(|b| model.fit().total_cmp(&b.fit()).is_ge())
+        {
+            best = Some(model);
+        }
         if interrupted {
             break;
         }
     }
     let cpd_s = start.elapsed().as_secs_f64();
-    let summaries: Vec<_> = runs
-        .iter()
-        .map(|(seed, m)| StartSummary {
-            seed: *seed,
-            fit: m.fit(),
-            iterations: m.iterations.len(),
-        })
-        .collect();
-    let Some((_, model)) = runs
-        .into_iter()
-        .max_by(|a, b| a.1.fit().total_cmp(&b.1.fit()))
-    else {
+    let Some(model) = best else {
         return Err(CpdError::Invalid("--starts must be at least 1".into()));
     };
     Ok(Starts {
@@ -844,6 +894,79 @@ mod tests {
         let mut opts = cpu_options(3);
         opts.gpus = Some(vec![0]);
         refuse(&opts, "cannot be combined with --backend cpu");
+    }
+
+    /// The planted tensor with its values scaled so the largest is in
+    /// `[1, 2)`, the scale a tensor far from 1 is run at.
+    fn planted_at_one() -> SparseTensor {
+        let mut t = planted_tensor();
+        let to_one = ValueScale::for_max_abs(t.max_abs() * 2f64.powi(100)).exponent() + 100;
+        t.scale_values_pow2(to_one).unwrap();
+        assert!((1.0..2.0).contains(&t.max_abs()), "{}", t.max_abs());
+        t
+    }
+
+    #[test]
+    fn values_far_from_one_give_the_same_model_scaled() {
+        let t = planted_at_one();
+        let mut opts = cpu_options(3);
+        opts.cpd.max_iters = 12;
+        opts.cpd.tol = 0.0;
+        let stop = AtomicBool::new(false);
+        let go = |_: &Event<'_>| ControlFlow::Continue(());
+        let (base, seen) = run(&t, &opts, &stop, go);
+        let base = base.unwrap().model;
+        assert!(!seen.iter().any(|e| e == "note values"), "{seen:?}");
+        let fits = |m: &KruskalModel| m.iterations.iter().map(|s| s.fit).collect::<Vec<_>>();
+        // Exact powers of two far outside the window (where f32 alone
+        // overflows or underflows) give the same run to the bit, with the
+        // weights times the power.
+        for exponent in [-100, -60, 60, 126] {
+            let mut scaled = t.clone();
+            scaled.scale_values_pow2(exponent).unwrap();
+            let mut back = scaled.clone();
+            back.scale_values_pow2(-exponent).unwrap();
+            assert_eq!(back, t, "2^{exponent} is exact on these values");
+            let (done, seen) = run(&scaled, &opts, &stop, go);
+            let done = done.unwrap().model;
+            assert!(seen.iter().any(|e| e == "note values"), "{seen:?}");
+            assert_eq!(fits(&done), fits(&base), "2^{exponent}");
+            assert_eq!(done.factors, base.factors, "2^{exponent}");
+            let want: Vec<f64> = base
+                .lambda
+                .iter()
+                .map(|l| l * 2f64.powi(exponent))
+                .collect();
+            assert_eq!(done.lambda, want, "2^{exponent}");
+        }
+        // Inside the window the values run as they are. Above 1 the
+        // normalization divides every column, and the run is the same to
+        // the bit; below, the columns keep some of the values' scale, the
+        // path differs by rounding, and the converged model agrees.
+        opts.cpd.max_iters = 200;
+        opts.cpd.tol = 1e-10;
+        let (base, _) = run(&t, &opts, &stop, go);
+        let base = base.unwrap().model;
+        for exponent in [-24, -8, 8, 39] {
+            let mut scaled = t.clone();
+            scaled.scale_values_pow2(exponent).unwrap();
+            let (done, seen) = run(&scaled, &opts, &stop, go);
+            let done = done.unwrap().model;
+            assert!(!seen.iter().any(|e| e == "note values"), "{seen:?}");
+            if exponent > 0 {
+                assert_eq!(fits(&done), fits(&base), "2^{exponent}");
+            }
+            assert!(
+                (done.fit() - base.fit()).abs() < 1e-6,
+                "2^{exponent}: {} {}",
+                done.fit(),
+                base.fit()
+            );
+            for (a, b) in done.lambda.iter().zip(&base.lambda) {
+                let b = b * 2f64.powi(exponent);
+                assert!((a - b).abs() <= 1e-4 * b.abs(), "2^{exponent}: {a} {b}");
+            }
+        }
     }
 
     #[test]

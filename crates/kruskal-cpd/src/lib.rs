@@ -24,6 +24,7 @@ pub mod gpu_count;
 pub mod memory;
 pub mod model;
 pub mod multi;
+pub mod scale;
 pub mod score;
 pub mod warnings;
 
@@ -36,7 +37,8 @@ pub use decompose::{
 };
 pub use error::{CpdError, Result};
 pub use gpu::{GpuBackend, KernelPlan};
-pub use model::{IterationStats, KruskalModel, load_factors};
+pub use model::{HISTORY, IterationStats, IterationTotals, KruskalModel, load_factors};
 pub use multi::{GroupBackend, ModeBreakdown};
+pub use scale::ValueScale;
 pub use score::factor_match_score;
 pub use warnings::warnings;

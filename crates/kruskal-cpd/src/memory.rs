@@ -12,6 +12,7 @@ use std::fmt;
 
 use kruskal_device::flycoo::element_stride;
 use kruskal_formats::SparseTensor;
+pub use kruskal_formats::memory::{available_bytes, bytes_text, parse_meminfo};
 
 /// Rows one task of the CPU's dense steps widens to f64 at a time (as in
 /// the CPU backend).
@@ -45,20 +46,6 @@ impl fmt::Display for MemoryNeed {
             .map(|&(name, b)| format!("{name} {}", bytes_text(b)))
             .collect();
         write!(f, "{} ({})", bytes_text(self.total()), shown.join(", "))
-    }
-}
-
-/// `12.3 GiB`, `45.6 MiB` or `789 bytes`.
-pub fn bytes_text(bytes: u64) -> String {
-    const MIB: f64 = (1u64 << 20) as f64;
-    const GIB: f64 = (1u64 << 30) as f64;
-    let b = bytes as f64;
-    if b >= GIB {
-        format!("{:.1} GiB", b / GIB)
-    } else if b >= MIB {
-        format!("{:.1} MiB", b / MIB)
-    } else {
-        format!("{bytes} bytes")
     }
 }
 
@@ -190,24 +177,6 @@ pub fn sparse_modes(dims: &[u32], occurring: &[u64]) -> Vec<usize> {
         })
         .map(|(m, _)| m)
         .collect()
-}
-
-/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
-pub fn parse_meminfo(text: &str) -> Option<u64> {
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let mut words = line.split_whitespace().skip(1);
-    let kib: u64 = words.next()?.parse().ok()?;
-    match words.next() {
-        Some("kB") | None => Some(kib * 1024),
-        Some(_) => None,
-    }
-}
-
-/// The memory the kernel says can be allocated without swapping
-/// (`MemAvailable` in `/proc/meminfo`); `None` where that file is missing
-/// (not Linux) or unreadable, and callers then skip the check.
-pub fn available_bytes() -> Option<u64> {
-    parse_meminfo(&std::fs::read_to_string("/proc/meminfo").ok()?)
 }
 
 /// Why a run that needs `need` of host memory cannot run here: the need

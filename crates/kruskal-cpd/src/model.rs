@@ -38,6 +38,42 @@ pub struct IterationStats {
     pub fit_s: f64,
 }
 
+/// Iterations a model's history keeps: the last ones. A run of more
+/// keeps its totals in [`IterationTotals`] (a history of every iteration
+/// grew by about 170 bytes each, without bound).
+pub const HISTORY: usize = 10_000;
+
+/// Counts and seconds summed over every iteration of a run, the ones the
+/// history dropped included.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct IterationTotals {
+    /// Iterations run.
+    pub count: usize,
+    pub mttkrp_s: f64,
+    pub other_s: f64,
+    pub update_s: f64,
+    pub fit_s: f64,
+    /// The first iteration's MTTKRP and other seconds (it also compiles
+    /// kernels and, on a GPU with `--kernel auto`, tries the candidates).
+    pub first_mttkrp_s: f64,
+    pub first_other_s: f64,
+}
+
+impl IterationTotals {
+    /// Adds one iteration.
+    pub fn add(&mut self, s: &IterationStats) {
+        if self.count == 0 {
+            self.first_mttkrp_s = s.mttkrp_s;
+            self.first_other_s = s.other_s;
+        }
+        self.count += 1;
+        self.mttkrp_s += s.mttkrp_s;
+        self.other_s += s.other_s;
+        self.update_s += s.update_s;
+        self.fit_s += s.fit_s;
+    }
+}
+
 /// A CP model `sum_r lambda_r a_r^(1) o ... o a_r^(N)` and how it was found.
 #[derive(Clone, Debug)]
 pub struct KruskalModel {
@@ -45,8 +81,10 @@ pub struct KruskalModel {
     pub lambda: Vec<f64>,
     /// One `dims[m] x rank` matrix per mode, columns of unit 2-norm.
     pub factors: Vec<Array2<f32>>,
-    /// One entry per iteration run.
+    /// One entry per iteration run, the last [`HISTORY`] of them.
     pub iterations: Vec<IterationStats>,
+    /// Every iteration's count and seconds.
+    pub totals: IterationTotals,
     /// The fit changed less than the tolerance before the iteration limit.
     pub converged: bool,
     /// Mode updates whose R x R system was singular (solved by the
@@ -68,14 +106,13 @@ impl KruskalModel {
 
     /// Writes `lambda.npy` and `mode-<n>.npy` into `dir` (created if needed).
     ///
-    /// All files are first written under temporary names and renamed only
-    /// when every one was written, so a failure leaves no model file behind
-    /// (and never a half-written one). They get the permissions of any
-    /// newly created file (0666 less the umask).
+    /// The files are written into a new staging directory and moved into
+    /// place only when every one was written ([`StagedModel`]), so a
+    /// failure leaves no model file behind (and never a half-written one).
+    /// They get the permissions of any newly created file (0666 less the
+    /// umask).
     pub fn save(&self, dir: &Path) -> Result<()> {
-        self.save_with(dir, &|m, w| {
-            self.factors[m].write_npy(w).map_err(|e| e.to_string())
-        })
+        self.stage(dir, &mut |_| {})?.commit()
     }
 
     /// Writes the model of a compacted tensor (see
@@ -87,6 +124,17 @@ impl KruskalModel {
     ///
     /// Shapes: `factors[m]` has `compaction.compact_dims()[m]` rows.
     pub fn save_expanded(&self, dir: &Path, compaction: &Compaction) -> Result<()> {
+        self.stage_expanded(dir, compaction, &mut |_| {})?.commit()
+    }
+
+    /// [`save_expanded`](Self::save_expanded)'s files, staged and not yet
+    /// in place (see [`stage`](Self::stage)).
+    pub fn stage_expanded(
+        &self,
+        dir: &Path,
+        compaction: &Compaction,
+        staging: &mut dyn FnMut(&Path),
+    ) -> Result<StagedModel> {
         let rank = self.rank();
         let compact_dims = compaction.compact_dims();
         if self.factors.len() != compact_dims.len()
@@ -101,7 +149,7 @@ impl KruskalModel {
             ));
         }
         let zero_chunk = vec![0f32; rank.max(1) * EXPAND_ZERO_ROWS];
-        self.save_with(dir, &|m, w| {
+        self.stage_with(dir, staging, &|m, w| {
             let factor = &self.factors[m];
             let rows = factor.as_slice().ok_or("factor not in standard layout")?;
             write_npy_f32_header(w, compaction.dims[m] as u64, rank).map_err(|e| e.to_string())?;
@@ -116,18 +164,30 @@ impl KruskalModel {
         })
     }
 
+    /// Writes the model's files into a new staging directory and returns
+    /// it, not yet in place: [`StagedModel::commit`] moves them. `staging`
+    /// hears the staging directory's path as soon as it exists, before
+    /// anything is written into it, so a caller that may be ended by a
+    /// signal can remove it then (dropping the [`StagedModel`], or a
+    /// failure, removes it otherwise).
+    pub fn stage(&self, dir: &Path, staging: &mut dyn FnMut(&Path)) -> Result<StagedModel> {
+        self.stage_with(dir, staging, &|m, w| {
+            self.factors[m].write_npy(w).map_err(|e| e.to_string())
+        })
+    }
+
     /// Writes `lambda.npy`, then each `mode-<n>.npy` through `factor(m, w)`,
-    /// staged as temporary files renamed when all were written.
-    fn save_with(
+    /// into a new staging directory.
+    fn stage_with(
         &self,
         dir: &Path,
+        on_staging: &mut dyn FnMut(&Path),
         factor: &dyn Fn(usize, &mut dyn Write) -> std::result::Result<(), String>,
-    ) -> Result<()> {
-        fs::create_dir_all(dir).map_err(|e| CpdError::file(dir, e))?;
-        // Refuse up front what would make a rename fail half way.
+    ) -> Result<StagedModel> {
         let names: Vec<String> = std::iter::once("lambda.npy".to_string())
             .chain((1..=self.factors.len()).map(|m| format!("mode-{m}.npy")))
             .collect();
+        // Refuse up front what would make a rename fail half way.
         for name in &names {
             let target = dir.join(name);
             if target.is_dir() {
@@ -137,45 +197,153 @@ impl KruskalModel {
                 ));
             }
         }
-        let mut staged: Vec<(tempfile::NamedTempFile, PathBuf)> = Vec::new();
-        let stage =
-            |name: &str, write: &dyn Fn(&mut dyn Write) -> std::result::Result<(), String>| {
+        let staged = StagedModel::create(dir, names)?;
+        on_staging(&staged.staging);
+        let write =
+            |name: &str, body: &dyn Fn(&mut dyn Write) -> std::result::Result<(), String>| {
                 let target = dir.join(name);
-                let mut builder = tempfile::Builder::new();
-                builder.prefix(".kruskal-").suffix(".tmp");
-                // tempfile creates files readable by the owner only, and the
-                // rename keeps that mode; ask for what a plain create gives
-                // (0666, less the umask, which open(2) applies).
-                #[cfg(unix)]
-                {
-                    use std::os::unix::fs::PermissionsExt;
-                    builder.permissions(fs::Permissions::from_mode(0o666));
-                }
-                let tmp = builder
-                    .tempfile_in(dir)
-                    .map_err(|e| CpdError::file(&target, e))?;
-                {
-                    let mut w = BufWriter::with_capacity(WRITE_BUFFER, tmp.as_file());
-                    write(&mut w).map_err(|e| CpdError::file(&target, e))?;
-                    w.flush().map_err(|e| CpdError::file(&target, e))?;
-                }
-                Ok::<_, CpdError>((tmp, target))
+                let path = staged.staging.join(name);
+                // A plain create: 0666 less the umask.
+                let file = fs::File::create(&path).map_err(|e| CpdError::file(&target, e))?;
+                let mut w = BufWriter::with_capacity(WRITE_BUFFER, &file);
+                body(&mut w).map_err(|e| CpdError::file(&target, e))?;
+                w.flush().map_err(|e| CpdError::file(&target, e))?;
+                drop(w);
+                file.sync_all().map_err(|e| CpdError::file(&target, e))
             };
         let lambda = Array1::from(self.lambda.clone());
-        staged.push(stage(&names[0], &|w| {
+        write(&staged.names[0], &|w| {
             lambda.write_npy(w).map_err(|e| e.to_string())
-        })?);
-        for (m, name) in names[1..].iter().enumerate() {
-            staged.push(stage(name, &|w| factor(m, w))?);
+        })?;
+        for (m, name) in staged.names[1..].iter().enumerate() {
+            write(name, &|w| factor(m, w))?;
         }
-        for (tmp, target) in staged {
-            tmp.as_file()
-                .sync_all()
-                .map_err(|e| CpdError::file(&target, e))?;
-            tmp.persist(&target)
-                .map_err(|e| CpdError::file(&target, e.error))?;
+        Ok(staged)
+    }
+}
+
+/// A model's files written into a staging directory, not yet in place.
+/// Dropped without [`commit`](StagedModel::commit), it removes the
+/// staging directory and everything in it.
+///
+/// Where the destination does not exist or is empty (a directory made
+/// for the run), the staging directory sits beside it and
+/// [`commit`](StagedModel::commit) is one rename of the whole directory:
+/// the model appears at once. Where the destination holds other files
+/// (an earlier model, say), the staging directory sits inside it and the
+/// files are renamed in one by one, each replacing its namesake.
+#[derive(Debug)]
+pub struct StagedModel {
+    /// Where the files are.
+    staging: PathBuf,
+    /// Where they go.
+    dir: PathBuf,
+    /// The files, `lambda.npy` first.
+    names: Vec<String>,
+    /// Whether the staging directory replaces `dir` whole.
+    whole: bool,
+    committed: bool,
+}
+
+/// Staging directories made by this process so far (for unique names).
+static STAGINGS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl StagedModel {
+    /// Makes a new, empty staging directory for `dir`'s files (0777 less
+    /// the umask, as `mkdir` makes it, so the model directory it may
+    /// become has the usual permissions).
+    fn create(dir: &Path, names: Vec<String>) -> Result<StagedModel> {
+        let empty = match fs::read_dir(dir) {
+            Ok(mut entries) => entries.next().is_none(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+            Err(e) => return Err(CpdError::file(dir, e)),
+        };
+        let parent = match dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let mut builder = fs::DirBuilder::new();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            builder.mode(0o777);
         }
+        let base = dir
+            .file_name()
+            .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+        let try_in = |place: &Path| -> std::io::Result<PathBuf> {
+            loop {
+                let n = STAGINGS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let name = format!(".kruskal-{base}-{}-{n}.tmp", std::process::id());
+                let path = place.join(name);
+                match builder.create(&path) {
+                    Ok(()) => return Ok(path),
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        // Beside an empty destination (one rename), where its parent lets
+        // us write; else inside it.
+        if empty {
+            if let Ok(staging) = try_in(&parent) {
+                return Ok(StagedModel {
+                    staging,
+                    dir: dir.to_path_buf(),
+                    names,
+                    whole: true,
+                    committed: false,
+                });
+            }
+        }
+        fs::create_dir_all(dir).map_err(|e| CpdError::file(dir, e))?;
+        let staging = try_in(dir).map_err(|e| CpdError::file(dir, e))?;
+        Ok(StagedModel {
+            staging,
+            dir: dir.to_path_buf(),
+            names,
+            whole: false,
+            committed: false,
+        })
+    }
+
+    /// The staging directory.
+    pub fn staging_path(&self) -> &Path {
+        &self.staging
+    }
+
+    /// Moves the files into place: one rename of the staging directory
+    /// over an empty destination, else one rename per file. Cost: renames
+    /// only (the files were synced when written).
+    pub fn commit(mut self) -> Result<()> {
+        let io = |e| CpdError::file(&self.dir, e);
+        if self.whole {
+            // An empty destination may be replaced; one that became
+            // non-empty meanwhile is not, and the files go in one by one.
+            match fs::rename(&self.staging, &self.dir) {
+                Ok(()) => {
+                    self.committed = true;
+                    return Ok(());
+                }
+                Err(_) if self.dir.is_dir() => {}
+                Err(e) => return Err(io(e)),
+            }
+        }
+        for name in &self.names {
+            fs::rename(self.staging.join(name), self.dir.join(name))
+                .map_err(|e| CpdError::file(self.dir.join(name), e))?;
+        }
+        let _ = fs::remove_dir(&self.staging);
+        self.committed = true;
         Ok(())
+    }
+}
+
+impl Drop for StagedModel {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = fs::remove_dir_all(&self.staging);
+        }
     }
 }
 
@@ -220,6 +388,11 @@ fn read_matrix(path: &Path) -> Result<Array2<f32>> {
 /// `mode-<nmodes>.npy`, and `lambda.npy` if present, whose weights are
 /// multiplied into the first mode's factor (ALS recomputes that factor first,
 /// so they do not change the iterations; they keep the given model whole).
+///
+/// Errors name the file: a missing one, one that is not a float matrix,
+/// a value that is not finite (at its row and column), weights that do
+/// not match the columns, and a `mode-<nmodes + 1>.npy` beside them
+/// (factors of a tensor with more modes).
 pub fn load_factors(dir: &Path, nmodes: usize) -> Result<Vec<Array2<f32>>> {
     let mut factors = Vec::with_capacity(nmodes);
     for m in 1..=nmodes {
@@ -230,7 +403,28 @@ pub fn load_factors(dir: &Path, nmodes: usize) -> Result<Vec<Array2<f32>>> {
                 format!("missing: a {nmodes}-mode tensor needs mode-1.npy .. mode-{nmodes}.npy"),
             ));
         }
-        factors.push(read_matrix(&path)?);
+        let factor = read_matrix(&path)?;
+        if let Some(((row, col), x)) = factor.indexed_iter().find(|(_, x)| !x.is_finite()) {
+            return Err(CpdError::file(
+                &path,
+                format!(
+                    "holds {x} at row {}, column {}: initial factors must be finite",
+                    row + 1,
+                    col + 1
+                ),
+            ));
+        }
+        factors.push(factor);
+    }
+    let stray = dir.join(format!("mode-{}.npy", nmodes + 1));
+    if stray.exists() {
+        return Err(CpdError::file(
+            &stray,
+            format!(
+                "a factor beyond the tensor's {nmodes} modes: these factors are for a tensor of \
+                 more modes"
+            ),
+        ));
     }
     let lambda_path = dir.join("lambda.npy");
     if lambda_path.exists() {
@@ -247,6 +441,12 @@ pub fn load_factors(dir: &Path, nmodes: usize) -> Result<Vec<Array2<f32>>> {
                     .mapv(f64::from)
             }
         };
+        if let Some((r, l)) = lambda.iter().enumerate().find(|(_, l)| !l.is_finite()) {
+            return Err(CpdError::file(
+                &lambda_path,
+                format!("weight {} is {l}: initial weights must be finite", r + 1),
+            ));
+        }
         let rank = factors.first().map_or(0, |f| f.ncols());
         if lambda.len() != rank {
             return Err(CpdError::file(
@@ -279,6 +479,7 @@ mod tests {
                 Array2::from_shape_fn((2, 2), |(i, j)| i as f32 - j as f32),
             ],
             iterations: vec![],
+            totals: IterationTotals::default(),
             converged: true,
             pseudo_inverse_solves: 0,
             interrupted: false,
@@ -329,6 +530,40 @@ mod tests {
     }
 
     #[test]
+    fn load_names_the_file_of_a_bad_value_and_a_stray_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        model().save(dir.path()).unwrap();
+        let mut weights = Array1::from(vec![1.0f64, f64::NAN]);
+        weights
+            .write_npy(fs::File::create(dir.path().join("lambda.npy")).unwrap())
+            .unwrap();
+        let err = load_factors(dir.path(), 3).unwrap_err().to_string();
+        assert!(
+            err.contains("lambda.npy: weight 2 is NaN") && !err.contains("mode-1"),
+            "{err}"
+        );
+        weights[1] = 1.0;
+        weights
+            .write_npy(fs::File::create(dir.path().join("lambda.npy")).unwrap())
+            .unwrap();
+        let mut f = model().factors[2].clone();
+        f[[1, 0]] = f32::INFINITY;
+        f.write_npy(fs::File::create(dir.path().join("mode-3.npy")).unwrap())
+            .unwrap();
+        let err = load_factors(dir.path(), 3).unwrap_err().to_string();
+        assert!(
+            err.contains("mode-3.npy: holds inf at row 2, column 1"),
+            "{err}"
+        );
+        model().save(dir.path()).unwrap();
+        model().factors[0]
+            .write_npy(fs::File::create(dir.path().join("mode-4.npy")).unwrap())
+            .unwrap();
+        let err = load_factors(dir.path(), 3).unwrap_err().to_string();
+        assert!(err.contains("mode-4.npy: a factor beyond"), "{err}");
+    }
+
+    #[test]
     fn failed_save_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
         // A directory where mode-2.npy should go: the save must fail before
@@ -342,6 +577,76 @@ mod tests {
             .filter(|n| n != "mode-2.npy")
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_new_or_empty_directory_gets_the_model_in_one_rename() {
+        let root = tempfile::tempdir().unwrap();
+        for made in [false, true] {
+            let dir = root.path().join(format!("model-{made}"));
+            if made {
+                fs::create_dir(&dir).unwrap();
+            }
+            let mut heard = None;
+            let staged = model()
+                .stage(&dir, &mut |p| heard = Some(p.to_path_buf()))
+                .unwrap();
+            let staging = heard.unwrap();
+            assert_eq!(staging, staged.staging_path());
+            // Beside the destination, which holds nothing yet.
+            assert_eq!(staging.parent(), Some(root.path()));
+            assert!(!dir.exists() || names_in(&dir).is_empty());
+            staged.commit().unwrap();
+            assert_eq!(
+                names_in(&dir),
+                ["lambda.npy", "mode-1.npy", "mode-2.npy", "mode-3.npy"]
+            );
+            assert!(!staging.exists());
+        }
+        assert_eq!(names_in(root.path()), ["model-false", "model-true"]);
+    }
+
+    #[test]
+    fn a_directory_with_other_files_gets_them_replaced_one_by_one() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("mode-1.npy"), b"old").unwrap();
+        fs::write(dir.path().join("notes.txt"), b"mine").unwrap();
+        let staged = model().stage(dir.path(), &mut |_| {}).unwrap();
+        assert_eq!(staged.staging_path().parent(), Some(dir.path()));
+        assert_eq!(fs::read(dir.path().join("mode-1.npy")).unwrap(), b"old");
+        staged.commit().unwrap();
+        assert_eq!(
+            names_in(dir.path()),
+            [
+                "lambda.npy",
+                "mode-1.npy",
+                "mode-2.npy",
+                "mode-3.npy",
+                "notes.txt"
+            ]
+        );
+        assert_eq!(load_factors(dir.path(), 3).unwrap()[1], model().factors[1]);
+    }
+
+    #[test]
+    fn a_staged_model_not_committed_leaves_nothing() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("m");
+        drop(model().stage(&dir, &mut |_| {}).unwrap());
+        assert!(names_in(root.path()).is_empty());
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join("keep"), b"x").unwrap();
+        drop(model().stage(&dir, &mut |_| {}).unwrap());
+        assert_eq!(names_in(&dir), ["keep"]);
     }
 
     #[cfg(unix)]

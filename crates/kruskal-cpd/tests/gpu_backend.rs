@@ -79,3 +79,51 @@ fn the_gpu_backend_runs_from_random_starts_and_refuses_bad_ranks() {
     let err = cpd_als(&mut backend, &opts).unwrap_err().to_string();
     assert!(err.contains("ranks 1 to 256"), "{err}");
 }
+
+/// Values at the ends of f32 run on the GPU (one, and a group of every
+/// GPU there is) as on the CPU: `decompose` scales them by a power of two
+/// and the weights back, so the fits equal the CPU's and no weight is NaN.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn values_at_the_ends_of_f32_run_on_the_gpu() {
+    use kruskal_cpd::{BackendChoice, DecomposeOptions, decompose};
+    use std::sync::atomic::AtomicBool;
+    let (_, t) = generated().into_iter().next().expect("a generated tensor");
+    let gpus = Gpu::count().expect("a GPU");
+    for exponent in [100, -120] {
+        let mut scaled = t.clone();
+        scaled.scale_values_pow2(exponent).unwrap();
+        let run = |backend: BackendChoice, group: Option<Vec<usize>>| {
+            let mut opts = DecomposeOptions::new(8);
+            opts.cpd.max_iters = common::ITERS;
+            opts.cpd.tol = 0.0;
+            opts.backend = backend;
+            if group.is_some() {
+                opts.kernel = "shard".into();
+            }
+            opts.gpus = group;
+            decompose(
+                &scaled,
+                &opts,
+                &mut |_| std::ops::ControlFlow::Continue(()),
+                &AtomicBool::new(false),
+            )
+            .unwrap()
+            .model
+        };
+        let cpu = run(BackendChoice::Cpu, None);
+        let mut on_gpus = vec![("gpu", run(BackendChoice::Gpu, None))];
+        if gpus > 1 {
+            on_gpus.push(("gpus", run(BackendChoice::Auto, Some((0..gpus).collect()))));
+        }
+        for (what, model) in &on_gpus {
+            assert_same_fits(&cpu, model, &format!("2^{exponent} on {what}"));
+            for (a, b) in model.lambda.iter().zip(&cpu.lambda) {
+                assert!(
+                    a.is_finite() && (a - b).abs() <= 1e-3 * b.abs(),
+                    "{what}: {a} {b}"
+                );
+            }
+        }
+    }
+}

@@ -34,9 +34,14 @@
 //!
 //! Version 2 added the flags. kruskal writes only tensors whose
 //! coordinates are distinct (repeated coordinates are summed when a tensor
-//! is built) and says so with [`FLAG_DISTINCT`], so loading such a file
-//! costs no search for repeats. A version 1 file (same layout, flags 0) is
-//! still read: its repeated coordinates, if any, are summed at load.
+//! is built), in strictly increasing coordinate order (mode 0 most
+//! significant), and says so with [`FLAG_DISTINCT`]. A file is input like
+//! any other, so readers verify the claim: one parallel pass checks the
+//! order, and loading such a file then costs no search for repeats. A file
+//! whose flag is set but whose coordinates are out of order (an older
+//! kruskal wrote distinct coordinates in any order) or repeat (a damaged
+//! or hand-made file) has its repeats searched for and summed, as has a
+//! version 1 file (same layout, flags 0).
 //!
 //! [`read_binary`] loads a whole tensor; [`MappedBinary`] maps the file and
 //! lets a process read, checksum and count only the parts it needs.
@@ -44,13 +49,16 @@
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
+use std::time::Instant;
 
 use crc32fast::Hasher;
 use rayon::prelude::*;
 
+use crate::coalesce;
 use crate::coo::SparseTensor;
 use crate::error::{FormatError, Result};
 use crate::io::{read_at, write_atomically};
+use crate::memory;
 
 mod mapped;
 
@@ -62,7 +70,9 @@ pub const MAGIC: [u8; 8] = *b"KRUSKAL\0";
 /// The format version this code writes; it also reads version 1.
 pub const VERSION: u32 = 2;
 
-/// Flag bit: no two nonzeros of the file share a coordinate.
+/// Flag bit: the writer says that no two nonzeros of the file share a
+/// coordinate and that they are in strictly increasing coordinate order.
+/// Readers check the order before relying on it.
 pub const FLAG_DISTINCT: u32 = 1;
 
 /// Bytes before the dimensions.
@@ -105,7 +115,13 @@ impl Sizes {
 }
 
 /// Writes `t` as a `.ktns` file (see the module documentation for the
-/// layout), atomically: the file appears complete or not at all.
+/// layout), atomically: the file appears complete or not at all. The
+/// nonzeros are written in coordinate order, so that a reader can verify
+/// the header's [`FLAG_DISTINCT`] with one pass over the order.
+///
+/// Cost: two parallel passes over the arrays (checksum, then writing); a
+/// tensor not yet in coordinate order is first sorted through a
+/// permutation (8 bytes per nonzero).
 pub fn write_binary(path: &Path, t: &SparseTensor) -> Result<()> {
     let nmodes = u32::try_from(t.nmodes()).map_err(|_| {
         FormatError::Argument(format!("{} modes do not fit the header", t.nmodes()))
@@ -113,16 +129,23 @@ pub fn write_binary(path: &Path, t: &SparseTensor) -> Result<()> {
     let nnz = t.nnz() as u64;
     let sizes = Sizes::new(nmodes, nnz);
     let pad = (sizes.stride - u128::from(nnz) * 4) as usize;
+    let order: Option<Vec<usize>> = if coalesce::strictly_increasing(t.indices()) {
+        None
+    } else {
+        let modes: Vec<usize> = (0..t.nmodes()).collect();
+        Some(t.sort_permutation(&modes))
+    };
+    let order = order.as_deref();
 
     // The payload CRC goes in the header, so it is computed first, in
     // parallel; the arrays are then converted again while writing, which
     // costs far less than a second pass over the disk would.
     let mut payload_crc = Hasher::new();
     for idx in t.indices() {
-        payload_crc.combine(&crc_of(idx, |x| x.to_le_bytes()));
+        payload_crc.combine(&crc_of(idx, order, |x| x.to_le_bytes()));
         payload_crc.update(&[0; 4][..pad]);
     }
-    payload_crc.combine(&crc_of(t.values(), |x| x.to_le_bytes()));
+    payload_crc.combine(&crc_of(t.values(), order, |x| x.to_le_bytes()));
     payload_crc.update(&[0; 4][..pad]);
 
     let mut header = Vec::with_capacity(sizes.payload as usize);
@@ -131,7 +154,7 @@ pub fn write_binary(path: &Path, t: &SparseTensor) -> Result<()> {
     header.extend_from_slice(&nmodes.to_le_bytes());
     header.extend_from_slice(&nnz.to_le_bytes());
     header.extend_from_slice(&payload_crc.finalize().to_le_bytes());
-    // Every SparseTensor has distinct coordinates.
+    // Every SparseTensor has distinct coordinates, written in order.
     header.extend_from_slice(&FLAG_DISTINCT.to_le_bytes());
     for &d in t.dims() {
         header.extend_from_slice(&d.to_le_bytes());
@@ -144,7 +167,7 @@ pub fn write_binary(path: &Path, t: &SparseTensor) -> Result<()> {
     write_atomically(path, |w| {
         let io = |e| FormatError::io(path, e);
         w.write_all(&header).map_err(io)?;
-        let mut buf = Vec::with_capacity(4 * (1 << 16));
+        let mut buf = Vec::with_capacity(4 * WRITE_CHUNK);
         let mut put = |bytes: &mut dyn Iterator<Item = [u8; 4]>| -> Result<()> {
             buf.clear();
             for b in bytes {
@@ -152,27 +175,44 @@ pub fn write_binary(path: &Path, t: &SparseTensor) -> Result<()> {
             }
             w.write_all(&buf).map_err(io)
         };
+        let n = t.nnz();
         for idx in t.indices() {
-            for chunk in idx.chunks(1 << 16) {
-                put(&mut chunk.iter().map(|x| x.to_le_bytes()))?;
+            for start in (0..n).step_by(WRITE_CHUNK) {
+                let end = (start + WRITE_CHUNK).min(n);
+                put(&mut (start..end).map(|k| in_order(idx, order, k).to_le_bytes()))?;
             }
             put(&mut std::iter::repeat_n([0u8; 4], pad / 4))?;
         }
-        for chunk in t.values().chunks(1 << 16) {
-            put(&mut chunk.iter().map(|x| x.to_le_bytes()))?;
+        for start in (0..n).step_by(WRITE_CHUNK) {
+            let end = (start + WRITE_CHUNK).min(n);
+            put(&mut (start..end).map(|k| in_order(t.values(), order, k).to_le_bytes()))?;
         }
         put(&mut std::iter::repeat_n([0u8; 4], pad / 4))
     })
 }
 
-/// CRC of the little-endian bytes of `xs`, computed in parallel chunks.
-fn crc_of<T: Sync>(xs: &[T], le: fn(&T) -> [u8; 4]) -> Hasher {
-    let parts: Vec<Hasher> = xs
-        .par_chunks(DEFAULT_CHUNK)
-        .map_init(Vec::new, |buf: &mut Vec<u8>, chunk| {
+/// Elements converted per write.
+const WRITE_CHUNK: usize = 1 << 16;
+
+/// Element `k` of `xs` in the written order: `xs[order[k]]`, or `xs[k]`
+/// when the tensor is in coordinate order already.
+fn in_order<T: Copy>(xs: &[T], order: Option<&[usize]>, k: usize) -> T {
+    match order {
+        Some(order) => xs[order[k]],
+        None => xs[k],
+    }
+}
+
+/// CRC of the little-endian bytes of `xs` in the written order (see
+/// [`in_order`]), computed in parallel chunks.
+fn crc_of<T: Copy + Sync>(xs: &[T], order: Option<&[usize]>, le: fn(&T) -> [u8; 4]) -> Hasher {
+    let n = xs.len();
+    let parts: Vec<Hasher> = (0..n.div_ceil(DEFAULT_CHUNK))
+        .into_par_iter()
+        .map_init(Vec::new, |buf: &mut Vec<u8>, c| {
             buf.clear();
-            for x in chunk {
-                buf.extend_from_slice(&le(x));
+            for k in c * DEFAULT_CHUNK..((c + 1) * DEFAULT_CHUNK).min(n) {
+                buf.extend_from_slice(&le(&in_order(xs, order, k)));
             }
             let mut h = Hasher::new();
             h.update(buf);
@@ -196,11 +236,22 @@ pub fn read_binary(path: &Path) -> Result<SparseTensor> {
     read_binary_with(path, DEFAULT_CHUNK).map(|(t, _, _)| t)
 }
 
-/// [`read_binary`], also returning how many nonzeros were merged (always 0
-/// for a file that records distinct coordinates) and the seconds that the
-/// search for repeats took.
+/// [`read_binary`], also returning how many nonzeros were merged (0 for a
+/// file whose distinct coordinates are verified in order) and the seconds
+/// that the order check and the search for repeats took.
 pub(crate) fn read_binary_merged(path: &Path) -> Result<(SparseTensor, usize, f64)> {
     read_binary_with(path, DEFAULT_CHUNK)
+}
+
+/// The dimensions and nonzero count of the `.ktns` file at `path`, from
+/// its header alone, checked as [`read_binary`] checks it (magic, version,
+/// header CRC, exact file length). Reads the header only, and maps
+/// nothing: what a caller needs to size a run before reading the file.
+pub fn read_shape(path: &Path) -> Result<(Vec<u32>, usize)> {
+    crate::io::regular_file(path)?;
+    let mut file = File::open(path).map_err(|e| FormatError::io(path, e))?;
+    let header = read_header(path, &mut file)?;
+    Ok((header.dims, header.nnz))
 }
 
 /// What a valid header says, with the sizes derived from it.
@@ -215,7 +266,8 @@ pub(crate) struct Header {
     pub(crate) stride: usize,
     /// Length of the whole file; fits in usize.
     pub(crate) total: usize,
-    /// The file records that its coordinates are distinct.
+    /// The file claims that its coordinates are distinct and in order
+    /// (not yet verified).
     pub(crate) distinct: bool,
 }
 
@@ -288,6 +340,12 @@ pub(crate) fn read_header(path: &Path, file: &mut File) -> Result<Header> {
     if nmodes == 0 {
         return Err(corrupt("the header says 0 modes: file is corrupt".into()));
     }
+    if nmodes as usize > crate::coo::MAX_MODES {
+        return Err(corrupt(format!(
+            "the header says {nmodes} modes, and kruskal takes at most {}",
+            crate::coo::MAX_MODES
+        )));
+    }
     let known = if version == 1 { 0 } else { FLAG_DISTINCT };
     if flags & !known != 0 {
         return Err(corrupt(format!(
@@ -319,6 +377,7 @@ pub(crate) fn read_header(path: &Path, file: &mut File) -> Result<Header> {
 pub(crate) fn read_binary_with(path: &Path, chunk: usize) -> Result<(SparseTensor, usize, f64)> {
     let chunk = chunk.max(1);
     let corrupt = |msg: String| FormatError::file(path, msg);
+    crate::io::regular_file(path)?;
     let mut file = File::open(path).map_err(|e| FormatError::io(path, e))?;
     let Header {
         dims,
@@ -330,6 +389,19 @@ pub(crate) fn read_binary_with(path: &Path, chunk: usize) -> Result<(SparseTenso
         ..
     } = read_header(path, &mut file)?;
     let nmodes = dims.len() as u32;
+    // The header may promise more than the disk holds (a sparse file of
+    // the right length): the arrays are sized by it, so they must fit.
+    let need = memory::coo_bytes(dims.len(), nnz as u64);
+    if let Some(available) = memory::shortfall(need) {
+        return Err(FormatError::Memory(format!(
+            "{}: the header says {nnz} nonzeros of {} modes, which need {} in memory, and {} are \
+             available (MemAvailable)",
+            path.display(),
+            dims.len(),
+            memory::bytes_text(need),
+            memory::bytes_text(available)
+        )));
+    }
 
     let pad = stride - 4 * nnz;
     let offset_of = |array: u32| (payload + array as usize * stride) as u64;
@@ -367,12 +439,22 @@ pub(crate) fn read_binary_with(path: &Path, chunk: usize) -> Result<(SparseTenso
     if crc.finalize() != payload_crc {
         return Err(corrupt("checksum mismatch: file is corrupt".into()));
     }
-    let holds = |e: FormatError| corrupt(format!("the file holds an {e}"));
-    if distinct {
+    let holds = |e: FormatError| match e {
+        FormatError::Memory(m) => FormatError::Memory(format!("{}: {m}", path.display())),
+        e => corrupt(format!("the file holds an {e}")),
+    };
+    // The flag is a claim like any other content of a file: it is trusted
+    // only when the coordinates are in strictly increasing order (as
+    // kruskal writes them), which rules out repeats. Otherwise repeats are
+    // searched for and summed.
+    let start = Instant::now();
+    if distinct && coalesce::strictly_increasing(&indices) {
         let t = SparseTensor::new_distinct(dims, indices, values).map_err(holds)?;
-        Ok((t, 0, 0.0))
+        Ok((t, 0, start.elapsed().as_secs_f64()))
     } else {
-        SparseTensor::new_timed(dims, indices, values).map_err(holds)
+        let checked_s = start.elapsed().as_secs_f64();
+        let (t, merged, s) = SparseTensor::new_timed(dims, indices, values).map_err(holds)?;
+        Ok((t, merged, checked_s + s))
     }
 }
 
@@ -442,6 +524,14 @@ mod tests {
         SparseTensor::new(dims, indices, values).unwrap()
     }
 
+    /// `t` in coordinate order, as the writer writes it.
+    fn sorted(t: &SparseTensor) -> SparseTensor {
+        let mut t = t.clone();
+        let modes: Vec<usize> = (0..t.nmodes()).collect();
+        t.sort_by_modes(&modes).unwrap();
+        t
+    }
+
     fn err_of(p: &Path) -> String {
         match read_binary(p).unwrap_err() {
             e @ FormatError::File { .. } => {
@@ -464,6 +554,8 @@ mod tests {
     #[test]
     fn layout_matches_the_documentation() {
         let (_dir, p, t) = written(3);
+        assert!(!coalesce::strictly_increasing(t.indices()));
+        let t = sorted(&t);
         let bytes = std::fs::read(&p).unwrap();
         // M = 3: D = align8(32 + 12) = 48, H = 56, S = align8(12) = 16.
         assert_eq!(bytes.len(), 56 + 4 * 16);
@@ -488,8 +580,23 @@ mod tests {
     }
 
     #[test]
+    fn the_shape_comes_from_the_header_alone() {
+        let (_dir, p, t) = written(1000);
+        assert_eq!(read_shape(&p).unwrap(), (t.dims().to_vec(), t.nnz()));
+        let mut bytes = std::fs::read(&p).unwrap();
+        let k = bytes.len() - 100;
+        bytes[k] ^= 1; // the payload: not read
+        std::fs::write(&p, &bytes).unwrap();
+        assert_eq!(read_shape(&p).unwrap().1, t.nnz());
+        bytes[33] ^= 1; // the header: checked
+        std::fs::write(&p, &bytes).unwrap();
+        assert!(read_shape(&p).is_err());
+    }
+
+    #[test]
     fn round_trip_across_chunks() {
         let (_dir, p, t) = written(10_001);
+        let t = sorted(&t);
         assert_eq!(read_binary(&p).unwrap(), t);
         for chunk in [1, 7, 4096] {
             assert_eq!(read_binary_with(&p, chunk).unwrap().0, t);
@@ -582,6 +689,7 @@ mod tests {
     #[test]
     fn a_version_1_file_has_its_repeats_summed() {
         let (_dir, p, t) = written(50);
+        let t = sorted(&t);
         let mut bytes = std::fs::read(&p).unwrap();
         // Make nonzero 1 repeat nonzero 0's coordinate: copy its indices.
         let stride = 4 * 50usize.div_ceil(2) * 2;
@@ -611,6 +719,77 @@ mod tests {
         assert!(err_of(&p).contains("unknown flags 0x4"));
     }
 
+    /// Makes nonzero 1 of a written 50-nonzero, 3-mode file repeat
+    /// nonzero 0's coordinate, keeping the header's claim of distinct
+    /// coordinates, and seals the checksums again.
+    fn repeat_first_coordinate(bytes: &mut [u8]) {
+        let stride = 4 * 50usize.div_ceil(2) * 2;
+        for m in 0..3 {
+            let at = 56 + m * stride;
+            let first: [u8; 4] = bytes[at..at + 4].try_into().unwrap();
+            bytes[at + 4..at + 8].copy_from_slice(&first);
+        }
+        reseal(bytes, 2, FLAG_DISTINCT);
+    }
+
+    #[test]
+    fn a_false_claim_of_distinct_coordinates_is_caught_and_summed() {
+        let (_dir, p, t) = written(50);
+        let t = sorted(&t);
+        let mut bytes = std::fs::read(&p).unwrap();
+        repeat_first_coordinate(&mut bytes);
+        std::fs::write(&p, &bytes).unwrap();
+        let (back, merged, _) = read_binary_merged(&p).unwrap();
+        assert_eq!(merged, 1);
+        assert_eq!(back.nnz(), 49);
+        // The norm is that of the summed tensor, not of the two lines.
+        let (a, b) = (f64::from(t.values()[0]), f64::from(t.values()[1]));
+        let summed = ((a + b) as f32) as f64;
+        let want = t.norm_sq() - a * a - b * b + summed * summed;
+        assert!(
+            (back.norm_sq() - want).abs() <= 1e-9 * want,
+            "{} {want}",
+            back.norm_sq()
+        );
+        // The whole file is checked: a repeat at the end is caught too.
+        let (_dir2, p2, _) = written(50);
+        let mut bytes = std::fs::read(&p2).unwrap();
+        let stride = 4 * 50usize.div_ceil(2) * 2;
+        for m in 0..3 {
+            let at = 56 + m * stride + 4 * 48;
+            let last: [u8; 4] = bytes[at..at + 4].try_into().unwrap();
+            bytes[at + 4..at + 8].copy_from_slice(&last);
+        }
+        reseal(&mut bytes, 2, FLAG_DISTINCT);
+        std::fs::write(&p2, &bytes).unwrap();
+        assert_eq!(read_binary_merged(&p2).unwrap().1, 1);
+    }
+
+    #[test]
+    fn distinct_coordinates_out_of_order_are_read_as_they_are() {
+        // What an older writer made: distinct coordinates in any order,
+        // flagged. The claim fails the order check; the search for
+        // repeats finds none and keeps the file's order.
+        let (_dir, p, t) = written(50);
+        let t = sorted(&t);
+        let mut bytes = std::fs::read(&p).unwrap();
+        let stride = 4 * 50usize.div_ceil(2) * 2;
+        // Swap nonzeros 0 and 49 in every array.
+        for a in 0..4 {
+            let at = 56 + a * stride;
+            let first: [u8; 4] = bytes[at..at + 4].try_into().unwrap();
+            let last: [u8; 4] = bytes[at + 196..at + 200].try_into().unwrap();
+            bytes[at..at + 4].copy_from_slice(&last);
+            bytes[at + 196..at + 200].copy_from_slice(&first);
+        }
+        reseal(&mut bytes, 2, FLAG_DISTINCT);
+        std::fs::write(&p, &bytes).unwrap();
+        let (back, merged, _) = read_binary_merged(&p).unwrap();
+        assert_eq!(merged, 0);
+        assert_eq!(sorted(&back), t);
+        assert_eq!(back.values()[0], t.values()[49]);
+    }
+
     #[test]
     fn invalid_tensor_with_valid_checksums_is_refused() {
         let (_dir, p, _) = written(50);
@@ -626,6 +805,22 @@ mod tests {
             err.contains("invalid tensor") && err.contains("mode-1 index"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_dimension_of_zero_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("e.ktns");
+        let t = SparseTensor::new(vec![4, 2], vec![vec![], vec![]], vec![]).unwrap();
+        write_binary(&p, &t).unwrap();
+        let mut bytes = std::fs::read(&p).unwrap();
+        // M = 2: the dimensions at 32..40, the header CRC at 40.
+        bytes[32..36].copy_from_slice(&0u32.to_le_bytes());
+        let crc = crc32fast::hash(&bytes[..40]);
+        bytes[40..44].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(&p, &bytes).unwrap();
+        let err = err_of(&p);
+        assert!(err.contains("the dimension of mode 1 is 0"), "{err}");
     }
 
     #[test]
@@ -668,7 +863,9 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let p = dir.path().join("t.ktns");
             write_binary(&p, &t).unwrap();
-            let back = read_binary_with(&p, chunk).unwrap().0;
+            let (back, merged, _) = read_binary_with(&p, chunk).unwrap();
+            let t = sorted(&t);
+            prop_assert_eq!(merged, 0);
             prop_assert_eq!(&back, &t);
             for (a, b) in back.values().iter().zip(t.values()) {
                 prop_assert_eq!(a.to_bits(), b.to_bits());

@@ -17,10 +17,15 @@
 //! mode), and the (key, position) pairs are sorted in parallel. Without repeated
 //! coordinates the tensor keeps its order; with them, the result is in
 //! coordinate order and each entry's value is the f64 sum of its lines, in
-//! file order, rounded once to f32. Memory: 16 bytes per nonzero (24 with
-//! u128 keys) while sorting.
+//! file order, rounded once to f32. Memory: 16 bytes per nonzero (32 with
+//! u128 keys) while sorting, checked against `MemAvailable` first.
+
+use std::ops::Range;
 
 use rayon::prelude::*;
+
+use crate::error::{FormatError, Result};
+use crate::memory;
 
 /// Nonzeros compared per parallel work item of the order check.
 const CHECK_CHUNK: usize = 1 << 16;
@@ -34,12 +39,13 @@ pub(crate) struct Coalesced {
 
 /// Sums the nonzeros of `indices`/`values` that share a coordinate.
 /// `dims` bound the indices (the caller has checked them). A sum too large
-/// for f32 is an error naming the coordinate.
+/// for f32 is an error naming the coordinate; a sort that `MemAvailable`
+/// cannot hold is refused before it allocates.
 pub(crate) fn coalesce(
     dims: &[u32],
     indices: Vec<Vec<u32>>,
     values: Vec<f32>,
-) -> Result<Coalesced, String> {
+) -> Result<Coalesced> {
     let unchanged = |indices, values| {
         Ok(Coalesced {
             indices,
@@ -50,7 +56,9 @@ pub(crate) fn coalesce(
     if values.len() < 2 || strictly_increasing(&indices) {
         return unchanged(indices, values);
     }
-    let order = match KeyWidth::of(dims) {
+    let width = KeyWidth::of(dims);
+    check_memory(width, indices.len(), values.len())?;
+    let order = match width {
         KeyWidth::U64 => sorted_positions::<u64>(&indices, dims),
         KeyWidth::U128 => sorted_positions::<u128>(&indices, dims),
         KeyWidth::Wider => compared_positions(&indices),
@@ -61,15 +69,48 @@ pub(crate) fn coalesce(
     merge(&indices, &values, &order)
 }
 
+/// Refuses a search for repeats that the host's memory cannot hold: the
+/// sort's (key, position) pairs and, with repeats, the summed arrays.
+fn check_memory(width: KeyWidth, nmodes: usize, nnz: usize) -> Result<()> {
+    let pair = match width {
+        KeyWidth::U64 => 16,
+        KeyWidth::U128 => 32,
+        KeyWidth::Wider => 8,
+    };
+    let need = (nnz as u64)
+        .saturating_mul(pair)
+        .saturating_add(memory::coo_bytes(nmodes, nnz as u64));
+    match memory::shortfall(need) {
+        Some(available) => Err(FormatError::Memory(format!(
+            "the {nnz} nonzeros are not in strictly increasing coordinate order, and searching \
+             them for repeated coordinates needs {} (a sort of their coordinates and the summed \
+             arrays), and {} are available (MemAvailable)",
+            memory::bytes_text(need),
+            memory::bytes_text(available)
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Whether the coordinates are in strictly increasing lexicographic order
 /// (mode 0 most significant), which rules out repeats.
 pub(crate) fn strictly_increasing(indices: &[Vec<u32>]) -> bool {
     let nnz = indices.first().map_or(0, Vec::len);
-    if nnz < 2 {
-        return true;
-    }
+    increasing_at(indices, 1..nnz)
+}
+
+/// Whether nonzero `k - 1` comes strictly before nonzero `k` in
+/// coordinate order (mode 0 most significant) for every `k` of `pairs`
+/// (`k = 0` is skipped: it has no predecessor). Ranges that tile
+/// `0..nnz` together check the whole order, so processes holding parts
+/// of a tensor can each check theirs. `pairs` must lie within the arrays.
+///
+/// Cost: one parallel pass over the range, stopping at the first pair out
+/// of order.
+pub(crate) fn increasing_at<I: AsRef<[u32]> + Sync>(indices: &[I], pairs: Range<usize>) -> bool {
     let less = |a: usize, b: usize| {
         for idx in indices {
+            let idx = idx.as_ref();
             match idx[a].cmp(&idx[b]) {
                 std::cmp::Ordering::Less => return true,
                 std::cmp::Ordering::Greater => return false,
@@ -78,7 +119,7 @@ pub(crate) fn strictly_increasing(indices: &[Vec<u32>]) -> bool {
         }
         false
     };
-    (1..nnz)
+    (pairs.start.max(1)..pairs.end)
         .into_par_iter()
         .with_min_len(CHECK_CHUNK)
         .all(|k| less(k - 1, k))
@@ -194,7 +235,7 @@ fn compared_positions(indices: &[Vec<u32>]) -> Option<Vec<usize>> {
 }
 
 /// Builds the coalesced arrays from the nonzeros in coordinate order.
-fn merge(indices: &[Vec<u32>], values: &[f32], order: &[usize]) -> Result<Coalesced, String> {
+fn merge(indices: &[Vec<u32>], values: &[f32], order: &[usize]) -> Result<Coalesced> {
     let same = |a: usize, b: usize| indices.iter().all(|idx| idx[a] == idx[b]);
     // starts[g]: where entry g's run of equal coordinates begins in `order`.
     let mut starts: Vec<usize> = (0..order.len())
@@ -217,12 +258,12 @@ fn merge(indices: &[Vec<u32>], values: &[f32], order: &[usize]) -> Result<Coales
             .iter()
             .map(|idx| (u64::from(idx[order[starts[g]]]) + 1).to_string())
             .collect();
-        return Err(format!(
+        return Err(FormatError::Invalid(format!(
             "the {} nonzeros at coordinate ({}) (1-based) sum to {:.3e}, which f32 cannot hold",
             starts[g + 1] - starts[g],
             coordinate.join(", "),
             sums[g]
-        ));
+        )));
     }
     let merged_values: Vec<f32> = sums.into_par_iter().map(|v| v as f32).collect();
     let merged_indices = indices
@@ -347,7 +388,8 @@ mod tests {
             vec![1.0, 3e38, 3e38],
         )
         .err()
-        .unwrap();
+        .unwrap()
+        .to_string();
         assert!(
             err.contains("the 2 nonzeros at coordinate (4, 3)") && err.contains("6.000e38"),
             "{err}"

@@ -8,6 +8,12 @@ use crate::attached::Attached;
 use crate::coalesce;
 use crate::error::{FormatError, Result};
 
+/// The most modes a tensor may have. The engines keep one copy of the
+/// tensor per mode, each with every mode's indices, so preparing grows
+/// with the square of the mode count (2,000 modes took a minute on a few
+/// nonzeros); FROSTT's tensors have 3 to 5.
+pub const MAX_MODES: usize = 64;
+
 /// A sparse tensor in coordinate form, stored as a structure of arrays.
 /// No coordinate appears twice: building one sums repeated coordinates.
 ///
@@ -57,7 +63,7 @@ impl SparseTensor {
     ) -> Result<(Self, usize, f64)> {
         check(&dims, &indices, &values)?;
         let start = std::time::Instant::now();
-        let c = coalesce::coalesce(&dims, indices, values).map_err(FormatError::Invalid)?;
+        let c = coalesce::coalesce(&dims, indices, values)?;
         let seconds = start.elapsed().as_secs_f64();
         let t = SparseTensor {
             attached: Attached::default(),
@@ -68,8 +74,9 @@ impl SparseTensor {
         Ok((t, c.merged, seconds))
     }
 
-    /// Builds a tensor whose coordinates the caller knows to be distinct
-    /// (a `.ktns` file that records it): the checks of
+    /// Builds a tensor whose coordinates the caller has verified to be
+    /// distinct (a `.ktns` file whose coordinates were checked to be in
+    /// strictly increasing order): the checks of
     /// [`SparseTensor::new`] without the search for repeats.
     pub(crate) fn new_distinct(
         dims: Vec<u32>,
@@ -124,6 +131,42 @@ impl SparseTensor {
     pub fn into_parts(mut self) -> (Vec<u32>, Vec<Vec<u32>>, Vec<f32>) {
         self.attached.clear();
         (self.dims, self.indices, self.values)
+    }
+
+    /// Multiplies every value by `2^exponent`. A power of two changes
+    /// only a value's exponent, so the result is exact wherever it is a
+    /// normal f32, which includes a subnormal value scaled up; scaled down
+    /// below the normal range a value loses low bits or becomes 0. A
+    /// result that is not finite is an error, and then no value has
+    /// changed.
+    ///
+    /// Cost: two parallel passes over the values.
+    pub fn scale_values_pow2(&mut self, exponent: i32) -> Result<()> {
+        let factor = 2f64.powi(exponent);
+        let scaled = |v: f32| (f64::from(v) * factor) as f32;
+        if let Some((k, &v)) = self
+            .values
+            .par_iter()
+            .enumerate()
+            .find_any(|&(_, &v)| !scaled(v).is_finite())
+        {
+            return Err(FormatError::Invalid(format!(
+                "nonzero {k}: value {v} times 2^{exponent} is beyond f32"
+            )));
+        }
+        self.values.par_iter_mut().for_each(|v| *v = scaled(*v));
+        Ok(())
+    }
+
+    /// The largest absolute value, in f64 (0 for a tensor without
+    /// nonzeros).
+    ///
+    /// Cost: one parallel pass over the values.
+    pub fn max_abs(&self) -> f64 {
+        self.values
+            .par_iter()
+            .map(|v| f64::from(v.abs()))
+            .reduce(|| 0.0, f64::max)
     }
 
     /// Squared Frobenius norm, summed in f64 in a fixed order (chunk sums
@@ -265,6 +308,18 @@ fn check(dims: &[u32], indices: &[Vec<u32>], values: &[f32]) -> Result<()> {
             "a tensor needs at least one mode".into(),
         ));
     }
+    if dims.len() > MAX_MODES {
+        return Err(FormatError::Invalid(format!(
+            "{} modes: kruskal takes at most {MAX_MODES}",
+            dims.len()
+        )));
+    }
+    if let Some(m) = dims.iter().position(|&d| d == 0) {
+        return Err(FormatError::Invalid(format!(
+            "the dimension of mode {} is 0: every mode needs at least one index",
+            m + 1
+        )));
+    }
     if indices.len() != dims.len() {
         return Err(FormatError::Invalid(format!(
             "{} dimensions but {} index arrays",
@@ -396,6 +451,33 @@ mod tests {
         assert_eq!(t.values(), &[2.0, 4.0, 4.0]);
         // The norm is the summed tensor's: 2^2 + 4^2 + 4^2, not 1 + 4 + 9 + 16.
         assert_eq!(t.norm_sq(), 36.0);
+    }
+
+    #[test]
+    fn values_scale_by_powers_of_two_exactly() {
+        let mut t = SparseTensor::new(
+            vec![2, 2],
+            vec![vec![0, 1, 1], vec![0, 0, 1]],
+            vec![3.4e38, -1e-40, 0.75],
+        )
+        .unwrap();
+        assert_eq!(t.max_abs(), f64::from(3.4e38f32));
+        // Beyond f32: refused, nothing changed.
+        assert!(t.scale_values_pow2(1).is_err());
+        assert_eq!(t.values()[0], 3.4e38);
+        t.scale_values_pow2(-127).unwrap();
+        assert_eq!(t.values()[0], 3.4e38 / 2f32.powi(127));
+        assert_eq!(t.values()[2], 0.75 / 2f32.powi(127));
+        // A subnormal scaled up is exact: back down, the same bits.
+        let mut d =
+            SparseTensor::new(vec![3], vec![vec![0, 1, 2]], vec![1e-40, -1e-45, 1e-39]).unwrap();
+        assert!(d.values().iter().all(|v| v.is_subnormal()));
+        let before: Vec<u32> = d.values().iter().map(|v| v.to_bits()).collect();
+        d.scale_values_pow2(140).unwrap();
+        assert!(d.values().iter().all(|v| v.is_normal()));
+        d.scale_values_pow2(-140).unwrap();
+        let after: Vec<u32> = d.values().iter().map(|v| v.to_bits()).collect();
+        assert_eq!(after, before);
     }
 
     #[test]

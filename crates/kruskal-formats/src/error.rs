@@ -30,6 +30,11 @@ pub enum FormatError {
     #[error("invalid tensor: {0}")]
     Invalid(String),
 
+    /// The host's memory cannot hold what a file or the arguments ask for:
+    /// the need and what is available, found before allocating.
+    #[error("{0}")]
+    Memory(String),
+
     /// A generator or other option was given a value it cannot use.
     #[error("invalid argument: {0}")]
     Argument(String),

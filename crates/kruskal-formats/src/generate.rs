@@ -15,6 +15,7 @@ use rayon::prelude::*;
 use crate::coalesce::{Key, KeyWidth, coordinate_of, key_of};
 use crate::coo::SparseTensor;
 use crate::error::{FormatError, Result};
+use crate::memory;
 
 /// Nonzeros drawn from one random stream; fixed so that output does not
 /// depend on the thread count.
@@ -98,6 +99,13 @@ fn check_dims(dims: &[u32]) -> Result<()> {
             dims.len()
         )));
     }
+    if dims.len() > crate::coo::MAX_MODES {
+        return Err(FormatError::Argument(format!(
+            "{} modes: kruskal takes at most {}",
+            dims.len(),
+            crate::coo::MAX_MODES
+        )));
+    }
     if let Some(m) = dims.iter().position(|&d| d == 0) {
         return Err(FormatError::Argument(format!("dimension of mode {m} is 0")));
     }
@@ -149,6 +157,18 @@ pub fn power_law(spec: &PowerLawSpec) -> Result<SparseTensor> {
             spec.nnz
         )));
     }
+    let width = KeyWidth::of(&spec.dims);
+    let need = power_law_bytes(&spec.dims, spec.nnz);
+    if let Some(available) = memory::shortfall(need) {
+        return Err(FormatError::Memory(format!(
+            "generating {} nonzeros of dimensions {:?} needs about {} (the tensor, the draws and \
+             one permutation per mode), and {} are available (MemAvailable)",
+            spec.nnz,
+            spec.dims,
+            memory::bytes_text(need),
+            memory::bytes_text(available)
+        )));
+    }
     let modes = spec
         .dims
         .iter()
@@ -157,7 +177,7 @@ pub fn power_law(spec: &PowerLawSpec) -> Result<SparseTensor> {
         .map(|(mode, (&dim, &s))| ModeDraw::new(spec.seed, mode, dim, s))
         .collect::<Result<Vec<_>>>()?;
 
-    let indices = match KeyWidth::of(&spec.dims) {
+    let indices = match width {
         KeyWidth::U64 => distinct_draws::<u64>(spec, &modes)?,
         KeyWidth::U128 => distinct_draws::<u128>(spec, &modes)?,
         KeyWidth::Wider => {
@@ -179,6 +199,19 @@ pub fn power_law(spec: &PowerLawSpec) -> Result<SparseTensor> {
         });
     // Distinct and in coordinate order: the check is one pass.
     SparseTensor::new(spec.dims.clone(), indices, values)
+}
+
+/// What [`power_law`] holds at its peak, in bytes: one permutation per
+/// mode (4 bytes per index), and per nonzero the sorted cell numbers (and
+/// their merge), the coordinates, the tensor's index columns and values.
+pub fn power_law_bytes(dims: &[u32], nnz: usize) -> u64 {
+    let key = match KeyWidth::of(dims) {
+        KeyWidth::U64 => 8,
+        _ => 16,
+    };
+    let perms = dims.iter().map(|&d| u64::from(d) * 4).sum::<u64>();
+    let per_nonzero = 2 * key + 8 * dims.len() as u64 + 4;
+    perms.saturating_add((nnz as u64).saturating_mul(per_nonzero))
 }
 
 /// `spec.nnz` distinct coordinates, in coordinate order: coordinates are
@@ -475,6 +508,24 @@ pub fn planted(spec: &PlantedSpec) -> Result<Planted> {
         )));
     }
     let nmodes = spec.dims.len();
+    // The factors (f32, every row) and twice the tensor (built, then
+    // summed where supports overlap).
+    let rows: u64 = spec.dims.iter().map(|&d| u64::from(d)).sum();
+    let need = rows
+        .saturating_mul(spec.rank as u64)
+        .saturating_mul(4)
+        .saturating_add(memory::coo_bytes(nmodes, spec.nnz as u64).saturating_mul(2));
+    if let Some(available) = memory::shortfall(need) {
+        return Err(FormatError::Memory(format!(
+            "generating a planted rank-{} tensor of dimensions {:?} and {} nonzeros needs about \
+             {} (its factors and nonzeros), and {} are available (MemAvailable)",
+            spec.rank,
+            spec.dims,
+            spec.nnz,
+            memory::bytes_text(need),
+            memory::bytes_text(available)
+        )));
+    }
     let sizes = support_sizes(&spec.dims, spec.nnz as f64 / spec.rank as f64);
     let mut rng = ChaCha8Rng::seed_from_u64(stream_seed(spec.seed, 4, 0, 0));
 
@@ -609,6 +660,25 @@ mod tests {
 
     #[test]
     fn power_law_rejects_bad_specs() {
+        // More than memory holds: refused before anything is drawn.
+        let huge = PowerLawSpec::new(vec![u32::MAX, u32::MAX], 100_000_000_000);
+        if memory::available_bytes().is_some() {
+            let start = std::time::Instant::now();
+            assert!(matches!(power_law(&huge), Err(FormatError::Memory(_))));
+            let huge = PlantedSpec {
+                dims: vec![u32::MAX, u32::MAX],
+                rank: 10,
+                nnz: 1000,
+                noise: 0.0,
+                seed: 1,
+            };
+            assert!(matches!(planted(&huge), Err(FormatError::Memory(_))));
+            assert!(start.elapsed().as_secs() < 2);
+        }
+        assert_eq!(
+            power_law_bytes(&[1000, 1000], 10),
+            2000 * 4 + 10 * (2 * 8 + 2 * 8 + 4)
+        );
         assert!(power_law(&PowerLawSpec::new(vec![10], 10)).is_err());
         assert!(power_law(&PowerLawSpec::new(vec![10, 0], 10)).is_err());
         assert!(power_law(&PowerLawSpec::new(vec![10, 10], 0)).is_err());

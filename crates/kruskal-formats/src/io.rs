@@ -100,7 +100,12 @@ impl FileKind {
     /// `1f 8b` is [`FileKind::TnsGz`], kruskal's binary magic is
     /// [`FileKind::Binary`], anything else (including a file too short to
     /// hold a magic) is [`FileKind::Tns`].
+    ///
+    /// Only a regular file is opened: a pipe, a device or a directory is
+    /// an error that says so (opening a pipe without a writer would wait
+    /// for ever, and a stream cannot be read in parallel positional reads).
     pub fn sniff(path: &Path) -> Result<FileKind> {
+        regular_file(path)?;
         let mut file = File::open(path).map_err(|e| FormatError::io(path, e))?;
         let mut head = [0u8; 8];
         let mut len = 0;
@@ -126,6 +131,26 @@ impl FileKind {
             FileKind::Tns
         }
     }
+}
+
+/// Checks, without opening it, that `path` is a regular file (following
+/// links) and returns its length. A pipe (a FIFO, or a shell's `<(...)`),
+/// a device (`/dev/zero`) or a directory is an error that says the input
+/// must be a regular file: kruskal reads a tensor with parallel positional
+/// reads of known length, which a stream cannot give.
+pub(crate) fn regular_file(path: &Path) -> Result<u64> {
+    let meta = std::fs::metadata(path).map_err(|e| FormatError::io(path, e))?;
+    if meta.is_file() {
+        return Ok(meta.len());
+    }
+    if meta.is_dir() {
+        return Err(FormatError::file(path, "is a directory, not a tensor file"));
+    }
+    Err(FormatError::file(
+        path,
+        "a pipe, socket or device, not a regular file: a tensor is read from a regular file \
+         (save a stream to a file first, e.g. `cat ... > t.tns`)",
+    ))
 }
 
 /// What reading a file noticed besides the tensor.
@@ -154,6 +179,23 @@ pub fn read_tensor(path: &Path, opts: &ReadOptions) -> Result<SparseTensor> {
 /// [`read_tensor`], also returning what the reader noticed.
 pub fn read_tensor_report(path: &Path, opts: &ReadOptions) -> Result<(SparseTensor, ReadReport)> {
     match FileKind::sniff(path)? {
+        // A text file named `.ktns` is read (the content decides), but one
+        // that is not valid text either is most likely a damaged binary
+        // file, and the text reader's complaint alone would mislead.
+        FileKind::Tns | FileKind::TnsGz
+            if FileKind::from_path(path).ok() == Some(FileKind::Binary) =>
+        {
+            tns::read_tns_report(path, opts).map_err(|e| {
+                FormatError::file(
+                    path,
+                    format!(
+                        "not a kruskal binary tensor (bad magic: a .ktns file starts with \
+                         KRUSKAL\\0), nor a text tensor ({})",
+                        without_path(&e)
+                    ),
+                )
+            })
+        }
         FileKind::Tns | FileKind::TnsGz => tns::read_tns_report(path, opts),
         FileKind::Binary => {
             let (t, merged, coalesce_s) = binary::read_binary_merged(path)?;
@@ -181,6 +223,16 @@ pub fn read_tensor_report(path: &Path, opts: &ReadOptions) -> Result<(SparseTens
     }
 }
 
+/// The message of `e` without the file name it starts with.
+fn without_path(e: &FormatError) -> String {
+    match e {
+        FormatError::Parse { line, message, .. } => format!("line {line}: {message}"),
+        FormatError::File { message, .. } => message.clone(),
+        FormatError::Io { source, .. } => source.to_string(),
+        other => other.to_string(),
+    }
+}
+
 /// Writes a tensor in the format named by the extension of `path` (see
 /// [`FileKind::from_path`]). The file appears complete or not at all: it is
 /// written to a temporary file beside it and renamed over `path`.
@@ -201,6 +253,41 @@ const WRITE_BUFFER: usize = 1 << 20;
 ///
 /// `write` gets a buffered writer. If it, or any later step, fails, the
 /// temporary file is removed and nothing is created under `path`.
+/// How the temporary files this process writes `path` through begin:
+/// `.NAME.PID.` (then random characters and `.tmp`), in `path`'s
+/// directory. A program ended by a signal while writing removes those of
+/// its own pid ([`remove_temporaries`]). `None` when `path` names no file.
+pub fn temporary_prefix(path: &Path) -> Option<std::ffi::OsString> {
+    let name = path.file_name()?;
+    let mut prefix = std::ffi::OsString::from(".");
+    prefix.push(name);
+    prefix.push(format!(".{}.", std::process::id()));
+    Some(prefix)
+}
+
+/// Removes the temporary files this process is writing `path` through
+/// (see [`temporary_prefix`]); for a signal handler that ends the process
+/// while a write may be under way. Best effort: errors are ignored.
+pub fn remove_temporaries(path: &Path) {
+    let Some(prefix) = temporary_prefix(path) else {
+        return;
+    };
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let prefix = prefix.to_string_lossy().into_owned();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&prefix) && name.ends_with(".tmp") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 pub(crate) fn write_atomically<F>(path: &Path, write: F) -> Result<()>
 where
     F: FnOnce(&mut dyn Write) -> Result<()>,
@@ -209,12 +296,8 @@ where
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let name = path
-        .file_name()
-        .ok_or_else(|| FormatError::file(path, "not a file name"))?;
-    let mut prefix = std::ffi::OsString::from(".");
-    prefix.push(name);
-    prefix.push(".");
+    let prefix =
+        temporary_prefix(path).ok_or_else(|| FormatError::file(path, "not a file name"))?;
     let mut builder = tempfile::Builder::new();
     builder.prefix(&prefix).suffix(".tmp");
     // tempfile creates files readable by the owner only; ask for the usual
@@ -334,7 +417,70 @@ mod tests {
             let dst = dir.path().join(misnamed);
             std::fs::rename(&src, &dst).unwrap();
             assert_eq!(FileKind::sniff(&dst).unwrap(), kind);
-            assert_eq!(read_tensor(&dst, &ReadOptions::default()).unwrap(), t);
+            // A .ktns is written in coordinate order: compare in it.
+            let mut back = read_tensor(&dst, &ReadOptions::default()).unwrap();
+            let mut want = t.clone();
+            back.sort_by_modes(&[0, 1, 2]).unwrap();
+            want.sort_by_modes(&[0, 1, 2]).unwrap();
+            assert_eq!(back, want);
+        }
+    }
+
+    #[test]
+    fn a_ktns_that_is_neither_binary_nor_text_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("damaged.ktns");
+        let mut bytes = b"KRUSKAX\0".to_vec();
+        bytes.extend_from_slice(&[0xff, 0x00, 0x13, 0x77, 0x01, 0x02]);
+        std::fs::write(&p, &bytes).unwrap();
+        let err = read_tensor(&p, &ReadOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(&p.display().to_string())
+                && err.contains("not a kruskal binary tensor (bad magic")
+                && err.contains("nor a text tensor"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn streams_and_special_files_are_refused_in_one_line() {
+        // A directory, a device, a FIFO: not regular files. None is
+        // opened, so a FIFO without a writer does not hang the reader.
+        let dir = tempfile::tempdir().unwrap();
+        let mut refused = vec![dir.path().to_path_buf(), "/dev/zero".into()];
+        let fifo = dir.path().join("fifo.tns");
+        if std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .is_ok_and(|s| s.success())
+        {
+            refused.push(fifo);
+        }
+        for p in &refused {
+            let err = read_tensor(p, &ReadOptions::default())
+                .unwrap_err()
+                .to_string();
+            let want = if p.is_dir() {
+                "is a directory"
+            } else {
+                "not a regular file"
+            };
+            assert!(err.contains(want), "{}: {err}", p.display());
+            let err = crate::MappedBinary::open(p).unwrap_err().to_string();
+            assert!(err.contains(want), "{}: {err}", p.display());
+        }
+        // A /proc file says it is empty and is not.
+        let environ = Path::new("/proc/self/environ");
+        if environ.is_file() && std::fs::read(environ).is_ok_and(|b| !b.is_empty()) {
+            let err = read_tensor(environ, &ReadOptions::default())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("reports a length of 0 but holds data"),
+                "{err}"
+            );
         }
     }
 
@@ -376,6 +522,22 @@ mod tests {
         let missing = dir.path().join("no/such/dir/out.ktns");
         assert!(write_tensor(&missing, &small()).is_err());
         assert!(entries(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn temporaries_carry_the_pid_and_can_be_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("t.tns");
+        let prefix = temporary_prefix(&out).unwrap();
+        let prefix = prefix.to_string_lossy();
+        assert_eq!(prefix, format!(".t.tns.{}.", std::process::id()));
+        // As a write under way leaves it, beside another process's and a
+        // file of the user's.
+        std::fs::write(dir.path().join(format!("{prefix}abc123.tmp")), b"x").unwrap();
+        std::fs::write(dir.path().join(".t.tns.1.abc123.tmp"), b"x").unwrap();
+        std::fs::write(dir.path().join("keep.tns"), b"x").unwrap();
+        remove_temporaries(&out);
+        assert_eq!(entries(dir.path()), [".t.tns.1.abc123.tmp", "keep.tns"]);
     }
 
     #[test]

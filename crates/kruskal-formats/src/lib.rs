@@ -27,13 +27,14 @@ pub mod flycoo;
 pub mod generate;
 pub mod hicoo;
 pub mod io;
+pub mod memory;
 mod mode_stats;
 pub mod tns;
 
 pub use attached::{Attached, AttachedSlot};
 pub use binary::{CrcPart, MappedBinary, RangeCounts};
 pub use compact::{Compaction, compact};
-pub use coo::{ModeStats, SparseTensor, TensorStats};
+pub use coo::{MAX_MODES, ModeStats, SparseTensor, TensorStats};
 pub use csf::Csf;
 pub use error::{FormatError, Result};
 pub use fcoo::{Fcoo, FcooOp};

@@ -313,14 +313,30 @@ impl Launch {
     }
 }
 
-/// Refuses a token shorter than [`MIN_TOKEN_CHARS`]; `from` says where it
-/// came from. The token's value is never shown.
+/// The fewest distinct characters a job token may have. Sixteen spaces,
+/// or one letter repeated, are as good as no secret; sixteen random hex
+/// digits have fewer than this once in about 100,000 draws.
+pub const MIN_TOKEN_DISTINCT: usize = 6;
+
+/// Refuses a token shorter than [`MIN_TOKEN_CHARS`] or of fewer than
+/// [`MIN_TOKEN_DISTINCT`] distinct characters (whitespace not counted);
+/// `from` says where it came from. The token's value is never shown.
 pub(crate) fn check_token(token: &str, from: &str) -> Result<()> {
     let chars = token.chars().count();
     if chars < MIN_TOKEN_CHARS {
         return Err(LaunchError::Token(format!(
             "{from} has {chars} characters, at least {MIN_TOKEN_CHARS} are needed; \
              {TOKEN_HOWTO}"
+        )));
+    }
+    let mut distinct: Vec<char> = token.chars().filter(|c| !c.is_whitespace()).collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    if distinct.len() < MIN_TOKEN_DISTINCT {
+        return Err(LaunchError::Token(format!(
+            "{from} has only {} distinct characters besides whitespace, at least \
+             {MIN_TOKEN_DISTINCT} are needed: it is too easy to guess; {TOKEN_HOWTO}",
+            distinct.len()
         )));
     }
     Ok(())
@@ -708,6 +724,20 @@ mod tests {
         );
         assert!(!e.contains('\n'), "{e}");
         assert_eq!(with("0123456789abcdef").unwrap().token, "0123456789abcdef");
+        // Long enough, but no secret: spaces, one letter, two.
+        for weak in [" ".repeat(16), "a".repeat(16), "abababababababab".into()] {
+            let e = message(&[
+                ("KRUSKAL_RANK", "0"),
+                ("KRUSKAL_WORLD_SIZE", "1"),
+                ("KRUSKAL_LOCAL_GPU", "0"),
+                ("KRUSKAL_RENDEZVOUS", "h:1"),
+                ("KRUSKAL_JOB_TOKEN", &weak),
+            ]);
+            assert!(
+                e.contains("distinct characters") && !e.contains(&weak[..4]),
+                "{e}"
+            );
+        }
         // Characters, not bytes, are counted.
         assert!(with("ééééééééééééééé").is_err());
         // A token from the caller is held to the same minimum.

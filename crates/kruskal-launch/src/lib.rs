@@ -162,6 +162,8 @@ pub mod rendezvous;
 pub mod wire;
 
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod testkit;
 
 use std::sync::Arc;

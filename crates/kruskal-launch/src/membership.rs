@@ -455,7 +455,16 @@ impl Inner {
         if self.lost.set(lost.clone()).is_err() {
             return false;
         }
-        (self.log)(&format!("membership (rank {}): {lost}", self.me));
+        // A rank that gives up the run itself is not "lost" to itself.
+        let line = if lost.rank == self.me {
+            format!(
+                "membership (rank {}): this rank stops the job ({})",
+                self.me, lost.reason
+            )
+        } else {
+            format!("membership (rank {}): {lost}", self.me)
+        };
+        (self.log)(&line);
         // Taking the lock orders this after any waiter's check of `lost`.
         drop(lock(&self.state));
         self.changed.notify_all();
@@ -847,9 +856,15 @@ mod tests {
 
     #[test]
     fn an_abort_names_the_aborting_rank() {
-        let (opts, _) = testkit::options();
+        let (opts, log) = testkit::options();
         let world = testkit::world(3, &opts);
         world[2].abort("CUDA error 700");
+        // The aborting rank says it stops the job, not that it was lost.
+        let own = log.wait_for("membership (rank 2):", Duration::from_secs(2));
+        assert_eq!(
+            own.as_deref(),
+            Some("membership (rank 2): this rank stops the job (aborted: CUDA error 700)")
+        );
         assert_eq!(
             lost_soon(&world[2]),
             Lost {

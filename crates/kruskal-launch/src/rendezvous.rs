@@ -880,6 +880,38 @@ mod tests {
     }
 
     #[test]
+    fn a_trickling_connection_is_dropped_at_the_handshake_deadline() {
+        // One byte of a valid header every 300 ms: each read returns
+        // bytes, and still the connection is refused when the handshake's
+        // time is up (the whole frame's time is bounded, not each read's).
+        let (mut opts, log) = testkit::options();
+        opts.hello_timeout = Duration::from_secs(1);
+        let (root, port) = testkit::bind_root(2, &opts);
+        let root = testkit::spawn_root(root);
+        let mut stray = testkit::raw(port);
+        let start = Instant::now();
+        let trickle = std::thread::spawn(move || {
+            for &b in wire::MAGIC.iter().chain(&[0u8, 2, 1, 0]).cycle().take(40) {
+                if stray.write_all(&[b]).is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        });
+        let line = log.wait_for("said nothing valid within 1 s", Duration::from_secs(4));
+        assert!(line.is_some(), "{:?}", log.lines());
+        assert!(
+            start.elapsed() < Duration::from_millis(2500),
+            "{:?}",
+            start.elapsed()
+        );
+        let real = testkit::spawn_rank(1, 2, port, &opts);
+        assert_eq!(real.join().unwrap().unwrap().0, payload());
+        let (_, _m0) = root.join().unwrap().unwrap();
+        trickle.join().unwrap();
+    }
+
+    #[test]
     fn duplicate_and_out_of_range_ranks_are_refused() {
         let (opts, log) = testkit::options();
         let (root, port) = testkit::bind_root(3, &opts);

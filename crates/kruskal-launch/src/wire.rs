@@ -133,7 +133,9 @@ pub(crate) fn clip(text: &str) -> &[u8] {
 /// Why no frame was returned.
 #[derive(Debug)]
 pub(crate) enum ReadError {
-    /// The read timed out; what arrived so far is kept for the next call.
+    /// No whole frame yet: the read timed out, or bytes arrived that do
+    /// not complete the frame. What arrived so far is kept for the next
+    /// call, so the caller sees the clock between any two reads.
     Pending,
     /// The peer closed the connection between frames.
     Closed,
@@ -159,15 +161,22 @@ impl FrameReader {
         }
     }
 
-    /// The next frame. With a read timeout set on the stream, returns
-    /// [`ReadError::Pending`] when it expires and resumes where it stopped
-    /// on the next call.
+    /// The next frame. When the stream's read timeout expires, or a read
+    /// returns fewer bytes than the frame still needs, it returns
+    /// [`ReadError::Pending`] and resumes where it stopped on the next
+    /// call. So a peer that trickles a byte now and then cannot keep a
+    /// caller past its deadline: the caller's loop sees its clock (and sets
+    /// the timeout to what is left) between any two short reads.
     pub(crate) fn read(&mut self, r: &mut impl Read) -> Result<Frame, ReadError> {
+        let mut short = false;
         loop {
             let need = self.needed()?;
             let have = self.buf.len();
             if have == need {
                 return Ok(self.take());
+            }
+            if short {
+                return Err(ReadError::Pending);
             }
             self.buf.resize(need, 0);
             let got = r.read(&mut self.buf[have..]);
@@ -182,7 +191,7 @@ impl FrameReader {
                         peer: have >= MAGIC.len(),
                     });
                 }
-                Ok(_) => {}
+                Ok(n) => short = n < need - have,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e)
                     if matches!(
@@ -313,8 +322,17 @@ mod tests {
     /// A code as a sealer would make it (the reader does not check it).
     const TAG: Tag = [7; 32];
 
+    /// What reading `bytes`, then the end of the stream, gives, past the
+    /// Pending of a short read.
     fn read_all(bytes: Vec<u8>) -> Result<Frame, ReadError> {
-        FrameReader::new().read(&mut Chunks([Some(bytes)].into()))
+        let mut src = Chunks([Some(bytes)].into());
+        let mut r = FrameReader::new();
+        loop {
+            match r.read(&mut src) {
+                Err(ReadError::Pending) => {}
+                other => return other,
+            }
+        }
     }
 
     fn reason(r: Result<Frame, ReadError>) -> (String, bool) {
@@ -359,8 +377,11 @@ mod tests {
             .into(),
         );
         let mut r = FrameReader::new();
-        assert!(matches!(r.read(&mut src), Err(ReadError::Pending)));
-        assert!(matches!(r.read(&mut src), Err(ReadError::Pending)));
+        // Each chunk that does not complete the frame, and each timeout,
+        // is one Pending.
+        for _ in 0..4 {
+            assert!(matches!(r.read(&mut src), Err(ReadError::Pending)));
+        }
         let f = r.read(&mut src).unwrap();
         assert_eq!(
             (f.kind, f.rank, f.text().as_str()),
@@ -368,6 +389,19 @@ mod tests {
         );
         assert_eq!(r.read(&mut src).unwrap().kind, Kind::Heartbeat);
         assert!(matches!(r.read(&mut src), Err(ReadError::Closed)));
+    }
+
+    #[test]
+    fn a_trickle_returns_to_the_caller_after_every_read() {
+        // One byte per read and no timeout in between: a reader looping
+        // inside would wait for the whole frame however slowly it came.
+        let bytes = encode(Kind::Heartbeat, &TAG, 1, &[]);
+        let mut src = Chunks(bytes.iter().map(|&b| Some(vec![b])).collect());
+        let mut r = FrameReader::new();
+        for _ in 0..bytes.len() - 1 {
+            assert!(matches!(r.read(&mut src), Err(ReadError::Pending)));
+        }
+        assert_eq!(r.read(&mut src).unwrap().kind, Kind::Heartbeat);
     }
 
     #[test]

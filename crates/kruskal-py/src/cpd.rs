@@ -190,6 +190,7 @@ pub fn cp_als<'py>(
         iterations.append(d)?;
     }
     out.set_item("iterations", iterations)?;
+    out.set_item("iterations_run", model.totals.count)?;
     out.set_item("converged", model.converged)?;
     out.set_item("interrupted", model.interrupted)?;
     out.set_item("pseudo_inverse_solves", model.pseudo_inverse_solves)?;

@@ -39,6 +39,7 @@ pub fn format_error(e: FormatError) -> PyErr {
             PyFileNotFoundError::new_err(text)
         }
         FormatError::Io { .. } | FormatError::File { .. } => PyOSError::new_err(text),
+        FormatError::Memory(_) => PyMemoryError::new_err(text),
         _ => PyValueError::new_err(text),
     }
 }

@@ -76,6 +76,19 @@ def test_repeated_coordinates_are_summed_as_pyttb_does():
     assert X.norm() == pytest.approx(theirs.norm(), rel=1e-7)
 
 
+@pytest.mark.parametrize("value", [3.4e38, 1e30, 1e-23, 1e-40])
+def test_values_at_the_ends_of_float32_give_a_finite_model(value):
+    # Run at a power-of-two scale and scaled back: never NaN weights
+    # reported as a perfect fit.
+    X = kruskal.SparseTensor(np.array([[0, 0, 0], [1, 1, 1]]), np.array([value, value]),
+                             (2, 2, 2))
+    m = kruskal.cp_als(X, 2, iters=30, tol=0, backend="cpu", progress=False)
+    assert np.all(np.isfinite(m.weights))
+    assert all(np.all(np.isfinite(f)) for f in m.factors)
+    assert m.fit > 0.999  # (some starts are slow: 0.9997 after 30 iterations)
+    np.testing.assert_allclose(m.weights, float(np.float32(value)), rtol=1e-3)
+
+
 def test_same_fits_as_tensorly_on_a_dense_tensor_stored_sparse():
     tl = pytest.importorskip("tensorly")
     from tensorly.decomposition import parafac

@@ -2,57 +2,11 @@
 //! exit codes and one-line errors.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
-/// The program under test: `KRUSKAL_BIN` when set (test executables carried
-/// to another machine, see `cargo xtask bundle`), else the one cargo built.
-fn kruskal(args: &[&str]) -> Output {
-    kruskal_command(args)
-        .output()
-        .expect("the kruskal binary runs")
-}
+mod common;
 
-fn kruskal_command(args: &[&str]) -> Command {
-    let bin = std::env::var_os("KRUSKAL_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kruskal")));
-    let mut c = Command::new(bin);
-    c.args(args);
-    c
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// A test tensor of the repository's `data/` folder (or of the folder
-/// `KRUSKAL_TEST_DATA` names); a missing file fails the test.
-fn data(name: &str) -> PathBuf {
-    let dir = std::env::var_os("KRUSKAL_TEST_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data"));
-    let path = dir.join(name);
-    assert!(
-        path.is_file(),
-        "{} not found: the repository's test tensors are missing",
-        path.display()
-    );
-    path
-}
-
-/// Asserts a failed run: non-zero exit, one error line, no panic.
-fn assert_clean_failure(o: &Output, needle: &str) {
-    let err = stderr(o);
-    assert!(!o.status.success(), "expected failure, got success: {err}");
-    assert!(!err.contains("panicked"), "panic: {err}");
-    let lines: Vec<&str> = err.lines().filter(|l| l.contains("error")).collect();
-    assert_eq!(lines.len(), 1, "want one error line, got: {err}");
-    assert!(err.contains(needle), "'{needle}' not in: {err}");
-}
+use common::{assert_clean_failure, data, kruskal, kruskal_command, stderr, stdout};
 
 #[test]
 fn demo_reaches_the_planted_fit() {
@@ -194,32 +148,8 @@ fn pattern_files_are_read_as_values_with_a_warning() {
 
 /// Per-iteration fits of a `kruskal cpd --json` run.
 fn cpd_fits(file: &Path, extra: &[&str]) -> (Vec<f64>, Output) {
-    let mut args = vec![
-        "cpd",
-        file.to_str().unwrap(),
-        "--rank",
-        "6",
-        "--iters",
-        "8",
-        "--tol",
-        "0",
-        "--seed",
-        "11",
-        "--backend",
-        "cpu",
-        "--json",
-    ];
-    args.extend_from_slice(extra);
-    let o = kruskal(&args);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    let fits = v["iterations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|it| it["fit"].as_f64().unwrap())
-        .collect();
-    (fits, o)
+    let (v, o) = common::cpd_json(file, "6", extra);
+    (common::fits(&v), o)
 }
 
 #[test]
@@ -1089,7 +1019,7 @@ fn an_io_error_is_said_once() {
     assert!(!o.status.success());
     let err = stderr(&o);
     assert_eq!(err.lines().count(), 1, "{err}");
-    let cause = "Is a directory";
+    let cause = "is a directory";
     assert_eq!(err.matches(cause).count(), 1, "{err}");
 }
 

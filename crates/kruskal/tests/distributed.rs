@@ -294,6 +294,87 @@ fn two_processes_match_one_process_on_two_gpus() {
     }
 }
 
+/// Rank 0's `--json` report of a run of two processes on `file`.
+fn two_process_report(file: &Path, args: &[&str]) -> serde_json::Value {
+    let f = file.to_str().unwrap();
+    let port = free_port();
+    let rank1 = spawn_rank(1, port, &[f], args, Stdio::null());
+    let rank0 = spawn_rank(0, port, &[f], args, Stdio::piped());
+    let o0 = wait_bounded(rank0, Duration::from_secs(180), "rank 0");
+    let o1 = wait_bounded(rank1, Duration::from_secs(30), "rank 1");
+    assert!(o0.status.success(), "rank 0: {}", text(&o0.stderr));
+    assert!(o1.status.success(), "rank 1: {}", text(&o1.stderr));
+    serde_json::from_str(&text(&o0.stdout)).unwrap()
+}
+
+#[test]
+fn values_far_from_one_give_the_same_fits_across_processes() {
+    if two_gpus().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let base = tensor_file(dir.path(), 100_000);
+    let mut t = kruskal_formats::binary::read_binary(&base).unwrap();
+    t.scale_values_pow2(110).unwrap();
+    let big = dir.path().join("big.ktns");
+    kruskal_formats::binary::write_binary(&big, &t).unwrap();
+    let args = ["--rank", "8", "--iters", "10", "--tol", "0", "--json"];
+    let want = two_process_report(&base, &args);
+    let got = two_process_report(&big, &args);
+    let (want_fits, got_fits) = (fits(&want.to_string()), fits(&got.to_string()));
+    for (a, b) in got_fits.iter().zip(&want_fits) {
+        assert!((a - b).abs() <= 1e-6, "{got_fits:?} vs {want_fits:?}");
+    }
+    let weights = |v: &serde_json::Value| -> Vec<f64> {
+        v["lambda"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l.as_f64().unwrap())
+            .collect()
+    };
+    for (a, b) in weights(&got).iter().zip(weights(&want)) {
+        let b = b * 2f64.powi(110);
+        assert!(a.is_finite() && (a - b).abs() <= 1e-3 * b, "{a} {b}");
+    }
+}
+
+#[test]
+fn a_false_claim_of_distinct_coordinates_is_refused_by_every_rank() {
+    if two_gpus().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = tensor_file(dir.path(), 40_000);
+    // Nonzero 20,000 (rank 1's first) made to repeat nonzero 19,999
+    // (rank 0's last), the header's claim kept and both checksums sealed
+    // again: only the pair across the shares' border shows it.
+    let mut bytes = std::fs::read(&file).unwrap();
+    // 3 modes: D = 48, H = 56, S = 4 * 40,000.
+    let stride = 160_000;
+    for mode in 0..3 {
+        let at = 56 + mode * stride + 4 * 20_000;
+        let before: [u8; 4] = bytes[at - 4..at].try_into().unwrap();
+        bytes[at..at + 4].copy_from_slice(&before);
+    }
+    let payload = crc32fast::hash(&bytes[56..]);
+    bytes[24..28].copy_from_slice(&payload.to_le_bytes());
+    let crc = crc32fast::hash(&bytes[..48]);
+    bytes[48..52].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(&file, &bytes).unwrap();
+    let f = file.to_str().unwrap();
+    let port = free_port();
+    let args = ["--rank", "4", "--iters", "3"];
+    let rank1 = spawn_rank(1, port, &[f], &args, Stdio::null());
+    let rank0 = spawn_rank(0, port, &[f], &args, Stdio::null());
+    let o0 = wait_bounded(rank0, Duration::from_secs(120), "rank 0");
+    let o1 = wait_bounded(rank1, Duration::from_secs(30), "rank 1");
+    for o in [&o0, &o1] {
+        assert_clean_failure(o, "not in increasing order");
+        assert_clean_failure(o, "kruskal convert");
+    }
+}
+
 #[test]
 fn a_killed_rank_stops_the_other_with_its_name_and_nothing_written() {
     if two_gpus().is_none() {

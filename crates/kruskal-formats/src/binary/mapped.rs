@@ -115,6 +115,8 @@ pub struct RangeCounts {
     pub counts: Vec<Vec<u64>>,
     /// Sum of the squared values of the range, in f64.
     pub norm_sq: f64,
+    /// The largest `|value|` of the range, in f64 (0 for no nonzeros).
+    pub max_abs: f64,
 }
 
 impl RangeCounts {
@@ -130,6 +132,7 @@ impl RangeCounts {
             a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
         }
         self.norm_sq += other.norm_sq;
+        self.max_abs = self.max_abs.max(other.max_abs);
     }
 }
 
@@ -154,6 +157,7 @@ impl MappedBinary {
                  machine; read it instead",
             ));
         }
+        crate::io::regular_file(path)?;
         let mut file = File::open(path).map_err(|e| FormatError::io(path, e))?;
         let Header {
             dims,
@@ -195,12 +199,28 @@ impl MappedBinary {
         })
     }
 
-    /// Whether the file records that no two of its nonzeros share a
-    /// coordinate (every `.ktns` kruskal writes from version 2 on). A
-    /// process that reads only part of the file cannot sum repeats across
-    /// parts, so it needs this.
+    /// Whether the header claims that no two of its nonzeros share a
+    /// coordinate and that they are in coordinate order (every `.ktns`
+    /// kruskal writes). A claim only: [`MappedBinary::in_order`] verifies
+    /// it.
     pub fn distinct(&self) -> bool {
         self.distinct
+    }
+
+    /// Whether every nonzero `k` of `range` (but nonzero 0) comes strictly
+    /// after nonzero `k - 1` in coordinate order (mode 0 most
+    /// significant). Over ranges that tile `0..nnz()` these checks
+    /// together verify that the coordinates are distinct, which a process
+    /// that reads only part of the file needs: it cannot sum repeats that
+    /// fall in other parts. An argument error when `range` is not within
+    /// `0..nnz()`.
+    ///
+    /// Cost: one parallel pass over the range's indices (and the one
+    /// nonzero before it), stopping at the first pair out of order.
+    pub fn in_order(&self, range: Range<usize>) -> Result<bool> {
+        self.check_range(&range)?;
+        let indices: Vec<&[u32]> = (0..self.nmodes()).map(|m| self.indices(m)).collect();
+        Ok(crate::coalesce::increasing_at(&indices, range))
     }
 
     /// The file this maps.
@@ -335,8 +355,8 @@ impl MappedBinary {
         Ok(())
     }
 
-    /// The nonzeros per row of every mode and the squared norm of the
-    /// nonzeros in `range`, checking each as
+    /// The nonzeros per row of every mode, the squared norm and the
+    /// largest `|value|` of the nonzeros in `range`, checking each as
     /// [`SparseTensor::new`](crate::SparseTensor::new) does: an index not
     /// below its dimension or a value that is not finite is an error naming
     /// the file and the nonzero. Summed over ranges that tile `0..nnz()`
@@ -347,15 +367,7 @@ impl MappedBinary {
     /// is the result (`sum(dims)` counts) plus at most 256 MiB of per-task
     /// histograms at a time.
     pub fn count_range(&self, range: Range<usize>) -> Result<RangeCounts> {
-        if range.start > range.end || range.end > self.nnz {
-            return Err(FormatError::Argument(format!(
-                "nonzeros {}..{} of {} in {}",
-                range.start,
-                range.end,
-                self.nnz,
-                self.path.display()
-            )));
-        }
+        self.check_range(&range)?;
         let counts = (0..self.nmodes())
             .map(|mode| self.count_mode(mode, range.clone()))
             .collect::<Result<Vec<_>>>()?;
@@ -366,21 +378,37 @@ impl MappedBinary {
             .par_chunks(NORM_CHUNK)
             .enumerate()
             .map(|(c, chunk)| {
-                let mut sum = 0.0f64;
+                let (mut sum, mut max) = (0.0f64, 0.0f64);
                 for (j, &v) in chunk.iter().enumerate() {
                     if !v.is_finite() {
                         let k = range.start + c * NORM_CHUNK + j;
                         return Err(self.invalid(format!("nonzero {k}: value {v} is not finite")));
                     }
                     sum += f64::from(v) * f64::from(v);
+                    max = max.max(f64::from(v.abs()));
                 }
-                Ok(sum)
+                Ok((sum, max))
             })
-            .collect::<Result<Vec<f64>>>()?;
+            .collect::<Result<Vec<(f64, f64)>>>()?;
         Ok(RangeCounts {
             counts,
-            norm_sq: partials.iter().sum(),
+            norm_sq: partials.iter().map(|p| p.0).sum(),
+            max_abs: partials.iter().map(|p| p.1).fold(0.0, f64::max),
         })
+    }
+
+    /// An argument error when `range` is not a range of `0..nnz()`.
+    fn check_range(&self, range: &Range<usize>) -> Result<()> {
+        if range.start > range.end || range.end > self.nnz {
+            return Err(FormatError::Argument(format!(
+                "nonzeros {}..{} of {} in {}",
+                range.start,
+                range.end,
+                self.nnz,
+                self.path.display()
+            )));
+        }
+        Ok(())
     }
 
     /// Nonzeros per row of `mode` in `range` (which is in bounds).
@@ -514,6 +542,8 @@ mod tests {
         }
         let want = t.norm_sq();
         assert_eq!(whole.norm_sq, want);
+        assert_eq!(whole.max_abs, t.max_abs());
+        assert_eq!(sum.max_abs, t.max_abs());
         assert!(
             (sum.norm_sq - want).abs() <= 1e-12 * want,
             "{} {want}",
@@ -533,6 +563,39 @@ mod tests {
         let (start, end) = (5, 4);
         assert!(m.count_range(start..end).is_err());
         assert!(m.count_range(0..t.nnz() + 1).is_err());
+    }
+
+    #[test]
+    fn order_checks_over_tiles_verify_distinct_coordinates() {
+        let (_dir, p, t) = written(20_001);
+        let m = MappedBinary::open(&p).unwrap();
+        assert!(m.distinct());
+        let nnz = t.nnz();
+        assert!(m.in_order(0..nnz).unwrap());
+        assert!(m.in_order(0..0).unwrap() && m.in_order(nnz..nnz).unwrap());
+        assert!(m.in_order(0..nnz + 1).is_err());
+        drop(m);
+
+        // Nonzero `k` made to repeat nonzero `k - 1`, the claim kept: the
+        // tile that holds the pair (k - 1, k), that is the one starting at
+        // or before k and ending after it, says so; the others do not.
+        let k = 10_000;
+        let mut bytes = std::fs::read(&p).unwrap();
+        // M = 4: D = 48, H = 56, S = align8(4 nnz).
+        let stride = (4 * nnz).div_ceil(8) * 8;
+        for mode in 0..4 {
+            let at = 56 + mode * stride + 4 * k;
+            let before: [u8; 4] = bytes[at - 4..at].try_into().unwrap();
+            bytes[at..at + 4].copy_from_slice(&before);
+        }
+        std::fs::write(&p, &bytes).unwrap();
+        let m = MappedBinary::open(&p).unwrap();
+        assert!(m.distinct());
+        assert!(!m.in_order(0..nnz).unwrap());
+        assert!(m.in_order(0..k).unwrap());
+        assert!(!m.in_order(k..nnz).unwrap());
+        assert!(!m.in_order(k..k + 1).unwrap());
+        assert!(m.in_order(k + 1..nnz).unwrap());
     }
 
     #[test]
@@ -670,6 +733,7 @@ mod tests {
         let c = m.count_range(2..4).unwrap();
         assert_eq!(c.counts, vec![vec![0, 0, 2], vec![1, 1, 0, 0]]);
         assert_eq!(c.norm_sq, 25.0);
+        assert_eq!(c.max_abs, 4.0);
         // The same file through read_binary names the same problem.
         let read = file_err(read_binary(&p).unwrap_err(), &p);
         assert!(

@@ -8,9 +8,12 @@ use rayon::prelude::*;
 
 use super::columns::Columns;
 use super::feed::{Block, Feed, Job};
-use super::parse::{Layout, ParsedBlock, count_lines, first_data_line, make_layout, parse_block};
+use super::parse::{
+    Layout, ParsedBlock, count_lines, first_data_line, make_layout, parse_block, with_cr_hint,
+};
 use crate::error::{FormatError, Result};
 use crate::io::ReadOptions;
+use crate::memory;
 
 /// Parses the blocks of `feed` in parallel batches and concatenates their
 /// columns in file order.
@@ -47,7 +50,19 @@ pub(super) fn parse_batches(
             let mut line = lines_before;
             for b in &mut blocks {
                 if let Some((local, ncols)) = first_data_line(b.text()) {
-                    layout = Some(make_layout(path, ncols, line + local, opts)?);
+                    let made = make_layout(path, ncols, line + local, opts);
+                    layout = Some(made.map_err(|e| match e {
+                        FormatError::Parse {
+                            path,
+                            line,
+                            message,
+                        } => FormatError::Parse {
+                            path,
+                            line,
+                            message: with_cr_hint(message, b.text()),
+                        },
+                        other => other,
+                    })?);
                     break;
                 }
                 line += count_lines(b.text());
@@ -159,10 +174,28 @@ fn append_batch(
     let start = out.len;
     let end = start + parsed.iter().map(|b| b.cols.nnz()).sum::<usize>();
     if end > out.room {
+        // The lines read so far must fit in the memory that was available
+        // when reading began (the columns are filled as reading goes on,
+        // so the memory available now no longer counts them).
+        let nmodes = out.cols.indices.len();
+        let budget = *out.budget.get_or_insert_with(memory::available_bytes);
+        let fits = |n: usize| budget.is_none_or(|b| memory::coo_bytes(nmodes, n as u64) <= b);
+        if !fits(end) {
+            return Err(FormatError::Memory(format!(
+                "{}: the first {end} nonzeros of the file need {} in memory, and {} were \
+                 available (MemAvailable) when reading began",
+                path.display(),
+                memory::bytes_text(memory::coo_bytes(nmodes, end as u64)),
+                memory::bytes_text(budget.unwrap_or(0))
+            )));
+        }
         // Size the output from the density of nonzeros so far, so that it
-        // is rarely regrown (and copied).
+        // is rarely regrown (and copied), within the memory available.
         let estimate = (end as f64 * total as f64 / file_pos.max(1) as f64 * 1.02) as usize;
-        out.grow(estimate.max(end));
+        let affordable = budget.map_or(usize::MAX, |b| {
+            usize::try_from(b / (4 * nmodes as u64 + 4)).unwrap_or(usize::MAX)
+        });
+        out.grow(estimate.min(affordable).max(end));
     }
     // Copy the blocks into place, in parallel over blocks and columns.
     let mut indices: Vec<(&mut [u32], &[u32])> = Vec::new();
@@ -217,6 +250,9 @@ struct Output {
     cols: Columns,
     len: usize,
     room: usize,
+    /// `MemAvailable` when the output was first sized (`None` inside: it
+    /// cannot be read).
+    budget: Option<Option<u64>>,
 }
 
 impl Output {

@@ -99,8 +99,11 @@ impl Columns {
             }
             self.values
         };
-        let (t, merged, seconds) = SparseTensor::new_timed(dims, self.indices, values)
-            .map_err(|e| FormatError::file(path, e.to_string()))?;
+        let (t, merged, seconds) =
+            SparseTensor::new_timed(dims, self.indices, values).map_err(|e| match e {
+                FormatError::Memory(m) => FormatError::Memory(format!("{}: {m}", path.display())),
+                e => FormatError::file(path, e.to_string()),
+            })?;
         report.merged = merged;
         report.coalesce_s = seconds;
         Ok((t, report))

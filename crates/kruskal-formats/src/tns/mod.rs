@@ -136,9 +136,19 @@ pub(crate) fn read_tns_report_with(
             "this is a kruskal binary tensor (.ktns), not text; read it with read_tensor",
         ));
     }
-    let file = File::open(path).map_err(|e| FormatError::io(path, e))?;
+    let mut file = File::open(path).map_err(|e| FormatError::io(path, e))?;
     let total = file.metadata().map_err(|e| FormatError::io(path, e))?.len();
     if total == 0 {
+        // Files of /proc and /sys say they have no length and yet hold
+        // bytes: their length cannot be known before reading them whole.
+        let mut byte = [0u8; 1];
+        if std::io::Read::read(&mut file, &mut byte).is_ok_and(|n| n > 0) {
+            return Err(FormatError::file(
+                path,
+                "the file reports a length of 0 but holds data (a /proc or /sys file?): a \
+                 tensor is read from a regular file of known length (copy it to one first)",
+            ));
+        }
         return Err(FormatError::file(path, "the file is empty: no nonzeros"));
     }
     let threads = rayon::current_num_threads().max(1);

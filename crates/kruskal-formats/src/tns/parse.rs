@@ -6,6 +6,7 @@ use std::path::Path;
 use super::columns::Columns;
 use super::feed::Stop;
 use super::numbers::parse_value;
+use crate::coo::MAX_MODES;
 use crate::error::{FormatError, Result};
 use crate::io::ReadOptions;
 /// Parsing parameters fixed by the first data line.
@@ -36,6 +37,16 @@ pub(super) fn make_layout<'a>(
         ));
     }
     let nmodes = if opts.pattern { ncols } else { ncols - 1 };
+    if nmodes > MAX_MODES {
+        return Err(FormatError::parse(
+            path,
+            line,
+            format!(
+                "{ncols} columns make a tensor of {nmodes} modes, and kruskal takes at most \
+                 {MAX_MODES}"
+            ),
+        ));
+    }
     if let Some(dims) = &opts.dims {
         if dims.len() != nmodes {
             return Err(FormatError::parse(
@@ -142,6 +153,7 @@ pub(super) fn parse_block(b: &[u8], layout: &Layout, mut cols: Columns) -> Parse
                 None if found != layout.ncols => column_count_message(found, layout),
                 None => msg,
             };
+            let msg = with_cr_hint(msg, text);
             return ParsedBlock {
                 cols,
                 lines: line,
@@ -157,6 +169,21 @@ pub(super) fn parse_block(b: &[u8], layout: &Layout, mut cols: Columns) -> Parse
         error: None,
         stop: None,
         buf: Vec::new(),
+    }
+}
+
+/// `msg`, with a hint when `text` holds a carriage return that ends no
+/// line: a file whose lines end in CR alone (as old Mac editors wrote
+/// them) reads as one long line, and its errors make no sense without it.
+pub(super) fn with_cr_hint(msg: String, text: &[u8]) -> String {
+    let lone_cr = text.windows(2).any(|w| w[0] == b'\r' && w[1] != b'\n');
+    if lone_cr {
+        format!(
+            "{msg} (the text holds carriage returns that end no line: if its lines end in CR \
+             alone, convert them first, e.g. `tr '\\r' '\\n' < IN > OUT`)"
+        )
+    } else {
+        msg
     }
 }
 
@@ -329,6 +356,24 @@ mod tests {
         assert_eq!(t.mode_indices(0), &[0, 1, 2, 0, 1, 2]);
         assert_eq!(t.mode_indices(1), &[0, 2, 1, 1, 0, 2]);
         assert_eq!(t.values(), &[4.0, -1.5e-3, 4.0, 0.5, 7.0, 100.0]);
+    }
+
+    #[test]
+    fn lines_ending_in_cr_alone_get_a_hint() {
+        let dir = tempfile::tempdir().unwrap();
+        for lines in [3, 30] {
+            let text: String = (1..=lines).map(|i| format!("{i} {i} {i} 1.0\r")).collect();
+            let p = write_file(dir.path(), "mac.tns", text.as_bytes());
+            let err = read(&p).unwrap_err().to_string();
+            assert!(
+                err.contains("carriage returns that end no line") && err.contains("tr '\\r'"),
+                "{lines} lines: {err}"
+            );
+        }
+        // CRLF files read as they are, and other errors get no hint.
+        let p = write_file(dir.path(), "dos.tns", b"1 1 x\r\n");
+        let err = read(&p).unwrap_err().to_string();
+        assert!(!err.contains("carriage"), "{err}");
     }
 
     #[test]

@@ -52,11 +52,13 @@ class KruskalModel:
     fit : float
         ``1 - ||X - model|| / ||X||`` after the last iteration.
     fits : numpy.ndarray
-        The fit after every iteration of the kept start.
+        The fit after every iteration of the kept start (the last 10,000
+        of a longer run).
     iterations : list of dict
         Per iteration: ``iteration``, ``fit``, ``delta``, ``mttkrp_s``,
         ``other_s``, ``mttkrp_modes_s``, ``update_s``, ``fit_s`` (the
-        fields of ``kruskal cpd --json``).
+        fields of ``kruskal cpd --json``); the last 10,000 of a longer
+        run, whose count is ``info["iterations_run"]``.
     converged : bool
         The fit changed less than ``tol`` before the iteration limit.
     interrupted : bool
@@ -71,7 +73,7 @@ class KruskalModel:
         (the GPU layout build's (step, seconds), empty on the CPU),
         ``cpd_s``, ``starts`` (seed, fit, iterations of each start),
         ``pseudo_inverse_solves``, ``notes`` (the choices ``kruskal cpd``
-        prints).
+        prints), ``iterations_run``.
     """
 
     def __init__(self, weights: np.ndarray, factors: List[np.ndarray], iterations: List[dict],
@@ -317,7 +319,7 @@ def cp_als(
             bar.close()
     factors = [f if out_dtype == f.dtype else f.astype(out_dtype) for f in out["factors"]]
     info = {k: out[k] for k in ("describe", "fallback", "prepare_s", "prepare", "layout_steps",
-                                "cpd_s", "pseudo_inverse_solves", "notes")}
+                                "cpd_s", "pseudo_inverse_solves", "notes", "iterations_run")}
     info["starts"] = [dict(zip(("seed", "fit", "iterations"), s)) for s in out["starts"]]
     return KruskalModel(out["weights"], factors, out["iterations"], out["converged"],
                         out["interrupted"], out["backend"], info)

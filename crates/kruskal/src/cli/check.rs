@@ -30,7 +30,7 @@ pub struct CheckArgs {
     #[arg(long, value_parser = parse_count)]
     pub nnz: Option<usize>,
     /// Worker threads of the CPU engines (default: one per core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = super::common::parse_threads)]
     pub threads: usize,
     #[arg(long)]
     pub json: bool,

@@ -61,7 +61,7 @@ pub struct InputArgs {
     #[arg(long, requires = "like", value_parser = parse_count)]
     pub nnz: Option<usize>,
     /// Seed of the generated tensor.
-    #[arg(long, default_value_t = 1, requires = "like")]
+    #[arg(long, default_value_t = 1, requires = "like", allow_negative_numbers = true, value_parser = parse_seed)]
     pub gen_seed: u64,
     #[command(flatten)]
     pub read: ReadArgs,
@@ -141,6 +141,56 @@ pub struct GpuArgs {
 }
 
 impl GpuArgs {
+    /// The GPU launch options given, by flag (empty when none).
+    pub fn given(&self) -> Vec<&'static str> {
+        use kruskal_device::{FactorPrecision, FcooBuild};
+        [
+            ("--deterministic", self.deterministic),
+            ("--kappa", self.kappa.is_some()),
+            ("--threadlen", self.threadlen.is_some()),
+            ("--block-bits", self.block_bits.is_some()),
+            ("--fiber", self.fiber.is_some()),
+            (
+                "--factor-precision",
+                self.factor_precision != FactorPrecision::F32,
+            ),
+            ("--teams", self.teams.is_some()),
+            ("--fcoo-build", self.fcoo_build != FcooBuild::Device),
+            ("--no-model", self.no_model),
+        ]
+        .into_iter()
+        .filter(|&(_, on)| on)
+        .map(|(flag, _)| flag)
+        .collect()
+    }
+
+    /// Refuses GPU launch options out of their ranges, whatever the
+    /// backend, and any of them for a run that is on the CPU (`on_cpu`),
+    /// where they would be ignored.
+    pub fn check(&self, on_cpu: bool) -> Result<()> {
+        if let Some(t) = self
+            .threadlen
+            .filter(|t| !(1..=256).contains(t) || !t.is_power_of_two())
+        {
+            bail!("--threadlen {t}: a power of two from 1 to 256");
+        }
+        if let Some(b) = self.block_bits.filter(|b| !(1..=8).contains(b)) {
+            bail!("--block-bits {b}: from 1 to 8");
+        }
+        if self.kappa == Some(0) {
+            bail!("--kappa 0: at least 1 partition per mode");
+        }
+        let given = self.given();
+        if on_cpu && !given.is_empty() {
+            bail!(
+                "{}: options of the GPU engines, and this run is on the CPU (--backend cpu, or no \
+                 GPU here)",
+                given.join(", ")
+            );
+        }
+        Ok(())
+    }
+
     pub fn options(&self) -> kruskal_device::GpuOptions {
         kruskal_device::GpuOptions {
             kappa: self.kappa,
@@ -296,8 +346,21 @@ impl MultiGpuArgs {
     }
 }
 
-/// Sets the size of rayon's global pool (0: one thread per core).
+/// The most worker threads per core `--threads` takes: more only adds
+/// switching (and a pool of 100,000 threads takes minutes to start).
+pub const MAX_THREADS_PER_CORE: usize = 4;
+
+/// Sets the size of rayon's global pool (0: one thread per core). More
+/// than [`MAX_THREADS_PER_CORE`] per core is refused.
 pub fn set_threads(threads: usize) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads > MAX_THREADS_PER_CORE * cores {
+        bail!(
+            "--threads {threads}: at most {} on this machine ({MAX_THREADS_PER_CORE} per core, \
+             {cores} cores)",
+            MAX_THREADS_PER_CORE * cores
+        );
+    }
     if threads > 0 {
         rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -305,6 +368,41 @@ pub fn set_threads(threads: usize) -> Result<()> {
             .context("could not set the thread count")?;
     }
     Ok(())
+}
+
+/// Parses a whole-number option that is at least `min`, so that a
+/// negative or fractional value gets the program's own rule (`rule`) as
+/// its message rather than the number parser's ("invalid digit").
+fn whole_number<T: TryFrom<i128>>(text: &str, min: i128, rule: &str) -> Result<T, String> {
+    text.trim()
+        .parse::<i128>()
+        .ok()
+        .filter(|&n| n >= min)
+        .and_then(|n| T::try_from(n).ok())
+        .ok_or_else(|| rule.to_string())
+}
+
+/// `--rank` (0 reaches the program's own check, which names the option).
+pub fn parse_rank(text: &str) -> Result<usize, String> {
+    whole_number(text, 0, "the rank is a whole number of at least 1")
+}
+
+/// `--threads`.
+pub fn parse_threads(text: &str) -> Result<usize, String> {
+    whole_number(
+        text,
+        0,
+        "--threads is 0 (one thread per core) or a whole number of threads",
+    )
+}
+
+/// `--seed` and `--gen-seed`.
+pub fn parse_seed(text: &str) -> Result<u64, String> {
+    whole_number(
+        text,
+        0,
+        "a seed is a whole number from 0 to 18446744073709551615",
+    )
 }
 
 /// Parses a comma-separated list of positive dimensions.
@@ -337,5 +435,17 @@ mod tests {
         assert!(parse_dims("10,0").is_err());
         assert_eq!(dims_text(&[12_092, 9]), "12,092 x 9");
         assert_eq!(thousands(1_000_000), "1,000,000");
+    }
+
+    #[test]
+    fn whole_numbers_say_the_rule_for_negatives() {
+        assert_eq!(parse_rank("3"), Ok(3));
+        assert_eq!(parse_rank("0"), Ok(0));
+        assert!(parse_rank("-3").unwrap_err().contains("at least 1"));
+        assert!(parse_rank("2.5").is_err());
+        assert!(parse_threads("-1").unwrap_err().contains("--threads is 0"));
+        assert_eq!(parse_seed("18446744073709551615"), Ok(u64::MAX));
+        assert!(parse_seed("-1").unwrap_err().contains("from 0"));
+        assert!(parse_seed("18446744073709551616").is_err());
     }
 }

@@ -50,6 +50,8 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         t.nnz() as f64 / 1e6 / read_s
     );
     let start = Instant::now();
+    super::cleanup::track_output(&args.output);
+    super::cleanup::quit_on_signal()?;
     let bar = spinner(&format!("writing {}", args.output.display()));
     let written = write_tensor(&args.output, &t);
     bar.finish_and_clear();

@@ -1,7 +1,7 @@
 //! `kruskal cpd`: CP decomposition of a tensor file, or of a planted
 //! low-rank tensor with `--demo`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -14,8 +14,10 @@ use kruskal_cpd::{
 };
 use kruskal_formats::generate::{PlantedSpec, planted};
 
-use super::common::{GpuArgs, InputArgs, MultiGpuArgs, set_threads};
-use super::{compact, preflight};
+use super::common::{
+    GpuArgs, InputArgs, MultiGpuArgs, parse_rank, parse_seed, parse_threads, set_threads,
+};
+use super::{cleanup, compact, preflight};
 use kruskal::input::Loaded;
 use kruskal::measure::{CpdRunOptions, cpd_report};
 
@@ -39,7 +41,7 @@ pub struct CpdArgs {
     #[arg(long, conflicts_with_all = ["file", "like"])]
     pub demo: bool,
     /// Number of components (default 10, or the planted rank with --demo).
-    #[arg(long, short, allow_negative_numbers = true)]
+    #[arg(long, short, allow_negative_numbers = true, value_parser = parse_rank)]
     pub rank: Option<usize>,
     /// Iteration limit (0: the output is the initial factors).
     #[arg(long, default_value_t = kruskal_cpd::als::DEFAULT_MAX_ITERS, allow_negative_numbers = true)]
@@ -48,7 +50,7 @@ pub struct CpdArgs {
     #[arg(long, default_value_t = kruskal_cpd::als::DEFAULT_TOL, allow_negative_numbers = true)]
     pub tol: f64,
     /// Seed of the random initial factors.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = parse_seed)]
     pub seed: u64,
     /// Run from this many random starts (seeds SEED, SEED+1, ...) and keep
     /// the model with the best fit: ALS from one start can stop in a local
@@ -86,7 +88,7 @@ pub struct CpdArgs {
     #[command(flatten)]
     pub distributed: super::distributed::DistributedArgs,
     /// Worker threads (default: one per core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = parse_threads)]
     pub threads: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -125,6 +127,26 @@ pub fn run(args: CpdArgs) -> Result<()> {
     if args.distributed.distributed {
         return super::distributed::run(&args);
     }
+    // What can be known before the tensor is read or generated is checked
+    // first: the GPUs asked for, and the memory for the tensor's shape.
+    args.multi.group()?;
+    // (A CPU-only --kernel is an option error, which decompose reports.)
+    let gpu_kernel = args.kernel.parse::<kruskal_device::GpuKernel>().is_ok();
+    if args.backend == BackendChoice::Gpu && args.multi.gpus.is_none() && gpu_kernel {
+        preflight::check_gpu_present()?;
+    }
+    let on_cpu = args.multi.gpus.is_none()
+        && (args.backend == BackendChoice::Cpu
+            || (args.backend == BackendChoice::Auto && preflight::no_gpu_here()));
+    args.gpu.check(on_cpu)?;
+    // (`--compact` shrinks the dimensions first; checked after it.)
+    if on_cpu && !args.demo && !args.compact {
+        let rank = args.rank.unwrap_or(DEMO_RANK);
+        let starts = args.starts.unwrap_or(1);
+        preflight::check_memory_ahead(&args.input, |dims, nnz| {
+            kruskal_cpd::memory::cpu_need(dims, nnz, rank, rayon::current_num_threads(), starts)
+        })?;
+    }
     // The driver takes a few tenths of a second to open a GPU: start it
     // while the tensor is read. The backend then opens the same (primary)
     // context, waiting only for what is left of the start (its `open_s`);
@@ -144,6 +166,9 @@ pub fn run(args: CpdArgs) -> Result<()> {
         .compact
         .then(|| compact::compact_tensor(&mut loaded, args.json, args.out.is_some()))
         .transpose()?;
+    // From here on a signal stops the run cleanly (reading above is ended
+    // by it at once, as it leaves nothing behind).
+    let stop = interrupt_flag()?;
     let out_dir = match &args.out {
         Some(dir) => {
             let dims = compaction
@@ -154,7 +179,6 @@ pub fn run(args: CpdArgs) -> Result<()> {
         }
         None => None,
     };
-    let stop = interrupt_flag()?;
     let opts = CpdRunOptions {
         decompose: decompose_options(&args, loaded.tensor.nmodes())?,
         quiet: args.json,
@@ -166,11 +190,17 @@ pub fn run(args: CpdArgs) -> Result<()> {
         .as_ref()
         .map(|p| factor_match_score(&model.lambda, &model.factors, &p.lambda, &p.factors));
     if let Some(dir) = &args.out {
-        match &compaction {
-            Some(map) => model.save_expanded(dir, map),
-            None => model.save(dir),
+        // Written into a staging directory the signal handler removes, and
+        // moved into place under its lock: all of the model or none.
+        let mut track = |staging: &Path| cleanup::track_staging(staging);
+        let staged = match &compaction {
+            Some(map) => model.stage_expanded(dir, map, &mut track),
+            None => model.stage(dir, &mut track),
         }
         .with_context(|| format!("writing the model to {}", dir.display()))?;
+        let staging = staged.staging_path().to_path_buf();
+        cleanup::committing(&staging, || staged.commit())
+            .with_context(|| format!("writing the model to {}", dir.display()))?;
     }
     if let Some(dir) = out_dir {
         dir.keep();
@@ -191,7 +221,8 @@ pub fn run(args: CpdArgs) -> Result<()> {
         }
         print_summary(model, done.cpd_s, done.starts, fms, args.out.as_ref());
     }
-    if model.interrupted {
+    // (The kept model may be an earlier start's, which ran to its end.)
+    if model.interrupted || stop.load(Ordering::SeqCst) {
         // Stopped on purpose: the model so far is written; say so in the
         // exit status, as a shell expects of an interrupted program.
         std::process::exit(130);
@@ -327,13 +358,15 @@ pub(super) fn print_breakdown(b: &GroupBackend, whose: &str) {
 static INTERRUPTS: AtomicUsize = AtomicUsize::new(0);
 static STOP: AtomicBool = AtomicBool::new(false);
 
-/// Installs the Ctrl-C handler (once per process).
+/// Installs the handler of Ctrl-C, SIGTERM and SIGHUP (once per
+/// process): the first stops the run after the current iteration (the
+/// model so far is written), the next ends the process at once, removing
+/// the model's temporaries and the `--out` directories the run made.
 fn interrupt_flag() -> Result<&'static AtomicBool> {
     ctrlc::set_handler(|| {
         STOP.store(true, Ordering::SeqCst);
         if INTERRUPTS.fetch_add(1, Ordering::SeqCst) > 0 {
-            eprintln!("kruskal: interrupted again; stopping now, nothing written");
-            std::process::exit(130);
+            cleanup::quit(130, "interrupted again");
         }
         eprintln!("kruskal: stopping after this iteration (Ctrl-C again to quit at once)");
     })
@@ -372,9 +405,10 @@ pub(super) fn print_summary(
     fms: Option<f64>,
     out: Option<&PathBuf>,
 ) {
-    let its = model.iterations.len();
-    let mttkrp: f64 = model.iterations.iter().map(|s| s.mttkrp_s).sum();
-    let other: f64 = model.iterations.iter().map(|s| s.other_s).sum();
+    // Totals over every iteration (the history keeps only the last).
+    let totals = &model.totals;
+    let its = totals.count;
+    let (mttkrp, other) = (totals.mttkrp_s, totals.other_s);
     let how = if model.converged {
         "converged"
     } else if model.interrupted {
@@ -390,8 +424,7 @@ pub(super) fn print_summary(
         println!("time       {cpd_s:.3} s for {starts} starts; the kept run:");
     }
     let run_s = mttkrp + other;
-    let update: f64 = model.iterations.iter().map(|s| s.update_s).sum();
-    let fit: f64 = model.iterations.iter().map(|s| s.fit_s).sum();
+    let (update, fit) = (totals.update_s, totals.fit_s);
     println!(
         "time       {:.3} s: MTTKRP {:.3} s ({:.0}%), update {:.3} s, fit {:.3} s, {:.4} s per iteration",
         if starts > 1 { run_s } else { cpd_s },
@@ -405,12 +438,11 @@ pub(super) fn print_summary(
         // The first iteration also compiles kernels (and, with --kernel
         // auto on the GPU, tries every candidate): the steady state is
         // the rest.
-        let rest = &model.iterations[1..];
-        let m: f64 = rest.iter().map(|s| s.mttkrp_s).sum();
-        let all: f64 = rest.iter().map(|s| s.mttkrp_s + s.other_s).sum();
+        let m = mttkrp - totals.first_mttkrp_s;
+        let all = m + other - totals.first_other_s;
         println!(
             "           after the first iteration: {:.4} s per iteration, MTTKRP {:.0}%",
-            all / rest.len() as f64,
+            all / (its - 1) as f64,
             100.0 * m / all.max(f64::MIN_POSITIVE)
         );
     }

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use kruskal_cpd::{Backend, GroupBackend};
+use kruskal_cpd::{Backend, GroupBackend, ValueScale};
 use kruskal_device::nccl::{Nccl, Reduce};
 use kruskal_device::{Gpu, GpuGroup, ProcessComm};
 use kruskal_formats::{CrcPart, MappedBinary};
@@ -98,8 +98,10 @@ pub fn run(args: &CpdArgs) -> Result<()> {
         );
     }
     // Each rank reads only its share, so none could sum repeated
-    // coordinates that fall in different shares: the file must say that it
-    // has none (every .ktns written from format version 2 on does).
+    // coordinates that fall in different shares: the file must claim that
+    // it has none (every .ktns written from format version 2 on does), and
+    // the ranks verify the claim in parts once they can add up their
+    // answers (see `work`).
     if !MappedBinary::open(path)?.distinct() {
         bail!(
             "{}: --distributed needs a .ktns file that records distinct coordinates, and this \
@@ -226,24 +228,45 @@ fn work(
     let dims = map.dims().to_vec();
     let nnz = map.nnz();
     let share = nnz * me / world..nnz * (me + 1) / world;
-    let counted = map.count_range(share)?;
+    let counted = map.count_range(share.clone())?;
     let crc = map.payload_crc_part(me, world)?;
+    // The header's claim of distinct coordinates, verified: they must be
+    // in strictly increasing order (as kruskal writes them), which every
+    // rank checks for its share and the sum below gathers.
+    let disorder = if map.in_order(share)? { 0.0 } else { 1.0 };
     let rows: usize = dims.iter().map(|&d| d as usize).sum();
-    let mut sums: Vec<f64> = Vec::with_capacity(rows + 1 + 2 * world);
+    let mut sums: Vec<f64> = Vec::with_capacity(rows + 2 + 3 * world);
     for c in &counted.counts {
         sums.extend(c.iter().map(|&x| x as f64));
     }
+    sums.push(disorder);
     sums.push(counted.norm_sq);
     let at = sums.len();
-    sums.resize(at + 2 * world, 0.0);
+    // Each rank's checksum part and largest |value| in slots of its own.
+    sums.resize(at + 3 * world, 0.0);
     sums[at + 2 * me..at + 2 * me + 2].copy_from_slice(&crc.to_f64s());
+    sums[at + 2 * world + me] = counted.max_abs;
     pc.all_reduce(&mut sums, Reduce::Sum)
         .context("summing the nonzero counts over the ranks")?;
     let parts = (0..world)
         .map(|r| CrcPart::from_f64s([sums[at + 2 * r], sums[at + 2 * r + 1]]))
         .collect::<Result<Vec<_>, _>>()?;
     map.verify_payload(&parts)?;
-    let norm_sq = sums[at - 1];
+    if sums[at - 2] > 0.0 {
+        bail!(
+            "{}: its coordinates are not in increasing order, so ranks that each read part of \
+             it cannot tell whether a coordinate repeats (a file written by an older kruskal, or \
+             changed since); rewrite it with `kruskal convert {} NEW.ktns`, which sums repeated \
+             coordinates and writes them in order",
+            path.display(),
+            path.display()
+        );
+    }
+    // Values far from 1 run scaled by a power of two, as in one process
+    // (`kruskal_cpd::ValueScale`); the weights are scaled back below.
+    let max_abs = sums[at + 2 * world..].iter().copied().fold(0.0, f64::max);
+    let scale = ValueScale::for_max_abs(max_abs);
+    let norm_sq = scale.norm_sq(sums[at - 1]);
     let mut counts = Vec::with_capacity(dims.len());
     let mut first = 0;
     for &d in &dims {
@@ -266,13 +289,20 @@ fn work(
         t0.elapsed().as_secs_f64()
     ));
 
+    if !scale.is_none() {
+        say(&format!("values     {}", scale.describe(max_abs)));
+    }
+
     // The plan, the same on every rank, and this rank's shards.
     let t0 = Instant::now();
     let plan = RowShards::from_counts(&dims, counts, world)?;
     let indices: Vec<&[u32]> = (0..dims.len()).map(|m| map.indices(m)).collect();
+    let scaled = (!scale.is_none()).then(|| scale.applied(map.values()));
+    let values = scaled.as_deref().unwrap_or(map.values());
     let shards = (0..dims.len())
-        .map(|mode| plan.local_elements(mode, me, &indices, map.values()))
+        .map(|mode| plan.local_elements(mode, me, &indices, values))
         .collect::<Result<Vec<_>, _>>()?;
+    drop(scaled);
     let mine: usize = (0..dims.len()).map(|m| plan.nnz(m, me) as usize).sum();
     setup.push(("shards", t0.elapsed().as_secs_f64()));
     say(&format!(
@@ -306,7 +336,8 @@ fn work(
     // Ranks stop together, so none takes Ctrl-C on its own: an interrupt
     // ends the process and the others see it as lost.
     static NEVER: AtomicBool = AtomicBool::new(false);
-    let runs = run_starts(args, &mut backend, &cpd, me != 0 || args.json, &NEVER)?;
+    let mut runs = run_starts(args, &mut backend, &cpd, me != 0 || args.json, &NEVER)?;
+    scale.restore(&mut runs.model);
     Ok(Done {
         backend,
         runs,
@@ -350,6 +381,7 @@ fn report(args: &CpdArgs, path: &Path, done: &Done) -> Result<()> {
             "converged": model.converged,
             "pseudo_inverse_solves": model.pseudo_inverse_solves,
             "iterations": model.iterations,
+            "iterations_run": model.totals.count,
             "starts": runs.summaries,
             "lambda": model.lambda,
             "out": args.out.as_ref().map(|p| p.display().to_string()),

@@ -31,7 +31,7 @@ pub struct GenArgs {
     /// Zipf exponent of every mode, or one per mode (e.g. 1.1,0.5,1.1).
     #[arg(long, default_value = "1.1")]
     pub exponent: String,
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = super::common::parse_seed)]
     pub seed: u64,
     /// Accepted for old scripts: generated coordinates are always distinct
     /// (the nonzero count is that of distinct coordinates).
@@ -102,6 +102,8 @@ pub fn run(args: GenArgs) -> Result<()> {
         (power_law(&spec)?, None)
     };
     bar.set_message(format!("writing {}", output.display()));
+    super::cleanup::track_output(&output);
+    super::cleanup::quit_on_signal()?;
     write_tensor(&output, &tensor)?;
     bar.finish_and_clear();
     println!(
@@ -117,6 +119,7 @@ pub fn run(args: GenArgs) -> Result<()> {
             lambda,
             factors,
             iterations: Vec::new(),
+            totals: Default::default(),
             converged: true,
             pseudo_inverse_solves: 0,
             interrupted: false,

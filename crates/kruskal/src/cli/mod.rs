@@ -4,6 +4,7 @@
 //! it, as `cargo xtask bench` does.
 
 pub mod check;
+pub mod cleanup;
 pub mod common;
 pub mod compact;
 pub mod convert;

@@ -6,7 +6,7 @@ use anyhow::{Result, bail};
 use clap::{Args, ValueEnum};
 use serde_json::json;
 
-use super::common::{GpuArgs, InputArgs, MultiGpuArgs, set_threads};
+use super::common::{GpuArgs, InputArgs, MultiGpuArgs, parse_rank, parse_threads, set_threads};
 use kruskal::measure::{MttkrpBackend, MttkrpOptions, TOLERANCE};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -21,7 +21,7 @@ pub struct MttkrpArgs {
     #[command(flatten)]
     pub input: InputArgs,
     /// Number of columns of the factor matrices.
-    #[arg(long, short, default_value_t = 32, allow_negative_numbers = true)]
+    #[arg(long, short, default_value_t = 32, allow_negative_numbers = true, value_parser = parse_rank)]
     pub rank: usize,
     /// `all`, or one mode numbered from 1.
     #[arg(long, default_value = "all")]
@@ -51,7 +51,7 @@ pub struct MttkrpArgs {
     #[arg(long)]
     pub compact: bool,
     /// Worker threads (default: one per core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = parse_threads)]
     pub threads: usize,
     #[arg(long)]
     pub json: bool,
@@ -84,12 +84,34 @@ impl MttkrpArgs {
 pub fn run(args: MttkrpArgs) -> Result<()> {
     set_threads(args.threads)?;
     args.multi.check_used(false)?;
+    // The GPUs asked for, and the memory for the tensor's shape, before
+    // the tensor is read or generated.
+    let options = args.options()?;
+    if args.backend == BackendChoice::Gpu && args.multi.gpus.is_none() {
+        super::preflight::check_gpu_present()?;
+    }
+    let (rank, on_gpus) = (
+        args.rank,
+        args.backend == BackendChoice::Gpu || options.gpus.is_some(),
+    );
+    args.gpu.check(!on_gpus)?;
+    if !args.compact {
+        // (`--compact` shrinks the dimensions first; checked after it.)
+        super::preflight::check_memory_ahead(&args.input, |dims, nnz| {
+            let mut need = kruskal_cpd::memory::mttkrp_need(dims, nnz, rank);
+            if on_gpus {
+                // On GPUs the host holds the factors (made, then uploaded).
+                need.parts.truncate(1);
+            }
+            need
+        })?;
+    }
     let mut loaded = args.input.load()?;
     if args.compact {
         // MTTKRP writes no factors, so the map back is not needed.
         super::compact::compact_tensor(&mut loaded, args.json, false)?;
     }
-    let reports = kruskal::measure::mttkrp(&args.options()?, &loaded)?;
+    let reports = kruskal::measure::mttkrp(&options, &loaded)?;
     finish(&reports, args.json, "MTTKRP")
 }
 

@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 use kruskal_cpd::memory::{MemoryNeed, bytes_text, host_refusal, model_file_bytes};
-use kruskal_formats::SparseTensor;
+use kruskal_formats::memory::{coo_bytes, shortfall};
+use kruskal_formats::{FileKind, SparseTensor};
+
+use super::common::InputArgs;
 
 /// Refuses, in one line, a run that needs more host memory than the
 /// machine has available (see [`kruskal_cpd::memory::host_refusal`]), naming
@@ -21,6 +24,67 @@ pub fn check_host_memory(
         Some(why) => bail!("{why}"),
         None => Ok(()),
     }
+}
+
+/// The dimensions and nonzero count of the input where they are known
+/// before it is read or generated: a `--like` preset (with `--nnz`), or a
+/// `.ktns` file's header (read alone). `None` for a text file.
+pub fn shape_ahead(input: &InputArgs) -> Result<Option<(Vec<u32>, usize)>> {
+    if let Some(name) = &input.like {
+        let p = kruskal_formats::generate::preset(name)?;
+        let nnz = input
+            .nnz
+            .unwrap_or(usize::try_from(p.nnz).unwrap_or(usize::MAX));
+        return Ok(Some((p.dims.to_vec(), nnz)));
+    }
+    let Some(path) = &input.file else {
+        return Ok(None);
+    };
+    if FileKind::sniff(path)? != FileKind::Binary {
+        return Ok(None);
+    }
+    Ok(Some(kruskal_formats::binary::read_shape(path)?))
+}
+
+/// Refuses, before the input is read or generated, a run whose tensor
+/// together with `need` (what the run allocates besides the tensor, from
+/// its shape) exceeds the memory available. Runs whose input's shape is
+/// not known ahead (text files) are checked once it is read.
+pub fn check_memory_ahead(
+    input: &InputArgs,
+    need: impl FnOnce(&[u32], usize) -> MemoryNeed,
+) -> Result<()> {
+    let Some((dims, nnz)) = shape_ahead(input)? else {
+        return Ok(());
+    };
+    let mut total = need(&dims, nnz);
+    total
+        .parts
+        .insert(0, ("tensor", coo_bytes(dims.len(), nnz as u64)));
+    if let Some(available) = shortfall(total.total()) {
+        bail!(
+            "the run needs {total} and {} are available (MemAvailable); nothing was read or \
+             generated",
+            bytes_text(available)
+        );
+    }
+    Ok(())
+}
+
+/// Whether a run with `--backend auto` would find no GPU and run on the
+/// CPU.
+pub fn no_gpu_here() -> bool {
+    !kruskal_device::Gpu::count().is_ok_and(|n| n > 0)
+}
+
+/// Refuses at once a run that asks for a GPU (`--backend gpu`) on a
+/// machine without one, before anything is read or generated.
+pub fn check_gpu_present() -> Result<()> {
+    let count = kruskal_device::Gpu::count()?;
+    if count == 0 {
+        return Err(kruskal_device::DeviceError::NoDevice { ordinal: 0, count }.into());
+    }
+    Ok(())
 }
 
 /// The `--out` directory, checked before the run: it is a directory (or
@@ -59,7 +123,9 @@ impl OutDir {
             if let Err(e) = std::fs::create_dir(&dir) {
                 bail!("--out {shown}: cannot create {}: {e}", dir.display());
             }
-            out.created.push(dir);
+            out.created.push(dir.clone());
+            // Removed by a quit on a signal too, not only on a failure.
+            super::cleanup::track_created(&[dir]);
         }
         for name in model_names(nmodes) {
             if path.join(&name).is_dir() {
@@ -98,6 +164,7 @@ impl OutDir {
     /// The run succeeded: keep the directory.
     pub fn keep(mut self) {
         self.kept = true;
+        super::cleanup::forget_created(&self.created);
     }
 
     /// Refuses a model of `bytes` (see
@@ -130,6 +197,7 @@ impl Drop for OutDir {
         for dir in self.created.iter().rev() {
             let _ = std::fs::remove_dir(dir);
         }
+        super::cleanup::forget_created(&self.created);
     }
 }
 

@@ -352,6 +352,7 @@ pub fn cpd_report(
         "interrupted": model.interrupted,
         "pseudo_inverse_solves": model.pseudo_inverse_solves,
         "iterations": model.iterations,
+        "iterations_run": model.totals.count,
         "starts": done.summaries,
         "lambda": model.lambda,
         "factor_match_score": fms,

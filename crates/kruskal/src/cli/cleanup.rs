@@ -1,0 +1,126 @@
+//! What a run must not leave behind when it is ended early: the model's
+//! staging directory, the `--out` directories the pre-run check made, and
+//! the temporaries of a tensor file being written (`convert`, `gen`).
+//!
+//! Paths are registered while they exist; [`quit`] (the signal handler's
+//! way out: a second Ctrl-C, SIGTERM or SIGHUP) removes them before the
+//! process exits. Moving the model into place holds the same lock
+//! ([`committing`]), so a quit either comes before it (nothing written)
+//! or after it (the whole model written), never in the middle, and says
+//! which.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+/// The registered paths.
+struct Registry {
+    /// Staging directories, removed whole.
+    staging: Vec<PathBuf>,
+    /// Directories made for `--out`, outermost first; removed if empty.
+    created: Vec<PathBuf>,
+    /// Files being written through temporaries beside them, removed
+    /// (`kruskal_formats::io::remove_temporaries`).
+    outputs: Vec<PathBuf>,
+    /// The model was moved into place.
+    written: bool,
+}
+
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    staging: Vec::new(),
+    created: Vec::new(),
+    outputs: Vec::new(),
+    written: false,
+});
+
+fn registry() -> MutexGuard<'static, Registry> {
+    // A panic while holding the lock leaves the lists as they were.
+    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Registers a staging directory until [`committing`] moves it (one
+/// that its owner removed on a failure stays registered, harmlessly).
+pub fn track_staging(path: &Path) {
+    registry().staging.push(path.to_path_buf());
+}
+
+/// Registers directories made for `--out` (outermost first).
+pub fn track_created(dirs: &[PathBuf]) {
+    registry().created.extend_from_slice(dirs);
+}
+
+/// Unregisters directories made for `--out` (kept, or removed by their
+/// owner).
+pub fn forget_created(dirs: &[PathBuf]) {
+    registry().created.retain(|d| !dirs.contains(d));
+}
+
+/// Registers a tensor file about to be written (`convert`, `gen`): a
+/// quit removes the temporaries it is written through.
+pub fn track_output(path: &Path) {
+    registry().outputs.push(path.to_path_buf());
+}
+
+/// Installs the handler of Ctrl-C, SIGTERM and SIGHUP of a command that
+/// has no run to stop gently: the first signal quits, removing what is
+/// registered.
+pub fn quit_on_signal() -> anyhow::Result<()> {
+    use anyhow::Context;
+    ctrlc::set_handler(|| quit(130, "interrupted")).context("installing the Ctrl-C handler")
+}
+
+/// Runs `commit` (moving the staged model into place) under the lock a
+/// quit takes, then unregisters `staging`.
+pub fn committing<T>(staging: &Path, commit: impl FnOnce() -> T) -> T {
+    let mut r = registry();
+    let out = commit();
+    r.staging.retain(|p| p != staging);
+    r.written = true;
+    r.created.clear();
+    out
+}
+
+/// Removes what is registered, says `why` and what was written, and ends
+/// the process with `code`. Waits for a model being moved into place.
+pub fn quit(code: i32, why: &str) -> ! {
+    let r = registry();
+    for dir in &r.staging {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    for path in &r.outputs {
+        kruskal_formats::io::remove_temporaries(path);
+    }
+    // Innermost first; only empty directories go, so nothing the user put
+    // there meanwhile is lost.
+    for dir in r.created.iter().rev() {
+        let _ = std::fs::remove_dir(dir);
+    }
+    let written = if r.written {
+        "the model was already written"
+    } else {
+        "nothing written"
+    };
+    eprintln!("kruskal: {why}; stopping now, {written}");
+    std::process::exit(code);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registered_paths_come_and_go() {
+        let root = tempfile::tempdir().unwrap();
+        let staging = root.path().join(".kruskal-m.tmp");
+        std::fs::create_dir(&staging).unwrap();
+        track_staging(&staging);
+        assert!(registry().staging.contains(&staging));
+        let made = vec![root.path().join("a")];
+        track_created(&made);
+        let moved = committing(&staging, || {
+            std::fs::rename(&staging, root.path().join("m"))
+        });
+        moved.unwrap();
+        let r = registry();
+        assert!(!r.staging.contains(&staging) && r.written && r.created.is_empty());
+    }
+}
