@@ -240,48 +240,25 @@ impl SparseTensor {
 
     /// Nonzeros per index of `mode` (the slice degrees), length `dims[mode]`.
     ///
-    /// A short mode is counted with one counter array per task, summed at
-    /// the end. For a long mode (nell-1's 25.5M rows) those arrays would
-    /// cost more than the counting, so each task sorts its chunk of
-    /// indices and adds each run of equal indices to one shared array of
-    /// atomic counters: one addition per distinct index per chunk, so hot
-    /// rows do not contend.
+    /// The indices are cut into one part per thread, each counted into its
+    /// own array of `u32` counters, and the arrays summed row range by row
+    /// range. Where those arrays would take more than the larger of 256 MiB
+    /// and one byte per nonzero (nell-1's third mode, 25.5M rows, on 64
+    /// threads), each task sorts a chunk of indices instead and adds each
+    /// run of equal indices to one shared array of atomic counters: one
+    /// addition per distinct index per chunk, so hot rows do not contend.
     pub fn mode_counts(&self, mode: usize) -> Vec<u64> {
         let dim = self.dims[mode] as usize;
         let indices = &self.indices[mode];
-        let tasks = rayon::current_num_threads().max(1) * 4;
-        if dim.saturating_mul(tasks) <= indices.len().max(1 << 16) {
-            return indices
-                .par_chunks(1 << 20)
-                .fold(
-                    || vec![0u64; dim],
-                    |mut counts, chunk| {
-                        for &i in chunk {
-                            counts[i as usize] += 1;
-                        }
-                        counts
-                    },
-                )
-                .reduce(
-                    || vec![0u64; dim],
-                    |mut a, b| {
-                        a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                        a
-                    },
-                );
+        let parts = rayon::current_num_threads().max(1);
+        let budget = (256usize << 20).max(indices.len());
+        if dim.saturating_mul(4).saturating_mul(parts) <= budget
+            && indices.len().div_ceil(parts) < u32::MAX as usize
+        {
+            counts_by_parts(indices, dim, parts)
+        } else {
+            counts_by_sorted_chunks(indices, dim)
         }
-        let counts: Vec<AtomicU64> = (0..dim)
-            .into_par_iter()
-            .map(|_| AtomicU64::new(0))
-            .collect();
-        indices.par_chunks(1 << 16).for_each(|chunk| {
-            let mut sorted = chunk.to_vec();
-            sorted.sort_unstable();
-            for run in sorted.chunk_by(|a, b| a == b) {
-                counts[run[0] as usize].fetch_add(run.len() as u64, Ordering::Relaxed);
-            }
-        });
-        counts.into_par_iter().map(AtomicU64::into_inner).collect()
     }
 
     /// Per-mode statistics (slice degrees, empty slices, hottest index).
@@ -298,6 +275,54 @@ impl SparseTensor {
             modes,
         }
     }
+}
+
+/// Occurrences of each value below `dim` in `indices`: one `u32` counter
+/// array per part (each part shorter than `u32::MAX`), summed row range by
+/// row range.
+fn counts_by_parts(indices: &[u32], dim: usize, parts: usize) -> Vec<u64> {
+    let part_len = indices.len().div_ceil(parts.max(1)).max(1);
+    let counted: Vec<Vec<u32>> = indices
+        .par_chunks(part_len)
+        .map(|part| {
+            let mut counts = vec![0u32; dim];
+            for &i in part {
+                counts[i as usize] += 1;
+            }
+            counts
+        })
+        .collect();
+    let mut total = vec![0u64; dim];
+    total
+        .par_chunks_mut(1 << 14)
+        .enumerate()
+        .for_each(|(c, out)| {
+            let (lo, len) = (c << 14, out.len());
+            for part in &counted {
+                for (t, &x) in out.iter_mut().zip(&part[lo..lo + len]) {
+                    *t += u64::from(x);
+                }
+            }
+        });
+    total
+}
+
+/// Occurrences of each value below `dim` in `indices`, for a `dim` too
+/// large for a counter array per part: each task sorts a chunk and adds
+/// each run of equal values to one shared array of atomic counters.
+fn counts_by_sorted_chunks(indices: &[u32], dim: usize) -> Vec<u64> {
+    let counts: Vec<AtomicU64> = (0..dim)
+        .into_par_iter()
+        .map(|_| AtomicU64::new(0))
+        .collect();
+    indices.par_chunks(1 << 16).for_each(|chunk| {
+        let mut sorted = chunk.to_vec();
+        sorted.sort_unstable();
+        for run in sorted.chunk_by(|a, b| a == b) {
+            counts[run[0] as usize].fetch_add(run.len() as u64, Ordering::Relaxed);
+        }
+    });
+    counts.into_par_iter().map(AtomicU64::into_inner).collect()
 }
 
 /// The checks of [`SparseTensor::new`]: matching lengths, indices below
@@ -394,34 +419,43 @@ mod tests {
     }
 
     #[test]
-    fn counts_of_short_and_long_modes_are_the_slice_degrees() {
-        // Mode 0 short (counted per task), mode 1 far longer than the
-        // nonzeros (sorted chunks and shared counters), with hot indices.
-        let nnz = 300_000;
-        let i: Vec<u32> = (0..nnz as u32).map(|k| k % 7).collect();
-        let j: Vec<u32> = (0..nnz as u32)
+    fn both_ways_of_counting_give_the_slice_degrees() {
+        // Hot indices (a third of the nonzeros on one) and a spread of
+        // others, more nonzeros than one sorted chunk.
+        let nnz = 300_000u32;
+        let dim = 5_000_000usize;
+        let idx: Vec<u32> = (0..nnz)
             .map(|k| {
                 if k % 3 == 0 {
                     5
                 } else {
-                    k.wrapping_mul(2_654_435_761) % 5_000_000
+                    k.wrapping_mul(2_654_435_761) % dim as u32
                 }
             })
             .collect();
-        let k: Vec<u32> = (0..nnz as u32).collect();
+        let mut want = vec![0u64; dim];
+        for &x in &idx {
+            want[x as usize] += 1;
+        }
+        for parts in [1, 2, 7] {
+            assert_eq!(counts_by_parts(&idx, dim, parts), want, "{parts} parts");
+        }
+        assert_eq!(counts_by_sorted_chunks(&idx, dim), want);
         let t = SparseTensor::new(
-            vec![7, 5_000_000, nnz as u32],
-            vec![i.clone(), j.clone(), k],
-            vec![1.0; nnz],
+            vec![7, dim as u32, nnz],
+            vec![
+                (0..nnz).map(|k| k % 7).collect(),
+                idx.clone(),
+                (0..nnz).collect(),
+            ],
+            vec![1.0; nnz as usize],
         )
         .unwrap();
-        for (mode, idx) in [(0, &i), (1, &j)] {
-            let mut want = vec![0u64; t.dims()[mode] as usize];
-            for &x in idx {
-                want[x as usize] += 1;
-            }
-            assert_eq!(t.mode_counts(mode), want, "mode {mode}");
-        }
+        assert_eq!(t.mode_counts(1), want);
+        assert_eq!(
+            t.mode_counts(0)[3],
+            u64::from(nnz / 7 + u32::from(nnz % 7 > 3))
+        );
     }
 
     #[test]

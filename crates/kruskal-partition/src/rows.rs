@@ -508,28 +508,73 @@ fn assign_rows(counts: &[u64], gpus: usize) -> crate::lpt::Assignment {
 }
 
 /// Rows without nonzeros weigh nothing to LPT, which would give them all
-/// to one GPU; they still cost a row of the dense update and of the
-/// exchange, so they are dealt out to even the GPUs' row counts.
+/// to one GPU; they still cost a row of the exchange, so they are dealt
+/// out to even the GPUs' row counts: in their old order, each GPU in turn
+/// takes empty rows until it holds `ceil(rows / gpus)` rows, the last GPU
+/// the rest. In parallel: each empty row's rank among the empty rows
+/// picks its GPU from the GPUs' running capacities.
 fn spread_empty_rows(counts: &[u64], part_of: &mut [u32], gpus: usize) {
-    let mut rows = vec![0usize; gpus];
-    for (&c, &g) in counts.iter().zip(part_of.iter()) {
-        if c > 0 {
-            rows[g as usize] += 1;
-        }
-    }
+    let full: Vec<usize> = counts
+        .par_chunks(LABEL_CHUNK)
+        .zip(part_of.par_chunks(LABEL_CHUNK))
+        .map(|(c, p)| {
+            let mut rows = vec![0usize; gpus];
+            for (&c, &g) in c.iter().zip(p) {
+                if c > 0 {
+                    rows[g as usize] += 1;
+                }
+            }
+            rows
+        })
+        .reduce(
+            || vec![0usize; gpus],
+            |mut a, b| {
+                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
+                a
+            },
+        );
     let target = counts.len().div_ceil(gpus);
-    let mut g = 0;
-    for (&c, slot) in counts.iter().zip(part_of.iter_mut()) {
-        if c > 0 {
-            continue;
-        }
-        while g + 1 < gpus && rows[g] >= target {
-            g += 1;
-        }
-        *slot = g as u32;
-        rows[g] += 1;
+    // ends[g]: empty rows GPU g and those before it take in all (the last
+    // takes the rest).
+    let mut ends = Vec::with_capacity(gpus);
+    let mut acc = 0usize;
+    for (g, &rows) in full.iter().enumerate() {
+        acc += if g + 1 < gpus {
+            target.saturating_sub(rows)
+        } else {
+            usize::MAX / 2
+        };
+        ends.push(acc);
     }
+    // Empty rows before each chunk.
+    let before: Vec<usize> = counts
+        .par_chunks(LABEL_CHUNK)
+        .map(|c| c.iter().filter(|&&c| c == 0).count())
+        .collect::<Vec<_>>()
+        .into_iter()
+        .scan(0usize, |acc, n| {
+            let this = *acc;
+            *acc += n;
+            Some(this)
+        })
+        .collect();
+    part_of
+        .par_chunks_mut(LABEL_CHUNK)
+        .zip(counts.par_chunks(LABEL_CHUNK))
+        .zip(before.par_iter())
+        .for_each(|((p, c), &first)| {
+            let mut rank = first;
+            for (slot, &c) in p.iter_mut().zip(c) {
+                if c == 0 {
+                    *slot = ends.partition_point(|&end| end <= rank) as u32;
+                    rank += 1;
+                }
+            }
+        });
 }
+
+/// Rows per task when labelling.
+const LABEL_CHUNK: usize = 1 << 16;
 
 /// One mode's new labels from the GPU of every old row.
 struct Labels {
@@ -545,31 +590,62 @@ struct Labels {
 
 impl Labels {
     /// GPU by GPU; inside a GPU its rows with nonzeros, then its empty
-    /// rows, each in their old order.
+    /// rows, each in their old order. In parallel: per chunk of rows, how
+    /// many of each kind each GPU takes, then each chunk labels its rows
+    /// from the cursors the chunks before it leave.
     fn of(old_counts: &[u64], part_of: &[u32], gpus: usize) -> Self {
-        let mut ptr = vec![0u32; gpus + 1];
+        // Per chunk and GPU: rows with nonzeros, empty rows.
+        let per_chunk: Vec<Vec<[u32; 2]>> = part_of
+            .par_chunks(LABEL_CHUNK)
+            .zip(old_counts.par_chunks(LABEL_CHUNK))
+            .map(|(p, c)| {
+                let mut n = vec![[0u32; 2]; gpus];
+                for (&g, &c) in p.iter().zip(c) {
+                    n[g as usize][usize::from(c == 0)] += 1;
+                }
+                n
+            })
+            .collect();
         let mut nonempty = vec![0u32; gpus];
-        for (&g, &c) in part_of.iter().zip(old_counts) {
-            ptr[g as usize + 1] += 1;
-            nonempty[g as usize] += u32::from(c > 0);
+        let mut ptr = vec![0u32; gpus + 1];
+        for chunk in &per_chunk {
+            for (g, n) in chunk.iter().enumerate() {
+                nonempty[g] += n[0];
+                ptr[g + 1] += n[0] + n[1];
+            }
         }
         for g in 0..gpus {
             ptr[g + 1] += ptr[g];
         }
-        let mut next_full = ptr.clone();
-        let mut next_empty: Vec<u32> = (0..gpus).map(|g| ptr[g] + nonempty[g]).collect();
+        // Each chunk's first label of each kind on each GPU.
+        let mut cursor: Vec<[u32; 2]> = (0..gpus).map(|g| [ptr[g], ptr[g] + nonempty[g]]).collect();
+        let starts: Vec<Vec<[u32; 2]>> = per_chunk
+            .iter()
+            .map(|chunk| {
+                let this = cursor.clone();
+                for (c, n) in cursor.iter_mut().zip(chunk) {
+                    c[0] += n[0];
+                    c[1] += n[1];
+                }
+                this
+            })
+            .collect();
         let mut labels = vec![0u32; old_counts.len()];
+        labels
+            .par_chunks_mut(LABEL_CHUNK)
+            .zip(part_of.par_chunks(LABEL_CHUNK))
+            .zip(old_counts.par_chunks(LABEL_CHUNK))
+            .zip(starts.into_par_iter())
+            .for_each(|(((out, p), c), mut next)| {
+                for ((slot, &g), &c) in out.iter_mut().zip(p).zip(c) {
+                    let at = &mut next[g as usize][usize::from(c == 0)];
+                    *slot = *at;
+                    *at += 1;
+                }
+            });
         let mut counts = vec![0u64; old_counts.len()];
-        for (old, &g) in part_of.iter().enumerate() {
-            let next = if old_counts[old] > 0 {
-                &mut next_full
-            } else {
-                &mut next_empty
-            };
-            let label = next[g as usize];
-            next[g as usize] += 1;
-            labels[old] = label;
-            counts[label as usize] = old_counts[old];
+        for (&label, &c) in labels.iter().zip(old_counts) {
+            counts[label as usize] = c;
         }
         Labels {
             labels,
@@ -733,6 +809,71 @@ mod tests {
                 }
             }
             check_local_elements(&t, &from_counts);
+        }
+    }
+
+    /// The labels and the spread of empty rows, one row after another.
+    fn labels_one_by_one(counts: &[u64], part_of: &[u32], gpus: usize) -> (Vec<u32>, Vec<u32>) {
+        let mut spread = part_of.to_vec();
+        let mut rows = vec![0usize; gpus];
+        for (&c, &g) in counts.iter().zip(part_of) {
+            rows[g as usize] += usize::from(c > 0);
+        }
+        let target = counts.len().div_ceil(gpus);
+        let mut g = 0;
+        for (&c, slot) in counts.iter().zip(spread.iter_mut()) {
+            if c > 0 {
+                continue;
+            }
+            while g + 1 < gpus && rows[g] >= target {
+                g += 1;
+            }
+            *slot = g as u32;
+            rows[g] += 1;
+        }
+        let mut per_gpu: Vec<Vec<usize>> = vec![Vec::new(); gpus];
+        for full in [true, false] {
+            for (old, (&c, &g)) in counts.iter().zip(&spread).enumerate() {
+                if (c > 0) == full {
+                    per_gpu[g as usize].push(old);
+                }
+            }
+        }
+        let mut labels = vec![0u32; counts.len()];
+        let mut next = 0u32;
+        for rows in per_gpu {
+            for old in rows {
+                labels[old] = next;
+                next += 1;
+            }
+        }
+        (spread, labels)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        #[test]
+        fn labels_in_parallel_are_the_labels_one_by_one(
+            rows in 1usize..300_000,
+            gpus in 1usize..6,
+            empty_every in 1u64..5,
+            seed in any::<u64>(),
+        ) {
+            let counts: Vec<u64> = (0..rows as u64)
+                .map(|i| if (i ^ seed) % empty_every == 0 { 0 } else { 1 + (i * 7 + seed) % 5 })
+                .collect();
+            let part_of: Vec<u32> = (0..rows as u64)
+                .map(|i| ((i.wrapping_mul(2_654_435_761) ^ seed) % gpus as u64) as u32)
+                .collect();
+            let (want_spread, want_labels) = labels_one_by_one(&counts, &part_of, gpus);
+            let mut spread = part_of.clone();
+            spread_empty_rows(&counts, &mut spread, gpus);
+            prop_assert_eq!(&spread, &want_spread);
+            let l = Labels::of(&counts, &spread, gpus);
+            prop_assert_eq!(&l.labels, &want_labels);
+            for (old, &label) in l.labels.iter().enumerate() {
+                prop_assert_eq!(l.counts[label as usize], counts[old]);
+            }
         }
     }
 
