@@ -37,7 +37,7 @@ pub use decompose::{
 };
 pub use error::{CpdError, Result};
 pub use gpu::{GpuBackend, KernelPlan};
-pub use model::{HISTORY, IterationStats, IterationTotals, KruskalModel, load_factors};
+pub use model::{HISTORY, IterationStats, IterationTotals, KruskalModel, Staging, load_factors};
 pub use multi::{GroupBackend, ModeBreakdown};
 pub use scale::ValueScale;
 pub use score::factor_match_score;

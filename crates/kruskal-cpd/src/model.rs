@@ -112,7 +112,7 @@ impl KruskalModel {
     /// They get the permissions of any newly created file (0666 less the
     /// umask).
     pub fn save(&self, dir: &Path) -> Result<()> {
-        self.stage(dir, &mut |_| {})?.commit()
+        self.stage(dir, &())?.commit()
     }
 
     /// Writes the model of a compacted tensor (see
@@ -124,7 +124,7 @@ impl KruskalModel {
     ///
     /// Shapes: `factors[m]` has `compaction.compact_dims()[m]` rows.
     pub fn save_expanded(&self, dir: &Path, compaction: &Compaction) -> Result<()> {
-        self.stage_expanded(dir, compaction, &mut |_| {})?.commit()
+        self.stage_expanded(dir, compaction, &())?.commit()
     }
 
     /// [`save_expanded`](Self::save_expanded)'s files, staged and not yet
@@ -133,7 +133,7 @@ impl KruskalModel {
         &self,
         dir: &Path,
         compaction: &Compaction,
-        staging: &mut dyn FnMut(&Path),
+        staging: &dyn Staging,
     ) -> Result<StagedModel> {
         let rank = self.rank();
         let compact_dims = compaction.compact_dims();
@@ -165,12 +165,13 @@ impl KruskalModel {
     }
 
     /// Writes the model's files into a new staging directory and returns
-    /// it, not yet in place: [`StagedModel::commit`] moves them. `staging`
-    /// hears the staging directory's path as soon as it exists, before
-    /// anything is written into it, so a caller that may be ended by a
-    /// signal can remove it then (dropping the [`StagedModel`], or a
-    /// failure, removes it otherwise).
-    pub fn stage(&self, dir: &Path, staging: &mut dyn FnMut(&Path)) -> Result<StagedModel> {
+    /// it, not yet in place: [`StagedModel::commit`] moves them. The
+    /// staging directory and each file in it are made inside
+    /// [`Staging::creating`], and [`Staging::made`] hears the directory's
+    /// path there, before anything is written into it: a caller that may
+    /// be ended by a signal removes it then, and never finds it half made
+    /// (dropping the [`StagedModel`], or a failure, removes it otherwise).
+    pub fn stage(&self, dir: &Path, staging: &dyn Staging) -> Result<StagedModel> {
         self.stage_with(dir, staging, &|m, w| {
             self.factors[m].write_npy(w).map_err(|e| e.to_string())
         })
@@ -181,7 +182,7 @@ impl KruskalModel {
     fn stage_with(
         &self,
         dir: &Path,
-        on_staging: &mut dyn FnMut(&Path),
+        staging: &dyn Staging,
         factor: &dyn Fn(usize, &mut dyn Write) -> std::result::Result<(), String>,
     ) -> Result<StagedModel> {
         let names: Vec<String> = std::iter::once("lambda.npy".to_string())
@@ -197,14 +198,25 @@ impl KruskalModel {
                 ));
             }
         }
-        let staged = StagedModel::create(dir, names)?;
-        on_staging(&staged.staging);
+        let mut created = None;
+        staging.creating(&mut || {
+            let made = StagedModel::create(dir, names.clone());
+            if let Ok(staged) = &made {
+                staging.made(&staged.staging);
+            }
+            created = Some(made);
+        });
+        let staged = created.expect("Staging::creating runs its closure")?;
         let write =
             |name: &str, body: &dyn Fn(&mut dyn Write) -> std::result::Result<(), String>| {
                 let target = dir.join(name);
                 let path = staged.staging.join(name);
                 // A plain create: 0666 less the umask.
-                let file = fs::File::create(&path).map_err(|e| CpdError::file(&target, e))?;
+                let mut file = None;
+                staging.creating(&mut || file = Some(fs::File::create(&path)));
+                let file = file
+                    .expect("Staging::creating runs its closure")
+                    .map_err(|e| CpdError::file(&target, e))?;
                 let mut w = BufWriter::with_capacity(WRITE_BUFFER, &file);
                 body(&mut w).map_err(|e| CpdError::file(&target, e))?;
                 w.flush().map_err(|e| CpdError::file(&target, e))?;
@@ -221,6 +233,27 @@ impl KruskalModel {
         Ok(staged)
     }
 }
+
+/// How the writing of a model meets a caller that may be ended at any
+/// moment and must then remove the staging directory (a signal handler):
+/// the directory and each file in it are created inside
+/// [`creating`](Staging::creating), which the caller runs where its
+/// cleanup cannot run at the same time, so the cleanup never meets a
+/// directory it has not heard of or a file appearing while it removes
+/// one. `()` is the caller that needs neither.
+pub trait Staging {
+    /// Runs `make`, which creates the staging directory or a file in it.
+    /// By default, just runs it.
+    fn creating(&self, make: &mut dyn FnMut()) {
+        make()
+    }
+
+    /// Hears the staging directory's path as soon as it exists (inside
+    /// [`creating`](Staging::creating)). By default, nothing.
+    fn made(&self, _staging: &Path) {}
+}
+
+impl Staging for () {}
 
 /// A model's files written into a staging directory, not yet in place.
 /// Dropped without [`commit`](StagedModel::commit), it removes the
@@ -588,6 +621,24 @@ mod tests {
         names
     }
 
+    /// A [`Staging`] that counts the creations and hears the directory.
+    #[derive(Default)]
+    struct Heard {
+        creations: std::cell::Cell<usize>,
+        staging: std::cell::RefCell<Option<PathBuf>>,
+    }
+
+    impl Staging for Heard {
+        fn creating(&self, make: &mut dyn FnMut()) {
+            self.creations.set(self.creations.get() + 1);
+            make()
+        }
+
+        fn made(&self, staging: &Path) {
+            *self.staging.borrow_mut() = Some(staging.to_path_buf());
+        }
+    }
+
     #[test]
     fn a_new_or_empty_directory_gets_the_model_in_one_rename() {
         let root = tempfile::tempdir().unwrap();
@@ -596,11 +647,10 @@ mod tests {
             if made {
                 fs::create_dir(&dir).unwrap();
             }
-            let mut heard = None;
-            let staged = model()
-                .stage(&dir, &mut |p| heard = Some(p.to_path_buf()))
-                .unwrap();
-            let staging = heard.unwrap();
+            let heard = Heard::default();
+            let staged = model().stage(&dir, &heard).unwrap();
+            assert_eq!(heard.creations.get(), 5, "the directory and 4 files");
+            let staging = heard.staging.take().unwrap();
             assert_eq!(staging, staged.staging_path());
             // Beside the destination, which holds nothing yet.
             assert_eq!(staging.parent(), Some(root.path()));
@@ -620,7 +670,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join("mode-1.npy"), b"old").unwrap();
         fs::write(dir.path().join("notes.txt"), b"mine").unwrap();
-        let staged = model().stage(dir.path(), &mut |_| {}).unwrap();
+        let staged = model().stage(dir.path(), &()).unwrap();
         assert_eq!(staged.staging_path().parent(), Some(dir.path()));
         assert_eq!(fs::read(dir.path().join("mode-1.npy")).unwrap(), b"old");
         staged.commit().unwrap();
@@ -641,11 +691,11 @@ mod tests {
     fn a_staged_model_not_committed_leaves_nothing() {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("m");
-        drop(model().stage(&dir, &mut |_| {}).unwrap());
+        drop(model().stage(&dir, &()).unwrap());
         assert!(names_in(root.path()).is_empty());
         fs::create_dir(&dir).unwrap();
         fs::write(dir.join("keep"), b"x").unwrap();
-        drop(model().stage(&dir, &mut |_| {}).unwrap());
+        drop(model().stage(&dir, &()).unwrap());
         assert_eq!(names_in(&dir), ["keep"]);
     }
 

@@ -361,6 +361,15 @@ pub(crate) fn read_header(path: &Path, file: &mut File) -> Result<Header> {
         .chunks_exact(4)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect();
+    // The mapped reader never builds a tensor, so the header refuses what
+    // the tensor's own check would (the same words).
+    if let Some(m) = dims.iter().position(|&d| d == 0) {
+        return Err(corrupt(format!(
+            "the file holds an invalid tensor: the dimension of mode {} is 0: every mode needs \
+             at least one index",
+            m + 1
+        )));
+    }
     // Both are below `total`, which fits in usize.
     Ok(Header {
         dims,
@@ -820,6 +829,9 @@ mod tests {
         bytes[40..44].copy_from_slice(&crc.to_le_bytes());
         std::fs::write(&p, &bytes).unwrap();
         let err = err_of(&p);
+        assert!(err.contains("the dimension of mode 1 is 0"), "{err}");
+        // The mapped reader (--distributed) refuses it in the same words.
+        let err = MappedBinary::open(&p).err().expect("mapped").to_string();
         assert!(err.contains("the dimension of mode 1 is 0"), "{err}");
     }
 

@@ -25,6 +25,12 @@ struct Registry {
     written: bool,
 }
 
+/// Held while a registered path is created (and registered), and by
+/// [`quit`] from its start to the process's end: a quit never meets a
+/// path made but not yet registered, nor a file appearing in a
+/// directory it removes. Taken before [`REGISTRY`].
+static CREATING: Mutex<()> = Mutex::new(());
+
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     staging: Vec::new(),
     created: Vec::new(),
@@ -37,10 +43,27 @@ fn registry() -> MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Registers a staging directory until [`committing`] moves it (one
-/// that its owner removed on a failure stays registered, harmlessly).
-pub fn track_staging(path: &Path) {
-    registry().staging.push(path.to_path_buf());
+/// Runs `make`, which creates a path a quit must remove (and registers
+/// it), where no quit runs at the same time.
+pub fn creating<T>(make: impl FnOnce() -> T) -> T {
+    let _creating = CREATING.lock().unwrap_or_else(|e| e.into_inner());
+    make()
+}
+
+/// The model's staging directory and files ([`kruskal_cpd::Staging`]):
+/// made inside [`creating`], the directory registered until
+/// [`committing`] moves it (one that its owner removed on a failure stays
+/// registered, harmlessly).
+pub struct TrackStaging;
+
+impl kruskal_cpd::Staging for TrackStaging {
+    fn creating(&self, make: &mut dyn FnMut()) {
+        creating(make)
+    }
+
+    fn made(&self, staging: &Path) {
+        registry().staging.push(staging.to_path_buf());
+    }
 }
 
 /// Registers directories made for `--out` (outermost first).
@@ -82,6 +105,9 @@ pub fn committing<T>(staging: &Path, commit: impl FnOnce() -> T) -> T {
 /// Removes what is registered, says `why` and what was written, and ends
 /// the process with `code`. Waits for a model being moved into place.
 pub fn quit(code: i32, why: &str) -> ! {
+    // Held until the exit: whatever is being made finishes first (and is
+    // registered); nothing is made after.
+    let _creating = CREATING.lock().unwrap_or_else(|e| e.into_inner());
     let r = registry();
     for dir in &r.staging {
         let _ = std::fs::remove_dir_all(dir);
@@ -111,8 +137,10 @@ mod tests {
     fn registered_paths_come_and_go() {
         let root = tempfile::tempdir().unwrap();
         let staging = root.path().join(".kruskal-m.tmp");
-        std::fs::create_dir(&staging).unwrap();
-        track_staging(&staging);
+        kruskal_cpd::Staging::creating(&TrackStaging, &mut || {
+            std::fs::create_dir(&staging).unwrap();
+            kruskal_cpd::Staging::made(&TrackStaging, &staging);
+        });
         assert!(registry().staging.contains(&staging));
         let made = vec![root.path().join("a")];
         track_created(&made);

@@ -1,7 +1,7 @@
 //! `kruskal cpd`: CP decomposition of a tensor file, or of a planted
 //! low-rank tensor with `--demo`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -192,10 +192,10 @@ pub fn run(args: CpdArgs) -> Result<()> {
     if let Some(dir) = &args.out {
         // Written into a staging directory the signal handler removes, and
         // moved into place under its lock: all of the model or none.
-        let mut track = |staging: &Path| cleanup::track_staging(staging);
+        let track = cleanup::TrackStaging;
         let staged = match &compaction {
-            Some(map) => model.stage_expanded(dir, map, &mut track),
-            None => model.stage(dir, &mut track),
+            Some(map) => model.stage_expanded(dir, map, &track),
+            None => model.stage(dir, &track),
         }
         .with_context(|| format!("writing the model to {}", dir.display()))?;
         let staging = staged.staging_path().to_path_buf();

@@ -120,12 +120,17 @@ impl OutDir {
             kept: false,
         };
         for dir in missing {
-            if let Err(e) = std::fs::create_dir(&dir) {
+            // Removed by a quit on a signal too, not only on a failure:
+            // registered as it is made.
+            let made = super::cleanup::creating(|| {
+                std::fs::create_dir(&dir)?;
+                super::cleanup::track_created(std::slice::from_ref(&dir));
+                Ok::<_, std::io::Error>(())
+            });
+            if let Err(e) = made {
                 bail!("--out {shown}: cannot create {}: {e}", dir.display());
             }
-            out.created.push(dir.clone());
-            // Removed by a quit on a signal too, not only on a failure.
-            super::cleanup::track_created(&[dir]);
+            out.created.push(dir);
         }
         for name in model_names(nmodes) {
             if path.join(&name).is_dir() {
@@ -134,15 +139,19 @@ impl OutDir {
         }
         // Only writing tells: permissions, read-only mounts, ACLs.
         let probe = path.join(format!(".kruskal-write-check-{}", std::process::id()));
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&probe)
-        {
-            Ok(_) => {
+        // Made and removed where no quit runs, which would leave it.
+        let probed = super::cleanup::creating(|| {
+            let made = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&probe);
+            if made.is_ok() {
                 let _ = std::fs::remove_file(&probe);
             }
-            Err(e) => bail!("--out {shown}: cannot write there: {e}"),
+            made
+        });
+        if let Err(e) = probed {
+            bail!("--out {shown}: cannot write there: {e}");
         }
         Ok(out)
     }
