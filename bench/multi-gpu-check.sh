@@ -7,7 +7,9 @@
 #   bash bench/multi-gpu-check.sh OUT_DIR [tests] [nell1] [full] [t3u] [amazon] [dist]
 # (no parts: all but amazon). K=path/to/kruskal (default gpu-run/kruskal);
 # TESTS=names of the test executables to run (default: every GPU one),
-# FILTER=a test name filter passed to each.
+# FILTER=a test name filter passed to each; NELL1_SPECS, FULL_SPECS=the
+# GPU counts and rows (e.g. "4:all 4:auto"); QUICK=1 skips nell-1's
+# p2p, host-built and --gpus all runs.
 set -u
 N=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib
 mkdir -p /tmp/nccl && ln -sf $N/libnccl.so.2 /tmp/nccl/libnccl.so
@@ -32,7 +34,8 @@ except Exception as e:
     print(f"{label:34s} FAILED ({e})"); sys.exit()
 its = [i["mttkrp_s"] + i["other_s"] for i in d["iterations"]][1:]
 ms = statistics.median(its) * 1e3 if its else float("nan")
-line = f"{label:34s} {ms:8.2f} ms/it  prep {d['prepare_s']:6.2f} s  load {d['tensor']['load_s']:5.2f} s  fit {d['fit']:.6f}"
+load = d.get("tensor", {}).get("load_s", float("nan"))
+line = f"{label:34s} {ms:8.2f} ms/it  prep {d['prepare_s']:6.2f} s  load {load:5.2f} s  fit {d['fit']:.6f}"
 k = d.get("kernel")
 if isinstance(k, dict) and "breakdown" in k:
     parts = []
@@ -80,17 +83,19 @@ cpd_set() { # name file iters counts...
 if has nell1; then
   /usr/bin/time -v $K gen /tmp/nell1.ktns --like nell-1 --nnz 144M > $R/gen-nell1.txt 2>&1
   grep -E "Elapsed|Maximum resident" $R/gen-nell1.txt
-  cpd_set nell-1 /tmp/nell1.ktns 8 2:all 2:auto 3:auto 4:all 4:auto
-  run_cpd "nell-1 4 GPUs auto p2p" /tmp/nell1.ktns --iters 8 --gpus 4 --exchange p2p
-  run_cpd "nell-1 4 GPUs host-built" /tmp/nell1.ktns --iters 8 --gpus 4 --fcoo-build host
-  run_cpd "nell-1 --gpus all" /tmp/nell1.ktns --iters 8 --gpus all
+  cpd_set nell-1 /tmp/nell1.ktns 8 ${NELL1_SPECS:-2:all 2:auto 3:auto 4:all 4:auto}
+  if [ -z "${QUICK:-}" ]; then
+    run_cpd "nell-1 4 GPUs auto p2p" /tmp/nell1.ktns --iters 8 --gpus 4 --exchange p2p
+    run_cpd "nell-1 4 GPUs host-built" /tmp/nell1.ktns --iters 8 --gpus 4 --fcoo-build host
+    run_cpd "nell-1 --gpus all" /tmp/nell1.ktns --iters 8 --gpus all
+  fi
   # The preparation's steps, as the program prints them.
   timeout 300 $K cpd /tmp/nell1.ktns -r 32 --iters 2 --gpus 4 > $R/nell1-g4-steps.txt 2>&1
   grep -E "gpus|exchange|backend|load|per iteration" $R/nell1-g4-steps.txt | head -20 | tee -a $R/summary.txt
 fi
 if has full; then
   $K gen /tmp/full.ktns --dims 3000000,2000000,26000000 --nnz 144M --exponent 0.5 > $R/gen-full.txt 2>&1
-  cpd_set nearly-full /tmp/full.ktns 8 2:auto 4:all 4:auto
+  cpd_set nearly-full /tmp/full.ktns 8 ${FULL_SPECS:-2:auto 4:all 4:auto}
 fi
 if has t3u; then
   $PY bench/gen_anchor.py t3 /tmp/t3u.ktns 20000000 --distinct > $R/gen-t3u.txt 2>&1
