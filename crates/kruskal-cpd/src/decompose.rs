@@ -313,10 +313,18 @@ pub fn run_starts(
     let mut summaries: Vec<StartSummary> = Vec::new();
     for k in 0..starts {
         let seed = seed + k as u64;
-        let mut opts = opts.clone();
-        if starts > 1 {
-            opts.init = Init::Random { seed };
-        }
+        // One start runs the caller's options as they are (given factors
+        // are not copied here); several draw their own random factors.
+        let drawn;
+        let opts = if starts > 1 {
+            drawn = CpdOptions {
+                init: Init::Random { seed },
+                ..opts.clone()
+            };
+            &drawn
+        } else {
+            opts
+        };
         let _ = progress(Event::Start {
             index: k,
             starts,
@@ -330,7 +338,7 @@ pub fn run_starts(
                 ControlFlow::Continue(())
             }
         };
-        let model = cpd_als_with(backend, &opts, &mut report)?;
+        let model = cpd_als_with(backend, opts, &mut report)?;
         let interrupted = model.interrupted;
         summaries.push(StartSummary {
             seed,
