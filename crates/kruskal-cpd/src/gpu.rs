@@ -14,9 +14,9 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, DriverError};
-use kruskal_device::coo::DeviceFactors;
+use kruskal_device::DeviceFactors;
 use kruskal_device::dense::{DenseKernels, check_rank};
-use kruskal_device::flycoo::element_stride;
+use kruskal_device::engines::flycoo::element_stride;
 use kruskal_device::{DeviceError, Gpu, GpuKernel, GpuMttkrp, GpuOptions, build_engines};
 use kruskal_formats::SparseTensor;
 use ndarray::Array2;

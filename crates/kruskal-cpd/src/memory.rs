@@ -10,7 +10,7 @@
 
 use std::fmt;
 
-use kruskal_device::flycoo::element_stride;
+use kruskal_device::engines::flycoo::element_stride;
 use kruskal_formats::SparseTensor;
 pub use kruskal_formats::memory::{available_bytes, bytes_text, parse_meminfo};
 

@@ -82,7 +82,7 @@ macro_rules! forward_gpu_mttkrp {
             fn mttkrp(
                 &mut self,
                 mode: usize,
-                factors: &$crate::coo::DeviceFactors,
+                factors: &$crate::factors::DeviceFactors,
                 out: &mut cudarc::driver::CudaSlice<f32>,
             ) -> $crate::Result<()> {
                 <$engine>::mttkrp(self, mode, factors, out)
@@ -91,17 +91,16 @@ macro_rules! forward_gpu_mttkrp {
     };
 }
 
-pub mod coo;
+pub mod catalog;
 pub mod dense;
 pub mod engine;
-pub mod fcoo;
-mod fcoo_build;
-pub mod flycoo;
+pub mod engines;
+pub mod factors;
 pub mod gpu;
 pub mod group;
-pub mod hicoo;
 pub mod kernels;
 pub mod nccl;
+pub mod options;
 pub mod probe;
 pub mod process;
 pub mod tune;
@@ -124,18 +123,18 @@ mod tests {
     }
 }
 
-pub use coo::CooAtomic;
-pub use engine::{
-    FactorPrecision, GpuKernel, GpuOptions, LaunchParams, build_engine, build_engines,
-};
-pub use fcoo::{FcooBuild, FcooGpu};
-pub use flycoo::FlycooGpu;
+pub use engine::{GpuKernel, build_engine, build_engines};
+pub use engines::coo::CooAtomic;
+pub use engines::fcoo::FcooGpu;
+pub use engines::flycoo::FlycooGpu;
+pub use engines::hicoo::HicooGpu;
+pub use factors::DeviceFactors;
 pub use gpu::{Gpu, GpuProperties};
 pub use group::{
     Exchange, ExchangeVolume, GpuGroup, GroupOptions, MttkrpTimes, Residency, RowExchange,
     StreamPolicy,
 };
-pub use hicoo::HicooGpu;
+pub use options::{FactorPrecision, FcooBuild, GpuOptions, LaunchParams};
 pub use process::{CommAbort, ProcessComm};
 
 use cudarc::driver::DriverError;
@@ -223,7 +222,7 @@ pub trait GpuMttkrp {
     fn mttkrp(
         &mut self,
         mode: usize,
-        factors: &coo::DeviceFactors,
+        factors: &factors::DeviceFactors,
         out: &mut cudarc::driver::CudaSlice<f32>,
     ) -> Result<()>;
 
@@ -252,7 +251,7 @@ pub trait GpuMttkrp {
         out: &mut ndarray::Array2<f32>,
     ) -> Result<()> {
         let gpu = self.gpu().clone();
-        let dev = coo::DeviceFactors::upload(&gpu, factors)?;
+        let dev = factors::DeviceFactors::upload(&gpu, factors)?;
         let stream = gpu.stream().clone();
         let initial: Vec<f32> = out.iter().copied().collect();
         let mut d_out = gpu.upload("the output", &initial)?;
@@ -269,7 +268,7 @@ pub trait GpuMttkrp {
     /// sweep) with CUDA events; returns milliseconds per run, per mode.
     fn time_sweeps(
         &mut self,
-        factors: &coo::DeviceFactors,
+        factors: &factors::DeviceFactors,
         modes: &[usize],
         repeat: usize,
     ) -> Result<Vec<Vec<f32>>> {

@@ -151,7 +151,7 @@ pub const HICOO_BLOCK_BITS: [u32; 4] = [5, 6, 7, 8];
 pub const FCOO_THREADLENS: [usize; 5] = [4, 8, 16, 32, 64];
 /// FLYCOO partitions (thread blocks) per SM tried.
 pub const FLYCOO_KAPPA_PER_SM: [usize; 4] = [1, 2, 4, 8];
-/// F-COO's default nonzeros per thread (`kruskal_device::fcoo::DEFAULT_THREADLEN`;
+/// F-COO's default nonzeros per thread (`kruskal_device::options::DEFAULT_THREADLEN`;
 /// the device's tests check they agree).
 pub const FCOO_DEFAULT_THREADLEN: usize = 8;
 /// FLYCOO's default partitions per SM (what the device's `GpuOptions`

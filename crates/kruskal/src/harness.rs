@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kruskal_cpu::{CpuKernel, FlycooMttkrp, MttkrpEngine, mttkrp_reference, relative_error};
-use kruskal_device::kernels::{CHECK_MODES, CHECK_RANKS};
+use kruskal_device::catalog::{CHECK_MODES, CHECK_RANKS};
 use kruskal_device::{FlycooGpu, Gpu, GpuKernel, GpuMttkrp, GpuOptions, build_engine};
 use kruskal_formats::generate::{PowerLawSpec, power_law};
 use kruskal_formats::{ReadOptions, SparseTensor, read_tensor_report};

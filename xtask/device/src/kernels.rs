@@ -18,7 +18,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use kruskal_device::kernels::{Specialization, catalog, compile};
+use kruskal_device::catalog::{Specialization, catalog};
+use kruskal_device::kernels::compile;
 
 /// The architectures of the GPU machines (A100-class, H100/H200).
 const ARCHS: [&str; 2] = ["sm_80", "sm_90"];

@@ -18,7 +18,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use kruskal_formats::SparseTensor;
 use kruskal_partition::RowShards;
 
-use crate::fcoo_build::{
+use crate::engines::fcoo::build::{
     DeviceCoo, SCAN_WORDS, SORT_THREADS, SORT_TILE, SortCounts, bits_below, count_words, function,
     radix_sort, scan,
 };

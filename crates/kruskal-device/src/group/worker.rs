@@ -17,8 +17,8 @@ use cudarc::driver::{
 use super::MttkrpTimes;
 use super::exchange::Shared;
 use super::sparse::DeviceLists;
-use crate::coo::DeviceFactors;
 use crate::dense::{DenseKernels, UpdateStats};
+use crate::factors::DeviceFactors;
 use crate::kernels::Kernel;
 use crate::{DeviceError, Gpu, Result, driver};
 
@@ -297,7 +297,7 @@ impl Worker {
             ("RANK", self.rank as i64),
             ("WARPS", WARPS as i64),
         ];
-        if crate::fcoo::teams_fit(self.rank) {
+        if crate::engines::fcoo::teams_fit(self.rank) {
             defines.push(("TEAMS", 1));
         }
         let kernel =

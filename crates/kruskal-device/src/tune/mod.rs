@@ -120,7 +120,7 @@ mod tests {
         assert_eq!(
             Config::DEFAULT,
             Config::Fcoo {
-                threadlen: crate::fcoo::DEFAULT_THREADLEN
+                threadlen: crate::options::DEFAULT_THREADLEN
             }
         );
     }

@@ -11,7 +11,7 @@ use kruskal_formats::SparseTensor;
 use kruskal_tune::{Config, Failure, Run};
 
 use super::ConfigEngine;
-use crate::coo::DeviceFactors;
+use crate::factors::DeviceFactors;
 use crate::{Gpu, GpuMttkrp, Result, build_engine};
 
 /// What to time.

@@ -557,8 +557,8 @@ fn describe(
             p.threadlen,
             if p.fiber { ", fiber reuse" } else { "" },
             if !p.fiber
-                && opts.teams.unwrap_or(kruskal_device::fcoo::DEFAULT_TEAMS)
-                && kruskal_device::fcoo::teams_fit(rank)
+                && opts.teams.unwrap_or(kruskal_device::options::DEFAULT_TEAMS)
+                && kruskal_device::engines::fcoo::teams_fit(rank)
             {
                 ", lane teams"
             } else {
@@ -617,8 +617,8 @@ fn time_gpu_kernel(
     floor_ms: &[f64],
     bandwidth: Bandwidths,
 ) -> Result<serde_json::Value> {
+    use kruskal_device::DeviceFactors;
     use kruskal_device::build_engine;
-    use kruskal_device::coo::DeviceFactors;
     let t = &loaded.tensor;
     let prep = Instant::now();
     let mut engine = build_engine(choice.kernel, gpu.clone(), t, &choice.opts)?;

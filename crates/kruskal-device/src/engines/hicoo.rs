@@ -19,7 +19,7 @@ use cudarc::driver::sys::CUfunction_attribute;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kruskal_formats::{Hicoo, SparseTensor};
 
-use crate::coo::{DeviceFactors, check_operands};
+use crate::factors::{DeviceFactors, check_operands};
 use crate::kernels::Kernel;
 use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kruskal_formats::flycoo::Flycoo;
 
-use crate::coo::{DeviceFactors, check_operands};
+use crate::factors::{DeviceFactors, check_operands};
 use crate::kernels::Kernel;
 use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 

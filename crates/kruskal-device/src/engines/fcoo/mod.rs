@@ -16,22 +16,19 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use kruskal_formats::{Fcoo, FcooOp, SparseTensor};
 
-use crate::coo::{DeviceFactors, check_operands};
-use crate::engine::FactorPrecision;
-use crate::fcoo_build::{self, DeviceCoo, SortedMode};
+use crate::factors::{DeviceFactors, check_operands};
+pub use crate::options::{
+    DEFAULT_FIBER, DEFAULT_TEAMS, DEFAULT_THREADLEN, FactorPrecision, FcooBuild,
+};
+use build::{DeviceCoo, SortedMode};
+
+pub(crate) mod build;
 use crate::kernels::Kernel;
 use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 
 /// Warps per thread block: a block holds `threadlen * 32 * WARPS`
 /// nonzeros (the CPU engine's `BLOCK_THREADS = 512` threads).
 pub const WARPS: u32 = 16;
-/// Nonzeros per thread by default: 8, one byte of bit flags, as in the paper.
-pub const DEFAULT_THREADLEN: usize = 8;
-/// Fiber reuse by default (measured in docs/performance.md).
-pub const DEFAULT_FIBER: bool = false;
-/// Lane teams by default, where the rank allows them ([`teams_fit`]).
-pub const DEFAULT_TEAMS: bool = true;
-
 /// Whether the lane-team kernel exists for `rank` (a team of `rank / 4`
 /// lanes holds a row as float4s).
 pub fn teams_fit(rank: usize) -> bool {
@@ -204,8 +201,8 @@ impl ModeTables {
         let plan =
             BlockPlan::from_flags(&sorted.host_flags, sorted.nnz, block_nnz(threadlen), None);
         debug_assert_eq!(plan.block_seg.last(), Some(&(sorted.segments as u32)));
-        let start_flags = fcoo_build::start_flags(gpu, sorted, threadlen)?;
-        let edge_rows = fcoo_build::segment_rows_of(gpu, sorted, &plan.edge_rows)?;
+        let start_flags = build::start_flags(gpu, sorted, threadlen)?;
+        let edge_rows = build::segment_rows_of(gpu, sorted, &plan.edge_rows)?;
         let bytes = 4
             * (sorted.prod_idx.len()
                 + sorted.vals.len()
@@ -228,32 +225,6 @@ impl ModeTables {
             edge_rows,
         };
         Ok((tables, bytes))
-    }
-}
-
-/// Where [`FcooGpu`] builds its layout.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum FcooBuild {
-    /// On the GPU, from one upload of the COO (radix sort and scans,
-    /// `kernels/fcoo_build.cu`); the host path where the GPU lacks the
-    /// memory for the sort, for fiber reuse, and for an empty tensor.
-    #[default]
-    Device,
-    /// On the host ([`Fcoo::for_mttkrp`]), each mode's arrays uploaded.
-    Host,
-}
-
-impl std::str::FromStr for FcooBuild {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "gpu" | "device" => Ok(FcooBuild::Device),
-            "host" | "cpu" => Ok(FcooBuild::Host),
-            other => Err(format!(
-                "unknown F-COO build '{other}' (choose gpu or host)"
-            )),
-        }
     }
 }
 
@@ -382,16 +353,16 @@ impl FcooGpu {
             clock = now;
             Ok(())
         };
-        fcoo_build::load_kernels(&gpu)?;
+        build::load_kernels(&gpu)?;
         lap("kernels")?;
         let coo = DeviceCoo::upload(&gpu, tensor)?;
         lap("upload")?;
         let mut modes: Vec<(Vec<ModeTables>, usize)> =
             variants.iter().map(|_| (Vec::new(), 0)).collect();
-        let mut scratch = fcoo_build::SortScratch::new(&gpu, &coo)?;
+        let mut scratch = build::SortScratch::new(&gpu, &coo)?;
         lap("buffers")?;
         for mode in 0..tensor.nmodes() {
-            let sorted = fcoo_build::sort_mode(&gpu, &coo, mode, &mut scratch, &mut lap)?;
+            let sorted = build::sort_mode(&gpu, &coo, mode, &mut scratch, &mut lap)?;
             for ((tables, bytes), (&(threadlen, _), ok)) in
                 modes.iter_mut().zip(variants.iter().zip(&checked))
             {
@@ -1210,7 +1181,7 @@ mod tests {
     #[test]
     #[ignore = "needs a CUDA GPU"]
     fn half_precision_gathers_err_within_their_rounding() {
-        use crate::engine::FactorPrecision;
+        use crate::options::FactorPrecision;
         let gpu = Gpu::open(0).expect("a GPU");
         let t = &hot_tensors(37)[1];
         for (precision, tol) in [(FactorPrecision::Bf16, 1e-2), (FactorPrecision::F16, 2e-3)] {

@@ -9,7 +9,7 @@
 //! sort of `row << bits | second` with 8-bit digits; the product-mode
 //! indices and values gathered in that order; the segment-end bits; each
 //! segment's row. The chunk-start bits of a threadlen
-//! ([`start_flags`]) and the thread blocks' plan ([`crate::fcoo::BlockPlan`],
+//! ([`start_flags`]) and the thread blocks' plan ([`super::BlockPlan`],
 //! from the bit flags brought back to the host, about `nnz / 8` bytes) are
 //! made per engine variant, so the variants of `kruskal cpd --kernel auto`
 //! share one sort and one copy of the big arrays.
