@@ -112,7 +112,7 @@ pub fn build_engine(
         fiber,
     } = opts.resolve(gpu.properties().sms);
     Ok(match kernel.resolve() {
-        GpuKernel::CooAtomic => Box::new(crate::CooAtomic::new(gpu, t)?),
+        GpuKernel::CooAtomic => Box::new(crate::CooGpu::new(gpu, t)?),
         GpuKernel::Flycoo => {
             let (f, _) = kruskal_partition::flycoo::build_flycoo(
                 t,

@@ -124,7 +124,7 @@ mod tests {
 }
 
 pub use engine::{GpuKernel, build_engine, build_engines};
-pub use engines::coo::CooAtomic;
+pub use engines::coo::CooGpu;
 pub use engines::fcoo::FcooGpu;
 pub use engines::flycoo::FlycooGpu;
 pub use engines::hicoo::HicooGpu;

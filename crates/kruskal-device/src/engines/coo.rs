@@ -10,7 +10,7 @@ use crate::kernels::Kernel;
 use crate::{Gpu, Result, driver, grid_stride};
 
 /// The COO tensor on the device and the `coo_atomic` kernel.
-pub struct CooAtomic {
+pub struct CooGpu {
     gpu: Arc<Gpu>,
     dims: Vec<u32>,
     nnz: usize,
@@ -24,7 +24,7 @@ pub struct CooAtomic {
 /// Threads per block of `coo_atomic` (8 warps, one nonzero per warp).
 const BLOCK: u32 = 256;
 
-impl CooAtomic {
+impl CooGpu {
     /// Bytes the tensor takes on the device.
     pub fn device_bytes(tensor: &SparseTensor) -> usize {
         tensor.nnz() * (4 * tensor.nmodes() + 4)
@@ -39,7 +39,7 @@ impl CooAtomic {
         }
         let idx = gpu.upload("the COO indices", &idx)?;
         let vals = gpu.upload("the COO values", tensor.values())?;
-        Ok(CooAtomic {
+        Ok(CooGpu {
             dims: tensor.dims().to_vec(),
             nnz: tensor.nnz(),
             idx,
@@ -128,7 +128,7 @@ impl CooAtomic {
     }
 }
 
-forward_gpu_mttkrp!(CooAtomic, "coo");
+forward_gpu_mttkrp!(CooGpu, "coo");
 
 #[cfg(test)]
 mod tests {
@@ -150,7 +150,7 @@ mod tests {
                 .with_seed(nmodes as u64);
             spec.exponents = vec![exponent; nmodes];
             let t = power_law(&spec).unwrap();
-            let mut engine = CooAtomic::new(gpu.clone(), &t).unwrap();
+            let mut engine = CooGpu::new(gpu.clone(), &t).unwrap();
             for rank in [1, 7, 16, 32, 64, 100] {
                 let f = factors(t.dims(), rank, rank as u64);
                 let views: Vec<_> = f.iter().map(|a| a.view()).collect();
