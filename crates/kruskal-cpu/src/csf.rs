@@ -49,7 +49,7 @@ use kruskal_formats::{Csf, SparseTensor};
 use ndarray::Array2;
 use rayon::prelude::*;
 
-use crate::{CpuError, MttkrpEngine, Result, mttkrp_slices, row_of};
+use crate::{CpuError, Result, mttkrp_slices, row_of};
 
 /// Target nonzeros per root-mode chunk (as the sorted engine's chunks).
 const CHUNK_NNZ: usize = 1 << 13;
@@ -292,28 +292,7 @@ impl CsfMttkrp {
     }
 }
 
-impl MttkrpEngine for CsfMttkrp {
-    fn name(&self) -> &'static str {
-        "csf"
-    }
-
-    fn dims(&self) -> &[u32] {
-        &self.dims
-    }
-
-    fn bytes(&self) -> usize {
-        CsfMttkrp::bytes(self)
-    }
-
-    fn mttkrp(
-        &mut self,
-        mode: usize,
-        factors: &[Array2<f32>],
-        out: &mut Array2<f32>,
-    ) -> Result<()> {
-        CsfMttkrp::mttkrp(self, mode, factors, out)
-    }
-}
+forward_engine!(CsfMttkrp, "csf");
 
 /// The leaves below each depth-1 node: `n_1 + 1` leaf positions (for a
 /// one-mode tree, the leaves are the roots and there is no such level).
@@ -491,13 +470,11 @@ fn root_chunk(
     mine: &mut [f32],
     slots: &mut [f64],
 ) -> Partials {
-    match rank {
-        8 => root_chunk_fixed::<8>(view, chunk, mine, slots),
-        16 => root_chunk_fixed::<16>(view, chunk, mine, slots),
-        32 => root_chunk_fixed::<32>(view, chunk, mine, slots),
-        64 => root_chunk_fixed::<64>(view, chunk, mine, slots),
-        _ => root_chunk_any(view, chunk, rank, mine, slots),
-    }
+    by_rank!(
+        rank,
+        root_chunk_fixed(view, chunk, mine, slots),
+        root_chunk_any(view, chunk, rank, mine, slots)
+    )
 }
 
 /// Walks the slices of a chunk: `sum_units(lo, hi, acc)` overwrites `acc`
@@ -946,6 +923,7 @@ fn descend(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MttkrpEngine;
     use crate::testutil::{check_engine, factors_for, hot_rows, shared_tensors};
     use kruskal_formats::generate::{PowerLawSpec, power_law};
     use proptest::prelude::*;

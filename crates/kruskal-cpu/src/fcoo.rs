@@ -33,7 +33,7 @@ use kruskal_formats::{Fcoo, SparseTensor};
 use ndarray::Array2;
 use rayon::prelude::*;
 
-use crate::{MttkrpEngine, Result, mttkrp_slices, row_of};
+use crate::{Result, mttkrp_slices, row_of};
 
 /// GPU threads per thread block; a block holds `threadlen * BLOCK_THREADS`
 /// nonzeros (4096 at the default `threadlen` of 8).
@@ -327,28 +327,7 @@ impl FcooMttkrp {
     }
 }
 
-impl MttkrpEngine for FcooMttkrp {
-    fn name(&self) -> &'static str {
-        "fcoo"
-    }
-
-    fn dims(&self) -> &[u32] {
-        &self.dims
-    }
-
-    fn bytes(&self) -> usize {
-        FcooMttkrp::bytes(self)
-    }
-
-    fn mttkrp(
-        &mut self,
-        mode: usize,
-        factors: &[Array2<f32>],
-        out: &mut Array2<f32>,
-    ) -> Result<()> {
-        FcooMttkrp::mttkrp(self, mode, factors, out)
-    }
-}
+forward_engine!(FcooMttkrp, "fcoo");
 
 /// One MTTKRP block. Dispatches to a kernel specialized for the rank where
 /// one exists (its f64 accumulator then lives in registers) and to the best
@@ -361,13 +340,11 @@ fn run_block(
     mine: &mut [f32],
     slots: &mut [f64],
 ) -> BlockPartials {
-    match red.width {
-        8 => run_block_fixed::<8>(red, block, product, mine, slots),
-        16 => run_block_fixed::<16>(red, block, product, mine, slots),
-        32 => run_block_fixed::<32>(red, block, product, mine, slots),
-        64 => run_block_fixed::<64>(red, block, product, mine, slots),
-        _ => run_block_any(red, block, product, mine, slots),
-    }
+    by_rank!(
+        red.width,
+        run_block_fixed(red, block, product, mine, slots),
+        run_block_any(red, block, product, mine, slots)
+    )
 }
 
 /// [`run_block`] for a rank known at compile time.
@@ -449,6 +426,7 @@ fn run_block_any(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::MttkrpEngine;
     use crate::testutil::{check_engine, factors_for, shared_tensors};
     use kruskal_formats::generate::{PowerLawSpec, power_law};
     use proptest::prelude::*;

@@ -29,7 +29,7 @@ use kruskal_partition::layout::LayoutOptions;
 use ndarray::Array2;
 use rayon::prelude::*;
 
-use crate::{CpuError, MttkrpEngine, Result, mttkrp_slices, row_of};
+use crate::{CpuError, Result, mttkrp_slices, row_of};
 
 /// The FLYCOO engine. See the module documentation.
 #[derive(Debug)]
@@ -241,20 +241,20 @@ fn check_ownership(f: &Flycoo, d: usize, pieces: &[Vec<(u64, usize)>]) -> Result
     .map_err(|m| CpuError::Format(FormatError::Invalid(format!("FLYCOO layout: {m}"))))
 }
 
-impl MttkrpEngine for FlycooMttkrp {
-    fn name(&self) -> &'static str {
-        "flycoo"
-    }
-
-    fn dims(&self) -> &[u32] {
+impl FlycooMttkrp {
+    /// The dimensions of the tensor.
+    pub fn dims(&self) -> &[u32] {
         &self.dims
     }
 
-    fn bytes(&self) -> usize {
+    /// Bytes of tensor data held: the two element copies.
+    pub fn bytes(&self) -> usize {
         2 * self.copies[0].len() * 4
     }
 
-    fn mttkrp(
+    /// The MTTKRP of `mode` into `out` (overwritten); see
+    /// [`MttkrpEngine::mttkrp`](crate::MttkrpEngine::mttkrp).
+    pub fn mttkrp(
         &mut self,
         mode: usize,
         factors: &[Array2<f32>],
@@ -291,13 +291,11 @@ impl MttkrpEngine for FlycooMttkrp {
             .map(|p| {
                 let range = m.part_ptr[p] as usize..m.part_ptr[p + 1] as usize;
                 let pieces = &self.pieces[mode][p];
-                match rank {
-                    8 => run_partition_fixed::<8>(&task, range, pieces),
-                    16 => run_partition_fixed::<16>(&task, range, pieces),
-                    32 => run_partition_fixed::<32>(&task, range, pieces),
-                    64 => run_partition_fixed::<64>(&task, range, pieces),
-                    _ => run_partition_any(&task, range, pieces, rank),
-                }
+                by_rank!(
+                    rank,
+                    run_partition_fixed(&task, range, pieces),
+                    run_partition_any(&task, range, pieces, rank)
+                )
             })
             .collect();
 
@@ -326,6 +324,8 @@ impl MttkrpEngine for FlycooMttkrp {
         Ok(())
     }
 }
+
+forward_engine!(FlycooMttkrp, "flycoo");
 
 /// What every partition task of one MTTKRP shares.
 struct Task<'a> {

@@ -29,7 +29,7 @@ use kruskal_formats::{Hicoo, SparseTensor};
 use ndarray::Array2;
 use rayon::prelude::*;
 
-use crate::{MttkrpEngine, Result, mttkrp_slices, row_of};
+use crate::{Result, mttkrp_slices, row_of};
 
 /// Groups are split into pieces of at least this many nonzeros: below it the
 /// cost of one more `2^b x rank` buffer is not repaid.
@@ -340,28 +340,7 @@ impl HicooMttkrp {
     }
 }
 
-impl MttkrpEngine for HicooMttkrp {
-    fn name(&self) -> &'static str {
-        "hicoo"
-    }
-
-    fn dims(&self) -> &[u32] {
-        self.hicoo.dims()
-    }
-
-    fn bytes(&self) -> usize {
-        HicooMttkrp::bytes(self)
-    }
-
-    fn mttkrp(
-        &mut self,
-        mode: usize,
-        factors: &[Array2<f32>],
-        out: &mut Array2<f32>,
-    ) -> Result<()> {
-        HicooMttkrp::mttkrp(self, mode, factors, out)
-    }
-}
+forward_engine!(HicooMttkrp, "hicoo");
 
 /// What every task of one MTTKRP reads.
 struct Kernel<'a> {
@@ -382,13 +361,11 @@ impl Kernel<'_> {
     /// the baseline). Every variant adds the same f32 products in the same
     /// order, so results are bit-identical.
     fn accumulate(&self, piece: &Piece, acc: &mut [f64]) {
-        match self.rank {
-            8 => accumulate_fixed::<8>(self, piece, acc),
-            16 => accumulate_fixed::<16>(self, piece, acc),
-            32 => accumulate_fixed::<32>(self, piece, acc),
-            64 => accumulate_fixed::<64>(self, piece, acc),
-            _ => accumulate_any(self, piece, acc),
-        }
+        by_rank!(
+            self.rank,
+            accumulate_fixed(self, piece, acc),
+            accumulate_any(self, piece, acc)
+        )
     }
 }
 
@@ -550,6 +527,7 @@ fn accumulate_any(kernel: &Kernel<'_>, piece: &Piece, acc: &mut [f64]) {
 mod tests {
     use super::*;
     use crate::CpuError;
+    use crate::MttkrpEngine;
     use crate::testutil::{check_engine, factors_for, shared_tensors};
     use kruskal_formats::FormatError;
     use kruskal_formats::generate::{PowerLawSpec, power_law};

@@ -23,6 +23,49 @@
 //! assert!(relative_error(out.view(), exact.view()) < 1e-6);
 //! ```
 
+/// Implements [`MttkrpEngine`] for an engine type by forwarding to its
+/// inherent `dims`, `bytes` and `mttkrp` (every CPU engine's one way in).
+macro_rules! forward_engine {
+    ($engine:ty, $name:literal) => {
+        impl $crate::MttkrpEngine for $engine {
+            fn name(&self) -> &'static str {
+                $name
+            }
+
+            fn dims(&self) -> &[u32] {
+                <$engine>::dims(self)
+            }
+
+            fn bytes(&self) -> usize {
+                <$engine>::bytes(self)
+            }
+
+            fn mttkrp(
+                &mut self,
+                mode: usize,
+                factors: &[ndarray::Array2<f32>],
+                out: &mut ndarray::Array2<f32>,
+            ) -> $crate::Result<()> {
+                <$engine>::mttkrp(self, mode, factors, out)
+            }
+        }
+    };
+}
+
+/// Every engine's rank dispatch: `$fixed::<R>(args)` for the ranks with a
+/// kernel specialized at compile time (8, 16, 32 and 64), else `$any`.
+macro_rules! by_rank {
+    ($rank:expr, $fixed:ident($($arg:expr),* $(,)?), $any:expr) => {
+        match $rank {
+            8 => $fixed::<8>($($arg),*),
+            16 => $fixed::<16>($($arg),*),
+            32 => $fixed::<32>($($arg),*),
+            64 => $fixed::<64>($($arg),*),
+            _ => $any,
+        }
+    };
+}
+
 pub mod csf;
 pub mod fcoo;
 pub mod flycoo;

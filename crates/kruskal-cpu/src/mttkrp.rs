@@ -22,7 +22,7 @@ use kruskal_partition::layout::sort_by_two;
 use ndarray::Array2;
 use rayon::prelude::*;
 
-use crate::{MttkrpEngine, Result, mttkrp_slices, row_of};
+use crate::{Result, mttkrp_slices, row_of};
 
 /// Target nonzeros per chunk. Small enough for load balance through work
 /// stealing, large enough that the per-chunk overhead (two partial rows) is
@@ -301,28 +301,7 @@ impl CpuMttkrp {
     }
 }
 
-impl MttkrpEngine for CpuMttkrp {
-    fn name(&self) -> &'static str {
-        "sorted"
-    }
-
-    fn dims(&self) -> &[u32] {
-        &self.dims
-    }
-
-    fn bytes(&self) -> usize {
-        CpuMttkrp::bytes(self)
-    }
-
-    fn mttkrp(
-        &mut self,
-        mode: usize,
-        factors: &[Array2<f32>],
-        out: &mut Array2<f32>,
-    ) -> Result<()> {
-        CpuMttkrp::mttkrp(self, mode, factors, out)
-    }
-}
+forward_engine!(CpuMttkrp, "sorted");
 
 fn store_row(out: &mut [f32], rank: usize, p: &Partial) {
     let dst = &mut out[p.row * rank..(p.row + 1) * rank];
@@ -345,13 +324,11 @@ fn run_chunk(
     rank: usize,
     mine: &mut [f32],
 ) -> Vec<Partial> {
-    match rank {
-        8 => run_chunk_fixed::<8>(plan, chunk, other, mine),
-        16 => run_chunk_fixed::<16>(plan, chunk, other, mine),
-        32 => run_chunk_fixed::<32>(plan, chunk, other, mine),
-        64 => run_chunk_fixed::<64>(plan, chunk, other, mine),
-        _ => run_chunk_any(plan, chunk, other, rank, mine),
-    }
+    by_rank!(
+        rank,
+        run_chunk_fixed(plan, chunk, other, mine),
+        run_chunk_any(plan, chunk, other, rank, mine)
+    )
 }
 
 /// Walks the segments of a chunk: `sum_segment(lo, hi, acc)` adds the

@@ -156,13 +156,11 @@ fn run_block(
     mine: &mut [f32],
     slots: &mut [f64],
 ) -> BlockPartials {
-    match red.width {
-        8 => run_block_fixed::<8>(red, block, u, mine, slots),
-        16 => run_block_fixed::<16>(red, block, u, mine, slots),
-        32 => run_block_fixed::<32>(red, block, u, mine, slots),
-        64 => run_block_fixed::<64>(red, block, u, mine, slots),
-        _ => run_block_any(red, block, u, mine, slots),
-    }
+    by_rank!(
+        red.width,
+        run_block_fixed(red, block, u, mine, slots),
+        run_block_any(red, block, u, mine, slots)
+    )
 }
 
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma",))]
