@@ -34,7 +34,8 @@ import zlib
 import numpy as np
 
 MAGIC = b"KRUSKAL\0"
-VERSION = 1
+VERSIONS = (1, 2)
+FLAG_DISTINCT = 1
 FIXED_HEADER = 32
 
 
@@ -61,12 +62,15 @@ class Ktns:
 
 
 def read_ktns(path, check_payload=True):
-    """Reads kruskal's binary format, version 1 (layout in
+    """Reads kruskal's binary format, versions 1 and 2 (layout in
     crates/kruskal-formats/src/binary.rs): a 32-byte fixed header (magic,
-    version, M modes, N nonzeros, payload CRC-32), M u32 dimensions padded to
-    8 bytes, the header CRC-32, then M index arrays and the values, each 4 N
-    bytes padded to a multiple of 8. Little-endian throughout. Raises
-    ValueError naming the file on anything unexpected."""
+    version, M modes, N nonzeros, payload CRC-32, flags), M u32 dimensions
+    padded to 8 bytes, the header CRC-32, then M index arrays and the
+    values, each 4 N bytes padded to a multiple of 8. Little-endian
+    throughout. The flags are 0 in version 1; in version 2 bit 0 says that
+    no coordinate repeats. Without that claim repeated coordinates are
+    summed (as kruskal does, in f64), so both tools get the same nonzeros.
+    Raises ValueError naming the file on anything unexpected."""
     with open(path, "rb") as f:
         fixed = f.read(FIXED_HEADER)
         if len(fixed) < 8 or fixed[:8] != MAGIC:
@@ -74,9 +78,13 @@ def read_ktns(path, check_payload=True):
                              "convert text with `kruskal convert X.tns X.ktns`")
         if len(fixed) < FIXED_HEADER:
             raise ValueError(f"{path}: truncated header")
-        version, nmodes, nnz, payload_crc, _reserved = struct.unpack_from("<IIQII", fixed, 8)
-        if version != VERSION:
-            raise ValueError(f"{path}: format version {version}, this reads {VERSION}")
+        version, nmodes, nnz, payload_crc, flags = struct.unpack_from("<IIQII", fixed, 8)
+        if version not in VERSIONS:
+            raise ValueError(f"{path}: format version {version}, this reads "
+                             f"{VERSIONS[0]} to {VERSIONS[-1]}")
+        known = FLAG_DISTINCT if version >= 2 else 0
+        if flags & ~known:
+            raise ValueError(f"{path}: unknown flags {flags:#x} in a version {version} header")
         if nmodes == 0:
             raise ValueError(f"{path}: the header says 0 modes")
         crc_offset = align8(FIXED_HEADER + 4 * nmodes)
@@ -111,7 +119,27 @@ def read_ktns(path, check_payload=True):
     for m, (idx, dim) in enumerate(zip(indices, dims)):
         if nnz and int(idx.max()) >= dim:
             raise ValueError(f"{path}: mode {m + 1} has index {int(idx.max())} >= {dim}")
-    return Ktns(dims, indices, values.astype(np.float32, copy=False))
+    values = values.astype(np.float32, copy=False)
+    if not flags & FLAG_DISTINCT:
+        indices, values = sum_repeats(indices, values)
+    return Ktns(dims, indices, values)
+
+
+def sum_repeats(indices, values):
+    """The nonzeros with each repeated coordinate once, its value the f64
+    sum of its copies (rounded to f32), in coordinate order (mode 1 most
+    significant); unchanged when no coordinate repeats."""
+    if len(values) < 2:
+        return indices, values
+    order = np.lexsort(indices[::-1])
+    sorted_idx = [i[order] for i in indices]
+    starts = np.ones(len(values), dtype=bool)
+    starts[1:] = np.logical_or.reduce([i[1:] != i[:-1] for i in sorted_idx])
+    if starts.all():
+        return indices, values
+    first = np.flatnonzero(starts)
+    sums = np.add.reduceat(values[order].astype(np.float64), first)
+    return [i[first] for i in sorted_idx], sums.astype(np.float32)
 
 
 def parse_modes(text, nmodes):

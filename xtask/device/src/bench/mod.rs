@@ -70,6 +70,12 @@ pub struct BenchArgs {
     /// (to run a long matrix in several calls, with --only).
     #[arg(long)]
     append: bool,
+    /// Finish with success when a baseline comparison could not be made
+    /// (PyTorch missing or failing): each is reported as skipped. Without
+    /// it such a run fails at its end, so no comparison goes missing
+    /// unnoticed (--no-torch leaves PyTorch out on purpose).
+    #[arg(long)]
+    keep_going: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -235,6 +241,9 @@ struct Run {
     results: Results,
     /// Relative errors over 1e-5, to fail the run at its end.
     bad: Vec<String>,
+    /// Baseline comparisons that could not be made, to fail the run at
+    /// its end unless `--keep-going`.
+    missed: Vec<String>,
 }
 
 impl Run {
@@ -261,6 +270,12 @@ impl Run {
             machine: self.machine.host.clone(),
         });
         self.results.save(&self.out.join("results.json"))
+    }
+
+    /// [`Run::skip`] for a baseline comparison that was asked for.
+    fn miss(&mut self, what: String, why: String) -> Result<()> {
+        self.missed.push(format!("{what}: {why}"));
+        self.skip(what, why)
     }
 }
 
@@ -344,13 +359,14 @@ fn run_matrix(cli: &BenchArgs) -> Result<()> {
         out: cli.out.clone(),
         results,
         bad: Vec::new(),
+        missed: Vec::new(),
     };
     let data_dir = cli
         .data
         .clone()
         .unwrap_or_else(|| PathBuf::from(&matrix.settings.data_dir));
     let mut torch = if cli.no_torch || !matrix.settings.torch {
-        Torch::Off("turned off".into())
+        Torch::Disabled
     } else {
         Torch::Unknown
     };
@@ -482,11 +498,25 @@ fn run_matrix(cli: &BenchArgs) -> Result<()> {
         md.lines().count(),
         cli.out.display()
     );
-    if !cx.bad.is_empty() {
+    verdict(&cx.bad, &cx.missed, cli.keep_going)
+}
+
+/// A run's end: an error when a measurement was wrong, or when a baseline
+/// comparison asked for could not be made (unless `keep_going`).
+fn verdict(bad: &[String], missed: &[String], keep_going: bool) -> Result<()> {
+    if !bad.is_empty() {
         bail!(
             "{} measurement(s) differ from the f64 reference by more than 1e-5: {}",
-            cx.bad.len(),
-            cx.bad.join("; ")
+            bad.len(),
+            bad.join("; ")
+        );
+    }
+    if !missed.is_empty() && !keep_going {
+        bail!(
+            "{} baseline comparison(s) could not be made (--keep-going accepts that, \
+             --no-torch leaves PyTorch out): {}",
+            missed.len(),
+            missed.join("; ")
         );
     }
     Ok(())
@@ -647,6 +677,9 @@ impl Run {
 enum Torch {
     Unknown,
     Ready,
+    /// Turned off (`--no-torch` or the matrix's settings).
+    Disabled,
+    /// Asked for, but it cannot run here: why.
     Off(String),
 }
 
@@ -721,11 +754,13 @@ fn torch_baseline(
             Err(why) => Torch::Off(why),
         };
     }
-    if let Torch::Off(why) = torch {
-        return cx.skip(what, why.clone());
+    match torch {
+        Torch::Disabled => return cx.skip(what, "turned off".into()),
+        Torch::Off(why) => return cx.miss(what, why.clone()),
+        Torch::Unknown | Torch::Ready => {}
     }
     if !cli.torch_script.is_file() {
-        return cx.skip(what, format!("{} not found", cli.torch_script.display()));
+        return cx.miss(what, format!("{} not found", cli.torch_script.display()));
     }
     let path = file.ensure(&loaded.tensor)?.to_path_buf();
     let mut cmd = Command::new(&cli.python);
@@ -750,7 +785,7 @@ fn torch_baseline(
             .last()
             .unwrap_or("no message")
             .to_string();
-        return cx.skip(what, format!("the PyTorch script failed: {last}"));
+        return cx.miss(what, format!("the PyTorch script failed: {last}"));
     }
     let report: Value = serde_json::from_slice(&out.stdout)
         .with_context(|| format!("{what}: the script's JSON"))?;
@@ -838,6 +873,20 @@ fn commit() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missed_comparison_fails_the_run_unless_asked_to_keep_going() {
+        let missed = vec!["t PyTorch rank 32: the PyTorch script failed: x".to_string()];
+        let err = verdict(&[], &missed, false).unwrap_err().to_string();
+        assert!(
+            err.contains("1 baseline comparison(s)") && err.contains("--keep-going"),
+            "{err}"
+        );
+        assert!(verdict(&[], &missed, true).is_ok());
+        assert!(verdict(&[], &[], false).is_ok());
+        // A wrong measurement fails the run whatever --keep-going says.
+        assert!(verdict(&["t fcoo: 1e-3".to_string()], &[], true).is_err());
+    }
 
     #[test]
     fn the_driver_version_is_found_in_both_module_banners() {
