@@ -23,7 +23,8 @@ fn tensor() -> (String, SparseTensor) {
         .and_then(|s| s.parse().ok())
         .unwrap_or(2_000_000);
     let like = std::env::var("KRUSKAL_BENCH_LIKE").unwrap_or_else(|_| "nell-2".into());
-    let spec = PowerLawSpec::like(preset(&like).expect("known preset")).with_nnz(nnz);
+    let spec =
+        PowerLawSpec::like(preset(&like).expect("known preset"), Some(nnz)).expect("a count");
     let t = power_law(&spec).expect("valid spec");
     (format!("{like}-shape/{nnz}nnz"), t)
 }

@@ -15,7 +15,8 @@ fn bench_mttkrp(c: &mut Criterion) {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(2_000_000);
-    let spec = PowerLawSpec::like(preset("nell-2").expect("known preset")).with_nnz(nnz);
+    let spec =
+        PowerLawSpec::like(preset("nell-2").expect("known preset"), Some(nnz)).expect("a count");
     let tensor = power_law(&spec).expect("valid spec");
     let engine = CpuMttkrp::new(&tensor);
     let mut group = c.benchmark_group(format!(

@@ -51,7 +51,8 @@ const DEFAULT_TIMEOUT_S: f64 = 60.0;
 #[command(name = "fetch-frostt", args_override_self = true)]
 #[command(group(ArgGroup::new("what").required(true).args(["names", "list", "all"])))]
 pub struct FetchArgs {
-    /// Tensors to fetch, by their names in the manifest.
+    /// Tensors to fetch, by FROSTT's name or the short one `kruskal gen
+    /// --like` takes (`amazon-reviews` or `amazon`).
     #[arg(value_name = "NAME")]
     names: Vec<String>,
     /// List the tensors the manifest knows.
@@ -130,13 +131,19 @@ pub fn fetch_frostt(args: FetchArgs) -> Result<()> {
     }
     // Every name is looked up before anything is fetched, so a typo in the
     // last name does not wait for the first download.
+    // A short name (`amazon`) stands for FROSTT's (`amazon-reviews`),
+    // which names the files.
     let names: Vec<String> = if o.all {
         manifest.tensors.iter().map(|e| e.name.clone()).collect()
     } else {
+        let mut names = Vec::new();
         for name in &o.names {
-            manifest.get(name)?;
+            let name = &manifest.get(name)?.name;
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
         }
-        o.names.clone()
+        names
     };
     std::fs::create_dir_all(&o.dir).with_context(|| format!("creating {}", o.dir.display()))?;
     let agent = download::agent(o.timeout);
@@ -170,20 +177,44 @@ fn list(manifest: &Manifest) {
         .map(|e| e.name.len())
         .max()
         .unwrap_or(0);
+    let recorded = manifest
+        .tensors
+        .iter()
+        .filter(|e| e.bytes.is_some() && e.sha256.is_some())
+        .count();
     for e in &manifest.tensors {
-        let dims = e.dims.as_ref().map_or("?".to_string(), |d| {
-            d.iter().map(u64::to_string).collect::<Vec<_>>().join(" x ")
-        });
-        let nnz = e.nnz.map_or("?".to_string(), |n| n.to_string());
+        // The shape from the list `kruskal gen --like` shares; a tensor of
+        // another manifest may give its own.
+        let preset = kruskal_formats::generate::preset(&e.name).ok();
+        let dims = match (preset, &e.dims) {
+            (Some(p), _) => p.dims.iter().map(u32::to_string).collect::<Vec<_>>(),
+            (None, Some(d)) => d.iter().map(u64::to_string).collect(),
+            (None, None) => vec!["?".to_string()],
+        };
+        let nnz = preset
+            .map_or(e.nnz, |p| p.nnz)
+            .map_or("nonzeros not recorded".to_string(), |n| {
+                format!("{n} nonzeros")
+            });
+        let also = match preset {
+            Some(p) if p.name != e.name => format!(" (also {})", p.name),
+            _ => String::new(),
+        };
         let size = match (e.bytes, &e.sha256) {
             (Some(b), Some(_)) if b >= 1_000_000_000 => {
-                format!("{:.2} GB, checksum recorded", b as f64 / 1e9)
+                format!(", {:.2} GB, checksum recorded", b as f64 / 1e9)
             }
-            (Some(b), Some(_)) => format!("{:.1} MB, checksum recorded", b as f64 / 1e6),
-            _ => "size and checksum not recorded yet".to_string(),
+            (Some(b), Some(_)) => format!(", {:.1} MB, checksum recorded", b as f64 / 1e6),
+            _ => String::new(),
         };
-        println!("{:width$}  {dims}, {nnz} nonzeros ({size})", e.name);
+        println!("{:width$}  {}, {nnz}{size}{also}", e.name, dims.join(" x "));
     }
+    // Said once: FROSTT publishes no sizes or checksums, so they are
+    // recorded by the first download of each tensor.
+    println!(
+        "size and SHA-256 recorded for {recorded} of {} tensors (the first download of a tensor records them)",
+        manifest.tensors.len()
+    );
 }
 
 /// The local files of one tensor.
@@ -215,6 +246,7 @@ impl Files {
 
 fn fetch_one(o: &Options, agent: &ureq::Agent, manifest: &Manifest, name: &str) -> Result<()> {
     let entry: Entry = manifest.get(name)?.clone();
+    let name = entry.name.as_str();
     let f = Files::new(&o.dir, name);
     if f.ktns.exists() {
         println!("{name}: {} is already there", f.ktns.display());

@@ -553,4 +553,55 @@ fn list_prints_the_known_names() {
     for name in ["nell-1", "nell-2", "delicious-4d", "flickr-4d", "lanl2"] {
         assert!(stdout(&o).contains(name), "no {name} in {}", stdout(&o));
     }
+    // FROSTT's names with the short ones `kruskal gen --like` also takes,
+    // and what is recorded said as it is.
+    let amazon = stdout(&o)
+        .lines()
+        .find(|l| l.starts_with("amazon-reviews "))
+        .map(str::to_string)
+        .unwrap_or_default();
+    assert!(
+        amazon.ends_with("4821207 x 1774269 x 1805187, 1741809018 nonzeros (also amazon)"),
+        "{}",
+        stdout(&o)
+    );
+    // A count FROSTT does not give is said to be missing, not guessed.
+    assert!(
+        stdout(&o).contains("delicious-3d") && stdout(&o).contains("nonzeros not recorded"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(
+        stdout(&o).contains("size and SHA-256 recorded for "),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn a_short_name_fetches_the_tensor_under_frostts_name() {
+    let (expected, gz) = tensor();
+    let server = Server::start(gz, Mode::Serve);
+    let case = Case::new(None, None);
+    // The same manifest, its tensor now called by FROSTT's name of one
+    // whose short name is `amazon`.
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&case.manifest).unwrap()).unwrap();
+    m["tensors"][0]["name"] = "amazon-reviews".into();
+    std::fs::write(&case.manifest, m.to_string()).unwrap();
+    let o = case.fetch(&server, &["amazon"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let t = read_tensor(&case.file("amazon-reviews.ktns"), &ReadOptions::default()).unwrap();
+    assert_eq!(t.nnz(), expected.nnz());
+    assert!(case.file("amazon-reviews.tns.gz").exists());
+    // Both spellings again: already there, and nothing fetched twice.
+    let o = case.fetch(&server, &["amazon-reviews", "amazon"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(
+        stdout(&o).matches("is already there").count(),
+        1,
+        "{}",
+        stdout(&o)
+    );
+    assert_eq!(server.seen().len(), 1);
 }

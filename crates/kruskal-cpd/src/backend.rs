@@ -170,8 +170,8 @@ fn gram_of(a: &Array2<f32>) -> Array2<f64> {
 impl Backend for CpuBackend {
     fn describe(&self) -> String {
         format!(
-            "cpu, {} threads, {} kernel",
-            rayon::current_num_threads(),
+            "cpu, {}, {} kernel",
+            crate::memory::count_of(rayon::current_num_threads() as u64, "thread"),
             self.engine.name()
         )
     }

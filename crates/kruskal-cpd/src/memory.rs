@@ -241,9 +241,26 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
+/// `1 line`, `4,041 lines`: a count and its noun, singular for one
+/// (`noun` is the singular; the plural adds an `s`).
+pub fn count_of(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{} {noun}s", thousands(n))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_are_singular_for_one() {
+        assert_eq!(count_of(1, "line"), "1 line");
+        assert_eq!(count_of(0, "thread"), "0 threads");
+        assert_eq!(count_of(4041, "line"), "4,041 lines");
+    }
 
     #[test]
     fn factors_and_outputs_scale_with_the_dimensions() {
@@ -327,5 +344,7 @@ mod tests {
         assert_eq!(bytes_text(1536 << 20), "1.5 GiB");
         assert_eq!(bytes_text(3 << 20), "3.0 MiB");
         assert_eq!(bytes_text(100), "100 bytes");
+        // The dense steps of a small run, beside parts in GiB.
+        assert_eq!(bytes_text(524_672), "512.4 KiB");
     }
 }

@@ -56,9 +56,11 @@ impl PowerLawSpec {
         }
     }
 
-    /// The spec of a FROSTT-shaped preset with its real nonzero count.
-    pub fn like(preset: &Preset) -> Self {
-        PowerLawSpec::new(preset.dims.to_vec(), preset.nnz as usize)
+    /// The spec of a FROSTT-shaped preset with `nnz` nonzeros, or the real
+    /// tensor's count when `nnz` is `None` (an error for the few whose
+    /// count is not recorded, [`Preset::nnz`]).
+    pub fn like(preset: &Preset, nnz: Option<usize>) -> Result<Self> {
+        Ok(PowerLawSpec::new(preset.dims.to_vec(), preset.nnz_or(nnz)?))
     }
 
     pub fn with_seed(mut self, seed: u64) -> Self {
@@ -357,91 +359,181 @@ impl ModeDraw {
     }
 }
 
-/// A FROSTT tensor's shape, for `--like NAME`.
+/// A tensor of the FROSTT collection: its names and shape. One list serves
+/// `--like NAME` (a generated tensor of this shape) and `cargo xtask
+/// fetch-frostt NAME` (the real one); either name finds it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Preset {
+    /// The short name (`amazon`), the one shown in reports.
     pub name: &'static str,
+    /// FROSTT's name, that of its file (`amazon-reviews.tns.gz`); the same
+    /// as `name` where FROSTT's is short.
+    pub frostt: &'static str,
     pub dims: &'static [u32],
-    /// The real tensor's nonzero count.
-    pub nnz: u64,
+    /// The real tensor's nonzero count, where FROSTT's is recorded here
+    /// (`None` for the three-mode sums of delicious, flickr and vast, whose
+    /// counts FROSTT's listing does not give).
+    pub nnz: Option<u64>,
 }
 
-/// The FROSTT shapes the generators imitate (see the project's FROSTT notes).
+impl Preset {
+    /// `given`, else the real tensor's count; an error when neither is
+    /// known.
+    pub fn nnz_or(&self, given: Option<usize>) -> Result<usize> {
+        match (given, self.nnz) {
+            (Some(n), _) => Ok(n),
+            (None, Some(n)) => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
+            (None, None) => Err(FormatError::Argument(format!(
+                "the nonzero count of {} is not recorded: give one (--nnz)",
+                self.name
+            ))),
+        }
+    }
+
+    /// Whether `name` is one of this tensor's names (case-insensitive).
+    pub fn is_named(&self, name: &str) -> bool {
+        self.name.eq_ignore_ascii_case(name) || self.frostt.eq_ignore_ascii_case(name)
+    }
+}
+
+/// Shorthand for the table below.
+const fn frostt(
+    name: &'static str,
+    frostt: &'static str,
+    dims: &'static [u32],
+    nnz: Option<u64>,
+) -> Preset {
+    Preset {
+        name,
+        frostt,
+        dims,
+        nnz,
+    }
+}
+
+/// The FROSTT tensors (frostt.io), with the shapes and nonzero counts the
+/// collection publishes. `xtask/frostt-manifest.json` has the download of
+/// each `frostt` name, and its tests check that the two lists agree.
 pub const PRESETS: &[Preset] = &[
-    Preset {
-        name: "nell-2",
-        dims: &[12_092, 9_184, 28_818],
-        nnz: 76_879_419,
-    },
-    Preset {
-        name: "nell-1",
-        dims: &[2_902_330, 2_143_368, 25_495_389],
-        nnz: 143_599_552,
-    },
-    Preset {
-        name: "delicious-4d",
-        dims: &[532_924, 17_262_471, 2_480_308, 1_443],
-        nnz: 140_126_181,
-    },
-    Preset {
-        name: "flickr-4d",
-        dims: &[319_686, 28_153_045, 1_607_191, 731],
-        nnz: 112_890_310,
-    },
-    Preset {
-        name: "enron",
-        dims: &[6_066, 5_699, 244_268, 1_176],
-        nnz: 54_202_099,
-    },
-    Preset {
-        name: "vast-5d",
-        dims: &[165_427, 11_374, 2, 100, 89],
-        nnz: 26_021_945,
-    },
-    Preset {
-        name: "nips",
-        dims: &[2_482, 2_862, 14_036, 17],
-        nnz: 3_101_609,
-    },
-    Preset {
-        name: "uber",
-        dims: &[183, 24, 1_140, 1_717],
-        nnz: 3_309_490,
-    },
-    Preset {
-        name: "chicago-crime",
-        dims: &[6_186, 24, 77, 32],
-        nnz: 5_330_673,
-    },
-    Preset {
-        name: "amazon",
-        dims: &[4_821_207, 1_774_269, 1_805_187],
-        nnz: 1_741_809_018,
-    },
-    Preset {
-        name: "patents",
-        dims: &[46, 239_172, 239_172],
-        nnz: 3_596_640_708,
-    },
-    Preset {
-        name: "reddit",
-        dims: &[8_211_298, 176_962, 8_116_559],
-        nnz: 4_687_474_081,
-    },
+    frostt(
+        "nell-2",
+        "nell-2",
+        &[12_092, 9_184, 28_818],
+        Some(76_879_419),
+    ),
+    frostt(
+        "nell-1",
+        "nell-1",
+        &[2_902_330, 2_143_368, 25_495_389],
+        Some(143_599_552),
+    ),
+    frostt(
+        "delicious-4d",
+        "delicious-4d",
+        &[532_924, 17_262_471, 2_480_308, 1_443],
+        Some(140_126_181),
+    ),
+    frostt(
+        "delicious-3d",
+        "delicious-3d",
+        &[532_924, 17_262_471, 2_480_308],
+        None,
+    ),
+    frostt(
+        "flickr-4d",
+        "flickr-4d",
+        &[319_686, 28_153_045, 1_607_191, 731],
+        Some(112_890_310),
+    ),
+    frostt(
+        "flickr-3d",
+        "flickr-3d",
+        &[319_686, 28_153_045, 1_607_191],
+        None,
+    ),
+    frostt(
+        "enron",
+        "enron",
+        &[6_066, 5_699, 244_268, 1_176],
+        Some(54_202_099),
+    ),
+    frostt(
+        "vast-5d",
+        "vast-2015-mc1-5d",
+        &[165_427, 11_374, 2, 100, 89],
+        Some(26_021_945),
+    ),
+    frostt("vast-3d", "vast-2015-mc1-3d", &[165_427, 11_374, 2], None),
+    frostt("nips", "nips", &[2_482, 2_862, 14_036, 17], Some(3_101_609)),
+    frostt("uber", "uber", &[183, 24, 1_140, 1_717], Some(3_309_490)),
+    frostt(
+        "chicago-crime",
+        "chicago-crime-comm",
+        &[6_186, 24, 77, 32],
+        Some(5_330_673),
+    ),
+    frostt(
+        "lbnl",
+        "lbnl-network",
+        &[1_605, 4_198, 1_631, 4_209, 868_131],
+        Some(1_698_825),
+    ),
+    frostt(
+        "amazon",
+        "amazon-reviews",
+        &[4_821_207, 1_774_269, 1_805_187],
+        Some(1_741_809_018),
+    ),
+    frostt(
+        "patents",
+        "patents",
+        &[46, 239_172, 239_172],
+        Some(3_596_640_708),
+    ),
+    frostt(
+        "reddit",
+        "reddit-2015",
+        &[8_211_298, 176_962, 8_116_559],
+        Some(4_687_474_081),
+    ),
+    frostt(
+        "fb-m",
+        "fb-m",
+        &[23_344_784, 23_344_784, 166],
+        Some(99_546_551),
+    ),
+    frostt(
+        "1998darpa",
+        "1998darpa",
+        &[22_476, 22_476, 23_776_223],
+        Some(28_436_033),
+    ),
+    frostt(
+        "lanl2",
+        "lanl2",
+        &[3_761, 11_154, 8_711, 75_147, 9],
+        Some(69_082_467),
+    ),
 ];
 
-/// Looks a preset up by name (case-insensitive).
+/// Looks a tensor up by either of its names (case-insensitive).
 pub fn preset(name: &str) -> Result<&'static Preset> {
-    PRESETS
-        .iter()
-        .find(|p| p.name.eq_ignore_ascii_case(name))
-        .ok_or_else(|| {
-            let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
-            FormatError::Argument(format!(
-                "unknown preset '{name}'; known: {}",
-                names.join(", ")
-            ))
-        })
+    PRESETS.iter().find(|p| p.is_named(name)).ok_or_else(|| {
+        let names: Vec<String> = PRESETS
+            .iter()
+            .map(|p| {
+                if p.name == p.frostt {
+                    p.name.to_string()
+                } else {
+                    format!("{} ({})", p.name, p.frostt)
+                }
+            })
+            .collect();
+        FormatError::Argument(format!(
+            "unknown tensor '{name}'; known: {}",
+            names.join(", ")
+        ))
+    })
 }
 
 /// A planted low-rank tensor: the exact sum of `rank` sparse rank-one
@@ -692,8 +784,34 @@ mod tests {
         let p = preset("NELL-2").unwrap();
         assert_eq!(p.dims, &[12_092, 9_184, 28_818]);
         assert!(preset("nell-3").unwrap_err().to_string().contains("nell-2"));
-        let spec = PowerLawSpec::like(preset("vast-5d").unwrap()).with_nnz(1000);
+        let spec = PowerLawSpec::like(preset("vast-5d").unwrap(), Some(1000)).unwrap();
         assert_eq!(power_law(&spec).unwrap().nmodes(), 5);
+        // FROSTT's names find the same tensors as the short ones.
+        for (short, long) in [
+            ("amazon", "amazon-reviews"),
+            ("reddit", "reddit-2015"),
+            ("chicago-crime", "chicago-crime-comm"),
+            ("vast-5d", "vast-2015-mc1-5d"),
+        ] {
+            assert_eq!(preset(short).unwrap(), preset(long).unwrap());
+        }
+        // Every name is one tensor's only.
+        let mut seen = std::collections::HashSet::new();
+        for p in PRESETS {
+            assert!(seen.insert(p.name.to_ascii_lowercase()), "{}", p.name);
+            if p.frostt != p.name {
+                assert!(seen.insert(p.frostt.to_ascii_lowercase()), "{}", p.frostt);
+            }
+        }
+        // A tensor whose count is not recorded needs one.
+        let p = preset("delicious-3d").unwrap();
+        assert!(
+            PowerLawSpec::like(p, None)
+                .unwrap_err()
+                .to_string()
+                .contains("--nnz")
+        );
+        assert_eq!(p.nnz_or(Some(5)).unwrap(), 5);
     }
 
     #[test]

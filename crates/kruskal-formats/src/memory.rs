@@ -76,8 +76,9 @@ pub fn shortfall(need: u64) -> Option<u64> {
     available_bytes().filter(|&available| need > available)
 }
 
-/// `12.3 GiB`, `45.6 MiB` or `789 bytes`.
+/// `12.3 GiB`, `45.6 MiB`, `512.4 KiB` or `789 bytes`.
 pub fn bytes_text(bytes: u64) -> String {
+    const KIB: f64 = (1u64 << 10) as f64;
     const MIB: f64 = (1u64 << 20) as f64;
     const GIB: f64 = (1u64 << 30) as f64;
     let b = bytes as f64;
@@ -85,6 +86,8 @@ pub fn bytes_text(bytes: u64) -> String {
         format!("{:.1} GiB", b / GIB)
     } else if b >= MIB {
         format!("{:.1} MiB", b / MIB)
+    } else if b >= KIB {
+        format!("{:.1} KiB", b / KIB)
     } else {
         format!("{bytes} bytes")
     }

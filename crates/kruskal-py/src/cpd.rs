@@ -11,8 +11,21 @@ use numpy::{IntoPyArray, PyReadonlyArray2};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use crate::errors::{cpd_error, device_error, value_error};
+use crate::errors::{cpd_error, device_error, library_value_error, value_error};
 use crate::tensor::SparseTensor;
+use crate::words::python_words;
+
+/// Issues `text` as a Python `UserWarning` (which the caller can filter or
+/// turn into an error), pointing at the caller's line.
+pub fn warn(py: Python<'_>, text: &str) -> PyResult<()> {
+    let message = std::ffi::CString::new(text).map_err(|e| value_error(e.to_string()))?;
+    PyErr::warn(
+        py,
+        &py.get_type::<pyo3::exceptions::PyUserWarning>(),
+        &message,
+        2,
+    )
+}
 
 /// Owned row-major copies of the factors (the backends take ownership of
 /// them: one copy, the layout kruskal computes in).
@@ -58,7 +71,7 @@ pub fn cp_als<'py>(
 ) -> PyResult<Bound<'py, PyDict>> {
     let backend: BackendChoice = backend.parse().map_err(|e| cpd_error(e, false))?;
     if !(tol.is_finite() && tol >= 0.0) {
-        return Err(value_error(format!("tol {tol} must be finite and >= 0")));
+        return Err(value_error(format!("tol={tol} must be finite and >= 0")));
     }
     let init = match init {
         None => Init::Random { seed },
@@ -95,6 +108,11 @@ pub fn cp_als<'py>(
         compact_flag: None,
     };
     let t = tensor.inner.clone();
+    // What `kruskal cpd` warns of (a rank above a dimension, no iteration,
+    // an all-zero tensor), as Python warnings.
+    for text in kruskal_cpd::warnings(&t, rank, iters) {
+        warn(py, &python_words(&text))?;
+    }
     let stop = AtomicBool::new(false);
     let mut notes: Vec<String> = Vec::new();
     let mut on_gpu = opts.gpus.is_some() || backend == BackendChoice::Gpu;
@@ -103,17 +121,22 @@ pub fn cp_als<'py>(
     let done = py.detach(|| {
         let mut progress = |event: Event<'_>| -> ControlFlow<()> {
             match event {
-                Event::Note { topic, text } => notes.push(format!("{topic:<11}{text}")),
+                // `topic: text` (a continuation line has no topic).
+                Event::Note { topic, text } => notes.push(python_words(&if topic.is_empty() {
+                    text.to_string()
+                } else {
+                    format!("{topic}: {text}")
+                })),
                 Event::Ready {
                     backend, fallback, ..
                 } => {
                     on_gpu = !backend.starts_with("cpu");
                     if let Some(why) = fallback {
-                        notes.push(format!(
-                            "note       GPU not used: {why}; running on the CPU"
-                        ));
+                        notes.push(python_words(&format!(
+                            "GPU not used: {why}; running on the CPU"
+                        )));
                     }
-                    notes.push(format!("backend    {backend}"));
+                    notes.push(format!("backend: {backend}"));
                 }
                 Event::Start { index, .. } => start_index = index,
                 Event::Step(_) => {}
@@ -230,13 +253,15 @@ pub fn mttkrp<'py>(
     let dims = t.dims().to_vec();
     if mode >= dims.len() {
         return Err(value_error(format!(
-            "mode {mode} is not below the number of modes {}",
-            dims.len()
+            "mode={mode} is out of range for a {}-mode tensor (modes count from 0, so mode \
+             is at most {})",
+            dims.len(),
+            dims.len() - 1
         )));
     }
     if factors.len() != dims.len() {
         return Err(value_error(format!(
-            "{} factor matrices for a {}-mode tensor",
+            "factors holds {} matrices for a {}-mode tensor (one per mode)",
             factors.len(),
             dims.len()
         )));
@@ -246,7 +271,8 @@ pub fn mttkrp<'py>(
     for (m, (f, &d)) in factors.iter().zip(&dims).enumerate() {
         if f.nrows() != d as usize || f.ncols() != rank || rank == 0 {
             return Err(value_error(format!(
-                "factor {m} is {} x {}, expected {d} x {rank} (rank at least 1)",
+                "factors[{m}] is {} x {}, expected {d} x {rank} (shape[{m}] rows, the rank of \
+                 factors[0] columns, at least 1)",
                 f.nrows(),
                 f.ncols()
             )));
@@ -254,16 +280,27 @@ pub fn mttkrp<'py>(
     }
     let mut out = Array2::<f32>::zeros((dims[mode] as usize, rank));
     let cpu = |out: &mut Array2<f32>| -> PyResult<()> {
-        let kernel: kruskal_cpu::CpuKernel = kernel
-            .parse()
-            .map_err(|e: kruskal_cpu::CpuError| value_error(e.to_string()))?;
-        let mut engine = kernel.build(&t).map_err(|e| value_error(e.to_string()))?;
+        let kernel: kruskal_cpu::CpuKernel =
+            kernel.parse().map_err(|e: kruskal_cpu::CpuError| {
+                // A GPU engine asked for on the CPU: said as `cp_als` says it.
+                if kernel.parse::<GpuKernel>().is_ok() {
+                    value_error(format!(
+                        "kernel=\"{kernel}\" runs on the GPU only, and this call runs on the CPU \
+                     (on the CPU: auto, sorted, fcoo, flycoo, hicoo, csf)"
+                    ))
+                } else {
+                    library_value_error(&e)
+                }
+            })?;
+        let mut engine = kernel.build(&t).map_err(|e| library_value_error(&e))?;
         engine
             .mttkrp(mode, &factors, out)
-            .map_err(|e| value_error(e.to_string()))
+            .map_err(|e| library_value_error(&e))
     };
     let gpu = |out: &mut Array2<f32>| -> PyResult<()> {
-        let kernel: GpuKernel = kernel.parse().map_err(value_error)?;
+        let kernel: GpuKernel = kernel
+            .parse()
+            .map_err(|e: String| value_error(python_words(&e)))?;
         let gpu = Gpu::open(0).map_err(device_error)?;
         let mut engine = kruskal_device::build_engine(kernel, gpu, &t, &GpuOptions::default())
             .map_err(device_error)?;

@@ -1,12 +1,16 @@
 //! The library's errors as Python exceptions: `ValueError` for arguments
-//! and data, `OSError` for files, `GpuError` for the device.
+//! and data, `OSError` for files, `MemoryError` for the host's memory,
+//! `GpuError` for the device, `RuntimeError` for a run that failed on the
+//! CPU. Their messages are the library's in Python's words
+//! ([`crate::words`]); the bindings' own say Python's from the start.
 
+use crate::words::python_words;
 use kruskal_cpd::CpdError;
 use kruskal_device::DeviceError;
 use kruskal_formats::FormatError;
 use pyo3::PyErr;
 use pyo3::exceptions::{
-    PyFileNotFoundError, PyMemoryError, PyOSError, PyRuntimeError, PyValueError,
+    PyFileNotFoundError, PyMemoryError, PyOSError, PyRuntimeError, PyTypeError, PyValueError,
 };
 
 pyo3::create_exception!(
@@ -16,7 +20,8 @@ pyo3::create_exception!(
     "The GPU could not be used or failed (no CUDA driver or GPU, out of memory, a kernel error)."
 );
 
-/// The message with its causes, one line, as the command line prints it.
+/// The message with its causes, one line, as the command line prints it,
+/// then in Python's words.
 fn chain(e: &dyn std::error::Error) -> String {
     let mut parts = vec![e.to_string()];
     let mut source = e.source();
@@ -29,7 +34,7 @@ fn chain(e: &dyn std::error::Error) -> String {
         }
         source = s.source();
     }
-    parts.join(": ")
+    python_words(&parts.join(": "))
 }
 
 pub fn format_error(e: FormatError) -> PyErr {
@@ -66,6 +71,18 @@ pub fn cpd_error(e: CpdError, on_gpu: bool) -> PyErr {
     }
 }
 
+/// A `ValueError` with the bindings' own message (already in Python's
+/// words).
 pub fn value_error(text: impl Into<String>) -> PyErr {
     PyValueError::new_err(text.into())
+}
+
+/// A `ValueError` with a message of the library's.
+pub fn library_value_error(e: &dyn std::error::Error) -> PyErr {
+    PyValueError::new_err(chain(e))
+}
+
+/// A `TypeError`: an argument of the wrong kind of object.
+pub fn type_error(text: impl Into<String>) -> PyErr {
+    PyTypeError::new_err(text.into())
 }

@@ -6,14 +6,19 @@
 //! pydata `sparse` and scipy.
 //!
 //! Every long call releases the GIL; errors become `ValueError` (arguments
-//! and data), `OSError` (files) or `kruskal.GpuError` (the device), with
-//! the command line's messages.
+//! and data), `TypeError` (an object of the wrong kind), `OSError` (files),
+//! `MemoryError` (the host's memory), `kruskal.GpuError` (the device) or
+//! `RuntimeError` (a run that failed on the CPU), and the command line's
+//! warnings `UserWarning`s, all in Python's words: keywords (`kernel="coo"`,
+//! `rank`) where the command line names options, modes counted from 0
+//! (`words.rs`).
 
 use pyo3::prelude::*;
 
 mod cpd;
 mod errors;
 mod tensor;
+mod words;
 
 pub use errors::GpuError;
 

@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use ndarray::ArrayView2;
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2};
-use pyo3::exceptions::PyUserWarning;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use rayon::prelude::*;
 
-use crate::errors::{format_error, value_error};
+use crate::errors::{format_error, type_error, value_error};
+use crate::words::python_words;
 
 /// A sparse tensor in coordinate form, held by kruskal (indices as
 /// unsigned 32-bit integers per mode, values as float32).
@@ -59,8 +59,8 @@ where
                 .find_first(|&k| u32::try_from(column[k]).map_or(true, |i| i >= dim));
             if let Some(k) = bad {
                 return Err(value_error(format!(
-                    "nonzero {k}: mode-{} index {} is not in 0..{dim}",
-                    mode + 1,
+                    "indices[{k}, {mode}] is {}, outside range({dim}) for shape[{mode}] = {dim} \
+                     (indices count from 0)",
                     column[k]
                 )));
             }
@@ -78,9 +78,10 @@ fn index_columns(obj: &Bound<'_, PyAny>, dims: &[u32]) -> PyResult<Vec<Vec<u32>>
     let shape: Vec<usize> = obj.getattr("shape")?.extract()?;
     if ndim != 2 || shape[1] != dims.len() {
         return Err(value_error(format!(
-            "indices must have shape (nnz, {}) for a {}-mode tensor, not {shape:?}",
+            "indices must have shape (nnz, {}) for a {}-mode tensor, not {}",
             dims.len(),
-            dims.len()
+            dims.len(),
+            tuple_text(&shape)
         )));
     }
     macro_rules! try_dtype {
@@ -97,6 +98,42 @@ fn index_columns(obj: &Bound<'_, PyAny>, dims: &[u32]) -> PyResult<Vec<Vec<u32>>
     )))
 }
 
+/// `(3, 2)` or `(3,)`: a shape as Python writes it.
+fn tuple_text(shape: &[usize]) -> String {
+    let parts: Vec<String> = shape.iter().map(usize::to_string).collect();
+    let comma = if parts.len() == 1 { "," } else { "" };
+    format!("({}{comma})", parts.join(", "))
+}
+
+/// The values as f32, refusing (with the first one's position) a value
+/// that is not finite or that float32 cannot hold.
+fn checked_f32<T: Copy + Into<f64>>(values: ndarray::ArrayView1<'_, T>) -> PyResult<Vec<f32>> {
+    let bad = |v: f64| !(v.is_finite() && v.abs() <= f64::from(f32::MAX));
+    if let Some(k) = values.iter().position(|&v| bad(v.into())) {
+        let v: f64 = values[k].into();
+        return Err(value_error(if v.is_finite() {
+            format!(
+                "values[{k}] is {v:e}, beyond float32's range (at most 3.4e38 in magnitude): \
+                 kruskal keeps values as float32, so rescale them"
+            )
+        } else {
+            // As Python writes them: nan, inf, -inf.
+            let text = if v.is_nan() {
+                "nan"
+            } else if v > 0.0 {
+                "inf"
+            } else {
+                "-inf"
+            };
+            format!("values[{k}] is {text}: values must be finite")
+        }));
+    }
+    Ok(values
+        .iter()
+        .map(|&v| Into::<f64>::into(v) as f32)
+        .collect())
+}
+
 /// The values of `obj` as f32, for any real dtype.
 fn values_f32(obj: &Bound<'_, PyAny>) -> PyResult<Vec<f32>> {
     let shape: Vec<usize> = obj.getattr("shape")?.extract()?;
@@ -105,10 +142,18 @@ fn values_f32(obj: &Bound<'_, PyAny>) -> PyResult<Vec<f32>> {
         [_, 1] => obj.call_method1("reshape", (-1,))?,
         _ => {
             return Err(value_error(format!(
-                "values must have shape (nnz,), not {shape:?}"
+                "values must have shape (nnz,), not {}",
+                tuple_text(&shape)
             )));
         }
     };
+    if let Ok(a) = flat.extract::<PyReadonlyArray1<'_, f32>>() {
+        return checked_f32(a.as_array());
+    }
+    if let Ok(a) = flat.extract::<PyReadonlyArray1<'_, f64>>() {
+        return checked_f32(a.as_array());
+    }
+    // Integers: always finite; the largest (2^64) is within float32's range.
     macro_rules! try_dtype {
         ($($t:ty),*) => {
             $(if let Ok(a) = flat.extract::<PyReadonlyArray1<'_, $t>>() {
@@ -116,29 +161,48 @@ fn values_f32(obj: &Bound<'_, PyAny>) -> PyResult<Vec<f32>> {
             })*
         };
     }
-    try_dtype!(f32, f64, i64, i32, u32, u64, i16, u16, i8, u8);
+    try_dtype!(i64, i32, u32, u64, i16, u16, i8, u8);
     let dtype = obj.getattr("dtype")?.str()?.to_string();
     Err(value_error(format!(
         "values must be real numbers, not {dtype}"
     )))
 }
 
-fn dims_of(shape: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+/// `shape` (or `dims`, named `what` in the messages) as dimensions.
+fn dims_of(shape: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u32>> {
     let shape: Vec<i64> = shape
         .extract()
-        .map_err(|_| value_error("shape must be a sequence of integers"))?;
+        .map_err(|_| value_error(format!("{what} must be a sequence of integers")))?;
     if shape.is_empty() {
-        return Err(value_error("shape must have at least one dimension"));
+        return Err(value_error(format!(
+            "{what} must have at least one dimension"
+        )));
     }
     shape
         .iter()
-        .map(|&d| {
-            u32::try_from(d)
-                .ok()
-                .filter(|&d| d > 0)
-                .ok_or_else(|| value_error(format!("dimension {d} must be in 1..=4294967295")))
+        .enumerate()
+        .map(|(m, &d)| {
+            u32::try_from(d).ok().filter(|&d| d > 0).ok_or_else(|| {
+                value_error(format!(
+                    "{what}[{m}] is {d}; a dimension must be between 1 and 4294967295"
+                ))
+            })
         })
         .collect()
+}
+
+/// A `TypeError` naming what `method` takes, unless `x` has every one of
+/// `attributes`.
+fn require(x: &Bound<'_, PyAny>, attributes: &[&str], method: &str, takes: &str) -> PyResult<()> {
+    for name in attributes {
+        if !x.hasattr(*name)? {
+            let kind = x.get_type().name()?.to_string();
+            return Err(type_error(format!(
+                "SparseTensor.{method} takes {takes}, not {kind} (it has no .{name})"
+            )));
+        }
+    }
+    Ok(())
 }
 
 impl SparseTensor {
@@ -151,7 +215,7 @@ impl SparseTensor {
         let np = py.import("numpy")?;
         let indices = np.call_method1("asarray", (indices,))?;
         let values = np.call_method1("asarray", (values,))?;
-        let dims = dims_of(shape)?;
+        let dims = dims_of(shape, "shape")?;
         let columns = index_columns(&indices, &dims)?;
         let values = values_f32(&values)?;
         if columns.first().is_some_and(|c| c.len() != values.len()) {
@@ -184,6 +248,12 @@ impl SparseTensor {
     /// A tensor from a `pyttb.sptensor` (its `subs`, `vals` and `shape`).
     #[staticmethod]
     fn from_pyttb(py: Python<'_>, x: &Bound<'_, PyAny>) -> PyResult<Self> {
+        require(
+            x,
+            &["subs", "vals", "shape"],
+            "from_pyttb",
+            "a pyttb.sptensor",
+        )?;
         Self::from_parts(
             py,
             &x.getattr("subs")?,
@@ -196,6 +266,12 @@ impl SparseTensor {
     /// `shape`).
     #[staticmethod]
     fn from_sparse(py: Python<'_>, x: &Bound<'_, PyAny>) -> PyResult<Self> {
+        require(
+            x,
+            &["coords", "data", "shape"],
+            "from_sparse",
+            "a sparse.COO array",
+        )?;
         let coords = x.getattr("coords")?.getattr("T")?;
         Self::from_parts(py, &coords, &x.getattr("data")?, &x.getattr("shape")?)
     }
@@ -204,6 +280,12 @@ impl SparseTensor {
     /// converted to COO first).
     #[staticmethod]
     fn from_scipy(py: Python<'_>, x: &Bound<'_, PyAny>) -> PyResult<Self> {
+        require(
+            x,
+            &["tocoo"],
+            "from_scipy",
+            "a scipy.sparse matrix or array",
+        )?;
         let coo = x.call_method0("tocoo")?;
         let np = py.import("numpy")?;
         let indices = np.call_method1("stack", ((coo.getattr("row")?, coo.getattr("col")?), 1))?;
@@ -310,7 +392,7 @@ pub fn read(
     values_are_data: bool,
     dims: Option<Bound<'_, PyAny>>,
 ) -> PyResult<SparseTensor> {
-    let dims = dims.as_ref().map(dims_of).transpose()?;
+    let dims = dims.as_ref().map(|d| dims_of(d, "dims")).transpose()?;
     let opts = kruskal_formats::ReadOptions {
         zero_based,
         pattern,
@@ -323,10 +405,9 @@ pub fn read(
         .map_err(format_error)?;
     // The reader's warnings (a value column that looks like an index) as
     // Python warnings, which the caller can filter or turn into errors.
+    // Each names the file already.
     for text in report.warnings {
-        let message = std::ffi::CString::new(format!("{}: {text}", path.display()))
-            .map_err(|e| value_error(e.to_string()))?;
-        PyErr::warn(py, &py.get_type::<PyUserWarning>(), &message, 1)?;
+        crate::cpd::warn(py, &python_words(&text))?;
     }
     Ok(SparseTensor {
         inner: Arc::new(tensor),

@@ -136,13 +136,13 @@ def test_mttkrp_matches_numpy():
 @pytest.mark.parametrize("indices, values, shape, match", [
     (np.array([[0.0, 1.0]]), [1.0], (2, 2), "integers"),
     (np.array([[0, 1, 2]]), [1.0], (2, 2), r"shape \(nnz, 2\)"),
-    (np.array([[0, -1]]), [1.0], (2, 2), "index -1"),
-    (np.array([[0, 2]]), [1.0], (2, 2), "index 2 is not in 0..2"),
-    (np.array([[0, 1]]), [np.nan], (2, 2), "not finite"),
+    (np.array([[0, -1]]), [1.0], (2, 2), r"indices\[0, 1\] is -1, outside range\(2\)"),
+    (np.array([[0, 2]]), [1.0], (2, 2), r"indices\[0, 1\] is 2, outside range\(2\)"),
+    (np.array([[0, 1]]), [np.nan], (2, 2), r"values\[0\] is nan: values must be finite"),
     (np.array([[0, 1]]), [1 + 2j], (2, 2), "real numbers"),
     (np.array([[0, 1]]), ["a"], (2, 2), "real numbers"),
     (np.array([[0, 1], [1, 1]]), [1.0], (2, 2), "2 index rows but 1 values"),
-    (np.array([[0, 1]]), [1.0], (2, 0), "dimension 0"),
+    (np.array([[0, 1]]), [1.0], (2, 0), r"shape\[1\] is 0"),
     (np.array([[0, 1]]), [1.0], "ab", "shape"),
 ])
 def test_bad_tensors_raise_value_error(indices, values, shape, match):
@@ -158,8 +158,8 @@ def test_bad_arguments_raise_value_error():
         (dict(rank=2, kernel="bogus"), "unknown kernel"),
         (dict(rank=2, tol=-1.0), "tol"),
         (dict(rank=2, starts=0), "starts"),
-        (dict(rank=2, init=[np.ones((6, 2))]), "1 factor matrices for a 3-mode tensor"),
-        (dict(rank=2, init=[np.ones((6, 2)), np.ones((5, 2)), np.ones((3, 2))]), "mode 3"),
+        (dict(rank=2, init=[np.ones((6, 2))]), "init holds 1 matrices for a 3-mode tensor"),
+        (dict(rank=2, init=[np.ones((6, 2)), np.ones((5, 2)), np.ones((3, 2))]), r"init\[2\] is 3 x 2, expected 4 x 2"),
         (dict(rank=3, init=[np.ones((6, 2)), np.ones((5, 2)), np.ones((4, 2))]), "rank 2"),
         (dict(rank=2, init="nvecs"), "init"),
         (dict(rank=2, init=[np.ones((d, 2)) for d in (6, 5, 4)], starts=2), "starts"),
@@ -171,11 +171,11 @@ def test_bad_arguments_raise_value_error():
     ]:
         with pytest.raises(ValueError, match=match):
             kruskal.cp_als(X, progress=False, **kwargs)
-    with pytest.raises(ValueError, match="not below the number of modes"):
+    with pytest.raises(ValueError, match=r"mode=3 is out of range for a 3-mode tensor"):
         kruskal.mttkrp(X, [np.ones((d, 2)) for d in X.shape], 3)
     with pytest.raises(ValueError, match="expected 5 x 2"):
         kruskal.mttkrp(X, [np.ones((6, 2)), np.ones((4, 2)), np.ones((4, 2))], 0)
-    with pytest.raises(ValueError, match="kruskal.SparseTensor"):
+    with pytest.raises(TypeError, match="kruskal.SparseTensor"):
         kruskal.cp_als(np.ones((3, 3)), 2)
 
 
@@ -193,11 +193,11 @@ def test_refused_input_leaks_nothing():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
     # The first refusal sets the peak that later ones must not raise.
-    with pytest.raises(ValueError, match="index -1 is not in"):
+    with pytest.raises(ValueError, match=r"is -1, outside range"):
         kruskal.SparseTensor(indices, values, (1000, 1000, 1000))
     before = peak_mb()
     for _ in range(40):
-        with pytest.raises(ValueError, match="index -1 is not in"):
+        with pytest.raises(ValueError, match=r"is -1, outside range"):
             kruskal.SparseTensor(indices, values, (1000, 1000, 1000))
     X = kruskal.SparseTensor(*parts(3))
     bad = [np.full((d, 2), np.nan) for d in X.shape]

@@ -65,8 +65,8 @@ impl TensorSpec {
             source,
         };
         let p = preset(&self.like).map_err(prepare)?;
-        let mut spec = PowerLawSpec::like(p)
-            .with_nnz(self.nnz)
+        let mut spec = PowerLawSpec::like(p, Some(self.nnz))
+            .map_err(prepare)?
             .with_seed(self.seed);
         spec.exponents = vec![self.exponent; p.dims.len()];
         power_law(&spec).map_err(prepare)

@@ -6,7 +6,7 @@
 use indicatif::ProgressBar;
 
 /// `1,234,567`.
-pub use kruskal_cpd::memory::thousands;
+pub use kruskal_cpd::memory::{count_of, thousands};
 
 /// Prints a warning: something the user should check, that did not stop
 /// the work.

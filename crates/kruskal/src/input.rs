@@ -68,10 +68,7 @@ impl Source {
         match self {
             Source::Like { name, nnz, seed } => {
                 let p = preset(name)?;
-                let mut spec = PowerLawSpec::like(p).with_seed(*seed);
-                if let Some(nnz) = *nnz {
-                    spec = spec.with_nnz(nnz);
-                }
+                let spec = PowerLawSpec::like(p, *nnz)?.with_seed(*seed);
                 let bar = spinner(&format!("generating {} nonzeros like {}", spec.nnz, p.name));
                 let tensor = power_law(&spec)?;
                 bar.finish_and_clear();
@@ -126,10 +123,13 @@ pub fn read_file(
         warn(w);
     }
     if report.merged > 0 {
+        let (lines, verb) = match report.merged {
+            1 => ("1 line repeats".to_string(), "was"),
+            n => (format!("{} lines repeat", thousands(n as u64)), "were"),
+        };
         note(&format!(
-            "{}: {} lines repeat a coordinate and were summed into others ({} lines, {} nonzeros)",
+            "{}: {lines} a coordinate and {verb} summed into others ({} lines, {} nonzeros)",
             path.display(),
-            thousands(report.merged as u64),
             thousands((tensor.nnz() + report.merged) as u64),
             thousands(tensor.nnz() as u64)
         ));

@@ -82,7 +82,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line: the outermost context first, then its causes.
-            eprintln!("kruskal: error: {}", cmd::errors::report(name, &e));
+            // The words after the subcommand: the advice for a missing
+            // GPU names the options that asked for one.
+            let typed: Vec<String> = std::env::args().skip(2).collect();
+            eprintln!("kruskal: error: {}", cmd::errors::report(name, &typed, &e));
             ExitCode::FAILURE
         }
     }

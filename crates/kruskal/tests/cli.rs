@@ -292,6 +292,55 @@ fn planted_gen_writes_its_factors() {
 }
 
 #[test]
+fn init_shapes_are_checked_before_the_run_and_name_the_dims_that_fit() {
+    // A sparse planted tensor written as text: its dimensions are its
+    // largest indices, fewer than the factors' rows.
+    let dir = tempfile::tempdir().unwrap();
+    let t = dir.path().join("p.tns");
+    let f = dir.path().join("truth");
+    let o = kruskal(&[
+        "gen",
+        t.to_str().unwrap(),
+        "--dims",
+        "300,200,100",
+        "--nnz",
+        "400",
+        "--planted",
+        "3",
+        "--factors",
+        f.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let cpd = |extra: &[&str]| {
+        let mut args = vec![
+            "cpd",
+            t.to_str().unwrap(),
+            "--init",
+            f.to_str().unwrap(),
+            "--iters",
+            "1",
+            "--backend",
+            "cpu",
+        ];
+        args.extend_from_slice(extra);
+        kruskal(&args)
+    };
+    let o = cpd(&[]);
+    assert_clean_failure(
+        &o,
+        "read it with --dims 300,200,100 to give the factors' dimensions",
+    );
+    // Refused before any backend is prepared or iteration runs.
+    assert!(!stdout(&o).contains("backend"), "{}", stdout(&o));
+    assert!(!stdout(&o).contains("its ="), "{}", stdout(&o));
+    // With the dimensions the error names, the same files run.
+    let o = cpd(&["--dims", "300,200,100", "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(v["fit"].as_f64().unwrap() > 0.999, "{v}");
+}
+
+#[test]
 fn mttkrp_verifies_against_the_reference() {
     let o = kruskal(&[
         "mttkrp", "--like", "vast-5d", "--nnz", "20000", "--rank", "7", "--repeat", "2",
@@ -346,8 +395,22 @@ fn gen_lists_presets_and_rejects_unknown_ones() {
         "--like",
         "nell-9",
     ]);
-    assert_clean_failure(&o, "unknown preset");
+    assert_clean_failure(&o, "unknown tensor 'nell-9'");
     assert!(!dir.path().join("x.tns").exists());
+    // One list with `cargo xtask fetch-frostt`: FROSTT's names work too,
+    // and --list shows both.
+    assert!(stdout(&kruskal(&["gen", "--list"])).contains("amazon-reviews"));
+    let out = dir.path().join("v.ktns");
+    let o = kruskal(&[
+        "gen",
+        out.to_str().unwrap(),
+        "--like",
+        "vast-2015-mc1-5d",
+        "--nnz",
+        "1000",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("5 modes"), "{}", stdout(&o));
 }
 
 #[test]
@@ -555,7 +618,7 @@ fn cpd_picks_a_backend_and_reports_the_time_split() {
         eprintln!("note: a GPU is present; its runs are the GPU machine's tests");
         return;
     }
-    assert_clean_failure(&run(&["--backend", "gpu"]), "--backend cpu");
+    assert_clean_failure(&run(&["--backend", "gpu"]), "drop --backend gpu");
     assert_clean_failure(
         &run(&["--kernel", "coo"]),
         "runs on the GPU only, and the GPU cannot be used",
@@ -1033,7 +1096,17 @@ fn no_gpu_advice_fits_the_command() {
     assert_clean_failure(&o, "without --gpu");
     assert!(!stderr(&o).contains("--backend"), "{}", stderr(&o));
     let o = kruskal(&["cpd", "--demo", "--backend", "gpu"]);
-    assert_clean_failure(&o, "use --backend cpu");
+    assert_clean_failure(&o, "or drop --backend gpu to run on the CPU");
+    // The advice names the option that asked for GPUs, not one given.
+    for args in [
+        &["cpd", "--demo", "--gpus", "2"][..],
+        &["cpd", "--demo", "--gpus", "2", "--backend", "cpu"],
+        &["mttkrp", "--like", "nell-2", "--nnz", "1000", "--gpus", "2"],
+    ] {
+        let o = kruskal(args);
+        assert_clean_failure(&o, "or drop --gpus 2 to run on the CPU");
+        assert!(!stderr(&o).contains("use --backend cpu"), "{}", stderr(&o));
+    }
 }
 
 #[cfg(unix)]
@@ -1068,4 +1141,85 @@ fn model_files_get_the_permissions_of_other_outputs() {
     for name in ["lambda.npy", "mode-1.npy", "mode-3.npy"] {
         assert_eq!(mode(&out.join(name)), want, "{name}");
     }
+}
+
+#[test]
+fn data_readme_gives_each_files_line_count() {
+    // The table of data/README.md: `| `file` | modes | lines | ... |`, the
+    // lines being those that hold a nonzero (not comments, not blank).
+    let readme = std::fs::read_to_string(data("README.md")).unwrap();
+    let mut checked = 0;
+    for row in readme.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let name = cells[1].trim_matches('`');
+        let lines: usize = cells[3].replace(',', "").parse().unwrap();
+        let raw = std::fs::read(data(name)).unwrap();
+        let text = if name.ends_with(".gz") {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&raw[..]), &mut s)
+                .unwrap();
+            s
+        } else {
+            String::from_utf8(raw).unwrap()
+        };
+        let counted = text
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            .count();
+        assert_eq!(counted, lines, "{name}: data/README.md says {lines} lines");
+        checked += 1;
+    }
+    assert!(
+        checked >= 10,
+        "only {checked} rows in data/README.md's table"
+    );
+}
+
+#[test]
+fn readme_file_example_runs_and_fits_as_it_says() {
+    // The README's "Decomposing a file" commands (`$K ...`), run from a
+    // folder with the repository's data/, and the fit its text states.
+    let readme = std::fs::read_to_string(data("../README.md")).unwrap();
+    let block = readme
+        .split("```bash\n")
+        .find(|b| b.contains("K=target/release/kruskal"))
+        .and_then(|b| b.split("```").next())
+        .expect("the README's file example");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("target")).unwrap();
+    let mut last = None;
+    let mut ran = 0;
+    for line in block.lines().filter(|l| l.starts_with("$K ")) {
+        let words: Vec<&str> = line
+            .split('#')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .skip(1)
+            .collect();
+        let o = kruskal_command(&words)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{line}: {}", stderr(&o));
+        last = Some(stdout(&o));
+        ran += 1;
+    }
+    assert!(ran >= 3, "{block}");
+    let claimed = readme
+        .split("The run ends at `")
+        .nth(1)
+        .and_then(|r| r.split('`').next())
+        .expect("the README states the fit");
+    // To 1e-4: another machine's threads (or its GPU) sum in another order.
+    let fit_of = |text: &str| -> f64 {
+        let rest = text.split("final fit").nth(1).expect("a final fit");
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let out = last.unwrap();
+    assert!(
+        (fit_of(&out) - fit_of(claimed)).abs() < 1e-4,
+        "README says {claimed:?}; the run printed\n{out}"
+    );
+    assert!(dir.path().join("target/model/mode-3.npy").is_file());
 }

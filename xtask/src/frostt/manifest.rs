@@ -34,10 +34,12 @@ pub struct Entry {
     pub base: String,
     /// The `.tns.gz` under the base URL.
     pub path: String,
-    /// Dimensions and nonzeros as FROSTT publishes them (for `--list`).
-    #[serde(default)]
+    /// Dimensions and nonzeros (for `--list`), for a tensor that is not
+    /// one of `kruskal_formats::generate::PRESETS`, whose shapes the
+    /// repository's manifest leaves to that list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dims: Option<Vec<u64>>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nnz: Option<u64>,
     /// Size of the `.tns.gz`, once recorded.
     #[serde(default)]
@@ -97,11 +99,15 @@ impl Manifest {
         Ok(())
     }
 
-    /// The entry called `name`; the error says how to see the known names.
+    /// The entry called `name`, by FROSTT's name or the short one `kruskal
+    /// gen --like` also knows (`amazon` for `amazon-reviews`: one list of
+    /// names, `kruskal_formats::generate::PRESETS`); the error says how to
+    /// see the known names.
     pub fn get(&self, name: &str) -> Result<&Entry> {
+        let frostt = kruskal_formats::generate::preset(name).map_or(name, |p| p.frostt);
         self.tensors
             .iter()
-            .find(|e| e.name == name)
+            .find(|e| e.name == frostt)
             .with_context(|| {
                 format!(
                     "unknown tensor {name:?}; cargo xtask fetch-frostt --list shows the known names"
@@ -223,6 +229,24 @@ mod tests {
         let m = Manifest::load(&path).unwrap();
         assert!(m.get("nell-2").is_ok());
         assert!(m.get("lanl2").is_ok());
+        // One list of names with `kruskal gen --like`: every FROSTT tensor
+        // kruskal knows, in its order, found by either of its names, and
+        // its shape kept there alone.
+        let names: Vec<&str> = m.tensors.iter().map(|e| e.name.as_str()).collect();
+        let presets: Vec<&str> = kruskal_formats::generate::PRESETS
+            .iter()
+            .map(|p| p.frostt)
+            .collect();
+        assert_eq!(names, presets);
+        for p in kruskal_formats::generate::PRESETS {
+            assert_eq!(m.get(p.name).unwrap().name, p.frostt);
+            assert_eq!(m.get(p.frostt).unwrap().name, p.frostt);
+        }
+        assert!(
+            m.tensors
+                .iter()
+                .all(|e| e.dims.is_none() && e.nnz.is_none())
+        );
         // Recording a checksum rewrites the file; it must change only the
         // tensor's own line.
         assert_eq!(

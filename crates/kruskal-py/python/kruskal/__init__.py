@@ -146,7 +146,7 @@ def _as_tensor(X: Any) -> SparseTensor:
         return SparseTensor.from_sparse(X)
     if kind == "scipy":
         return SparseTensor.from_scipy(X)
-    raise ValueError(
+    raise TypeError(
         f"expected a kruskal.SparseTensor, pyttb.sptensor, sparse.COO or scipy.sparse matrix, "
         f"not {type(X).__name__}")
 
@@ -164,6 +164,34 @@ def _factors_f32(factors: Sequence[Any], what: str) -> List[np.ndarray]:
             raise ValueError(f"{what}[{n}] must be 2-D (rows x rank), not {a.ndim}-D")
         out.append(a.astype(np.float32, copy=False))
     return out
+
+
+def _check_init(given: List[np.ndarray], shape: Sequence[int], rank: int) -> None:
+    """The checks ``kruskal cpd --init`` makes of its files, in Python's
+    words: one (shape[n], rank) matrix per mode, finite, and none but the
+    first all zeros. Made before anything is prepared."""
+    if len(given) != len(shape):
+        raise ValueError(f"init holds {len(given)} matrices for a {len(shape)}-mode tensor "
+                         f"(one per mode)")
+    if given[0].shape[1] != rank:
+        raise ValueError(f"init has rank {given[0].shape[1]} (the columns of init[0]), "
+                         f"rank is {rank}")
+    rows = tuple(int(f.shape[0]) for f in given)
+    for n, (f, d) in enumerate(zip(given, shape)):
+        if f.shape != (d, rank):
+            hint = ""
+            if f.shape[1] == rank and all(r >= s for r, s in zip(rows, shape)):
+                # A text file has the dimensions of its largest indices;
+                # read with the factors' own, it has their shape.
+                hint = (f"; a file read with kruskal.read(path, dims={rows}) has the factors' "
+                        f"shape")
+            raise ValueError(f"init[{n}] is {f.shape[0]} x {f.shape[1]}, expected {d} x {rank} "
+                             f"(shape[{n}] is {d}){hint}")
+        if not np.isfinite(f).all():
+            raise ValueError(f"init[{n}] holds a value that is not finite")
+        if n > 0 and not f.any():
+            raise ValueError(f"init[{n}] is all zeros, from which ALS cannot move (the first "
+                             f"mode's factor is computed from the others)")
 
 
 class _Progress:
@@ -247,8 +275,10 @@ def cp_als(
         ...) and keep the best fit (``--starts``).
     kernel : str, default "auto"
         MTTKRP engine (``--kernel``). CPU: auto (csf from three modes,
-        sorted on two), sorted, fcoo, flycoo, hicoo, csf. GPU: auto (times fcoo, flycoo and hicoo on the first
-        iteration and keeps the fastest per mode), coo, fcoo, flycoo, hicoo.
+        sorted on two), sorted, fcoo, flycoo, hicoo, csf. GPU: auto (times
+        three candidates on the first iteration, fcoo threadlen 8 and the
+        tuning model's two fastest other configurations, and keeps the
+        fastest per mode), coo, fcoo, flycoo, hicoo.
     progress : bool, default True
         Show a progress bar (tqdm when installed, in a terminal or in
         Jupyter; else a status line on stderr).
@@ -297,13 +327,16 @@ def cp_als(
         given = None
     else:
         given = _factors_f32(init, "init")
-        if given and given[0].shape[1] != rank:
-            raise ValueError(f"the initial factors have rank {given[0].shape[1]}, rank is {rank}")
-    bar = _Progress(int(iters)) if progress else None
+        _check_init(given, tensor.shape, int(rank))
+    # The bar appears with the first iteration: an argument the run refuses
+    # leaves none behind.
+    bars: List[_Progress] = []
 
     def hear(start: int, iteration: int, fit: float, seconds: float) -> bool:
-        if bar is not None:
-            bar.update(start, iteration, fit, seconds)
+        if progress:
+            if not bars:
+                bars.append(_Progress(int(iters)))
+            bars[0].update(start, iteration, fit, seconds)
         if callback is not None:
             return callback(iteration, fit) is not False
         return True
@@ -313,9 +346,9 @@ def cp_als(
             tensor, int(rank), backend=backend, gpus=0 if pick_gpus else int(gpus),
             pick_gpus=pick_gpus, iters=int(iters),
             tol=float(tol), init=given, seed=int(seed), starts=int(starts), kernel=kernel,
-            callback=hear if (bar is not None or callback is not None) else None)
+            callback=hear if (progress or callback is not None) else None)
     finally:
-        if bar is not None:
+        for bar in bars:
             bar.close()
     factors = [f if out_dtype == f.dtype else f.astype(out_dtype) for f in out["factors"]]
     info = {k: out[k] for k in ("describe", "fallback", "prepare_s", "prepare", "layout_steps",

@@ -37,6 +37,9 @@ pub fn run(args: ConvertArgs) -> Result<()> {
             args.input.display()
         );
     }
+    // The output's extension picks its format: refused before the input
+    // is read, which may take minutes.
+    kruskal_formats::io::FileKind::from_path(&args.output)?;
     let start = Instant::now();
     let (t, _) = read_file(&args.input, &args.read.options())?;
     let read_s = start.elapsed().as_secs_f64();

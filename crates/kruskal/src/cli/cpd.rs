@@ -13,11 +13,13 @@ use kruskal_cpd::{
     factor_match_score, load_factors,
 };
 use kruskal_formats::generate::{PlantedSpec, planted};
+use ndarray::Array2;
 
 use super::common::{
     GpuArgs, InputArgs, MultiGpuArgs, parse_rank, parse_seed, parse_threads, set_threads,
 };
 use super::{cleanup, compact, preflight};
+use kruskal::console::{count_of, dims_text};
 use kruskal::input::Loaded;
 use kruskal::measure::{CpdRunOptions, cpd_report};
 
@@ -77,8 +79,9 @@ pub struct CpdArgs {
     #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
     pub backend: BackendChoice,
     /// MTTKRP engine. CPU: auto, sorted, fcoo, flycoo, hicoo, csf. GPU: auto
-    /// (times fcoo, flycoo and hicoo on the first iteration and keeps the
-    /// fastest per mode), coo, fcoo, flycoo, hicoo.
+    /// (times three candidates on the first iteration, fcoo threadlen 8
+    /// and the tuning model's two fastest other configurations, and keeps
+    /// the fastest per mode), coo, fcoo, flycoo, hicoo.
     #[arg(long, default_value = "auto")]
     pub kernel: String,
     #[command(flatten)]
@@ -180,7 +183,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
         None => None,
     };
     let opts = CpdRunOptions {
-        decompose: decompose_options(&args, loaded.tensor.nmodes())?,
+        decompose: decompose_options(&args, loaded.tensor.dims())?,
         quiet: args.json,
     };
     let done = kruskal::measure::decompose(&opts, &loaded, stop)?;
@@ -239,12 +242,12 @@ pub fn run(args: CpdArgs) -> Result<()> {
     Ok(())
 }
 
-/// What `args` ask of `kruskal_cpd::decompose` for a tensor of `nmodes`
-/// modes.
-fn decompose_options(args: &CpdArgs, nmodes: usize) -> Result<DecomposeOptions> {
+/// What `args` ask of `kruskal_cpd::decompose` for a tensor of
+/// dimensions `dims`.
+fn decompose_options(args: &CpdArgs, dims: &[u32]) -> Result<DecomposeOptions> {
     let (gpus, group) = args.multi.group()?;
     Ok(DecomposeOptions {
-        cpd: cpd_options(args, nmodes)?,
+        cpd: cpd_options(args, dims)?,
         starts: args.starts.unwrap_or(if args.demo { 3 } else { 1 }),
         seed: args.seed,
         backend: match args.backend {
@@ -263,9 +266,10 @@ fn decompose_options(args: &CpdArgs, nmodes: usize) -> Result<DecomposeOptions> 
     })
 }
 
-/// The options `args` give for a tensor of `nmodes` modes: rank, limits
-/// and the initial factors (random, or read from `--init`).
-pub(super) fn cpd_options(args: &CpdArgs, nmodes: usize) -> Result<CpdOptions> {
+/// The options `args` give for a tensor of dimensions `dims`: rank,
+/// limits and the initial factors (random, or read from `--init`, whose
+/// shapes are checked here, before any backend is prepared).
+pub(super) fn cpd_options(args: &CpdArgs, dims: &[u32]) -> Result<CpdOptions> {
     let rank = args.rank.unwrap_or(DEMO_RANK);
     if rank == 0 {
         bail!("--rank must be at least 1");
@@ -275,7 +279,8 @@ pub(super) fn cpd_options(args: &CpdArgs, nmodes: usize) -> Result<CpdOptions> {
     }
     let init = match &args.init {
         Some(dir) => {
-            let factors = load_factors(dir, nmodes)?;
+            let factors = load_factors(dir, dims.len())?;
+            check_init_rows(dir, &factors, dims)?;
             if factors[0].ncols() != rank && args.rank.is_some() {
                 bail!(
                     "{}: the initial factors have rank {}, --rank is {rank}",
@@ -297,6 +302,38 @@ pub(super) fn cpd_options(args: &CpdArgs, nmodes: usize) -> Result<CpdOptions> {
         tol: args.tol,
         init,
     })
+}
+
+/// Checks that the factor of each mode in `dir` has as many rows as the
+/// tensor's dimension. A text file's dimensions are its largest indices
+/// (unless `--dims` gives them), so a tensor written from planted factors
+/// may have fewer rows than they do: the error then names the `--dims`
+/// that makes the two agree.
+fn check_init_rows(dir: &Path, factors: &[Array2<f32>], dims: &[u32]) -> Result<()> {
+    let rows: Vec<usize> = factors.iter().map(Array2::nrows).collect();
+    let Some(m) = (0..dims.len()).find(|&m| rows[m] != dims[m] as usize) else {
+        return Ok(());
+    };
+    let fits = rows.iter().zip(dims).all(|(&r, &d)| r >= d as usize);
+    let hint = if fits {
+        let wanted: Vec<String> = rows.iter().map(usize::to_string).collect();
+        format!(
+            "; a text file's dimensions are its largest indices ({}): read it with --dims {} \
+             to give the factors' dimensions",
+            dims_text(dims),
+            wanted.join(",")
+        )
+    } else {
+        String::new()
+    };
+    bail!(
+        "{}: mode-{}.npy has {} rows, the tensor's mode {} has dimension {}{hint}",
+        dir.display(),
+        m + 1,
+        rows[m],
+        m + 1,
+        dims[m]
+    )
 }
 
 /// Runs every start `args` asks for on `backend` and keeps the best model
@@ -408,7 +445,10 @@ pub(super) fn print_summary(
     // Totals over every iteration (the history keeps only the last).
     let totals = &model.totals;
     let its = totals.count;
-    let (mttkrp, other) = (totals.mttkrp_s, totals.other_s);
+    // Times are never below zero: a total less its first iteration may
+    // round to a hair under it (printed `-0.000`).
+    let time = |s: f64| s.max(0.0) + 0.0;
+    let (mttkrp, other) = (time(totals.mttkrp_s), time(totals.other_s));
     let how = if model.converged {
         "converged"
     } else if model.interrupted {
@@ -417,14 +457,15 @@ pub(super) fn print_summary(
         "iteration limit reached"
     };
     println!(
-        "final fit  {:.6} after {its} iterations ({how})",
-        model.fit()
+        "final fit  {:.6} after {} ({how})",
+        model.fit(),
+        count_of(its as u64, "iteration")
     );
     if starts > 1 {
         println!("time       {cpd_s:.3} s for {starts} starts; the kept run:");
     }
     let run_s = mttkrp + other;
-    let (update, fit) = (totals.update_s, totals.fit_s);
+    let (update, fit) = (time(totals.update_s), time(totals.fit_s));
     println!(
         "time       {:.3} s: MTTKRP {:.3} s ({:.0}%), update {:.3} s, fit {:.3} s, {:.4} s per iteration",
         if starts > 1 { run_s } else { cpd_s },
@@ -438,8 +479,8 @@ pub(super) fn print_summary(
         // The first iteration also compiles kernels (and, with --kernel
         // auto on the GPU, tries every candidate): the steady state is
         // the rest.
-        let m = mttkrp - totals.first_mttkrp_s;
-        let all = m + other - totals.first_other_s;
+        let m = time(mttkrp - totals.first_mttkrp_s);
+        let all = time(m + other - totals.first_other_s);
         println!(
             "           after the first iteration: {:.4} s per iteration, MTTKRP {:.0}%",
             all / (its - 1) as f64,

@@ -316,7 +316,7 @@ fn work(
     drop(indices);
     drop(map);
 
-    let cpd = cpd_options(args, dims.len())?;
+    let cpd = cpd_options(args, &dims)?;
     let t0 = Instant::now();
     let mut progress = |line: &str| say(&format!("gpus       {line}"));
     let group = GpuGroup::distributed(pc, plan, shards, cpd.rank, opts, &mut progress)?;

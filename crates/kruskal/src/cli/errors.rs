@@ -34,22 +34,57 @@ pub fn is_no_gpu(e: &anyhow::Error) -> bool {
     })
 }
 
-/// What to do instead when `command` (the subcommand's name) found no
-/// usable GPU.
-pub fn no_gpu_advice(command: &str) -> &'static str {
+/// The value of `flag` among the words typed (`--gpus 2` or `--gpus=2`).
+fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    args.iter().enumerate().find_map(|(k, a)| {
+        if a == flag {
+            args.get(k + 1).map(String::as_str)
+        } else {
+            a.strip_prefix(flag).and_then(|rest| rest.strip_prefix('='))
+        }
+    })
+}
+
+/// What to do instead when `command` (the subcommand's name, with `args`
+/// the words typed after it) found no usable GPU: the options that asked
+/// for one, to drop, rather than one the user may already have given.
+pub fn no_gpu_advice(command: &str, args: &[String]) -> String {
     match command {
-        "cpd" | "mttkrp" => "install the NVIDIA driver, or use --backend cpu",
-        "info" => "install the NVIDIA driver; without --gpu, info shows the tensor",
-        "check" => "install the NVIDIA driver; without --gpu, check tests the CPU engines",
-        _ => "install the NVIDIA driver; this needs a CUDA GPU",
+        "cpd" | "mttkrp" => {
+            if args.iter().any(|a| a == "--distributed") {
+                return "install the NVIDIA driver: --distributed runs one process per GPU".into();
+            }
+            let mut asked = Vec::new();
+            if let Some(n) = flag_value(args, "--gpus") {
+                asked.push(format!("--gpus {n}"));
+            }
+            let backend = flag_value(args, "--backend");
+            if backend == Some("gpu") {
+                asked.push("--backend gpu".into());
+            }
+            if !asked.is_empty() {
+                format!(
+                    "install the NVIDIA driver, or drop {} to run on the CPU",
+                    asked.join(" and ")
+                )
+            } else if backend == Some("cpu") {
+                "install the NVIDIA driver".into()
+            } else {
+                "install the NVIDIA driver, or use --backend cpu".into()
+            }
+        }
+        "info" => "install the NVIDIA driver; without --gpu, info shows the tensor".into(),
+        "check" => "install the NVIDIA driver; without --gpu, check tests the CPU engines".into(),
+        _ => "install the NVIDIA driver; this needs a CUDA GPU".into(),
     }
 }
 
-/// The line the program prints for an error of `command`.
-pub fn report(command: &str, e: &anyhow::Error) -> String {
+/// The line the program prints for an error of `command`, run with
+/// `args` (the words after the subcommand).
+pub fn report(command: &str, args: &[String], e: &anyhow::Error) -> String {
     let line = error_line(e);
     if is_no_gpu(e) {
-        format!("{line}; {}", no_gpu_advice(command))
+        format!("{line}; {}", no_gpu_advice(command, args))
     } else {
         line
     }
@@ -87,15 +122,44 @@ mod tests {
             ordinal: 0,
             count: 0,
         });
-        let cpd = report("cpd", &e);
+        let words = |line: &str| -> Vec<String> { line.split(' ').map(String::from).collect() };
+        let cpd = report("cpd", &words("x.tns"), &e);
         assert!(cpd.ends_with("use --backend cpu"), "{cpd}");
+        // The advice names what asked for a GPU, never what was given.
+        for (typed, advice) in [
+            ("x.tns --gpus 2", "or drop --gpus 2 to run on the CPU"),
+            (
+                "x.tns --gpus 2 --backend cpu",
+                "or drop --gpus 2 to run on the CPU",
+            ),
+            ("x.tns --gpus=all", "or drop --gpus all to run on the CPU"),
+            (
+                "x.tns --backend gpu",
+                "or drop --backend gpu to run on the CPU",
+            ),
+            (
+                "x.tns --backend=gpu --gpus 2",
+                "or drop --gpus 2 and --backend gpu to run on the CPU",
+            ),
+            ("x.tns --backend cpu", "install the NVIDIA driver"),
+            (
+                "x.ktns --distributed",
+                "--distributed runs one process per GPU",
+            ),
+        ] {
+            let line = report("cpd", &words(typed), &e);
+            assert!(line.ends_with(advice), "{typed}: {line}");
+            if typed.contains("--backend cpu") {
+                assert!(!line.contains("use --backend cpu"), "{typed}: {line}");
+            }
+        }
         for command in ["info", "check"] {
-            let line = report(command, &e);
+            let line = report(command, &words("--gpu"), &e);
             assert!(!line.contains("--backend"), "{line}");
             assert!(line.contains("without --gpu"), "{line}");
         }
         let other = anyhow::anyhow!("something else");
-        assert_eq!(report("cpd", &other), "something else");
+        assert_eq!(report("cpd", &[], &other), "something else");
     }
 
     #[test]
@@ -107,7 +171,7 @@ mod tests {
             count: 0,
         }));
         assert_eq!(
-            report("cpd", &e),
+            report("cpd", &[], &e),
             "no CUDA GPU 0 (the driver reports 0 device(s)); install the NVIDIA driver, or use \
              --backend cpu"
         );

@@ -19,7 +19,7 @@ pub struct GenArgs {
     /// Output file; its extension picks the format (.tns, .tns.gz, .ktns).
     #[arg(required_unless_present = "list")]
     pub output: Option<PathBuf>,
-    /// Shape of a FROSTT tensor (see --list).
+    /// Shape of a FROSTT tensor, by its short or FROSTT name (see --list).
     #[arg(long, value_name = "NAME", conflicts_with = "dims")]
     pub like: Option<String>,
     /// Dimensions, e.g. 1000,800,600.
@@ -46,34 +46,41 @@ pub struct GenArgs {
     /// Write the planted factors (lambda.npy, mode-<n>.npy) into DIR.
     #[arg(long, value_name = "DIR", requires = "planted")]
     pub factors: Option<PathBuf>,
-    /// List the FROSTT shapes --like knows.
+    /// List the FROSTT tensors --like knows (those `cargo xtask
+    /// fetch-frostt` downloads).
     #[arg(long)]
     pub list: bool,
 }
 
 pub fn run(args: GenArgs) -> Result<()> {
     if args.list {
-        println!("{:<15} {:>40} {:>16}", "name", "dims", "nonzeros");
+        // One list with `cargo xtask fetch-frostt`: either name works.
+        println!(
+            "{:<15} {:<19} {:>44} {:>15}",
+            "name", "FROSTT's name", "dims", "nonzeros"
+        );
         for p in PRESETS {
             println!(
-                "{:<15} {:>40} {:>16}",
+                "{:<15} {:<19} {:>44} {:>15}",
                 p.name,
+                if p.frostt == p.name { "" } else { p.frostt },
                 dims_text(p.dims),
-                thousands(p.nnz)
+                p.nnz.map_or("not recorded".to_string(), thousands)
             );
         }
         return Ok(());
     }
     let output = args.output.clone().context("give an output file")?;
-    let (dims, default_nnz) = match (&args.like, &args.dims) {
+    // Its extension picks the format: refused before anything is drawn.
+    kruskal_formats::io::FileKind::from_path(&output)?;
+    let (dims, nnz) = match (&args.like, &args.dims) {
         (Some(name), _) => {
             let p = preset(name)?;
-            (p.dims.to_vec(), Some(p.nnz as usize))
+            (p.dims.to_vec(), p.nnz_or(args.nnz)?)
         }
-        (None, Some(d)) => (parse_dims(d)?, None),
+        (None, Some(d)) => (parse_dims(d)?, args.nnz.context("give --nnz with --dims")?),
         (None, None) => bail!("give --like NAME or --dims D1,D2,..."),
     };
-    let nnz = args.nnz.or(default_nnz).context("give --nnz with --dims")?;
     let start = Instant::now();
     let bar = spinner(&format!("generating {} nonzeros", thousands(nnz as u64)));
     let (tensor, truth) = if let Some(rank) = args.planted {

@@ -32,9 +32,7 @@ pub fn check_host_memory(
 pub fn shape_ahead(input: &InputArgs) -> Result<Option<(Vec<u32>, usize)>> {
     if let Some(name) = &input.like {
         let p = kruskal_formats::generate::preset(name)?;
-        let nnz = input
-            .nnz
-            .unwrap_or(usize::try_from(p.nnz).unwrap_or(usize::MAX));
+        let nnz = p.nnz_or(input.nnz)?;
         return Ok(Some((p.dims.to_vec(), nnz)));
     }
     let Some(path) = &input.file else {
