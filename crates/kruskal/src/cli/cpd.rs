@@ -1,7 +1,7 @@
 //! `kruskal cpd`: CP decomposition of a tensor file, or of a planted
 //! low-rank tensor with `--demo`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
