@@ -45,6 +45,7 @@ pub mod console;
 pub mod harness;
 pub mod input;
 pub mod measure;
+pub mod wall;
 
 /// The README's examples, compiled as doc tests so they stay true.
 #[doc = include_str!("../../../README.md")]

@@ -65,6 +65,7 @@ fn restore_sigpipe() {
 }
 
 fn main() -> ExitCode {
+    kruskal::wall::mark_main();
     #[cfg(unix)]
     restore_sigpipe();
     let cli = Cli::parse();

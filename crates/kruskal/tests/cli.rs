@@ -24,6 +24,26 @@ fn demo_reaches_the_planted_fit() {
         .map(|s| s["fit"].as_f64().unwrap())
         .fold(f64::MIN, f64::max);
     assert_eq!(v["fit"].as_f64().unwrap(), best);
+    // The wall time in parts: the run's own steps as reported above, and
+    // the parts with the rest add up to the whole.
+    let wall = &v["wall"];
+    assert_eq!(wall["iterations_s"], v["cpd_s"], "{wall}");
+    assert_eq!(wall["preparation_s"], v["prepare_s"], "{wall}");
+    let parts = [
+        "start",
+        "load",
+        "preparation",
+        "iterations",
+        "model_written",
+        "teardown",
+        "other",
+    ];
+    let sum: f64 = parts
+        .iter()
+        .map(|p| wall[format!("{p}_s")].as_f64().unwrap())
+        .sum();
+    let total = wall["total_s"].as_f64().unwrap();
+    assert!(total > 0.0 && (sum - total).abs() < 1e-6, "{wall}");
 }
 
 #[test]

@@ -9,8 +9,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 pub(super) use kruskal_cpd::decompose::Starts;
 use kruskal_cpd::{
-    Backend, Chosen, CpdOptions, DecomposeOptions, GroupBackend, Init, KernelPlan, KruskalModel,
-    factor_match_score, load_factors,
+    Backend, Chosen, CpdOptions, DecomposeOptions, Decomposition, GroupBackend, Init, KernelPlan,
+    KruskalModel, factor_match_score, load_factors,
 };
 use kruskal_formats::generate::{PlantedSpec, planted};
 use ndarray::Array2;
@@ -192,6 +192,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
     let fms = truth
         .as_ref()
         .map(|p| factor_match_score(&model.lambda, &model.factors, &p.lambda, &p.factors));
+    let writing = Instant::now();
     if let Some(dir) = &args.out {
         // Written into a staging directory the signal handler removes, and
         // moved into place under its lock: all of the model or none.
@@ -208,12 +209,32 @@ pub fn run(args: CpdArgs) -> Result<()> {
     if let Some(dir) = out_dir {
         dir.keep();
     }
-
+    let write_s = writing.elapsed().as_secs_f64();
+    // The wall time's parts; the teardown (the backend's device memory and
+    // threads, the tensor and its page lock) is timed before the report.
+    let (load_s, prepare_s, cpd_s) = (loaded.load_s, done.prep_s, done.cpd_s);
+    let (interrupted, fit) = (model.interrupted, model.fit());
+    let teardown = |done: Decomposition, loaded: Loaded| {
+        let start = Instant::now();
+        drop(done);
+        drop(loaded);
+        start.elapsed().as_secs_f64()
+    };
+    let wall = |teardown_s: f64| {
+        kruskal::wall::WallParts::now(&[
+            ("load", load_s),
+            ("preparation", prepare_s),
+            ("iterations", cpd_s),
+            ("model written", write_s),
+            ("teardown", teardown_s),
+        ])
+    };
     if args.json {
         let mut value = cpd_report(&loaded, &done, fms, args.out.as_deref())?;
         if let Some(map) = &compaction {
             value["compact"] = compact::json(map);
         }
+        value["wall"] = wall(teardown(done, loaded)).json();
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         if let Some(plan) = &done.backend.plan() {
@@ -223,19 +244,18 @@ pub fn run(args: CpdArgs) -> Result<()> {
             print_breakdown(b, "slowest GPU");
         }
         print_summary(model, done.cpd_s, done.starts, fms, args.out.as_ref());
+        println!("wall       {}", wall(teardown(done, loaded)).line());
     }
     // (The kept model may be an earlier start's, which ran to its end.)
-    if model.interrupted || stop.load(Ordering::SeqCst) {
+    if interrupted || stop.load(Ordering::SeqCst) {
         // Stopped on purpose: the model so far is written; say so in the
         // exit status, as a shell expects of an interrupted program.
         std::process::exit(130);
     }
     if let Some(fms) = fms {
-        if model.fit() < 0.99 || fms < 0.95 {
+        if fit < 0.99 || fms < 0.95 {
             bail!(
-                "the demo did not recover the planted tensor (fit {:.4}, factor match {:.4})",
-                model.fit(),
-                fms
+                "the demo did not recover the planted tensor (fit {fit:.4}, factor match {fms:.4})"
             );
         }
     }
