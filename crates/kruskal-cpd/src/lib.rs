@@ -1,6 +1,7 @@
 //! CP decomposition by alternating least squares (CPD-ALS) for sparse
 //! tensors, over a [`Backend`] trait so the same driver runs on the CPU
-//! ([`CpuBackend`]), one GPU ([`GpuBackend`]) or several ([`GroupBackend`]).
+//! ([`CpuBackend`]), one GPU ([`GpuBackend`]) or several ([`GroupBackend`]);
+//! and, in [`apr`], the Poisson CP of count tensors (CP-APR) on the CPU.
 //!
 //! ```
 //! use kruskal_cpd::{cpd_als, CpdOptions, CpuBackend};
@@ -15,6 +16,7 @@
 //! ```
 
 pub mod als;
+pub mod apr;
 pub mod backend;
 pub mod decompose;
 pub mod dense;
@@ -30,6 +32,7 @@ pub mod warnings;
 
 pub(crate) use als::check_factor_shapes;
 pub use als::{CpdOptions, Init, arrange, cpd_als, cpd_als_with, random_factors};
+pub use apr::{AprInit, AprIteration, AprModel, AprOptions, cp_apr};
 pub use backend::{Backend, ColumnNorms, CpuBackend};
 pub use decompose::{
     BackendChoice, Chosen, DecomposeOptions, Decomposition, Event, PrepareTimes, StartSummary,

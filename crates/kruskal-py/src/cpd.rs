@@ -350,3 +350,102 @@ pub fn devices(py: Python<'_>) -> PyResult<(Vec<Bound<'_, PyDict>>, Option<Strin
         }
     }
 }
+
+/// What the Python layer's `cp_apr` passes down; see its docstring.
+#[pyfunction]
+#[pyo3(signature = (tensor, rank, *, iters, inner_iters, tol, kappa, kappa_tol, eps_div_zero, time_limit, init, weights, seed, callback))]
+#[allow(clippy::too_many_arguments)]
+pub fn cp_apr<'py>(
+    py: Python<'py>,
+    tensor: &SparseTensor,
+    rank: usize,
+    iters: usize,
+    inner_iters: usize,
+    tol: f64,
+    kappa: f64,
+    kappa_tol: f64,
+    eps_div_zero: f64,
+    time_limit: Option<f64>,
+    init: Option<Vec<PyReadonlyArray2<'py, f64>>>,
+    weights: Option<Vec<f64>>,
+    seed: u64,
+    callback: Option<Py<PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    use kruskal_cpd::apr::{AprInit, AprOptions, cp_apr, non_integer_values};
+    let init = match init {
+        None => AprInit::Random { seed },
+        Some(factors) => AprInit::Given {
+            factors: factors
+                .iter()
+                .map(|f| f.as_array().as_standard_layout().into_owned())
+                .collect(),
+            weights,
+        },
+    };
+    let opts = AprOptions {
+        rank,
+        max_iters: iters,
+        max_inner_iters: inner_iters,
+        tol,
+        kappa,
+        kappa_tol,
+        eps_div_zero,
+        time_limit_s: time_limit,
+        init,
+    };
+    let t = tensor.inner.clone();
+    let mut raised: Option<PyErr> = None;
+    let done = py.detach(|| {
+        cp_apr(&t, &opts, &mut |s| {
+            // Back into Python once per outer iteration: Ctrl-C and the
+            // callback are heard there.
+            let keep_going = Python::attach(|py| -> PyResult<bool> {
+                py.check_signals()?;
+                match &callback {
+                    Some(f) => f
+                        .call1(py, (s.iteration, s.log_likelihood, s.kkt_violation))?
+                        .is_truthy(py),
+                    None => Ok(true),
+                }
+            });
+            match keep_going {
+                Ok(true) => ControlFlow::Continue(()),
+                Ok(false) => ControlFlow::Break(()),
+                Err(e) => {
+                    raised = Some(e);
+                    ControlFlow::Break(())
+                }
+            }
+        })
+        .map(|m| (m, non_integer_values(&t)))
+    });
+    if let Some(e) = raised {
+        return Err(e);
+    }
+    let (model, non_integer) = done.map_err(|e| cpd_error(e, false))?;
+    let out = PyDict::new(py);
+    out.set_item("weights", model.lambda.clone().into_pyarray(py))?;
+    let factors = PyList::empty(py);
+    for f in model.factors {
+        factors.append(f.into_pyarray(py))?;
+    }
+    out.set_item("factors", factors)?;
+    let iterations = PyList::empty(py);
+    for s in &model.iterations {
+        let d = PyDict::new(py);
+        d.set_item("iteration", s.iteration)?;
+        d.set_item("log_likelihood", s.log_likelihood)?;
+        d.set_item("kkt_violation", s.kkt_violation)?;
+        d.set_item("inner_iters", s.inner_iters)?;
+        d.set_item("kappa_fixes", s.kappa_fixes)?;
+        d.set_item("elapsed_s", s.elapsed_s)?;
+        iterations.append(d)?;
+    }
+    out.set_item("iterations", iterations)?;
+    out.set_item("log_likelihood", model.log_likelihood)?;
+    out.set_item("converged", model.converged)?;
+    out.set_item("timed_out", model.timed_out)?;
+    out.set_item("interrupted", model.interrupted)?;
+    out.set_item("non_integer_values", non_integer)?;
+    Ok(out)
+}

@@ -1,6 +1,7 @@
 //! The native part of the Python package `kruskal` (`kruskal._kruskal`):
 //! the sparse tensor, reading files, CPD-ALS through
-//! `kruskal_cpd::decompose` (the call `kruskal cpd` makes), one MTTKRP, and
+//! `kruskal_cpd::decompose` (the call `kruskal cpd` makes), CP-APR
+//! (`kruskal_cpd::apr`, as `kruskal cp-apr`), one MTTKRP, and
 //! the GPUs. The Python layer (`python/kruskal/__init__.py`) adds the model
 //! class, the progress bar and the conversions to and from pyttb, TensorLy,
 //! pydata `sparse` and scipy.
@@ -27,6 +28,7 @@ fn _kruskal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tensor::SparseTensor>()?;
     m.add_function(wrap_pyfunction!(tensor::read, m)?)?;
     m.add_function(wrap_pyfunction!(cpd::cp_als, m)?)?;
+    m.add_function(wrap_pyfunction!(cpd::cp_apr, m)?)?;
     m.add_function(wrap_pyfunction!(cpd::mttkrp, m)?)?;
     m.add_function(wrap_pyfunction!(cpd::devices, m)?)?;
     m.add("GpuError", m.py().get_type::<GpuError>())?;

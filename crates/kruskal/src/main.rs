@@ -22,6 +22,9 @@ struct Cli {
 enum Command {
     /// Decompose a tensor by CPD-ALS (or try it on a planted tensor: --demo).
     Cpd(cmd::cpd::CpdArgs),
+    /// Decompose a count tensor by CP-APR (Poisson CP, multiplicative
+    /// updates; as pyttb's cp_apr).
+    CpApr(cmd::cp_apr::CpAprArgs),
     /// Time the MTTKRP of each mode.
     Mttkrp(cmd::mttkrp::MttkrpArgs),
     /// Show a tensor's shape and per-mode statistics.
@@ -42,6 +45,7 @@ impl Command {
     fn name(&self) -> &'static str {
         match self {
             Command::Cpd(_) => "cpd",
+            Command::CpApr(_) => "cp-apr",
             Command::Mttkrp(_) => "mttkrp",
             Command::Info(_) => "info",
             Command::Convert(_) => "convert",
@@ -72,6 +76,7 @@ fn main() -> ExitCode {
     let name = cli.command.name();
     let result = match cli.command {
         Command::Cpd(a) => cmd::cpd::run(a),
+        Command::CpApr(a) => cmd::cp_apr::run(a),
         Command::Mttkrp(a) => cmd::mttkrp::run(a),
         Command::Info(a) => cmd::info::run(a),
         Command::Convert(a) => cmd::convert::run(a),

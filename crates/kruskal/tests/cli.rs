@@ -1242,4 +1242,59 @@ fn readme_file_example_runs_and_fits_as_it_says() {
         "README says {claimed:?}; the run printed\n{out}"
     );
     assert!(dir.path().join("target/model/mode-3.npy").is_file());
+
+/// A successful `kruskal cp-apr FILE --rank 3 --json` with `extra` flags:
+/// the report.
+fn cp_apr_json(file: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["cp-apr", file.to_str().unwrap(), "--rank", "3", "--json"];
+    args.extend_from_slice(extra);
+    let o = kruskal(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_str(&stdout(&o)).unwrap()
+}
+
+#[test]
+fn cp_apr_reports_every_iteration_and_writes_its_model() {
+    let file = data("splatt-med.tns.gz");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("apr");
+    let v = cp_apr_json(&file, &["--iters", "4", "--out", out.to_str().unwrap()]);
+    let its = v["iterations"].as_array().unwrap();
+    assert_eq!(its.len(), 4);
+    let ll: Vec<f64> = its
+        .iter()
+        .map(|s| s["log_likelihood"].as_f64().unwrap())
+        .collect();
+    assert!(ll.iter().all(|x| x.is_finite()) && ll[3] > ll[0], "{ll:?}");
+    assert_eq!(v["log_likelihood"].as_f64().unwrap(), ll[3]);
+    assert_eq!(v["non_integer_values"].as_u64(), Some(0));
+    for name in ["lambda.npy", "mode-1.npy", "mode-2.npy", "mode-3.npy"] {
+        let bytes = std::fs::read(out.join(name)).unwrap();
+        assert_eq!(&bytes[..6], b"\x93NUMPY", "{name} is not .npy");
+    }
+    // Restarted from its own model (f32 files), the first iteration (no
+    // kappa fix, multiplicative updates only) does not fall below where
+    // the run stopped.
+    let again = cp_apr_json(&file, &["--iters", "1", "--init", out.to_str().unwrap()]);
+    let first = again["iterations"][0]["log_likelihood"].as_f64().unwrap();
+    assert!(first >= ll[3] - 1e-6 * ll[3].abs(), "{first} < {}", ll[3]);
+}
+
+#[test]
+fn cp_apr_refuses_negative_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("neg.tns");
+    std::fs::write(&file, "1 1 1 2\n2 2 2 -3\n").unwrap();
+    let out = dir.path().join("model");
+    let o = kruskal(&[
+        "cp-apr",
+        file.to_str().unwrap(),
+        "--rank",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_clean_failure(&o, "non-negative counts");
+    assert!(stderr(&o).contains("(2, 2, 2)"), "{}", stderr(&o));
+    assert!(!out.exists(), "a model directory was left behind");
 }

@@ -2,7 +2,8 @@
 
 The Python face of kruskal: the same decomposition as ``kruskal cpd``
 (one library call makes the same choices of backend, kernels and GPUs),
-with numpy arrays in and out.
+with numpy arrays in and out; and ``cp_apr``, the Poisson CP of count
+tensors (as ``kruskal cp-apr`` and pyttb's ``cp_apr``).
 
 Examples
 --------
@@ -28,6 +29,7 @@ __all__ = [
     "KruskalModel",
     "SparseTensor",
     "cp_als",
+    "cp_apr",
     "devices",
     "mttkrp",
     "read",
@@ -50,10 +52,16 @@ class KruskalModel:
         One (dims[n], rank) matrix per mode with unit 2-norm columns, in
         the dtype ``cp_als`` was asked for (float32 by default).
     fit : float
-        ``1 - ||X - model|| / ||X||`` after the last iteration.
+        ``1 - ||X - model|| / ||X||`` after the last iteration (NaN for
+        ``cp_apr``, which does not compute it).
     fits : numpy.ndarray
         The fit after every iteration of the kept start (the last 10,000
         of a longer run).
+    log_likelihood : float
+        ``cp_apr`` only: the Poisson log-likelihood of the model (NaN for
+        ``cp_als``).
+    log_likelihoods : numpy.ndarray
+        ``cp_apr`` only: the log-likelihood after every outer iteration.
     iterations : list of dict
         Per iteration: ``iteration``, ``fit``, ``delta``, ``mttkrp_s``,
         ``other_s``, ``mttkrp_modes_s``, ``update_s``, ``fit_s`` (the
@@ -94,13 +102,25 @@ class KruskalModel:
 
     @property
     def fits(self) -> np.ndarray:
-        """The fit after every iteration (float64)."""
-        return np.array([it["fit"] for it in self.iterations], dtype=np.float64)
+        """The fit after every iteration (float64; NaN for ``cp_apr``)."""
+        return np.array([it.get("fit", np.nan) for it in self.iterations], dtype=np.float64)
 
     @property
     def fit(self) -> float:
-        """The fit after the last iteration (0.0 when none ran)."""
-        return float(self.iterations[-1]["fit"]) if self.iterations else 0.0
+        """The fit after the last iteration (0.0 when none ran; NaN for
+        ``cp_apr``)."""
+        return float(self.iterations[-1].get("fit", np.nan)) if self.iterations else 0.0
+
+    @property
+    def log_likelihoods(self) -> np.ndarray:
+        """``cp_apr``: the log-likelihood after every outer iteration."""
+        return np.array([it.get("log_likelihood", np.nan) for it in self.iterations],
+                        dtype=np.float64)
+
+    @property
+    def log_likelihood(self) -> float:
+        """``cp_apr``: the final model's log-likelihood (NaN for ``cp_als``)."""
+        return float(self.info.get("log_likelihood", np.nan))
 
     def full(self) -> np.ndarray:
         """The model as a dense numpy array (float64): for small tensors only."""
@@ -130,6 +150,10 @@ class KruskalModel:
     def __repr__(self) -> str:
         shape = ", ".join(str(f.shape[0]) for f in self.factors)
         state = "converged" if self.converged else "interrupted" if self.interrupted else "limit"
+        if "log_likelihood" in self.info:
+            return (f"kruskal.KruskalModel(shape=({shape}), rank={self.rank}, "
+                    f"log_likelihood={self.log_likelihood:.6e}, "
+                    f"iterations={len(self.iterations)} ({state}), backend={self.backend!r})")
         return (f"kruskal.KruskalModel(shape=({shape}), rank={self.rank}, fit={self.fit:.6f}, "
                 f"iterations={len(self.iterations)} ({state}), backend={self.backend!r})")
 
@@ -356,6 +380,125 @@ def cp_als(
     info["starts"] = [dict(zip(("seed", "fit", "iterations"), s)) for s in out["starts"]]
     return KruskalModel(out["weights"], factors, out["iterations"], out["converged"],
                         out["interrupted"], out["backend"], info)
+
+
+def cp_apr(
+    X: Any,
+    rank: int = 10,
+    algorithm: str = "mu",
+    stoptol: float = 1e-4,
+    stoptime: float = 1e6,
+    maxiters: int = 1000,
+    init: Any = "random",
+    maxinneriters: int = 10,
+    epsDivZero: float = 1e-10,
+    kappa: float = 0.01,
+    kappatol: float = 1e-10,
+    *,
+    seed: int = 1,
+    callback: Optional[Callable[[int, float, float], Optional[bool]]] = None,
+) -> KruskalModel:
+    """Poisson CP of a count tensor by CP-APR, as ``kruskal cp-apr``.
+
+    Follows pyttb's ``cp_apr(algorithm="mu")`` step by step (the
+    multiplicative updates of Chi and Kolda, the kappa fix of inadmissible
+    zeros, the KKT stopping test, the final normalization and sort): from
+    the same initial factors both give the same log-likelihoods. Runs on
+    the CPU, in float64, on all cores.
+
+    The arguments from ``algorithm`` to ``kappatol`` are pyttb's, with its
+    names and defaults.
+
+    Parameters
+    ----------
+    X : SparseTensor, pyttb.sptensor, sparse.COO or scipy.sparse matrix
+        Counts: non-negative values (others are refused).
+    rank : int, default 10
+        Number of components.
+    algorithm : {"mu"}
+        Only the multiplicative updates ("mu").
+    stoptol : float, default 1e-4
+        Stop when every mode's KKT violation is below this.
+    stoptime : float, default 1e6
+        Stop after the outer iteration that ends past this many seconds.
+    maxiters : int, default 1000
+        Outer iteration limit.
+    init : "random", pyttb.ktensor or list of array_like
+        ``"random"``: uniform in [0, 1) from ``seed`` (the factors
+        ``kruskal cpd --seed`` draws; pyttb draws its own from numpy).
+        A ``pyttb.ktensor`` (its factors and weights) or one non-negative
+        (dims[n], rank) matrix per mode, used as float64.
+    maxinneriters : int, default 10
+        Multiplicative updates per mode and outer iteration at most.
+    epsDivZero : float, default 1e-10
+        Floor of the model's value where it divides a count.
+    kappa : float, default 0.01
+        Offset added to entries stuck at zero that the data wants to grow.
+    kappatol : float, default 1e-10
+        Entries below this count as zero for the kappa fix.
+    seed : int, default 1
+        Seed of the random initial factors.
+    callback : callable, optional
+        ``callback(iteration, log_likelihood, kkt_violation)`` after every
+        outer iteration; returning False stops the run.
+
+    Returns
+    -------
+    KruskalModel
+        float64 factors with columns of unit 1-norm, weights largest first
+        (``to_pyttb()`` gives the ``pyttb.ktensor``); ``log_likelihood``,
+        ``log_likelihoods``, and per outer iteration in ``iterations``:
+        ``iteration``, ``log_likelihood``, ``kkt_violation``,
+        ``inner_iters``, ``kappa_fixes``, ``elapsed_s``. ``info`` holds
+        ``log_likelihood``, ``timed_out``, ``non_integer_values`` (values
+        that are not whole numbers: accepted, as pyttb does).
+
+    Raises
+    ------
+    ValueError
+        Bad arguments, negative or non-finite values, negative initial
+        factors or factors of the wrong shape.
+    """
+    if algorithm != "mu":
+        raise ValueError(f"algorithm must be 'mu' (the only one kruskal has), not {algorithm!r}")
+    if not isinstance(rank, (int, np.integer)) or isinstance(rank, bool) or rank < 1:
+        raise ValueError(f"rank must be an integer >= 1, not {rank!r}")
+    for name, value in (("maxiters", maxiters), ("maxinneriters", maxinneriters)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, not {value!r}")
+    if not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, not {seed!r}")
+    tensor = _as_tensor(X)
+    weights = None
+    if isinstance(init, str):
+        if init != "random":
+            raise ValueError(f"init must be 'random', a pyttb.ktensor or a list of factor "
+                             f"matrices, not {init!r}")
+        given = None
+    else:
+        if hasattr(init, "factor_matrices") and hasattr(init, "weights"):
+            weights = [float(w) for w in np.asarray(init.weights, dtype=np.float64)]
+            init = list(init.factor_matrices)
+        if isinstance(init, np.ndarray) or not isinstance(init, (list, tuple)):
+            raise ValueError("init must be a list of arrays, one per mode")
+        given = []
+        for n, f in enumerate(init):
+            a = np.asarray(f)
+            if a.dtype.kind not in "fiu" or a.ndim != 2:
+                raise ValueError(f"init[{n}] must be a 2-D array of real numbers")
+            given.append(np.ascontiguousarray(a, dtype=np.float64))
+    stop = float(stoptime)
+    out = _kruskal.cp_apr(
+        tensor, int(rank), iters=int(maxiters), inner_iters=int(maxinneriters),
+        tol=float(stoptol), kappa=float(kappa), kappa_tol=float(kappatol),
+        eps_div_zero=float(epsDivZero), time_limit=stop if np.isfinite(stop) else None,
+        init=given, weights=weights, seed=int(seed),
+        callback=(lambda i, ll, kkt: callback(i, ll, kkt) is not False)
+        if callback is not None else None)
+    info = {k: out[k] for k in ("log_likelihood", "timed_out", "non_integer_values")}
+    info["describe"] = "cpu (CP-APR, multiplicative updates)"
+    return KruskalModel(out["weights"], list(out["factors"]), out["iterations"],
+                        out["converged"], out["interrupted"], "cpu", info)
 
 
 def mttkrp(X: Any, factors: Sequence[np.ndarray], mode: int, *, backend: str = "auto",

@@ -419,7 +419,7 @@ static STOP: AtomicBool = AtomicBool::new(false);
 /// process): the first stops the run after the current iteration (the
 /// model so far is written), the next ends the process at once, removing
 /// the model's temporaries and the `--out` directories the run made.
-fn interrupt_flag() -> Result<&'static AtomicBool> {
+pub(super) fn interrupt_flag() -> Result<&'static AtomicBool> {
     ctrlc::set_handler(|| {
         STOP.store(true, Ordering::SeqCst);
         if INTERRUPTS.fetch_add(1, Ordering::SeqCst) > 0 {

@@ -8,6 +8,7 @@ pub mod cleanup;
 pub mod common;
 pub mod compact;
 pub mod convert;
+pub mod cp_apr;
 pub mod cpd;
 pub mod distributed;
 pub mod errors;
