@@ -18,7 +18,8 @@ fn bench_cp_apr(c: &mut Criterion) {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(500_000);
-    let spec = PowerLawSpec::like(preset("nell-2").expect("known preset")).with_nnz(nnz);
+    let spec =
+        PowerLawSpec::like(preset("nell-2").expect("known preset"), Some(nnz)).expect("a count");
     let (dims, indices, values) = power_law(&spec).expect("valid spec").into_parts();
     // Uniform [0, 1) values as counts 1..=5.
     let counts = values.iter().map(|v| (v * 5.0).floor() + 1.0).collect();

@@ -1242,6 +1242,7 @@ fn readme_file_example_runs_and_fits_as_it_says() {
         "README says {claimed:?}; the run printed\n{out}"
     );
     assert!(dir.path().join("target/model/mode-3.npy").is_file());
+}
 
 /// A successful `kruskal cp-apr FILE --rank 3 --json` with `extra` flags:
 /// the report.
