@@ -249,9 +249,8 @@ mod tests {
 
     #[test]
     fn rounds_continue_each_sum_in_file_order() {
-        // 1 + 2^-30 + 2^-30 ... : summed in order, each tiny value is lost
-        // against 1 in f32 but not in f64; a part summed on its own first
-        // would round differently.
+        // 1 + 2^-30 + 2^-30 ... : each tiny value would be lost against 1
+        // in f32, but the sums are f64.
         let tiny = 2f32.powi(-30);
         let mut lines = vec![(vec![1, 1], 1.0f32)];
         for _ in 0..64 {
@@ -259,13 +258,17 @@ mod tests {
         }
         lines.push((vec![0, 2], 5.0));
         lines.push((vec![1, 1], -1.0));
+        // 1 + 2^60 - 2^60 is 0 in f64, in this order; 1 + (2^60 - 2^60)
+        // would be 1.
+        let big = 2f32.powi(60);
+        lines.extend([(vec![0, 0], 1.0), (vec![0, 0], big), (vec![0, 0], -big)]);
         let dims = [2, 3];
         let whole = in_rounds(&dims, &lines, &[]).unwrap();
-        for cuts in [vec![1], vec![2, 3, 40], vec![10, 60, 65, 66]] {
+        for cuts in [vec![1], vec![2, 3, 40], vec![10, 60, 65, 66, 68]] {
             assert_eq!(in_rounds(&dims, &lines, &cuts).unwrap(), whole, "{cuts:?}");
         }
-        assert_eq!(whole.0, vec![vec![0, 1], vec![2, 1]]);
-        assert_eq!(whole.1, vec![5.0, (64.0 * f64::from(tiny)) as f32]);
+        assert_eq!(whole.0, vec![vec![0, 0, 1], vec![0, 2, 1]]);
+        assert_eq!(whole.1, vec![0.0, 5.0, (64.0 * f64::from(tiny)) as f32]);
     }
 
     #[test]
