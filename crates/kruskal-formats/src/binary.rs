@@ -462,7 +462,7 @@ pub(crate) fn read_binary_with(path: &Path, chunk: usize) -> Result<(SparseTenso
         Ok((t, 0, start.elapsed().as_secs_f64()))
     } else {
         let checked_s = start.elapsed().as_secs_f64();
-        let (t, merged, s) = SparseTensor::new_timed(dims, indices, values).map_err(holds)?;
+        let (t, merged, s) = SparseTensor::new_timed(dims, indices, values, 0).map_err(holds)?;
         Ok((t, merged, checked_s + s))
     }
 }

@@ -19,6 +19,10 @@
 //! coordinate order and each entry's value is the f64 sum of its lines, in
 //! file order, rounded once to f32. Memory: 16 bytes per nonzero (32 with
 //! u128 keys) while sorting, checked against `MemAvailable` first.
+//!
+//! The text reader sums a file with many repeated lines in rounds while it
+//! reads (`summed.rs`), with the same order and rounding, so that the
+//! tensor is the one this module would give for all the lines at once.
 
 use std::ops::Range;
 
@@ -38,13 +42,17 @@ pub(crate) struct Coalesced {
 }
 
 /// Sums the nonzeros of `indices`/`values` that share a coordinate.
-/// `dims` bound the indices (the caller has checked them). A sum too large
-/// for f32 is an error naming the coordinate; a sort that `MemAvailable`
-/// cannot hold is refused before it allocates.
+/// `dims` bound the indices (the caller has checked them). The first
+/// `increasing` nonzeros are known to be in strictly increasing coordinate
+/// order (the text reader checks a file's order as it reads; 0 when
+/// nothing is known), so only the rest is checked. A sum too large for f32
+/// is an error naming the coordinate; a sort that `MemAvailable` cannot
+/// hold is refused before it allocates.
 pub(crate) fn coalesce(
     dims: &[u32],
     indices: Vec<Vec<u32>>,
     values: Vec<f32>,
+    increasing: usize,
 ) -> Result<Coalesced> {
     let unchanged = |indices, values| {
         Ok(Coalesced {
@@ -53,20 +61,27 @@ pub(crate) fn coalesce(
             merged: 0,
         })
     };
-    if values.len() < 2 || strictly_increasing(&indices) {
+    if values.len() < 2 || increasing_at(&indices, increasing..values.len()) {
         return unchanged(indices, values);
     }
     let width = KeyWidth::of(dims);
     check_memory(width, indices.len(), values.len())?;
-    let order = match width {
-        KeyWidth::U64 => sorted_positions::<u64>(&indices, dims),
-        KeyWidth::U128 => sorted_positions::<u128>(&indices, dims),
-        KeyWidth::Wider => compared_positions(&indices),
-    };
-    let Some(order) = order else {
+    let Some(order) = repeats_order(&indices, dims) else {
         return unchanged(indices, values);
     };
     merge(&indices, &values, &order)
+}
+
+/// Bytes per nonzero that [`coordinate_order`] and [`repeats_order`] allocate for the nonzeros
+/// of a tensor whose cells number `width`: its sorted (key, position)
+/// pairs and the positions collected from them, or the positions and the
+/// merge sort's buffer where coordinates are compared mode by mode.
+pub(crate) fn order_bytes(width: KeyWidth) -> u64 {
+    match width {
+        KeyWidth::U64 => 16 + 8,
+        KeyWidth::U128 => 32 + 8,
+        KeyWidth::Wider => 8 + 8,
+    }
 }
 
 /// Refuses a search for repeats that the host's memory cannot hold: the
@@ -197,73 +212,154 @@ pub(crate) fn coordinate_of<K: Key>(mut key: K, dims: &[u32], out: &mut [u32]) {
 }
 
 /// The row-major cell number of nonzero `k`: keys order as coordinates do.
-pub(crate) fn key_of<K: Key>(indices: &[Vec<u32>], dims: &[u32], k: usize) -> K {
-    indices
-        .iter()
-        .zip(dims)
-        .fold(K::from(0), |key, (idx, &d)| key.times_plus(d, idx[k]))
+pub(crate) fn key_of<K: Key, I: AsRef<[u32]>>(indices: &[I], dims: &[u32], k: usize) -> K {
+    indices.iter().zip(dims).fold(K::from(0), |key, (idx, &d)| {
+        key.times_plus(d, idx.as_ref()[k])
+    })
 }
 
-/// The positions of the nonzeros in coordinate order, with equal
-/// coordinates in file order; `None` when no coordinate repeats.
-fn sorted_positions<K: Key>(indices: &[Vec<u32>], dims: &[u32]) -> Option<Vec<usize>> {
-    let nnz = indices[0].len();
+/// The positions of the nonzeros in coordinate order, equal coordinates
+/// in file order (a stable sort). `dims` bound the indices (any bounds
+/// do: the order is the coordinates' lexicographic order, mode 0 most
+/// significant).
+///
+/// Cost: a parallel sort of (cell number, position) pairs, or of
+/// positions compared mode by mode past 2^128 cells; memory
+/// [`order_bytes`] per nonzero.
+pub(crate) fn coordinate_order<I: AsRef<[u32]> + Sync>(indices: &[I], dims: &[u32]) -> Vec<usize> {
+    ordered(indices, dims, true).unwrap_or_default()
+}
+
+/// [`coordinate_order`] where some coordinate repeats, else `None`.
+pub(crate) fn repeats_order<I: AsRef<[u32]> + Sync>(
+    indices: &[I],
+    dims: &[u32],
+) -> Option<Vec<usize>> {
+    ordered(indices, dims, false)
+}
+
+/// [`coordinate_order`], or `None` when no coordinate repeats and not
+/// `always`.
+fn ordered<I: AsRef<[u32]> + Sync>(
+    indices: &[I],
+    dims: &[u32],
+    always: bool,
+) -> Option<Vec<usize>> {
+    match KeyWidth::of(dims) {
+        KeyWidth::U64 => sorted_positions::<u64, I>(indices, dims, always),
+        KeyWidth::U128 => sorted_positions::<u128, I>(indices, dims, always),
+        KeyWidth::Wider => compared_positions(indices, always),
+    }
+}
+
+/// [`ordered`] with keys of type `K`.
+fn sorted_positions<K: Key, I: AsRef<[u32]> + Sync>(
+    indices: &[I],
+    dims: &[u32],
+    always: bool,
+) -> Option<Vec<usize>> {
+    let nnz = indices.first().map_or(0, |idx| idx.as_ref().len());
     let mut pairs: Vec<(K, usize)> = (0..nnz)
         .into_par_iter()
-        .map(|k| (key_of::<K>(indices, dims, k), k))
+        .map(|k| (key_of::<K, I>(indices, dims, k), k))
         .collect();
     // The position breaks ties, so the unstable sort gives a stable order.
     pairs.par_sort_unstable();
-    let repeats = pairs.par_windows(2).any(|w| w[0].0 == w[1].0);
-    repeats.then(|| pairs.into_par_iter().map(|(_, k)| k).collect())
+    let wanted = always || pairs.par_windows(2).any(|w| w[0].0 == w[1].0);
+    wanted.then(|| pairs.into_par_iter().map(|(_, k)| k).collect())
 }
 
-/// [`sorted_positions`] for coordinates too wide for a u128 key.
-fn compared_positions(indices: &[Vec<u32>]) -> Option<Vec<usize>> {
-    let nnz = indices[0].len();
-    let cmp = |a: usize, b: usize| {
-        indices
-            .iter()
-            .map(|idx| idx[a].cmp(&idx[b]))
-            .find(|o| o.is_ne())
-            .unwrap_or(std::cmp::Ordering::Equal)
-    };
+/// [`ordered`] for coordinates too wide for a u128 key.
+fn compared_positions<I: AsRef<[u32]> + Sync>(indices: &[I], always: bool) -> Option<Vec<usize>> {
+    let nnz = indices.first().map_or(0, |idx| idx.as_ref().len());
     let mut order: Vec<usize> = (0..nnz).collect();
-    order.par_sort_by(|&a, &b| cmp(a, b).then(a.cmp(&b)));
-    let repeats = order.par_windows(2).any(|w| cmp(w[0], w[1]).is_eq());
-    repeats.then_some(order)
+    order.par_sort_by(|&a, &b| compare(indices, a, indices, b).then(a.cmp(&b)));
+    let wanted = always || order.par_windows(2).any(|w| same(indices, w[0], w[1]));
+    wanted.then_some(order)
+}
+
+/// The coordinate of nonzero `a` of `left` against that of nonzero `b` of
+/// `right`, mode 0 most significant.
+pub(crate) fn compare<L: AsRef<[u32]>, R: AsRef<[u32]>>(
+    left: &[L],
+    a: usize,
+    right: &[R],
+    b: usize,
+) -> std::cmp::Ordering {
+    left.iter()
+        .zip(right)
+        .map(|(l, r)| l.as_ref()[a].cmp(&r.as_ref()[b]))
+        .find(|o| o.is_ne())
+        .unwrap_or(std::cmp::Ordering::Equal)
+}
+
+/// Whether nonzeros `a` and `b` share a coordinate.
+fn same<I: AsRef<[u32]>>(indices: &[I], a: usize, b: usize) -> bool {
+    indices.iter().all(|idx| idx.as_ref()[a] == idx.as_ref()[b])
+}
+
+/// Where each run of equal coordinates begins in `order` (positions in
+/// coordinate order), followed by `order.len()`: run `g` is
+/// `order[starts[g]..starts[g + 1]]`.
+pub(crate) fn run_starts<I: AsRef<[u32]> + Sync>(indices: &[I], order: &[usize]) -> Vec<usize> {
+    let mut starts: Vec<usize> = (0..order.len())
+        .into_par_iter()
+        .filter(|&p| p == 0 || !same(indices, order[p - 1], order[p]))
+        .collect();
+    starts.push(order.len());
+    starts
+}
+
+/// `sum` plus the values of the nonzeros at `positions`, one at a time in
+/// the order given, in f64 (`values` `None`: every value is 1). A new
+/// entry starts from -0.0, which adding a value leaves exactly that value:
+/// this is the order and rounding of `Iterator::sum`, so a coordinate's
+/// lines summed in parts, each part continuing from the sum so far, give
+/// the same bits as summed at once.
+pub(crate) fn add_in_order(sum: f64, positions: &[usize], values: Option<&[f32]>) -> f64 {
+    match values {
+        Some(values) => positions.iter().fold(sum, |s, &k| s + f64::from(values[k])),
+        None => positions.iter().fold(sum, |s, _| s + 1.0),
+    }
+}
+
+/// The sum that a new entry starts from (see [`add_in_order`]).
+pub(crate) const EMPTY_SUM: f64 = -0.0;
+
+/// The error for `lines` lines (when known) at `coordinate` (0-based)
+/// whose values sum to `sum`, beyond f32.
+pub(crate) fn sum_beyond_f32(
+    coordinate: impl Iterator<Item = u32>,
+    lines: Option<usize>,
+    sum: f64,
+) -> FormatError {
+    let coordinate: Vec<String> = coordinate.map(|i| (u64::from(i) + 1).to_string()).collect();
+    let which = match lines {
+        Some(n) => format!("the {n} nonzeros"),
+        None => "the nonzeros".to_string(),
+    };
+    FormatError::Invalid(format!(
+        "{which} at coordinate ({}) (1-based) sum to {sum:.3e}, which f32 cannot hold",
+        coordinate.join(", "),
+    ))
 }
 
 /// Builds the coalesced arrays from the nonzeros in coordinate order.
 fn merge(indices: &[Vec<u32>], values: &[f32], order: &[usize]) -> Result<Coalesced> {
-    let same = |a: usize, b: usize| indices.iter().all(|idx| idx[a] == idx[b]);
     // starts[g]: where entry g's run of equal coordinates begins in `order`.
-    let mut starts: Vec<usize> = (0..order.len())
-        .into_par_iter()
-        .filter(|&p| p == 0 || !same(order[p - 1], order[p]))
-        .collect();
-    let entries = starts.len();
-    starts.push(order.len());
+    let starts = run_starts(indices, order);
+    let entries = starts.len() - 1;
     let sums: Vec<f64> = starts
         .par_windows(2)
-        .map(|w| {
-            order[w[0]..w[1]]
-                .iter()
-                .map(|&k| f64::from(values[k]))
-                .sum()
-        })
+        .map(|w| add_in_order(EMPTY_SUM, &order[w[0]..w[1]], Some(values)))
         .collect();
     if let Some(g) = sums.iter().position(|&v| !(v as f32).is_finite()) {
-        let coordinate: Vec<String> = indices
-            .iter()
-            .map(|idx| (u64::from(idx[order[starts[g]]]) + 1).to_string())
-            .collect();
-        return Err(FormatError::Invalid(format!(
-            "the {} nonzeros at coordinate ({}) (1-based) sum to {:.3e}, which f32 cannot hold",
-            starts[g + 1] - starts[g],
-            coordinate.join(", "),
-            sums[g]
-        )));
+        let first = order[starts[g]];
+        return Err(sum_beyond_f32(
+            indices.iter().map(|idx| idx[first]),
+            Some(starts[g + 1] - starts[g]),
+            sums[g],
+        ));
     }
     let merged_values: Vec<f32> = sums.into_par_iter().map(|v| v as f32).collect();
     let merged_indices = indices
@@ -287,7 +383,7 @@ mod tests {
     use super::*;
 
     fn run(dims: &[u32], indices: Vec<Vec<u32>>, values: Vec<f32>) -> Coalesced {
-        coalesce(dims, indices, values).unwrap()
+        coalesce(dims, indices, values, 0).unwrap()
     }
 
     #[test]
@@ -386,6 +482,7 @@ mod tests {
             &[4, 4],
             vec![vec![0, 3, 3], vec![1, 2, 2]],
             vec![1.0, 3e38, 3e38],
+            0,
         )
         .err()
         .unwrap()
@@ -413,14 +510,17 @@ mod tests {
         // The largest cell numbers 2^64 - 1 without wrapping.
         let dims = [u32::MAX, u32::MAX];
         let top = vec![vec![u32::MAX - 1], vec![u32::MAX - 1]];
-        assert_eq!(key_of::<u64>(&top, &dims, 0), u64::MAX - ((1u64 << 33) - 1));
+        assert_eq!(
+            key_of::<u64, _>(&top, &dims, 0),
+            u64::MAX - ((1u64 << 33) - 1)
+        );
         // And back.
         let dims = [4_821_207, 1_774_269, 1_805_187];
         let idx = vec![vec![4_821_206], vec![17], vec![1_805_186]];
         let mut out = [0u32; 3];
-        coordinate_of(key_of::<u64>(&idx, &dims, 0), &dims, &mut out);
+        coordinate_of(key_of::<u64, _>(&idx, &dims, 0), &dims, &mut out);
         assert_eq!(out, [4_821_206, 17, 1_805_186]);
-        coordinate_of(key_of::<u128>(&idx, &dims, 0), &dims, &mut out);
+        coordinate_of(key_of::<u128, _>(&idx, &dims, 0), &dims, &mut out);
         assert_eq!(out, [4_821_206, 17, 1_805_186]);
     }
 }

@@ -50,20 +50,23 @@ impl SparseTensor {
         indices: Vec<Vec<u32>>,
         values: Vec<f32>,
     ) -> Result<(Self, usize)> {
-        Self::new_timed(dims, indices, values).map(|(t, merged, _)| (t, merged))
+        Self::new_timed(dims, indices, values, 0).map(|(t, merged, _)| (t, merged))
     }
 
-    /// [`SparseTensor::new_with_merged`], also returning the seconds spent
-    /// on repeated coordinates (the order check, and the sort where
+    /// [`SparseTensor::new_with_merged`] of nonzeros whose first
+    /// `increasing` the caller has found in strictly increasing coordinate
+    /// order (so only the rest is checked), also returning the seconds
+    /// spent on repeated coordinates (the order check, and the sort where
     /// needed), not counting the other checks.
     pub(crate) fn new_timed(
         dims: Vec<u32>,
         indices: Vec<Vec<u32>>,
         values: Vec<f32>,
+        increasing: usize,
     ) -> Result<(Self, usize, f64)> {
         check(&dims, &indices, &values)?;
         let start = std::time::Instant::now();
-        let c = coalesce::coalesce(&dims, indices, values)?;
+        let c = coalesce::coalesce(&dims, indices, values, increasing)?;
         let seconds = start.elapsed().as_secs_f64();
         let t = SparseTensor {
             attached: Attached::default(),

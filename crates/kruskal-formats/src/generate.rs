@@ -228,7 +228,7 @@ fn distinct_draws<K: Key>(spec: &PowerLawSpec, modes: &[ModeDraw]) -> Result<Vec
             .collect();
         let mut keys: Vec<K> = (0..count)
             .into_par_iter()
-            .map(|k| key_of::<K>(&cols, &spec.dims, k))
+            .map(|k| key_of::<K, _>(&cols, &spec.dims, k))
             .collect();
         keys.par_sort_unstable();
         keys.dedup();

@@ -29,6 +29,7 @@ pub mod hicoo;
 pub mod io;
 pub mod memory;
 mod mode_stats;
+mod summed;
 pub mod tns;
 
 pub use attached::{Attached, AttachedSlot};

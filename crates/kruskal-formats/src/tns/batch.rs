@@ -11,20 +11,29 @@ use super::feed::{Block, Feed, Job};
 use super::parse::{
     Layout, ParsedBlock, count_lines, first_data_line, make_layout, parse_block, with_cr_hint,
 };
+use super::rounds::Held;
+use crate::coalesce;
+use crate::coo::SparseTensor;
 use crate::error::{FormatError, Result};
-use crate::io::ReadOptions;
+use crate::io::{ReadOptions, ReadReport};
 use crate::memory;
 
-/// Parses the blocks of `feed` in parallel batches and concatenates their
-/// columns in file order.
+/// Parses the blocks of `feed` in parallel batches and appends their
+/// columns in file order, summing repeated coordinates in rounds where
+/// they are many (`rounds.rs`) in rounds of at least `round_min` lines.
 pub(super) fn parse_batches(
     path: &Path,
     feed: &mut Feed,
     batch: usize,
     total: u64,
+    round_min: usize,
     opts: &ReadOptions,
-) -> Result<Columns> {
-    let mut out = Output::default();
+) -> Result<Output> {
+    let reading = Reading { path, total, opts };
+    let mut out = Output {
+        held: Held::new(round_min),
+        ..Output::default()
+    };
     let mut layout: Option<Layout> = None;
     // Lines in the blocks already appended (or skipped before the first
     // data line).
@@ -38,9 +47,9 @@ pub(super) fn parse_batches(
         let mut jobs = feed.next_jobs(batch);
         let Some(reach) = jobs.last().map(Job::file_pos) else {
             if let Some((p, pos)) = pending.take() {
-                append_batch(path, &mut out, p, pos, total, &mut lines_before, &mut spare)?;
+                append_batch(reading, &mut out, p, pos, &mut lines_before, &mut spare)?;
             }
-            return Ok(out.finish());
+            return Ok(out);
         };
 
         if layout.is_none() {
@@ -97,7 +106,7 @@ pub(super) fn parse_batches(
             || -> Result<Option<u64>> {
                 match previous {
                     Some((p, pos)) => {
-                        append_batch(path, &mut out, p, pos, total, &mut lines_before, &mut spare)?;
+                        append_batch(reading, &mut out, p, pos, &mut lines_before, &mut spare)?;
                         Ok(Some(pos))
                     }
                     None => Ok(None),
@@ -127,11 +136,10 @@ pub(super) fn parse_batches(
             // Appending returns the first error in file order; reading on
             // would be wasted.
             append_batch(
-                path,
+                reading,
                 &mut out,
                 parsed,
                 reach,
-                total,
                 &mut lines_before,
                 &mut spare,
             )?;
@@ -141,17 +149,26 @@ pub(super) fn parse_batches(
     }
 }
 
+/// The file being read: its path and length, and how to read it.
+#[derive(Clone, Copy)]
+struct Reading<'a> {
+    path: &'a Path,
+    total: u64,
+    opts: &'a ReadOptions,
+}
+
 /// Appends a parsed batch to `out` in file order, or returns the first bad
-/// line in it with its global line number (or the stop after it).
+/// line in it with its global line number (or the stop after it); then
+/// runs a round of summing when one is due.
 fn append_batch(
-    path: &Path,
+    reading: Reading,
     out: &mut Output,
     mut parsed: Vec<ParsedBlock>,
     file_pos: u64,
-    total: u64,
     lines_before: &mut u64,
     spare: &mut Vec<Columns>,
 ) -> Result<()> {
+    let Reading { path, total, opts } = reading;
     for block in &mut parsed {
         if let Some((line, msg)) = block.error.take() {
             return Err(FormatError::parse(path, *lines_before + line, msg));
@@ -173,29 +190,44 @@ fn append_batch(
     }
     let start = out.len;
     let end = start + parsed.iter().map(|b| b.cols.nnz()).sum::<usize>();
+    if out.held.increasing() {
+        let timer = std::time::Instant::now();
+        let in_order = continues_order(&out.cols, start, &parsed);
+        out.held
+            .order_checked(end - start, in_order, timer.elapsed().as_secs_f64());
+    }
     if end > out.room {
-        // The lines read so far must fit in the memory that was available
-        // when reading began (the columns are filled as reading goes on,
-        // so the memory available now no longer counts them).
+        // What is held must fit in the memory that was available when
+        // reading began (the columns and sums are filled as reading goes
+        // on, so the memory available now no longer counts them).
         let nmodes = out.cols.indices.len();
         let budget = *out.budget.get_or_insert_with(memory::available_bytes);
-        let fits = |n: usize| budget.is_none_or(|b| memory::coo_bytes(nmodes, n as u64) <= b);
-        if !fits(end) {
+        let held = out.held.bytes();
+        let need = memory::coo_bytes(nmodes, end as u64).saturating_add(held);
+        if let Some(budget) = budget.filter(|&b| need > b) {
+            let what = match out.held.distinct() {
+                Some(distinct) => format!(
+                    "the sums of the {distinct} distinct coordinates read so far and the {end} \
+                     lines read since"
+                ),
+                None => format!("the first {end} nonzeros of the file"),
+            };
             return Err(FormatError::Memory(format!(
-                "{}: the first {end} nonzeros of the file need {} in memory, and {} were \
-                 available (MemAvailable) when reading began",
+                "{}: {what} need {} in memory, and {} were available (MemAvailable) when \
+                 reading began",
                 path.display(),
-                memory::bytes_text(memory::coo_bytes(nmodes, end as u64)),
-                memory::bytes_text(budget.unwrap_or(0))
+                memory::bytes_text(need),
+                memory::bytes_text(budget)
             )));
         }
-        // Size the output from the density of nonzeros so far, so that it
-        // is rarely regrown (and copied), within the memory available.
+        // Size the columns from the density of nonzeros so far, so that
+        // they are rarely regrown (and copied), within the memory
+        // available and no larger than the next round of summing needs.
         let estimate = (end as f64 * total as f64 / file_pos.max(1) as f64 * 1.02) as usize;
         let affordable = budget.map_or(usize::MAX, |b| {
-            usize::try_from(b / (4 * nmodes as u64 + 4)).unwrap_or(usize::MAX)
+            usize::try_from((b - held) / (4 * nmodes as u64 + 4)).unwrap_or(usize::MAX)
         });
-        out.grow(estimate.min(affordable).max(end));
+        out.grow(out.held.room_for(estimate).min(affordable).max(end));
     }
     // Copy the blocks into place, in parallel over blocks and columns.
     let mut indices: Vec<(&mut [u32], &[u32])> = Vec::new();
@@ -239,12 +271,35 @@ fn append_batch(
         block.cols.clear();
         spare.push(block.cols);
     }
-    Ok(())
+    out.held
+        .after_append(path, &mut out.cols, &mut out.len, opts)
 }
 
-/// The columns of the whole file, sized ahead and filled in place.
+/// Whether the lines of `parsed` continue the strictly increasing
+/// coordinate order of the first `len` lines of `cols` (which are in that
+/// order), within each block and across the blocks' ends.
+fn continues_order(cols: &Columns, len: usize, parsed: &[ParsedBlock]) -> bool {
+    let within = parsed.par_iter().all(|b| {
+        let n = b.cols.nnz();
+        coalesce::increasing_at(&b.cols.indices, 0..n)
+    });
+    let mut last: Option<(&[Vec<u32>], usize)> = (len > 0).then(|| (&cols.indices[..], len - 1));
+    within
+        && parsed.iter().filter(|b| b.cols.nnz() > 0).all(|b| {
+            let before = match last {
+                Some((idx, k)) => coalesce::compare(idx, k, &b.cols.indices, 0).is_lt(),
+                None => true,
+            };
+            last = Some((&b.cols.indices[..], b.cols.nnz() - 1));
+            before
+        })
+}
+
+/// The columns of the lines not yet summed (every line, unless a round
+/// summed them), sized ahead and filled in place, and what the rounds
+/// hold.
 #[derive(Default)]
-struct Output {
+pub(super) struct Output {
     /// Every column holds `room` entries, of which the first `len` are
     /// filled.
     cols: Columns,
@@ -253,12 +308,14 @@ struct Output {
     /// `MemAvailable` when the output was first sized (`None` inside: it
     /// cannot be read).
     budget: Option<Option<u64>>,
+    held: Held,
 }
 
 impl Output {
     /// Makes room for `room` nonzeros. A new column is allocated zeroed,
     /// which for a large one costs nothing until its pages are filled (in
-    /// parallel, by the copies into place).
+    /// parallel, by the copies into place); a column grown is zeroed in
+    /// parallel.
     fn grow(&mut self, room: usize) {
         let has_values = self.cols.has_values;
         let values = has_values.then_some(&mut self.cols.values);
@@ -271,23 +328,26 @@ impl Output {
         self.room = room;
     }
 
-    /// The filled columns.
-    fn finish(mut self) -> Columns {
-        for col in &mut self.cols.indices {
-            col.truncate(self.len);
-            col.shrink_to_fit();
-        }
-        self.cols.values.truncate(self.len);
-        self.cols.values.shrink_to_fit();
-        self.cols
+    /// The tensor of the lines read, what the reader noticed, and the
+    /// most lines the columns had room for (they never shrink).
+    pub(super) fn into_tensor(
+        self,
+        path: &Path,
+        opts: &ReadOptions,
+    ) -> Result<(SparseTensor, ReadReport, usize)> {
+        let room = self.room;
+        let (t, report) = self.held.into_tensor(path, self.cols, self.len, opts)?;
+        Ok((t, report, room))
     }
 }
 
-fn grow_zeroed<T: Copy + Default>(v: &mut Vec<T>, len: usize) {
+fn grow_zeroed<T: Copy + Default + Send + Sync>(v: &mut Vec<T>, len: usize) {
     if v.is_empty() {
         *v = vec![T::default(); len];
-    } else {
-        v.resize(len, T::default());
+    } else if len > v.len() {
+        let extra = len - v.len();
+        v.reserve_exact(extra);
+        v.par_extend(rayon::iter::repeat_n(T::default(), extra));
     }
 }
 

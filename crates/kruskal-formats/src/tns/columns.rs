@@ -1,5 +1,5 @@
-//! The parsed nonzeros as columns, and the tensor made from them (with the
-//! warning for a value column that looks like an index).
+//! The parsed nonzeros as columns, and the warning for a value column that
+//! looks like an index (with the tally of values it reads).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -7,9 +7,7 @@ use std::path::Path;
 use rayon::prelude::*;
 
 use super::{INDEX_LIKE_MAX_MODE_SHARE, INDEX_LIKE_MIN_DISTINCT};
-use crate::coo::SparseTensor;
-use crate::error::{FormatError, Result};
-use crate::io::{ReadOptions, ReadReport};
+use crate::io::ReadOptions;
 
 /// The parsed nonzeros of one block, or of the whole file.
 #[derive(Default)]
@@ -64,97 +62,128 @@ impl Columns {
             self.values.reserve(additional);
         }
     }
+}
 
-    pub(super) fn into_tensor(
-        self,
-        path: &Path,
-        opts: &ReadOptions,
-    ) -> Result<(SparseTensor, ReadReport)> {
-        let nnz = self.nnz();
-        if nnz == 0 {
-            return Err(FormatError::file(
-                path,
-                "no nonzeros: the file has only comments and blank lines",
-            ));
+/// Distinct values counted across rounds of summing, at most: a value
+/// first seen in a round that begins with this many already counted is
+/// not counted (see [`ValueTally::add`]).
+const TALLY_MAX_DISTINCT: usize = 1 << 22;
+
+/// How often each value occurs among the lines, for the index-like rule
+/// (see the module documentation of `tns`): what the rule needs of the
+/// values, kept while the lines themselves are summed away in rounds.
+#[derive(Default)]
+pub(super) struct ValueTally {
+    /// Occurrences of each value (by its bits).
+    counts: HashMap<u32, u64>,
+    lines: u64,
+    /// Some value is below 1: not an index, whatever the rest.
+    below_one: bool,
+    /// Some values were not counted (see [`ValueTally::add`]).
+    partial: bool,
+}
+
+impl ValueTally {
+    /// Counts `values`, the next lines of the file. The values of one call
+    /// are counted exactly; those of a call that finds
+    /// [`TALLY_MAX_DISTINCT`] values already counted only add to values
+    /// already counted (the counts stay bounded while a file is summed in
+    /// rounds). One call is all the lines of a file read without rounds.
+    pub(super) fn add(&mut self, values: &[f32]) {
+        self.lines += values.len() as u64;
+        if self.below_one {
+            return;
         }
-        let mut report = ReadReport::default();
-        let dims = match &opts.dims {
-            Some(d) => d.clone(),
-            // The parser keeps indices below u32::MAX, so this cannot wrap.
-            None => self.max.iter().map(|&m| m.saturating_add(1)).collect(),
-        };
-        let values = if opts.pattern {
-            vec![1.0; nnz]
-        } else {
-            if self.integer_tokens && !opts.allow_index_like_values {
-                if let Some(why) = index_like(&self.values, &dims) {
-                    report.warnings.push(format!(
-                        "{}: the last column looks like an index, not a value ({why}); it is \
-                         read as values of a {}-mode tensor: if every line is only indices, \
-                         use --pattern",
-                        path.display(),
-                        dims.len()
-                    ));
+        if !values.par_iter().all(|&v| v >= 1.0) {
+            self.below_one = true;
+            self.counts = HashMap::new();
+            return;
+        }
+        let counts = values
+            .par_chunks(1 << 16)
+            .fold(HashMap::new, |mut counts: HashMap<u32, u64>, chunk| {
+                for v in chunk {
+                    *counts.entry(v.to_bits()).or_insert(0) += 1;
                 }
+                counts
+            })
+            .reduce(HashMap::new, |a, b| {
+                // Merge the smaller map into the larger.
+                let (mut big, small) = if a.len() >= b.len() { (a, b) } else { (b, a) };
+                for (k, c) in small {
+                    *big.entry(k).or_insert(0) += c;
+                }
+                big
+            });
+        if self.counts.is_empty() {
+            self.counts = counts;
+            return;
+        }
+        let room = self.counts.len() < TALLY_MAX_DISTINCT;
+        for (k, c) in counts {
+            match self.counts.get_mut(&k) {
+                Some(held) => *held += c,
+                None if room => {
+                    self.counts.insert(k, c);
+                }
+                None => self.partial = true,
             }
-            self.values
-        };
-        let (t, merged, seconds) =
-            SparseTensor::new_timed(dims, self.indices, values).map_err(|e| match e {
-                FormatError::Memory(m) => FormatError::Memory(format!("{}: {m}", path.display())),
-                e => FormatError::file(path, e.to_string()),
-            })?;
-        report.merged = merged;
-        report.coalesce_s = seconds;
-        Ok((t, report))
+        }
+    }
+
+    /// Why the values counted, all written as plain integers, look like
+    /// one more index column of a tensor whose index modes have dimensions
+    /// `dims`, or `None` if they do not (see the module documentation for
+    /// the rule).
+    pub(super) fn index_like(&self, dims: &[u32]) -> Option<String> {
+        if self.below_one || self.lines == 0 {
+            return None;
+        }
+        let distinct = self.counts.len();
+        let smallest_dim = dims.iter().copied().min().unwrap_or(0) as usize;
+        let needed = INDEX_LIKE_MIN_DISTINCT.min(smallest_dim).max(2);
+        if distinct < needed {
+            return None;
+        }
+        let top = self.counts.values().copied().max().unwrap_or(0);
+        let top_share = top as f64 / self.lines as f64;
+        if top_share > INDEX_LIKE_MAX_MODE_SHARE.max(1.0 / distinct as f64) {
+            return None;
+        }
+        let at_least = if self.partial { "at least " } else { "" };
+        Some(format!(
+            "every value is a whole number written without a decimal point, {at_least}{distinct} \
+             distinct, the most frequent in {:.1}% of the lines",
+            100.0 * top_share
+        ))
     }
 }
 
-/// Why `values`, all written as plain integers, look like one more index
-/// column of a tensor whose index modes have dimensions `dims`, or `None`
-/// if they do not (see the module documentation for the rule).
-fn index_like(values: &[f32], dims: &[u32]) -> Option<String> {
-    let n = values.len();
-    if !values.par_iter().all(|&v| v >= 1.0) {
+/// The warning for a value column that looks like an index, when `tally`
+/// (of every line's value) says so and the reader was not told otherwise.
+pub(super) fn index_like_warning(
+    path: &Path,
+    cols: &Columns,
+    tally: Option<&ValueTally>,
+    dims: &[u32],
+    opts: &ReadOptions,
+) -> Option<String> {
+    if opts.pattern || !cols.integer_tokens || opts.allow_index_like_values {
         return None;
     }
-    let counts = values
-        .par_chunks(1 << 16)
-        .fold(HashMap::new, |mut counts: HashMap<u32, u64>, chunk| {
-            for v in chunk {
-                *counts.entry(v.to_bits()).or_insert(0) += 1;
-            }
-            counts
-        })
-        .reduce(HashMap::new, |a, b| {
-            // Merge the smaller map into the larger.
-            let (mut big, small) = if a.len() >= b.len() { (a, b) } else { (b, a) };
-            for (k, c) in small {
-                *big.entry(k).or_insert(0) += c;
-            }
-            big
-        });
-    let distinct = counts.len();
-    let smallest_dim = dims.iter().copied().min().unwrap_or(0) as usize;
-    let needed = INDEX_LIKE_MIN_DISTINCT.min(smallest_dim).max(2);
-    if distinct < needed {
-        return None;
-    }
-    let top = counts.values().copied().max().unwrap_or(0);
-    let top_share = top as f64 / n as f64;
-    if top_share > INDEX_LIKE_MAX_MODE_SHARE.max(1.0 / distinct as f64) {
-        return None;
-    }
+    let why = tally?.index_like(dims)?;
     Some(format!(
-        "every value is a whole number written without a decimal point, {distinct} distinct, \
-         the most frequent in {:.1}% of the lines",
-        100.0 * top_share
+        "{}: the last column looks like an index, not a value ({why}); it is read as values of \
+         a {}-mode tensor: if every line is only indices, use --pattern",
+        path.display(),
+        dims.len()
     ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::coo::SparseTensor;
     use crate::tns::read_tns_report;
     use crate::tns::test_util::{file_err, write_file};
 

@@ -12,9 +12,8 @@ use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
 
 use flate2::read::MultiGzDecoder;
 
-use super::MAX_LINE;
-use super::batch::parse_batches;
-use super::columns::Columns;
+use super::batch::{Output, parse_batches};
+use super::{MAX_LINE, Tuning};
 use crate::error::{FormatError, Result};
 use crate::io::{ReadOptions, read_at};
 
@@ -50,11 +49,11 @@ pub(super) fn read_gzip(
     path: &Path,
     file: File,
     total: u64,
-    block_size: Option<usize>,
+    tuning: Tuning,
     threads: usize,
     batch: usize,
     opts: &ReadOptions,
-) -> Result<Columns> {
+) -> Result<Output> {
     let consumed = Arc::new(AtomicU64::new(0));
     let counting = CountingReader {
         inner: file,
@@ -67,7 +66,8 @@ pub(super) fn read_gzip(
     // Give every thread about four blocks, so that smaller files are parsed
     // in parallel too and batches pipeline (gzip text is typically 3-5
     // times the file).
-    let block_size = block_size
+    let block_size = tuning
+        .block_size
         .unwrap_or_else(|| {
             (total.saturating_mul(4) / (4 * threads as u64))
                 .clamp(MIN_BLOCK_SIZE as u64, MAX_BLOCK_SIZE as u64) as usize
@@ -86,7 +86,7 @@ pub(super) fn read_gzip(
             consumed,
             ended: false,
         };
-        let result = parse_batches(path, &mut feed, batch, total, opts);
+        let result = parse_batches(path, &mut feed, batch, total, tuning.round_min_lines, opts);
         // With the receiver gone, the reader stops at its next send.
         drop(feed);
         match reader.join() {

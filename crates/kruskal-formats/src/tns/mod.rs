@@ -23,7 +23,10 @@
 //! values are distinct (and at least 2), and the most frequent value holds
 //! no more than the larger of [`INDEX_LIKE_MAX_MODE_SHARE`] and a uniform
 //! share of the lines. Ratings have few distinct values, counts a frequent
-//! small one, and a value written `6.0` is never an index.
+//! small one, and a value written `6.0` is never an index. Where repeated
+//! coordinates are summed while reading (below), the values are counted as
+//! the lines go; past 2^22 distinct values, a value first seen in a later
+//! round is not counted, and the warning says "at least" that many.
 //!
 //! # How it reads fast
 //!
@@ -40,7 +43,13 @@
 //! into place in the output, in parallel, while the next batch is parsed.
 //! Each block reports its line count, so error line numbers are global, and
 //! the first error in file order is the one reported. Memory is the output
-//! plus about three batches of blocks, whose buffers are reused. Plain files
+//! plus about three batches of blocks, whose buffers are reused.
+//!
+//! Lines that repeat coordinates are summed as they are read, where they
+//! are many (`rounds.rs`): a file of many copies of few lines needs memory
+//! for its distinct coordinates and a round of lines, not for every line.
+//! The tensor is the one summing every line at the end would give, bit for
+//! bit. Plain files
 //! are read with ordinary reads rather than a memory map: a mapped file that
 //! another process truncates faults the reader (and mapping needs `unsafe`),
 //! while the copy costs little next to parsing.
@@ -51,15 +60,17 @@
 //! `feed` cuts the input into blocks of whole lines (positional reads of a
 //! plain file, or a gzip reader thread), `batch` parses blocks in parallel
 //! batches and copies them into the output, `parse` turns lines into
-//! indices and values, `numbers` parses the values, `columns` makes the
-//! tensor out of the parsed columns (with the index-like warning), and
-//! `write` writes text.
+//! indices and values, `numbers` parses the values, `rounds` sums repeated
+//! coordinates while reading and makes the tensor out of what was read,
+//! `columns` holds the parsed columns and the index-like warning (with the
+//! tally of values it reads), and `write` writes text.
 
 mod batch;
 mod columns;
 mod feed;
 mod numbers;
 mod parse;
+mod rounds;
 #[cfg(test)]
 mod test_util;
 mod write;
@@ -73,6 +84,7 @@ use crate::io::{FileKind, ReadOptions, ReadReport};
 
 use batch::parse_batches;
 use feed::{Feed, PlainFile, plain_block_size, read_gzip};
+use rounds::ROUND_MIN_LINES;
 
 pub use write::write_tns;
 
@@ -129,6 +141,33 @@ pub(crate) fn read_tns_report_with(
     opts: &ReadOptions,
     block_size: Option<usize>,
 ) -> Result<(SparseTensor, ReadReport)> {
+    let tuning = Tuning {
+        block_size,
+        round_min_lines: ROUND_MIN_LINES,
+    };
+    read_tns_tuned(path, opts, tuning).map(|(t, report, _)| (t, report))
+}
+
+/// How a read cuts its work (chosen in tests, to exercise the cuts).
+#[derive(Clone, Copy)]
+pub(crate) struct Tuning {
+    /// Bytes per block; `None` picks them from the file size.
+    pub(crate) block_size: Option<usize>,
+    /// The fewest lines out of coordinate order before a round of summing
+    /// repeated coordinates, and between two rounds ([`ROUND_MIN_LINES`]
+    /// outside tests).
+    pub(crate) round_min_lines: usize,
+}
+
+/// [`read_tns_report`] cut as `tuning` says, also returning the most
+/// lines the reader's columns had room for at once (the memory of the
+/// lines not yet summed).
+pub(crate) fn read_tns_tuned(
+    path: &Path,
+    opts: &ReadOptions,
+    tuning: Tuning,
+) -> Result<(SparseTensor, ReadReport, usize)> {
+    let block_size = tuning.block_size;
     let kind = FileKind::sniff(path)?;
     if kind == FileKind::Binary {
         return Err(FormatError::file(
@@ -153,8 +192,8 @@ pub(crate) fn read_tns_report_with(
     }
     let threads = rayon::current_num_threads().max(1);
     let batch = threads.clamp(1, MAX_BATCH);
-    let columns = if kind == FileKind::TnsGz {
-        read_gzip(path, file, total, block_size, threads, batch, opts)?
+    let output = if kind == FileKind::TnsGz {
+        read_gzip(path, file, total, tuning, threads, batch, opts)?
     } else {
         // A range is no longer than the longest line, so only a block's last
         // line can be too long (see `PlainFile::load_into`).
@@ -173,10 +212,10 @@ pub(crate) fn read_tns_report_with(
             next: 0,
             bufs: Vec::new(),
         };
-        parse_batches(path, &mut feed, batch, total, opts)?
+        parse_batches(path, &mut feed, batch, total, tuning.round_min_lines, opts)?
     };
     opts.report(total, total);
-    columns.into_tensor(path, opts)
+    output.into_tensor(path, opts)
 }
 
 #[cfg(test)]
