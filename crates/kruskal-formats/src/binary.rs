@@ -362,14 +362,8 @@ pub(crate) fn read_header(path: &Path, file: &mut File) -> Result<Header> {
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect();
     // The mapped reader never builds a tensor, so the header refuses what
-    // the tensor's own check would (the same words).
-    if let Some(m) = dims.iter().position(|&d| d == 0) {
-        return Err(corrupt(format!(
-            "the file holds an invalid tensor: the dimension of mode {} is 0: every mode needs \
-             at least one index",
-            m + 1
-        )));
-    }
+    // the tensor's own check would.
+    crate::coo::check_dims(&dims).map_err(|e| corrupt(format!("the file holds an {e}")))?;
     // Both are below `total`, which fits in usize.
     Ok(Header {
         dims,

@@ -328,9 +328,10 @@ fn counts_by_sorted_chunks(indices: &[u32], dim: usize) -> Vec<u64> {
     counts.into_par_iter().map(AtomicU64::into_inner).collect()
 }
 
-/// The checks of [`SparseTensor::new`]: matching lengths, indices below
-/// their dimensions, finite values.
-fn check(dims: &[u32], indices: &[Vec<u32>], values: &[f32]) -> Result<()> {
+/// The checks of the dimensions alone (a mode at least, at most
+/// [`MAX_MODES`], none of them 0): [`SparseTensor::new`]'s first, and a
+/// `.ktns` header's.
+pub(crate) fn check_dims(dims: &[u32]) -> Result<()> {
     if dims.is_empty() {
         return Err(FormatError::Invalid(
             "a tensor needs at least one mode".into(),
@@ -348,6 +349,13 @@ fn check(dims: &[u32], indices: &[Vec<u32>], values: &[f32]) -> Result<()> {
             m + 1
         )));
     }
+    Ok(())
+}
+
+/// The checks of [`SparseTensor::new`]: matching lengths, indices below
+/// their dimensions, finite values.
+fn check(dims: &[u32], indices: &[Vec<u32>], values: &[f32]) -> Result<()> {
+    check_dims(dims)?;
     if indices.len() != dims.len() {
         return Err(FormatError::Invalid(format!(
             "{} dimensions but {} index arrays",
