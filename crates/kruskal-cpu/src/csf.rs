@@ -49,6 +49,7 @@ use kruskal_formats::{Csf, SparseTensor};
 use ndarray::Array2;
 use rayon::prelude::*;
 
+use crate::fcoo::{BlockPartials, join_edges};
 use crate::{CpuError, Result, mttkrp_slices, row_of};
 
 /// Target nonzeros per root-mode chunk (as the sorted engine's chunks).
@@ -401,12 +402,9 @@ struct TreeView<'a> {
     factors: &'a [&'a [f32]],
 }
 
-/// The head and tail partials a chunk leaves in its two slots.
-#[derive(Clone, Copy, Default)]
-struct Partials {
-    head: Option<usize>,
-    tail: Option<usize>,
-}
+/// The head and tail partials a chunk leaves in its two slots (as an
+/// F-COO block does).
+type Partials = BlockPartials;
 
 /// A root-mode MTTKRP: every chunk in parallel, then the split slices.
 fn root_mode(view: &TreeView<'_>, chunks: &[Chunk], rank: usize, out: &mut [f32]) {
@@ -431,32 +429,12 @@ fn root_mode(view: &TreeView<'_>, chunks: &[Chunk], rank: usize, out: &mut [f32]
 
     // The pieces of one slice are adjacent in chunk order.
     let ids0 = view.csf.ids(0);
-    let mut pending: Option<usize> = None;
-    let mut sums = vec![0f64; rank];
-    let mut store = |slice: usize, sums: &[f64]| {
+    join_edges(&partials, &slots, rank, |slice, sums| {
         let row = ids0[slice] as usize;
         for (o, &s) in out[row * rank..(row + 1) * rank].iter_mut().zip(sums) {
             *o = s as f32;
         }
-    };
-    for (c, p) in partials.iter().enumerate() {
-        for (slot, slice) in [(0, p.head), (1, p.tail)] {
-            let Some(slice) = slice else { continue };
-            let part = &slots[(2 * c + slot) * rank..(2 * c + slot + 1) * rank];
-            if pending == Some(slice) {
-                sums.iter_mut().zip(part).for_each(|(a, x)| *a += x);
-            } else {
-                if let Some(done) = pending {
-                    store(done, &sums);
-                }
-                sums.copy_from_slice(part);
-                pending = Some(slice);
-            }
-        }
-    }
-    if let Some(done) = pending {
-        store(done, &sums);
-    }
+    });
 }
 
 /// One root-mode chunk. Dispatches to a kernel specialized for the rank

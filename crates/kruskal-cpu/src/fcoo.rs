@@ -63,8 +63,41 @@ pub(crate) struct Block {
 /// the first, tail in the second).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(crate) struct BlockPartials {
-    head: Option<usize>,
-    tail: Option<usize>,
+    pub(crate) head: Option<usize>,
+    pub(crate) tail: Option<usize>,
+}
+
+/// Joins the rows that block (or chunk) edges cut: block `b` left the
+/// partial sums of its head and tail rows in `slots[2b]` and
+/// `slots[2b + 1]` (`width` each). The pieces of one row are adjacent in
+/// block order, so consecutive ones are summed, in that order, and each
+/// joined row is handed to `store` once.
+pub(crate) fn join_edges(
+    partials: &[BlockPartials],
+    slots: &[f64],
+    width: usize,
+    mut store: impl FnMut(usize, &[f64]),
+) {
+    let mut pending: Option<usize> = None;
+    let mut sums = vec![0f64; width];
+    for (b, p) in partials.iter().enumerate() {
+        for (slot, row) in [(0, p.head), (1, p.tail)] {
+            let Some(row) = row else { continue };
+            let part = &slots[(2 * b + slot) * width..(2 * b + slot + 1) * width];
+            if pending == Some(row) {
+                sums.iter_mut().zip(part).for_each(|(a, x)| *a += x);
+            } else {
+                if let Some(done) = pending {
+                    store(done, &sums);
+                }
+                sums.copy_from_slice(part);
+                pending = Some(row);
+            }
+        }
+    }
+    if let Some(done) = pending {
+        store(done, &sums);
+    }
 }
 
 /// One segmented reduction: an F-COO, where its segments' results go, and
@@ -156,32 +189,12 @@ impl Reduction<'_> {
             .collect();
 
         // Fix-up: the pieces of one segment are adjacent in block order.
-        let mut pending: Option<usize> = None;
-        let mut sums = vec![0f64; width];
-        let mut store = |seg: usize, sums: &[f64]| {
+        join_edges(&partials, &slots, width, |seg, sums| {
             let row = self.row(seg);
             for (o, &s) in out[row * width..(row + 1) * width].iter_mut().zip(sums) {
                 *o = s as f32;
             }
-        };
-        for (b, p) in partials.iter().enumerate() {
-            for (slot, seg) in [(0, p.head), (1, p.tail)] {
-                let Some(seg) = seg else { continue };
-                let part = &slots[(2 * b + slot) * width..(2 * b + slot + 1) * width];
-                if pending == Some(seg) {
-                    sums.iter_mut().zip(part).for_each(|(a, x)| *a += x);
-                } else {
-                    if let Some(done) = pending {
-                        store(done, &sums);
-                    }
-                    sums.copy_from_slice(part);
-                    pending = Some(seg);
-                }
-            }
-        }
-        if let Some(done) = pending {
-            store(done, &sums);
-        }
+        });
     }
 
     /// Phase 2 for one block: zeroes `mine`, sums every segment piece of
