@@ -27,6 +27,23 @@ pub fn warn(py: Python<'_>, text: &str) -> PyResult<()> {
     )
 }
 
+/// A model's weights and factors as numpy arrays (the factors moved, not
+/// copied), in a new dict under `weights` and `factors`.
+fn model_dict<T: numpy::Element>(
+    py: Python<'_>,
+    weights: Vec<f64>,
+    factors: Vec<Array2<T>>,
+) -> PyResult<Bound<'_, PyDict>> {
+    let out = PyDict::new(py);
+    out.set_item("weights", weights.into_pyarray(py))?;
+    let list = PyList::empty(py);
+    for f in factors {
+        list.append(f.into_pyarray(py))?;
+    }
+    out.set_item("factors", list)?;
+    Ok(out)
+}
+
 /// Owned row-major copies of the factors (the backends take ownership of
 /// them: one copy, the layout kruskal computes in).
 fn owned_factors(factors: &[PyReadonlyArray2<'_, f32>]) -> Vec<Array2<f32>> {
@@ -192,13 +209,7 @@ pub fn cp_als<'py>(
     }
     let done = done.map_err(|e| cpd_error(e, on_gpu))?;
     let model = done.model;
-    let out = PyDict::new(py);
-    out.set_item("weights", model.lambda.clone().into_pyarray(py))?;
-    let factors = PyList::empty(py);
-    for f in model.factors {
-        factors.append(f.into_pyarray(py))?;
-    }
-    out.set_item("factors", factors)?;
+    let out = model_dict(py, model.lambda.clone(), model.factors)?;
     let iterations = PyList::empty(py);
     for s in &model.iterations {
         let d = PyDict::new(py);
@@ -423,13 +434,7 @@ pub fn cp_apr<'py>(
         return Err(e);
     }
     let (model, non_integer) = done.map_err(|e| cpd_error(e, false))?;
-    let out = PyDict::new(py);
-    out.set_item("weights", model.lambda.clone().into_pyarray(py))?;
-    let factors = PyList::empty(py);
-    for f in model.factors {
-        factors.append(f.into_pyarray(py))?;
-    }
-    out.set_item("factors", factors)?;
+    let out = model_dict(py, model.lambda.clone(), model.factors)?;
     let iterations = PyList::empty(py);
     for s in &model.iterations {
         let d = PyDict::new(py);
