@@ -368,6 +368,21 @@ impl MappedBinary {
     /// histograms at a time.
     pub fn count_range(&self, range: Range<usize>) -> Result<RangeCounts> {
         self.check_range(&range)?;
+        // The counts are sized by the header's dimensions, which a damaged
+        // or hostile file may make huge: checked before they are allocated
+        // (every mode's counts, and one histogram beside them).
+        let rows: u64 = self.dims.iter().map(|&d| u64::from(d)).sum();
+        let widest = self.dims.iter().map(|&d| u64::from(d)).max().unwrap_or(0);
+        let need = 8 * (rows + widest);
+        if let Some(available) = crate::memory::shortfall(need) {
+            return Err(FormatError::Memory(format!(
+                "{}: counting the nonzeros of its {rows} rows needs {}, and {} are available \
+                 (MemAvailable)",
+                self.path.display(),
+                crate::memory::bytes_text(need),
+                crate::memory::bytes_text(available)
+            )));
+        }
         let counts = (0..self.nmodes())
             .map(|mode| self.count_mode(mode, range.clone()))
             .collect::<Result<Vec<_>>>()?;
@@ -661,6 +676,32 @@ mod tests {
         let mapped = file_err(MappedBinary::open(p).unwrap_err(), p);
         assert_eq!(mapped, read);
         mapped
+    }
+
+    #[test]
+    fn counts_the_header_makes_too_large_are_refused_before_allocating() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("wide.ktns");
+        let t =
+            SparseTensor::new(vec![4, 4, 4], vec![vec![1], vec![2], vec![3]], vec![1.0]).unwrap();
+        write_binary(&p, &t).unwrap();
+        let mut bytes = std::fs::read(&p).unwrap();
+        // M = 3: the dimensions at 32..44, the header CRC at 48.
+        for m in 0..3 {
+            bytes[32 + 4 * m..36 + 4 * m].copy_from_slice(&u32::MAX.to_le_bytes());
+        }
+        let crc = crc32fast::hash(&bytes[..48]);
+        bytes[48..52].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(&p, &bytes).unwrap();
+        // 3 x 2^32 rows of counts and one histogram: 128 GiB.
+        let m = MappedBinary::open(&p).unwrap();
+        let err = m.count_range(0..1).unwrap_err();
+        assert!(matches!(err, FormatError::Memory(_)), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.starts_with(&p.display().to_string()) && text.contains("MemAvailable"),
+            "{text}"
+        );
     }
 
     #[test]
