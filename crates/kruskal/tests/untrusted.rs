@@ -487,6 +487,52 @@ fn long_run(file: &Path, out: &Path) -> std::process::Child {
     ])
 }
 
+/// Sends `sig` to `child`, waits (up to 20 s) until the program says it
+/// will stop after this iteration, which shows the first signal was
+/// handled, then sends `sig` again; returns what the program left: its
+/// output with all of its stderr. Two signals sent without that wait may
+/// reach the program as one on a loaded machine.
+fn signal_twice(mut child: std::process::Child, sig: &str) -> Output {
+    use std::io::Read;
+    let mut pipe = child.stderr.take().expect("stderr is piped");
+    let text = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let reader = {
+        let text = text.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            loop {
+                match pipe.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => text.lock().unwrap().extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+    };
+    signal(child.id(), sig);
+    let handled = wait_until(std::time::Duration::from_secs(20), || {
+        String::from_utf8_lossy(&text.lock().unwrap()).contains("stopping after this iteration")
+    });
+    assert!(
+        handled,
+        "{sig}: the first signal was not acknowledged: {}",
+        String::from_utf8_lossy(&text.lock().unwrap())
+    );
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "{sig}: the program ended before the second signal: {}",
+        String::from_utf8_lossy(&text.lock().unwrap())
+    );
+    signal(child.id(), sig);
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    let stderr = std::mem::take(&mut *text.lock().unwrap());
+    Output {
+        status,
+        stdout: Vec::new(),
+        stderr,
+    }
+}
+
 #[test]
 fn sigterm_and_sighup_stop_cleanly_and_a_second_one_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -508,15 +554,12 @@ fn sigterm_and_sighup_stop_cleanly_and_a_second_one_leaves_nothing() {
     }
     // Two: stop at once. Unless the model was in place before the second
     // arrived (and the program says so), the directories the run made are
-    // gone. (Two signals sent at once may reach it as one: a pause.)
+    // gone.
     let out = dir.path().join("deep").join("model");
     let child = long_run(&file, &out);
     assert!(wait_until(std::time::Duration::from_secs(20), || out.is_dir()));
     std::thread::sleep(std::time::Duration::from_millis(300));
-    signal(child.id(), "TERM");
-    std::thread::sleep(std::time::Duration::from_millis(2));
-    signal(child.id(), "TERM");
-    let o = child.wait_with_output().unwrap();
+    let o = signal_twice(child, "TERM");
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(130), "{err}");
     if err.contains("nothing written") {
@@ -554,11 +597,7 @@ fn a_second_signal_while_the_model_is_written_leaves_all_or_nothing() {
             .any(|n| n.starts_with(".kruskal-"))
     };
     let seen = wait_until(std::time::Duration::from_secs(60), staging);
-    // (Two signals sent at once may reach it as one: a pause.)
-    signal(child.id(), "INT");
-    std::thread::sleep(std::time::Duration::from_millis(2));
-    signal(child.id(), "INT");
-    let o = child.wait_with_output().unwrap();
+    let o = signal_twice(child, "INT");
     let err = stderr(&o);
     assert!(seen, "no staging directory was seen: {err}");
     assert_eq!(o.status.code(), Some(130), "{err}");
