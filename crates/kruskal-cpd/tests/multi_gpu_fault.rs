@@ -2,9 +2,8 @@
 //! error that names the GPU, within a bounded time, and nothing hangs.
 //!
 //! A test binary of its own: the failing GPU's context stays broken for
-//! the rest of the process. Needs CUDA GPUs (`--include-ignored`) and
-//! kruskal-device's `fault-injection` feature (this crate's
-//! dev-dependency turns it on).
+//! the rest of the process. Needs CUDA GPUs (`--include-ignored`); the
+//! hook is `GroupOptions::fault` (hidden from the documentation).
 
 use std::time::{Duration, Instant};
 

@@ -88,9 +88,9 @@ pub struct GroupOptions {
     /// Longest wait for any GPU operation.
     pub timeout: Duration,
     /// Test hook: GPU `.0` runs a trapping kernel before its `.1`-th
-    /// MTTKRP (counted from 0), putting it into a real CUDA error. Only
-    /// with the `fault-injection` feature (the failure tests').
-    #[cfg(feature = "fault-injection")]
+    /// MTTKRP (counted from 0), putting it into a real CUDA error. Used
+    /// by the failure tests only (`None` everywhere else); always compiled,
+    /// so that the tests and the program build this crate alike.
     #[doc(hidden)]
     pub fault: Option<(usize, usize)>,
 }
@@ -105,7 +105,6 @@ impl Default for GroupOptions {
             streams: 3,
             segment_bytes: 256 << 20,
             timeout: Duration::from_secs(300),
-            #[cfg(feature = "fault-injection")]
             fault: None,
         }
     }
@@ -633,9 +632,7 @@ impl GpuGroup {
                 send_buf: None,
                 recv_buf: None,
                 updated: vec![false; n],
-                #[cfg(feature = "fault-injection")]
                 calls: 0,
-                #[cfg(feature = "fault-injection")]
                 fault: opts
                     .fault
                     .and_then(|(gpu, call)| (gpu == g).then_some(call)),

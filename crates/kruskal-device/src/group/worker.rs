@@ -112,10 +112,8 @@ pub(super) struct Worker {
     /// empty rows are zero then, and the update, scaling and Gram skip them.
     pub(super) updated: Vec<bool>,
     /// MTTKRPs queued so far.
-    #[cfg(feature = "fault-injection")]
     pub(super) calls: usize,
     /// The MTTKRP (counted from 0) this GPU traps before.
-    #[cfg(feature = "fault-injection")]
     pub(super) fault: Option<usize>,
 }
 
@@ -269,7 +267,6 @@ impl Worker {
     /// The fault-injection hook: before the MTTKRP numbered `fault`
     /// (counted from 0), a trapping kernel puts the GPU into a real CUDA
     /// error. Counts the MTTKRPs.
-    #[cfg(feature = "fault-injection")]
     fn inject_fault(&mut self, defines: &[(&str, i64)]) -> Result<()> {
         if self.fault == Some(self.calls) {
             let trap =
@@ -304,7 +301,6 @@ impl Worker {
             self.gpu
                 .kernels()
                 .function(self.gpu.context(), Kernel::MttkrpShard, &defines)?;
-        #[cfg(feature = "fault-injection")]
         self.inject_fault(&defines)?;
         if self.factors.is_none() {
             return Err(DeviceError::Shape("no factors loaded".into()));

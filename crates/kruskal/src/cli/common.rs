@@ -319,9 +319,7 @@ impl MultiGpuArgs {
         if self.streams == 0 || self.segment_mb == 0 || self.gpu_timeout_s == 0 {
             bail!("--streams, --segment-mb and --gpu-timeout-s must be at least 1");
         }
-        // The rest is the fault-injection test hook (with that feature of
-        // kruskal-device, which only the failure tests turn on): off.
-        #[allow(clippy::needless_update)]
+        // The rest is the failure tests' fault-injection hook: off.
         let options = kruskal_device::GroupOptions {
             exchange,
             rows,
