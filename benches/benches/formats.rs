@@ -8,7 +8,7 @@
 //! FROSTT shape (default nell-2).
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use kruskal_cpu::{CpuKernel, CpuMttkrp, MttkrpEngine};
+use kruskal_cpu::{CpuEngine, CpuMttkrp, MttkrpEngine};
 use kruskal_formats::fcoo::Fcoo;
 use kruskal_formats::generate::{PowerLawSpec, power_law, preset};
 use kruskal_formats::hicoo::Hicoo;
@@ -87,7 +87,7 @@ fn bench_mttkrp(c: &mut Criterion) {
     ));
     group.sample_size(10);
     group.throughput(Throughput::Elements((t.nnz() * t.nmodes()) as u64));
-    for kernel in CpuKernel::ENGINES {
+    for kernel in CpuEngine::ENGINES {
         let mut engine: Box<dyn MttkrpEngine> = kernel.build(&t).expect("fits");
         group.bench_function(kernel.name(), |b| {
             b.iter(|| {

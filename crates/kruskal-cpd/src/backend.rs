@@ -8,7 +8,7 @@
 
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
-use kruskal_cpu::{CpuKernel, CpuMttkrp, MttkrpEngine};
+use kruskal_cpu::{CpuEngine, CpuMttkrp, MttkrpEngine};
 use kruskal_formats::SparseTensor;
 use ndarray::Array2;
 use rayon::prelude::*;
@@ -79,7 +79,7 @@ impl CpuBackend {
     }
 
     /// Prepares the tensor for the engine `kernel` names.
-    pub fn with_kernel(tensor: &SparseTensor, kernel: CpuKernel) -> Result<Self> {
+    pub fn with_kernel(tensor: &SparseTensor, kernel: CpuEngine) -> Result<Self> {
         let engine = kernel.build(tensor)?;
         Ok(Self::with_engine(tensor, engine))
     }

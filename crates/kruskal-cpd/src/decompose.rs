@@ -16,8 +16,8 @@ use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use kruskal_cpu::CpuKernel;
-use kruskal_device::{DeviceError, Gpu, GpuGroup, GpuKernel, GpuOptions, GroupOptions};
+use kruskal_cpu::CpuEngine;
+use kruskal_device::{DeviceError, Gpu, GpuEngine, GpuGroup, GpuOptions, GroupOptions};
 use kruskal_formats::SparseTensor;
 
 use crate::backend::{Backend, CpuBackend};
@@ -55,7 +55,7 @@ impl std::str::FromStr for BackendChoice {
 }
 
 /// The GPU engines `--kernel auto` tries on the first iteration.
-const AUTO_CANDIDATES: [GpuKernel; 3] = [GpuKernel::Fcoo, GpuKernel::Flycoo, GpuKernel::Hicoo];
+const AUTO_CANDIDATES: [GpuEngine; 3] = [GpuEngine::Fcoo, GpuEngine::Flycoo, GpuEngine::Hicoo];
 
 /// What [`decompose`] does.
 #[derive(Clone, Debug)]
@@ -553,14 +553,14 @@ fn make_backend(
         return make_backend(&one, t, rank, progress, times);
     }
     let name = opts.kernel.as_str();
-    let cpu_kernel = name.parse::<CpuKernel>().ok();
-    let gpu_kernel = name.parse::<GpuKernel>().ok();
+    let cpu_kernel = name.parse::<CpuEngine>().ok();
+    let gpu_kernel = name.parse::<GpuEngine>().ok();
     if cpu_kernel.is_none() && gpu_kernel.is_none() {
         return Err(CpdError::Invalid(format!(
             "unknown kernel '{name}' (CPU: auto, sorted, fcoo, flycoo, hicoo, csf; GPU: auto, coo, fcoo, flycoo, hicoo)"
         )));
     }
-    let cpu = |kernel: Option<CpuKernel>,
+    let cpu = |kernel: Option<CpuEngine>,
                why: Option<String>|
      -> Result<(Chosen, Option<String>)> {
         let Some(kernel) = kernel else {
@@ -664,11 +664,11 @@ fn gpu_candidates(
     opts: &DecomposeOptions,
     t: &SparseTensor,
     rank: usize,
-    kernel: GpuKernel,
+    kernel: GpuEngine,
     sms: usize,
     features: Option<(kruskal_tune::TensorFeatures, f64)>,
     progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
-) -> Vec<(GpuKernel, GpuOptions)> {
+) -> Vec<(GpuEngine, GpuOptions)> {
     use kruskal_device::tune::ConfigEngine;
     use kruskal_tune::{CANDIDATES, Config, TuneModel, choose, shortlist};
     let given = opts.gpu.clone();
@@ -685,7 +685,7 @@ fn gpu_candidates(
     };
     let param_given = given.sets_parameter_of(kernel);
     // The model's parameters, where no flag gives one.
-    let with = |k: GpuKernel, o: GpuOptions| (k, given.or(&o));
+    let with = |k: GpuEngine, o: GpuOptions| (k, given.or(&o));
     let engine_defaults = |why: String, say: &mut dyn FnMut(String)| {
         say(format!(
             "timing fcoo, flycoo and hicoo at their defaults ({why})"
@@ -696,7 +696,7 @@ fn gpu_candidates(
             .collect()
     };
     match (kernel, model) {
-        (GpuKernel::Auto, Err(why)) => engine_defaults(why, &mut say),
+        (GpuEngine::Auto, Err(why)) => engine_defaults(why, &mut say),
         (_, Err(_)) => vec![(kernel, given.clone())],
         (_, Ok(_)) if param_given => vec![(kernel, given.clone())],
         (_, Ok(model)) => {
@@ -705,7 +705,7 @@ fn gpu_candidates(
                 let f = kruskal_tune::TensorFeatures::compute(t);
                 (f, start.elapsed().as_secs_f64())
             });
-            if kernel == GpuKernel::Auto {
+            if kernel == GpuEngine::Auto {
                 let ranked = match model.predict(&features, rank) {
                     Ok(ranked) => ranked,
                     Err(e) => return engine_defaults(e.to_string(), &mut say),

@@ -17,7 +17,7 @@ use cudarc::driver::{CudaSlice, DriverError};
 use kruskal_device::DeviceFactors;
 use kruskal_device::dense::{DenseKernels, check_rank};
 use kruskal_device::engines::flycoo::element_stride;
-use kruskal_device::{DeviceError, Gpu, GpuKernel, GpuMttkrp, GpuOptions, build_engines};
+use kruskal_device::{DeviceError, Gpu, GpuEngine, GpuMttkrp, GpuOptions, build_engines};
 use kruskal_formats::SparseTensor;
 use ndarray::Array2;
 use serde::Serialize;
@@ -39,7 +39,7 @@ fn driver(what: &'static str) -> impl Fn(DriverError) -> CpdError + Copy {
 /// One candidate engine: what it is, and the engine while it is kept.
 struct Candidate {
     label: String,
-    kernel: GpuKernel,
+    kernel: GpuEngine,
     engine: Option<Box<dyn GpuMttkrp>>,
 }
 
@@ -145,7 +145,7 @@ impl GpuBackend {
     pub fn new(
         gpu: Arc<Gpu>,
         t: &SparseTensor,
-        candidates: &[(GpuKernel, GpuOptions)],
+        candidates: &[(GpuEngine, GpuOptions)],
     ) -> Result<Self> {
         if candidates.is_empty() {
             return Err(CpdError::Option("no GPU kernel to run".into()));
@@ -320,7 +320,7 @@ impl GpuBackend {
         let n = self.dims.len();
         let total = |c: usize| self.trial_ms[c].iter().map(|&x| f64::from(x)).sum::<f64>();
         let others: Vec<usize> = (0..self.candidates.len())
-            .filter(|&c| self.candidates[c].kernel != GpuKernel::Flycoo)
+            .filter(|&c| self.candidates[c].kernel != GpuEngine::Flycoo)
             .collect();
         let per_mode: Option<Vec<usize>> = (!others.is_empty()).then(|| {
             (0..n)
@@ -333,7 +333,7 @@ impl GpuBackend {
                 .collect()
         });
         let flycoo = (0..self.candidates.len())
-            .filter(|&c| self.candidates[c].kernel == GpuKernel::Flycoo)
+            .filter(|&c| self.candidates[c].kernel == GpuEngine::Flycoo)
             .min_by(|&a, &b| total(a).total_cmp(&total(b)));
         let plan = match (per_mode, flycoo) {
             (Some(p), Some(f)) => {
@@ -358,20 +358,20 @@ impl GpuBackend {
 }
 
 /// `fcoo`, or `fcoo threadlen=16` when options differ from the defaults.
-fn label(kernel: GpuKernel, opts: &GpuOptions) -> String {
+fn label(kernel: GpuEngine, opts: &GpuOptions) -> String {
     let mut s = kernel.name().to_string();
     match kernel {
-        GpuKernel::Fcoo => {
+        GpuEngine::Fcoo => {
             if let Some(t) = opts.threadlen {
                 s += &format!(" threadlen={t}");
             }
         }
-        GpuKernel::Hicoo => {
+        GpuEngine::Hicoo => {
             if let Some(b) = opts.block_bits {
                 s += &format!(" block-bits={b}");
             }
         }
-        GpuKernel::Flycoo => {
+        GpuEngine::Flycoo => {
             if let Some(k) = opts.kappa {
                 s += &format!(" kappa={k}");
             }

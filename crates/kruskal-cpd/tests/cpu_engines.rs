@@ -10,7 +10,7 @@ mod common;
 
 use common::{ITERS, generated, options, real};
 use kruskal_cpd::{CpuBackend, cpd_als};
-use kruskal_cpu::CpuKernel;
+use kruskal_cpu::CpuEngine;
 
 const ENGINE_FIT_TOL: f64 = 1e-7;
 
@@ -34,12 +34,12 @@ fn check_every_engine(name: &str, t: &kruskal_formats::SparseTensor) {
     for rank in [4, 16] {
         let opts = options(t, rank);
         let base = cpd_als(
-            &mut CpuBackend::with_kernel(t, CpuKernel::Sorted).unwrap(),
+            &mut CpuBackend::with_kernel(t, CpuEngine::Sorted).unwrap(),
             &opts,
         )
         .unwrap();
         assert_eq!(base.iterations.len(), ITERS);
-        for kernel in CpuKernel::ENGINES.into_iter().chain([CpuKernel::Auto]) {
+        for kernel in CpuEngine::ENGINES.into_iter().chain([CpuEngine::Auto]) {
             let mut backend = CpuBackend::with_kernel(t, kernel).unwrap();
             let model = cpd_als(&mut backend, &opts).unwrap();
             assert_eq!(model.iterations.len(), ITERS, "{name} {kernel}");

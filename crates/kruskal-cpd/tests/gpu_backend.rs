@@ -9,7 +9,7 @@ mod common;
 
 use common::{assert_same_fits, generated, options, real};
 use kruskal_cpd::{CpdOptions, CpuBackend, GpuBackend, cpd_als};
-use kruskal_device::{Gpu, GpuKernel, GpuOptions};
+use kruskal_device::{Gpu, GpuEngine, GpuOptions};
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -21,13 +21,13 @@ fn gpu_fits_match_the_cpu_for_every_engine() {
         for rank in [7, 16, 32] {
             let opts = options(t, rank);
             let cpu = cpd_als(&mut CpuBackend::new(t), &opts).unwrap();
-            let mut runs: Vec<(String, Vec<(GpuKernel, GpuOptions)>)> = GpuKernel::ENGINES
+            let mut runs: Vec<(String, Vec<(GpuEngine, GpuOptions)>)> = GpuEngine::ENGINES
                 .iter()
                 .map(|&k| (k.name().to_string(), vec![(k, GpuOptions::default())]))
                 .collect();
             runs.push((
                 "auto".to_string(),
-                [GpuKernel::Fcoo, GpuKernel::Flycoo, GpuKernel::Hicoo]
+                [GpuEngine::Fcoo, GpuEngine::Flycoo, GpuEngine::Hicoo]
                     .iter()
                     .map(|&k| (k, GpuOptions::default()))
                     .collect(),
@@ -62,7 +62,7 @@ fn gpu_fits_match_the_cpu_for_every_engine() {
 fn the_gpu_backend_runs_from_random_starts_and_refuses_bad_ranks() {
     let gpu = Gpu::open(0).expect("a GPU");
     let (_, t) = generated().remove(0);
-    let candidates = [(GpuKernel::Fcoo, GpuOptions::default())];
+    let candidates = [(GpuEngine::Fcoo, GpuOptions::default())];
     let mut backend = GpuBackend::new(gpu, &t, &candidates).unwrap();
     // Two runs on one backend (as --starts does), the same seed twice: the
     // same fits (up to the order of fcoo's f64 atomics at block edges).

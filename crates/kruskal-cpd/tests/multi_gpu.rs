@@ -17,7 +17,7 @@ use common::{assert_same_fits, generated, options, real};
 use kruskal_cpd::{GpuBackend, GroupBackend, cpd_als, random_factors};
 use kruskal_cpu::{mttkrp_reference, relative_error};
 use kruskal_device::{
-    Exchange, FcooBuild, Gpu, GpuGroup, GpuKernel, GpuOptions, GroupOptions, RowExchange,
+    Exchange, FcooBuild, Gpu, GpuEngine, GpuGroup, GpuOptions, GroupOptions, RowExchange,
     StreamPolicy,
 };
 
@@ -153,7 +153,7 @@ fn group_fits_match_one_gpu() {
         for rank in [7, 16, 32] {
             let opts = options(t, rank);
             let one = cpd_als(
-                &mut GpuBackend::new(gpu.clone(), t, &[(GpuKernel::Fcoo, GpuOptions::default())])
+                &mut GpuBackend::new(gpu.clone(), t, &[(GpuEngine::Fcoo, GpuOptions::default())])
                     .unwrap(),
                 &opts,
             )
@@ -397,7 +397,7 @@ fn a_process_group_of_one_matches_one_gpu() {
     let rank = 16;
     let opts = options(&t, rank);
     let one = cpd_als(
-        &mut GpuBackend::new(gpu.clone(), &t, &[(GpuKernel::Fcoo, GpuOptions::default())]).unwrap(),
+        &mut GpuBackend::new(gpu.clone(), &t, &[(GpuEngine::Fcoo, GpuOptions::default())]).unwrap(),
         &opts,
     )
     .unwrap();

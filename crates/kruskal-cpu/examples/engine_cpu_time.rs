@@ -13,7 +13,7 @@ use std::error::Error;
 use std::path::Path;
 use std::time::Instant;
 
-use kruskal_cpu::{CpuKernel, MttkrpEngine};
+use kruskal_cpu::{CpuEngine, MttkrpEngine};
 use kruskal_formats::{ReadOptions, read_tensor};
 use ndarray::Array2;
 
@@ -50,7 +50,7 @@ fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
         .collect();
     let kernels = args[4..]
         .iter()
-        .map(|s| s.parse::<CpuKernel>())
+        .map(|s| s.parse::<CpuEngine>())
         .collect::<Result<Vec<_>, _>>()?;
     let mut engines: Vec<Box<dyn MttkrpEngine>> = kernels
         .iter()

@@ -277,7 +277,7 @@ impl HicooMttkrp {
         // No groups (no nonzeros): nothing owns the rows.
         rest.fill(0.0);
 
-        let kernel = Kernel {
+        let kernel = HicooPass {
             h: &self.hicoo,
             sched,
             factors: &factors,
@@ -343,7 +343,7 @@ impl HicooMttkrp {
 forward_engine!(HicooMttkrp, "hicoo");
 
 /// What every task of one MTTKRP reads.
-struct Kernel<'a> {
+struct HicooPass<'a> {
     h: &'a Hicoo,
     sched: &'a ModeSchedule,
     /// All factors, row-major (the output mode's is not read).
@@ -351,7 +351,7 @@ struct Kernel<'a> {
     rank: usize,
 }
 
-impl Kernel<'_> {
+impl HicooPass<'_> {
     /// Adds the contributions of `piece`'s nonzeros into `acc`, the
     /// `rows x rank` f64 buffer of the piece's group (row = the nonzero's
     /// in-block offset in the output mode).
@@ -426,9 +426,9 @@ impl<const R: usize> RowRun<R> {
     }
 }
 
-/// [`Kernel::accumulate`] for a rank known at compile time.
+/// [`HicooPass::accumulate`] for a rank known at compile time.
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma",))]
-fn accumulate_fixed<const R: usize>(kernel: &Kernel<'_>, piece: &Piece, acc: &mut [f64]) {
+fn accumulate_fixed<const R: usize>(kernel: &HicooPass<'_>, piece: &Piece, acc: &mut [f64]) {
     let h = kernel.h;
     let sched = kernel.sched;
     let b = h.block_bits();
@@ -486,9 +486,9 @@ fn accumulate_fixed<const R: usize>(kernel: &Kernel<'_>, piece: &Piece, acc: &mu
     });
 }
 
-/// [`Kernel::accumulate`] for any rank.
+/// [`HicooPass::accumulate`] for any rank.
 #[multiversion::multiversion(targets("x86_64+avx512f+avx512vl+avx2+fma", "x86_64+avx2+fma",))]
-fn accumulate_any(kernel: &Kernel<'_>, piece: &Piece, acc: &mut [f64]) {
+fn accumulate_any(kernel: &HicooPass<'_>, piece: &Piece, acc: &mut [f64]) {
     let h = kernel.h;
     let sched = kernel.sched;
     let rank = kernel.rank;

@@ -13,8 +13,8 @@ use crate::{CpuError, CpuMttkrp, MttkrpEngine, Result};
 
 /// The CPU MTTKRP engines.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum CpuKernel {
-    /// The fastest engine for the tensor ([`CpuKernel::resolve`]; see
+pub enum CpuEngine {
+    /// The fastest engine for the tensor ([`CpuEngine::resolve`]; see
     /// `docs/formats.md` for the measurements behind the choice).
     #[default]
     Auto,
@@ -30,24 +30,24 @@ pub enum CpuKernel {
     Csf,
 }
 
-impl CpuKernel {
+impl CpuEngine {
     /// Every concrete engine, in the order reports list them.
-    pub const ENGINES: [CpuKernel; 5] = [
-        CpuKernel::Sorted,
-        CpuKernel::Fcoo,
-        CpuKernel::Flycoo,
-        CpuKernel::Hicoo,
-        CpuKernel::Csf,
+    pub const ENGINES: [CpuEngine; 5] = [
+        CpuEngine::Sorted,
+        CpuEngine::Fcoo,
+        CpuEngine::Flycoo,
+        CpuEngine::Hicoo,
+        CpuEngine::Csf,
     ];
 
     pub fn name(self) -> &'static str {
         match self {
-            CpuKernel::Auto => "auto",
-            CpuKernel::Sorted => "sorted",
-            CpuKernel::Fcoo => "fcoo",
-            CpuKernel::Flycoo => "flycoo",
-            CpuKernel::Hicoo => "hicoo",
-            CpuKernel::Csf => "csf",
+            CpuEngine::Auto => "auto",
+            CpuEngine::Sorted => "sorted",
+            CpuEngine::Fcoo => "fcoo",
+            CpuEngine::Flycoo => "flycoo",
+            CpuEngine::Hicoo => "hicoo",
+            CpuEngine::Csf => "csf",
         }
     }
 
@@ -61,14 +61,14 @@ impl CpuKernel {
     /// shape, whose rows are mostly out of cache, within 13% of `fcoo`, and
     /// ahead of it in another run); `sorted` on two-mode tensors (a tree of
     /// two levels shares nothing) and past CSF's `u32::MAX` nonzeros.
-    pub fn resolve(self, tensor: &SparseTensor) -> CpuKernel {
+    pub fn resolve(self, tensor: &SparseTensor) -> CpuEngine {
         match self {
-            CpuKernel::Auto
+            CpuEngine::Auto
                 if tensor.nmodes() >= 3 && Csf::check_capacity(tensor.nnz() as u64).is_ok() =>
             {
-                CpuKernel::Csf
+                CpuEngine::Csf
             }
-            CpuKernel::Auto => CpuKernel::Sorted,
+            CpuEngine::Auto => CpuEngine::Sorted,
             k => k,
         }
     }
@@ -76,28 +76,28 @@ impl CpuKernel {
     /// Builds this engine for `tensor` with its default parameters.
     pub fn build(self, tensor: &SparseTensor) -> Result<Box<dyn MttkrpEngine>> {
         Ok(match self.resolve(tensor) {
-            CpuKernel::Auto | CpuKernel::Sorted => Box::new(CpuMttkrp::new(tensor)),
-            CpuKernel::Fcoo => Box::new(FcooMttkrp::new(tensor, FcooMttkrp::DEFAULT_THREADLEN)?),
-            CpuKernel::Flycoo => Box::new(FlycooMttkrp::new(tensor, None)?),
-            CpuKernel::Hicoo => Box::new(HicooMttkrp::new(tensor, Hicoo::DEFAULT_BLOCK_BITS)?),
-            CpuKernel::Csf => Box::new(CsfMttkrp::new(tensor)?),
+            CpuEngine::Auto | CpuEngine::Sorted => Box::new(CpuMttkrp::new(tensor)),
+            CpuEngine::Fcoo => Box::new(FcooMttkrp::new(tensor, FcooMttkrp::DEFAULT_THREADLEN)?),
+            CpuEngine::Flycoo => Box::new(FlycooMttkrp::new(tensor, None)?),
+            CpuEngine::Hicoo => Box::new(HicooMttkrp::new(tensor, Hicoo::DEFAULT_BLOCK_BITS)?),
+            CpuEngine::Csf => Box::new(CsfMttkrp::new(tensor)?),
         })
     }
 }
 
-impl fmt::Display for CpuKernel {
+impl fmt::Display for CpuEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
 }
 
-impl FromStr for CpuKernel {
+impl FromStr for CpuEngine {
     type Err = CpuError;
 
     fn from_str(s: &str) -> Result<Self> {
-        [CpuKernel::Auto]
+        [CpuEngine::Auto]
             .into_iter()
-            .chain(CpuKernel::ENGINES)
+            .chain(CpuEngine::ENGINES)
             .find(|k| k.name() == s)
             .ok_or_else(|| {
                 CpuError::Argument(format!(
@@ -117,16 +117,16 @@ mod tests {
         let t3 = power_law(&PowerLawSpec::new(vec![30, 20, 10], 500)).unwrap();
         let t4 = power_law(&PowerLawSpec::new(vec![30, 20, 10, 5], 500)).unwrap();
         let t2 = power_law(&PowerLawSpec::new(vec![30, 20], 300)).unwrap();
-        assert_eq!(CpuKernel::Auto.resolve(&t3), CpuKernel::Csf);
-        assert_eq!(CpuKernel::Auto.resolve(&t4), CpuKernel::Csf);
-        assert_eq!(CpuKernel::Auto.resolve(&t2), CpuKernel::Sorted);
-        assert_eq!(CpuKernel::Fcoo.resolve(&t3), CpuKernel::Fcoo);
-        assert_eq!(CpuKernel::Auto.build(&t3).unwrap().name(), "csf");
-        assert_eq!(CpuKernel::Auto.build(&t2).unwrap().name(), "sorted");
-        for k in CpuKernel::ENGINES {
-            assert_eq!(k.name().parse::<CpuKernel>().unwrap(), k);
+        assert_eq!(CpuEngine::Auto.resolve(&t3), CpuEngine::Csf);
+        assert_eq!(CpuEngine::Auto.resolve(&t4), CpuEngine::Csf);
+        assert_eq!(CpuEngine::Auto.resolve(&t2), CpuEngine::Sorted);
+        assert_eq!(CpuEngine::Fcoo.resolve(&t3), CpuEngine::Fcoo);
+        assert_eq!(CpuEngine::Auto.build(&t3).unwrap().name(), "csf");
+        assert_eq!(CpuEngine::Auto.build(&t2).unwrap().name(), "sorted");
+        for k in CpuEngine::ENGINES {
+            assert_eq!(k.name().parse::<CpuEngine>().unwrap(), k);
             assert_eq!(k.build(&t4).unwrap().name(), k.name());
         }
-        assert!("splatt".parse::<CpuKernel>().is_err());
+        assert!("splatt".parse::<CpuEngine>().is_err());
     }
 }

@@ -79,7 +79,7 @@ pub use csf::{CsfCopies, CsfMttkrp};
 pub use fcoo::FcooMttkrp;
 pub use flycoo::FlycooMttkrp;
 pub use hicoo::HicooMttkrp;
-pub use kernel::CpuKernel;
+pub use kernel::CpuEngine;
 pub use mttkrp::{CpuMttkrp, ModePlan};
 pub use reference::{mttkrp_reference, relative_error};
 pub use spttm::{SemiSparse, spttm, spttm_reference};

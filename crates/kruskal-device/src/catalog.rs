@@ -4,12 +4,12 @@
 //! Above the engines and the group, whose launch shapes it reads; the
 //! sources and their compilation are `kernels.rs`.
 
-use crate::kernels::{BUILD_RANK, Source};
+use crate::kernels::{BUILD_RANK, KernelSource};
 
 /// One kernel source file and the launch-shape defines its engine compiles
 /// it with (besides `NMODES` and `RANK`).
-pub struct KernelSource {
-    pub source: Source,
+pub struct SourceVariants {
+    pub source: KernelSource,
     /// Compiled per mode count (`-DNMODES`); files without it take `RANK`
     /// only.
     pub per_mode: bool,
@@ -18,14 +18,14 @@ pub struct KernelSource {
 }
 
 /// Every kernel source file.
-pub const SOURCES: &[KernelSource] = &[
-    KernelSource {
-        source: Source::Coo,
+pub const SOURCES: &[SourceVariants] = &[
+    SourceVariants {
+        source: KernelSource::Coo,
         per_mode: true,
         variants: &[&[]],
     },
-    KernelSource {
-        source: Source::Fcoo,
+    SourceVariants {
+        source: KernelSource::Fcoo,
         per_mode: true,
         variants: &[
             &[("WARPS", crate::engines::fcoo::WARPS as i64)],
@@ -45,13 +45,13 @@ pub const SOURCES: &[KernelSource] = &[
             ],
         ],
     },
-    KernelSource {
-        source: Source::Hicoo,
+    SourceVariants {
+        source: KernelSource::Hicoo,
         per_mode: true,
         variants: &[&[("WARPS", crate::engines::hicoo::WARPS as i64)]],
     },
-    KernelSource {
-        source: Source::Flycoo,
+    SourceVariants {
+        source: KernelSource::Flycoo,
         per_mode: true,
         variants: &[
             &[("WARPS", crate::engines::flycoo::WARPS as i64)],
@@ -61,26 +61,26 @@ pub const SOURCES: &[KernelSource] = &[
             ],
         ],
     },
-    KernelSource {
-        source: Source::Shard,
+    SourceVariants {
+        source: KernelSource::Shard,
         per_mode: true,
         variants: &[
             &[("WARPS", crate::group::WARPS as i64)],
             &[("WARPS", crate::group::WARPS as i64), ("TEAMS", 1)],
         ],
     },
-    KernelSource {
-        source: Source::Dense,
+    SourceVariants {
+        source: KernelSource::Dense,
         per_mode: false,
         variants: &[&[]],
     },
-    KernelSource {
-        source: Source::Probe,
+    SourceVariants {
+        source: KernelSource::Probe,
         per_mode: false,
         variants: &[&[]],
     },
-    KernelSource {
-        source: Source::FcooBuild,
+    SourceVariants {
+        source: KernelSource::FcooBuild,
         per_mode: false,
         variants: &[&[]],
     },
@@ -102,7 +102,7 @@ pub const CHECK_DENSE_RANKS: [i64; 10] = [1, 2, 3, 7, 16, 32, 64, 100, 128, 256]
 /// One compilation: a source file and its complete defines.
 #[derive(Clone, Debug)]
 pub struct Specialization {
-    pub source: Source,
+    pub source: KernelSource,
     pub defines: Vec<(&'static str, i64)>,
 }
 
@@ -113,7 +113,7 @@ pub fn catalog() -> Vec<Specialization> {
     for src in SOURCES {
         if !src.per_mode {
             // The F-COO build does not use the rank: one compilation.
-            let ranks: &[i64] = if src.source == Source::FcooBuild {
+            let ranks: &[i64] = if src.source == KernelSource::FcooBuild {
                 &[BUILD_RANK]
             } else {
                 &CHECK_DENSE_RANKS
@@ -144,7 +144,7 @@ pub fn catalog() -> Vec<Specialization> {
                     }
                     let mut defines = vec![("NMODES", n), ("RANK", r)];
                     defines.extend_from_slice(variant);
-                    if src.source == Source::Flycoo {
+                    if src.source == KernelSource::Flycoo {
                         let stride = crate::engines::flycoo::element_stride(n as usize);
                         defines.push(("STRIDE", stride as i64));
                     }
@@ -166,8 +166,8 @@ mod tests {
 
     #[test]
     fn the_catalog_lists_every_source_once() {
-        let listed: Vec<Source> = SOURCES.iter().map(|s| s.source).collect();
-        assert_eq!(listed, Source::ALL);
+        let listed: Vec<KernelSource> = SOURCES.iter().map(|s| s.source).collect();
+        assert_eq!(listed, KernelSource::ALL);
     }
 
     /// Needs NVRTC (a GPU machine, or the NVRTC wheel), not a GPU.

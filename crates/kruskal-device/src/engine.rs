@@ -1,6 +1,6 @@
 //! Building a GPU MTTKRP engine by name.
 //!
-//! [`GpuKernel`] names the engines as `--kernel` spells them and
+//! [`GpuEngine`] names the engines as `--kernel` spells them and
 //! [`build_engine`] prepares the device-resident format of a host tensor for
 //! the chosen one. Every engine implements [`GpuMttkrp`].
 
@@ -14,7 +14,7 @@ use crate::{DeviceError, Gpu, GpuMttkrp, Result};
 
 /// A GPU MTTKRP engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum GpuKernel {
+pub enum GpuEngine {
     /// The engine kruskal picks. [`build_engine`] resolves it to the fixed
     /// default, fcoo (the fastest single-GPU MTTKRP on every FROSTT shape
     /// measured, docs/performance.md); the adaptive choice per tensor is
@@ -31,51 +31,51 @@ pub enum GpuKernel {
     Flycoo,
 }
 
-impl GpuKernel {
+impl GpuEngine {
     /// Every concrete engine, in the order tables list them.
-    pub const ENGINES: [GpuKernel; 4] = [
-        GpuKernel::CooAtomic,
-        GpuKernel::Hicoo,
-        GpuKernel::Fcoo,
-        GpuKernel::Flycoo,
+    pub const ENGINES: [GpuEngine; 4] = [
+        GpuEngine::CooAtomic,
+        GpuEngine::Hicoo,
+        GpuEngine::Fcoo,
+        GpuEngine::Flycoo,
     ];
 
     /// The name `--kernel` takes.
     pub fn name(self) -> &'static str {
         match self {
-            GpuKernel::Auto => "auto",
-            GpuKernel::CooAtomic => "coo",
-            GpuKernel::Hicoo => "hicoo",
-            GpuKernel::Fcoo => "fcoo",
-            GpuKernel::Flycoo => "flycoo",
+            GpuEngine::Auto => "auto",
+            GpuEngine::CooAtomic => "coo",
+            GpuEngine::Hicoo => "hicoo",
+            GpuEngine::Fcoo => "fcoo",
+            GpuEngine::Flycoo => "flycoo",
         }
     }
 
     /// The engine `Auto` stands for.
-    pub fn resolve(self) -> GpuKernel {
+    pub fn resolve(self) -> GpuEngine {
         match self {
-            GpuKernel::Auto => GpuKernel::Fcoo,
+            GpuEngine::Auto => GpuEngine::Fcoo,
             k => k,
         }
     }
 }
 
-impl std::fmt::Display for GpuKernel {
+impl std::fmt::Display for GpuEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
 }
 
-impl FromStr for GpuKernel {
+impl FromStr for GpuEngine {
     type Err = String;
 
     fn from_str(s: &str) -> std::result::Result<Self, String> {
         match s {
-            "auto" => Ok(GpuKernel::Auto),
-            "coo" | "coo_atomic" => Ok(GpuKernel::CooAtomic),
-            "hicoo" => Ok(GpuKernel::Hicoo),
-            "fcoo" => Ok(GpuKernel::Fcoo),
-            "flycoo" => Ok(GpuKernel::Flycoo),
+            "auto" => Ok(GpuEngine::Auto),
+            "coo" | "coo_atomic" => Ok(GpuEngine::CooAtomic),
+            "hicoo" => Ok(GpuEngine::Hicoo),
+            "fcoo" => Ok(GpuEngine::Fcoo),
+            "flycoo" => Ok(GpuEngine::Flycoo),
             other => Err(format!(
                 "unknown GPU kernel '{other}' (choose auto, coo, hicoo, fcoo or flycoo)"
             )),
@@ -87,20 +87,20 @@ impl GpuOptions {
     /// Whether these options set `kernel`'s launch parameter (threadlen for
     /// fcoo, block bits for hicoo, kappa for flycoo; coo has none to set,
     /// so it counts as given).
-    pub fn sets_parameter_of(&self, kernel: GpuKernel) -> bool {
+    pub fn sets_parameter_of(&self, kernel: GpuEngine) -> bool {
         match kernel {
-            GpuKernel::Auto => false,
-            GpuKernel::CooAtomic => true,
-            GpuKernel::Hicoo => self.block_bits.is_some(),
-            GpuKernel::Fcoo => self.threadlen.is_some(),
-            GpuKernel::Flycoo => self.kappa.is_some(),
+            GpuEngine::Auto => false,
+            GpuEngine::CooAtomic => true,
+            GpuEngine::Hicoo => self.block_bits.is_some(),
+            GpuEngine::Fcoo => self.threadlen.is_some(),
+            GpuEngine::Flycoo => self.kappa.is_some(),
         }
     }
 }
 
 /// Builds `kernel`'s device-resident format of `t` on `gpu`.
 pub fn build_engine(
-    kernel: GpuKernel,
+    kernel: GpuEngine,
     gpu: Arc<Gpu>,
     t: &SparseTensor,
     opts: &GpuOptions,
@@ -112,8 +112,8 @@ pub fn build_engine(
         fiber,
     } = opts.resolve(gpu.properties().sms);
     Ok(match kernel.resolve() {
-        GpuKernel::CooAtomic => Box::new(crate::CooGpu::new(gpu, t)?),
-        GpuKernel::Flycoo => {
+        GpuEngine::CooAtomic => Box::new(crate::CooGpu::new(gpu, t)?),
+        GpuEngine::Flycoo => {
             let (f, _) = kruskal_partition::flycoo::build_flycoo(
                 t,
                 &kruskal_partition::layout::LayoutOptions::new(kappa),
@@ -126,21 +126,21 @@ pub fn build_engine(
             engine.set_deterministic(opts.deterministic);
             Box::new(engine)
         }
-        GpuKernel::Fcoo => {
+        GpuEngine::Fcoo => {
             let engine =
                 crate::FcooGpu::new_variants(gpu, t, &[(threadlen, fiber)], opts.fcoo_build)
                     .pop()
                     .expect("one engine per variant")?;
             configured_fcoo(engine, opts)
         }
-        GpuKernel::Hicoo => {
+        GpuEngine::Hicoo => {
             let bits = u8::try_from(bits).map_err(|_| DeviceError::Prepare {
                 format: "HiCOO",
                 message: format!("block bits {bits} must be from 1 to 8"),
             })?;
             Box::new(crate::HicooGpu::new(gpu, t, bits)?)
         }
-        GpuKernel::Auto => unreachable!("resolved above"),
+        GpuEngine::Auto => unreachable!("resolved above"),
     })
 }
 
@@ -159,11 +159,11 @@ fn configured_fcoo(mut engine: crate::FcooGpu, opts: &GpuOptions) -> Box<dyn Gpu
 pub fn build_engines(
     gpu: Arc<Gpu>,
     t: &SparseTensor,
-    candidates: &[(GpuKernel, GpuOptions)],
+    candidates: &[(GpuEngine, GpuOptions)],
 ) -> Vec<Result<Box<dyn GpuMttkrp>>> {
     let sms = gpu.properties().sms;
     let fcoo: Vec<usize> = (0..candidates.len())
-        .filter(|&k| candidates[k].0.resolve() == GpuKernel::Fcoo)
+        .filter(|&k| candidates[k].0.resolve() == GpuEngine::Fcoo)
         .collect();
     let mut built: Vec<Option<Result<Box<dyn GpuMttkrp>>>> =
         (0..candidates.len()).map(|_| None).collect();
@@ -195,20 +195,20 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for k in GpuKernel::ENGINES {
-            assert_eq!(k.name().parse::<GpuKernel>().unwrap(), k);
+        for k in GpuEngine::ENGINES {
+            assert_eq!(k.name().parse::<GpuEngine>().unwrap(), k);
         }
         assert_eq!(
-            "auto".parse::<GpuKernel>().unwrap().resolve(),
-            GpuKernel::Fcoo
+            "auto".parse::<GpuEngine>().unwrap().resolve(),
+            GpuEngine::Fcoo
         );
         let given = GpuOptions {
             threadlen: Some(16),
             ..GpuOptions::default()
         };
-        assert!(given.sets_parameter_of(GpuKernel::Fcoo));
-        assert!(!given.sets_parameter_of(GpuKernel::Hicoo));
-        assert!(GpuOptions::default().sets_parameter_of(GpuKernel::CooAtomic));
+        assert!(given.sets_parameter_of(GpuEngine::Fcoo));
+        assert!(!given.sets_parameter_of(GpuEngine::Hicoo));
+        assert!(GpuOptions::default().sets_parameter_of(GpuEngine::CooAtomic));
         let fill = GpuOptions {
             threadlen: Some(4),
             block_bits: Some(6),
@@ -231,7 +231,7 @@ mod tests {
         assert_eq!(given.resolve(132).threadlen, 32);
         assert!(
             "sorted"
-                .parse::<GpuKernel>()
+                .parse::<GpuEngine>()
                 .unwrap_err()
                 .contains("unknown GPU kernel")
         );

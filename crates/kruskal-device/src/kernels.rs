@@ -25,7 +25,7 @@ pub const COMMON: &str = include_str!("../kernels/common.cuh");
 
 /// One kernel source file of `kernels/`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Source {
+pub enum KernelSource {
     /// `mttkrp_coo.cu`: the `coo_atomic` baseline and the f64-to-f32 store.
     Coo,
     /// `mttkrp_fcoo.cu`: segmented reduction over F-COO.
@@ -45,31 +45,31 @@ pub enum Source {
     FcooBuild,
 }
 
-impl Source {
+impl KernelSource {
     /// Every source file, in the order of [`SOURCES`](crate::catalog::SOURCES).
-    pub const ALL: [Source; 8] = [
-        Source::Coo,
-        Source::Fcoo,
-        Source::Hicoo,
-        Source::Flycoo,
-        Source::Shard,
-        Source::Dense,
-        Source::Probe,
-        Source::FcooBuild,
+    pub const ALL: [KernelSource; 8] = [
+        KernelSource::Coo,
+        KernelSource::Fcoo,
+        KernelSource::Hicoo,
+        KernelSource::Flycoo,
+        KernelSource::Shard,
+        KernelSource::Dense,
+        KernelSource::Probe,
+        KernelSource::FcooBuild,
     ];
 
     /// The file's name in `kernels/` (also NVRTC's name of the program and
     /// what errors and `cargo xtask kernels` print).
     pub const fn file(self) -> &'static str {
         match self {
-            Source::Coo => "mttkrp_coo.cu",
-            Source::Fcoo => "mttkrp_fcoo.cu",
-            Source::Hicoo => "mttkrp_hicoo.cu",
-            Source::Flycoo => "mttkrp_flycoo.cu",
-            Source::Shard => "mttkrp_shard.cu",
-            Source::Dense => "dense.cu",
-            Source::Probe => "probe.cu",
-            Source::FcooBuild => "fcoo_build.cu",
+            KernelSource::Coo => "mttkrp_coo.cu",
+            KernelSource::Fcoo => "mttkrp_fcoo.cu",
+            KernelSource::Hicoo => "mttkrp_hicoo.cu",
+            KernelSource::Flycoo => "mttkrp_flycoo.cu",
+            KernelSource::Shard => "mttkrp_shard.cu",
+            KernelSource::Dense => "dense.cu",
+            KernelSource::Probe => "probe.cu",
+            KernelSource::FcooBuild => "fcoo_build.cu",
         }
     }
 
@@ -77,14 +77,14 @@ impl Source {
     /// replaced (see [`source`] for what NVRTC compiles).
     pub const fn text(self) -> &'static str {
         match self {
-            Source::Coo => include_str!("../kernels/mttkrp_coo.cu"),
-            Source::Fcoo => include_str!("../kernels/mttkrp_fcoo.cu"),
-            Source::Hicoo => include_str!("../kernels/mttkrp_hicoo.cu"),
-            Source::Flycoo => include_str!("../kernels/mttkrp_flycoo.cu"),
-            Source::Shard => include_str!("../kernels/mttkrp_shard.cu"),
-            Source::Dense => include_str!("../kernels/dense.cu"),
-            Source::Probe => include_str!("../kernels/probe.cu"),
-            Source::FcooBuild => include_str!("../kernels/fcoo_build.cu"),
+            KernelSource::Coo => include_str!("../kernels/mttkrp_coo.cu"),
+            KernelSource::Fcoo => include_str!("../kernels/mttkrp_fcoo.cu"),
+            KernelSource::Hicoo => include_str!("../kernels/mttkrp_hicoo.cu"),
+            KernelSource::Flycoo => include_str!("../kernels/mttkrp_flycoo.cu"),
+            KernelSource::Shard => include_str!("../kernels/mttkrp_shard.cu"),
+            KernelSource::Dense => include_str!("../kernels/dense.cu"),
+            KernelSource::Probe => include_str!("../kernels/probe.cu"),
+            KernelSource::FcooBuild => include_str!("../kernels/fcoo_build.cu"),
         }
     }
 }
@@ -178,51 +178,51 @@ impl Kernel {
 
     /// The source file that defines the function, and the function's name
     /// in it.
-    const fn entry(self) -> (Source, &'static str) {
+    const fn entry(self) -> (KernelSource, &'static str) {
         match self {
-            Kernel::MttkrpCooAtomic => (Source::Coo, "mttkrp_coo_atomic"),
-            Kernel::StoreF32 => (Source::Coo, "store_f32"),
-            Kernel::MttkrpFcoo => (Source::Fcoo, "mttkrp_fcoo"),
-            Kernel::FcooStoreEdges => (Source::Fcoo, "fcoo_store_edges"),
-            Kernel::FcooToHalf => (Source::Fcoo, "fcoo_to_half"),
-            Kernel::MttkrpHicoo => (Source::Hicoo, "mttkrp_hicoo"),
-            Kernel::HicooStoreSplit => (Source::Hicoo, "hicoo_store_split"),
-            Kernel::MttkrpFlycoo => (Source::Flycoo, "mttkrp_flycoo"),
-            Kernel::FlycooCombine => (Source::Flycoo, "flycoo_combine"),
-            Kernel::FlycooRemap => (Source::Flycoo, "flycoo_remap"),
-            Kernel::MttkrpShard => (Source::Shard, "mttkrp_shard"),
-            Kernel::ShardFault => (Source::Shard, "shard_fault"),
-            Kernel::CpdUpdate => (Source::Dense, "cpd_update"),
-            Kernel::CpdScaleGram => (Source::Dense, "cpd_scale_gram"),
-            Kernel::CpdScale => (Source::Dense, "cpd_scale"),
-            Kernel::CpdReduce => (Source::Dense, "cpd_reduce"),
-            Kernel::CopyRows => (Source::Dense, "copy_rows"),
-            Kernel::L2Gather => (Source::Probe, "l2_gather"),
-            Kernel::FcooKeys32 => (Source::FcooBuild, "fcoo_keys32"),
-            Kernel::FcooKeys64 => (Source::FcooBuild, "fcoo_keys64"),
-            Kernel::RadixCount32 => (Source::FcooBuild, "radix_count32"),
-            Kernel::RadixCount64 => (Source::FcooBuild, "radix_count64"),
-            Kernel::RadixScatter32 => (Source::FcooBuild, "radix_scatter32"),
-            Kernel::RadixScatter64 => (Source::FcooBuild, "radix_scatter64"),
-            Kernel::ScanReduce => (Source::FcooBuild, "scan_reduce"),
-            Kernel::ScanPartials => (Source::FcooBuild, "scan_partials"),
-            Kernel::ScanApply => (Source::FcooBuild, "scan_apply"),
-            Kernel::FcooGather => (Source::FcooBuild, "fcoo_gather"),
-            Kernel::FcooEnds32 => (Source::FcooBuild, "fcoo_ends32"),
-            Kernel::FcooEnds64 => (Source::FcooBuild, "fcoo_ends64"),
-            Kernel::FcooPopc => (Source::FcooBuild, "fcoo_popc"),
-            Kernel::FcooSegmentRows32 => (Source::FcooBuild, "fcoo_segment_rows32"),
-            Kernel::FcooSegmentRows64 => (Source::FcooBuild, "fcoo_segment_rows64"),
-            Kernel::FcooStartFlags => (Source::FcooBuild, "fcoo_start_flags"),
-            Kernel::ShardTileCounts => (Source::FcooBuild, "shard_tile_counts"),
-            Kernel::ShardSelect => (Source::FcooBuild, "shard_select"),
-            Kernel::ShardElements => (Source::FcooBuild, "shard_elements"),
-            Kernel::ShardMark => (Source::FcooBuild, "shard_mark"),
+            Kernel::MttkrpCooAtomic => (KernelSource::Coo, "mttkrp_coo_atomic"),
+            Kernel::StoreF32 => (KernelSource::Coo, "store_f32"),
+            Kernel::MttkrpFcoo => (KernelSource::Fcoo, "mttkrp_fcoo"),
+            Kernel::FcooStoreEdges => (KernelSource::Fcoo, "fcoo_store_edges"),
+            Kernel::FcooToHalf => (KernelSource::Fcoo, "fcoo_to_half"),
+            Kernel::MttkrpHicoo => (KernelSource::Hicoo, "mttkrp_hicoo"),
+            Kernel::HicooStoreSplit => (KernelSource::Hicoo, "hicoo_store_split"),
+            Kernel::MttkrpFlycoo => (KernelSource::Flycoo, "mttkrp_flycoo"),
+            Kernel::FlycooCombine => (KernelSource::Flycoo, "flycoo_combine"),
+            Kernel::FlycooRemap => (KernelSource::Flycoo, "flycoo_remap"),
+            Kernel::MttkrpShard => (KernelSource::Shard, "mttkrp_shard"),
+            Kernel::ShardFault => (KernelSource::Shard, "shard_fault"),
+            Kernel::CpdUpdate => (KernelSource::Dense, "cpd_update"),
+            Kernel::CpdScaleGram => (KernelSource::Dense, "cpd_scale_gram"),
+            Kernel::CpdScale => (KernelSource::Dense, "cpd_scale"),
+            Kernel::CpdReduce => (KernelSource::Dense, "cpd_reduce"),
+            Kernel::CopyRows => (KernelSource::Dense, "copy_rows"),
+            Kernel::L2Gather => (KernelSource::Probe, "l2_gather"),
+            Kernel::FcooKeys32 => (KernelSource::FcooBuild, "fcoo_keys32"),
+            Kernel::FcooKeys64 => (KernelSource::FcooBuild, "fcoo_keys64"),
+            Kernel::RadixCount32 => (KernelSource::FcooBuild, "radix_count32"),
+            Kernel::RadixCount64 => (KernelSource::FcooBuild, "radix_count64"),
+            Kernel::RadixScatter32 => (KernelSource::FcooBuild, "radix_scatter32"),
+            Kernel::RadixScatter64 => (KernelSource::FcooBuild, "radix_scatter64"),
+            Kernel::ScanReduce => (KernelSource::FcooBuild, "scan_reduce"),
+            Kernel::ScanPartials => (KernelSource::FcooBuild, "scan_partials"),
+            Kernel::ScanApply => (KernelSource::FcooBuild, "scan_apply"),
+            Kernel::FcooGather => (KernelSource::FcooBuild, "fcoo_gather"),
+            Kernel::FcooEnds32 => (KernelSource::FcooBuild, "fcoo_ends32"),
+            Kernel::FcooEnds64 => (KernelSource::FcooBuild, "fcoo_ends64"),
+            Kernel::FcooPopc => (KernelSource::FcooBuild, "fcoo_popc"),
+            Kernel::FcooSegmentRows32 => (KernelSource::FcooBuild, "fcoo_segment_rows32"),
+            Kernel::FcooSegmentRows64 => (KernelSource::FcooBuild, "fcoo_segment_rows64"),
+            Kernel::FcooStartFlags => (KernelSource::FcooBuild, "fcoo_start_flags"),
+            Kernel::ShardTileCounts => (KernelSource::FcooBuild, "shard_tile_counts"),
+            Kernel::ShardSelect => (KernelSource::FcooBuild, "shard_select"),
+            Kernel::ShardElements => (KernelSource::FcooBuild, "shard_elements"),
+            Kernel::ShardMark => (KernelSource::FcooBuild, "shard_mark"),
         }
     }
 
     /// The source file that defines the function.
-    pub const fn source(self) -> Source {
+    pub const fn source(self) -> KernelSource {
         self.entry().0
     }
 
@@ -237,7 +237,7 @@ impl Kernel {
 pub const BUILD_RANK: i64 = 1;
 
 /// The complete source of `src`, header included: what NVRTC compiles.
-pub fn source(src: Source) -> String {
+pub fn source(src: KernelSource) -> String {
     src.text().replace("#include \"common.cuh\"", COMMON)
 }
 
@@ -252,7 +252,7 @@ pub fn options(arch: &str, defines: &[(&str, i64)]) -> Vec<String> {
 }
 
 /// Compiles `src` to PTX (no GPU needed, only NVRTC).
-pub fn compile(src: Source, arch: &str, defines: &[(&str, i64)]) -> Result<String> {
+pub fn compile(src: KernelSource, arch: &str, defines: &[(&str, i64)]) -> Result<String> {
     crate::probe::check_nvrtc()?;
     let file = src.file();
     let text = source(src);
@@ -309,7 +309,7 @@ impl KernelCache {
     /// The cache key of a compilation: the complete source text, the
     /// options and the driver version (not the file's name, so an edited
     /// kernel gets a new key).
-    fn key(&self, src: Source, defines: &[(&str, i64)]) -> String {
+    fn key(&self, src: KernelSource, defines: &[(&str, i64)]) -> String {
         let mut h = Sha256::new();
         h.update(source(src).as_bytes());
         h.update(options(&self.arch, defines).join("\n").as_bytes());
@@ -320,7 +320,7 @@ impl KernelCache {
     /// PTX for `src` with `defines`: from disk if an identical compilation
     /// was cached, else compiled and stored (a cache that cannot be written
     /// only costs the next run a compile).
-    pub fn ptx(&self, src: Source, defines: &[(&str, i64)]) -> Result<String> {
+    pub fn ptx(&self, src: KernelSource, defines: &[(&str, i64)]) -> Result<String> {
         let key = self.key(src, defines);
         let path = self.disk.as_ref().map(|d| d.join(format!("{key}.ptx")));
         if let Some(ptx) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
@@ -394,7 +394,7 @@ mod tests {
 
     #[test]
     fn sources_embed_the_header_and_options_carry_defines() {
-        let src = source(Source::Coo);
+        let src = source(KernelSource::Coo);
         assert!(src.contains("COLS_PER_LANE") && !src.contains("#include \"common.cuh\""));
         let o = options("sm_90", &[("NMODES", 3), ("RANK", 32)]);
         assert_eq!(
@@ -449,7 +449,7 @@ mod tests {
                 src.file()
             );
         }
-        for src in Source::ALL {
+        for src in KernelSource::ALL {
             let entries = entry_functions(src.text());
             assert!(
                 !entries.is_empty(),
@@ -473,7 +473,7 @@ mod tests {
     #[ignore = "needs NVRTC"]
     fn a_kernel_without_its_rank_shows_the_log() {
         // Without RANK the header's #error fires, and the log says so.
-        let err = compile(Source::Coo, "sm_90", &[("NMODES", 3)]).unwrap_err();
+        let err = compile(KernelSource::Coo, "sm_90", &[("NMODES", 3)]).unwrap_err();
         assert!(err.to_string().contains("RANK must be defined"), "{err}");
     }
 }

@@ -123,7 +123,7 @@ mod tests {
     }
 }
 
-pub use engine::{GpuKernel, build_engine, build_engines};
+pub use engine::{GpuEngine, build_engine, build_engines};
 pub use engines::coo::CooGpu;
 pub use engines::fcoo::FcooGpu;
 pub use engines::flycoo::FlycooGpu;

@@ -5,14 +5,14 @@ use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use kruskal_cpd::{BackendChoice, CpdOptions, DecomposeOptions, Event, Init};
-use kruskal_device::{Gpu, GpuKernel, GpuOptions};
+use kruskal_device::{Gpu, GpuEngine, GpuOptions};
 use ndarray::Array2;
 use numpy::{IntoPyArray, PyReadonlyArray2};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::errors::{cpd_error, device_error, library_value_error, value_error};
-use crate::tensor::SparseTensor;
+use crate::tensor::PySparseTensor;
 use crate::words::python_words;
 
 /// Issues `text` as a Python `UserWarning` (which the caller can filter or
@@ -73,7 +73,7 @@ struct Finished {
 #[allow(clippy::too_many_arguments)]
 pub fn cp_als<'py>(
     py: Python<'py>,
-    tensor: &SparseTensor,
+    tensor: &PySparseTensor,
     rank: usize,
     backend: &str,
     gpus: usize,
@@ -253,7 +253,7 @@ pub fn cp_als<'py>(
 #[pyo3(signature = (tensor, factors, mode, *, backend, kernel))]
 pub fn mttkrp<'py>(
     py: Python<'py>,
-    tensor: &SparseTensor,
+    tensor: &PySparseTensor,
     factors: Vec<PyReadonlyArray2<'py, f32>>,
     mode: usize,
     backend: &str,
@@ -291,10 +291,10 @@ pub fn mttkrp<'py>(
     }
     let mut out = Array2::<f32>::zeros((dims[mode] as usize, rank));
     let cpu = |out: &mut Array2<f32>| -> PyResult<()> {
-        let kernel: kruskal_cpu::CpuKernel =
+        let kernel: kruskal_cpu::CpuEngine =
             kernel.parse().map_err(|e: kruskal_cpu::CpuError| {
                 // A GPU engine asked for on the CPU: said as `cp_als` says it.
-                if kernel.parse::<GpuKernel>().is_ok() {
+                if kernel.parse::<GpuEngine>().is_ok() {
                     value_error(format!(
                         "kernel=\"{kernel}\" runs on the GPU only, and this call runs on the CPU \
                      (on the CPU: auto, sorted, fcoo, flycoo, hicoo, csf)"
@@ -309,7 +309,7 @@ pub fn mttkrp<'py>(
             .map_err(|e| library_value_error(&e))
     };
     let gpu = |out: &mut Array2<f32>| -> PyResult<()> {
-        let kernel: GpuKernel = kernel
+        let kernel: GpuEngine = kernel
             .parse()
             .map_err(|e: String| value_error(python_words(&e)))?;
         let gpu = Gpu::open(0).map_err(device_error)?;
@@ -368,7 +368,7 @@ pub fn devices(py: Python<'_>) -> PyResult<(Vec<Bound<'_, PyDict>>, Option<Strin
 #[allow(clippy::too_many_arguments)]
 pub fn cp_apr<'py>(
     py: Python<'py>,
-    tensor: &SparseTensor,
+    tensor: &PySparseTensor,
     rank: usize,
     iters: usize,
     inner_iters: usize,

@@ -25,7 +25,7 @@ pub use errors::GpuError;
 
 #[pymodule]
 fn _kruskal(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<tensor::SparseTensor>()?;
+    m.add_class::<tensor::PySparseTensor>()?;
     m.add_function(wrap_pyfunction!(tensor::read, m)?)?;
     m.add_function(wrap_pyfunction!(cpd::cp_als, m)?)?;
     m.add_function(wrap_pyfunction!(cpd::cp_apr, m)?)?;

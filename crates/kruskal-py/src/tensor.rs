@@ -38,7 +38,7 @@ use crate::words::python_words;
 ///     Indices that are not integers, negative or beyond `shape`; values
 ///     that are not real numbers or not finite; lengths that disagree.
 #[pyclass(module = "kruskal", name = "SparseTensor", frozen)]
-pub struct SparseTensor {
+pub struct PySparseTensor {
     pub inner: Arc<kruskal_formats::SparseTensor>,
 }
 
@@ -205,7 +205,7 @@ fn require(x: &Bound<'_, PyAny>, attributes: &[&str], method: &str, takes: &str)
     Ok(())
 }
 
-impl SparseTensor {
+impl PySparseTensor {
     pub fn from_parts(
         py: Python<'_>,
         indices: &Bound<'_, PyAny>,
@@ -227,14 +227,14 @@ impl SparseTensor {
         }
         // `new` sums repeated coordinates (in f64, rounded once).
         let tensor = py.detach(move || kruskal_formats::SparseTensor::new(dims, columns, values));
-        Ok(SparseTensor {
+        Ok(PySparseTensor {
             inner: Arc::new(tensor.map_err(format_error)?),
         })
     }
 }
 
 #[pymethods]
-impl SparseTensor {
+impl PySparseTensor {
     #[new]
     fn new(
         py: Python<'_>,
@@ -391,7 +391,7 @@ pub fn read(
     pattern: bool,
     values_are_data: bool,
     dims: Option<Bound<'_, PyAny>>,
-) -> PyResult<SparseTensor> {
+) -> PyResult<PySparseTensor> {
     let dims = dims.as_ref().map(|d| dims_of(d, "dims")).transpose()?;
     let opts = kruskal_formats::ReadOptions {
         zero_based,
@@ -409,7 +409,7 @@ pub fn read(
     for text in report.warnings {
         crate::cpd::warn(py, &python_words(&text))?;
     }
-    Ok(SparseTensor {
+    Ok(PySparseTensor {
         inner: Arc::new(tensor),
     })
 }

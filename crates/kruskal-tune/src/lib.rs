@@ -38,10 +38,10 @@
 //!   [`shortlist`] are their rules on a ranking, which [`train`] judges.
 //!
 //! A [`Config`] names its engine with the plain [`Engine`] enum, not with
-//! the GPU runtime's `GpuKernel`, so that this crate stays free of it.
-//! `kruskal-device` maps one to the other (`GpuKernel::from(Engine)`, and
+//! the GPU runtime's `GpuEngine`, so that this crate stays free of it.
+//! `kruskal-device` maps one to the other (`GpuEngine::from(Engine)`, and
 //! `kruskal_device::tune::ConfigEngine` gives a configuration's
-//! `GpuKernel` and `GpuOptions`); its tests check that the defaults here
+//! `GpuEngine` and `GpuOptions`); its tests check that the defaults here
 //! ([`Config::DEFAULT`], [`Engine::default_config`]) are the engines'.
 //!
 //! The model is per mode: one training row is (a mode's features, the rank,
@@ -96,7 +96,7 @@ pub enum TuneError {
 pub type Result<T, E = TuneError> = std::result::Result<T, E>;
 
 /// A GPU MTTKRP engine of the search space, as `--kernel` names it
-/// (`kruskal-device` maps it to its `GpuKernel`).
+/// (`kruskal-device` maps it to its `GpuEngine`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Engine {
     /// `coo`: COO with atomics, no launch parameter.

@@ -41,9 +41,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use kruskal_cpu::{CpuKernel, FlycooMttkrp, MttkrpEngine, mttkrp_reference, relative_error};
+use kruskal_cpu::{CpuEngine, FlycooMttkrp, MttkrpEngine, mttkrp_reference, relative_error};
 use kruskal_device::catalog::{CHECK_MODES, CHECK_RANKS};
-use kruskal_device::{FlycooGpu, Gpu, GpuKernel, GpuMttkrp, GpuOptions, build_engine};
+use kruskal_device::{FlycooGpu, Gpu, GpuEngine, GpuMttkrp, GpuOptions, build_engine};
 use kruskal_formats::generate::{PowerLawSpec, power_law};
 use kruskal_formats::{ReadOptions, SparseTensor, read_tensor_report};
 use kruskal_partition::flycoo::build_flycoo;
@@ -407,9 +407,9 @@ struct Built {
 }
 
 /// A CPU engine behind [`MttkrpEngine`].
-struct CpuEngine(Box<dyn MttkrpEngine>);
+struct CheckedCpuEngine(Box<dyn MttkrpEngine>);
 
-impl Checked for CpuEngine {
+impl Checked for CheckedCpuEngine {
     fn run(
         &mut self,
         mode: usize,
@@ -460,9 +460,9 @@ impl Checked for CpuFlycoo {
 }
 
 /// A GPU engine built by [`build_engine`].
-struct GpuEngine(Box<dyn GpuMttkrp>);
+struct CheckedGpuEngine(Box<dyn GpuMttkrp>);
 
-impl Checked for GpuEngine {
+impl Checked for CheckedGpuEngine {
     fn run(
         &mut self,
         mode: usize,
@@ -519,19 +519,21 @@ fn require_split_rows(
 pub fn cpu_engines() -> Result<Vec<EngineSpec>> {
     let one_thread = Arc::new(rayon::ThreadPoolBuilder::new().num_threads(1).build()?);
     let mut specs: Vec<EngineSpec> = Vec::new();
-    for kernel in CpuKernel::ENGINES {
+    for kernel in CpuEngine::ENGINES {
         let pool = one_thread.clone();
         specs.push(EngineSpec {
             label: format!("cpu {kernel}"),
             determinism: false,
             build: Box::new(move |t| {
-                Ok(if kernel == CpuKernel::Flycoo {
+                Ok(if kernel == CpuEngine::Flycoo {
                     Box::new(CpuFlycoo {
                         engine: FlycooMttkrp::new(t, None).map_err(|e| e.to_string())?,
                         one_thread: pool.clone(),
                     })
                 } else {
-                    Box::new(CpuEngine(kernel.build(t).map_err(|e| e.to_string())?))
+                    Box::new(CheckedCpuEngine(
+                        kernel.build(t).map_err(|e| e.to_string())?,
+                    ))
                 })
             }),
         });
@@ -551,11 +553,11 @@ pub fn cpu_engines() -> Result<Vec<EngineSpec>> {
     Ok(specs)
 }
 
-/// Every GPU engine of [`GpuKernel::ENGINES`] as [`build_engine`] makes it,
+/// Every GPU engine of [`GpuEngine::ENGINES`] as [`build_engine`] makes it,
 /// and GPU FLYCOO with split rows summed in a fixed order.
 pub fn gpu_engines(gpu: &Arc<Gpu>) -> Vec<EngineSpec> {
     let mut specs: Vec<EngineSpec> = Vec::new();
-    for kernel in GpuKernel::ENGINES {
+    for kernel in GpuEngine::ENGINES {
         let gpu = gpu.clone();
         specs.push(EngineSpec {
             label: format!("gpu {kernel}"),
@@ -563,7 +565,7 @@ pub fn gpu_engines(gpu: &Arc<Gpu>) -> Vec<EngineSpec> {
             build: Box::new(move |t| {
                 let e = build_engine(kernel, gpu.clone(), t, &GpuOptions::default())
                     .map_err(|e| e.to_string())?;
-                Ok(Box::new(GpuEngine(e)))
+                Ok(Box::new(CheckedGpuEngine(e)))
             }),
         });
     }
@@ -580,9 +582,9 @@ pub fn gpu_engines(gpu: &Arc<Gpu>) -> Vec<EngineSpec> {
             label: format!("gpu fcoo {label}"),
             determinism: false,
             build: Box::new(move |t| {
-                let e = build_engine(GpuKernel::Fcoo, gpu.clone(), t, &opts)
+                let e = build_engine(GpuEngine::Fcoo, gpu.clone(), t, &opts)
                     .map_err(|e| e.to_string())?;
-                Ok(Box::new(GpuEngine(e)))
+                Ok(Box::new(CheckedGpuEngine(e)))
             }),
         });
     }
@@ -1023,7 +1025,7 @@ mod tests {
         assert!(failures.is_empty(), "{failures:#?}");
         let rows = report.summary();
         let has = |engine: &str, group| rows.iter().any(|r| r.engine == engine && r.group == group);
-        for k in CpuKernel::ENGINES {
+        for k in CpuEngine::ENGINES {
             assert!(has(&format!("cpu {k}"), Group::PowerLaw), "{rows:#?}");
         }
         assert!(has("cpu flycoo", Group::Remap));
@@ -1036,7 +1038,7 @@ mod tests {
             .iter()
             .filter(|c| c.group == Group::PowerLaw)
             .count();
-        assert_eq!(accuracy, 7 * 2 * (CpuKernel::ENGINES.len() + 1));
+        assert_eq!(accuracy, 7 * 2 * (CpuEngine::ENGINES.len() + 1));
         assert!(report.notes.iter().any(|n| n.contains("--data")));
     }
 
@@ -1101,7 +1103,7 @@ mod tests {
                 determinism: false,
                 build: Box::new(|t| {
                     Ok(Box::new(SkipsRow(
-                        CpuKernel::Sorted.build(t).map_err(|e| e.to_string())?,
+                        CpuEngine::Sorted.build(t).map_err(|e| e.to_string())?,
                     )))
                 }),
             },
@@ -1110,7 +1112,7 @@ mod tests {
                 determinism: true,
                 build: Box::new(|t| {
                     Ok(Box::new(Noisy(
-                        CpuKernel::Sorted.build(t).map_err(|e| e.to_string())?,
+                        CpuEngine::Sorted.build(t).map_err(|e| e.to_string())?,
                     )))
                 }),
             },
@@ -1244,7 +1246,7 @@ mod tests {
         let report = run_check(&opts, &mut |_| {}).unwrap();
         assert!(report.gpu.is_some());
         let rows = report.summary();
-        for k in GpuKernel::ENGINES {
+        for k in GpuEngine::ENGINES {
             assert!(
                 rows.iter().any(|r| r.engine == format!("gpu {k}")),
                 "{rows:#?}"

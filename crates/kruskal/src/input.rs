@@ -8,9 +8,9 @@
 //! `--json` report on standard output stays clean.
 //!
 //! ```
-//! use kruskal::input::{Source, parse_count};
+//! use kruskal::input::{TensorSource, parse_count};
 //!
-//! let source = Source::Like { name: "nell-2".into(), nnz: Some(parse_count("2k").unwrap()), seed: 1 };
+//! let source = TensorSource::Like { name: "nell-2".into(), nnz: Some(parse_count("2k").unwrap()), seed: 1 };
 //! let loaded = source.load().unwrap();
 //! assert_eq!(loaded.tensor.nnz(), 2_000);
 //! assert_eq!(loaded.source, "generated like nell-2 (seed 1)");
@@ -28,7 +28,7 @@ use crate::console::{note, spinner, thousands, warn};
 
 /// Where a tensor comes from.
 #[derive(Clone, Debug)]
-pub enum Source {
+pub enum TensorSource {
     /// A tensor file: FROSTT text (`.tns`, `.tns.gz`) or kruskal binary
     /// (`.ktns`), read with these options (their `progress` is replaced
     /// by the progress bar).
@@ -60,13 +60,13 @@ pub struct Loaded {
     pub coalesce_s: f64,
 }
 
-impl Source {
+impl TensorSource {
     /// Reads or generates the tensor (see the module's documentation for
     /// what it prints).
     pub fn load(&self) -> Result<Loaded, FormatError> {
         let start = Instant::now();
         match self {
-            Source::Like { name, nnz, seed } => {
+            TensorSource::Like { name, nnz, seed } => {
                 let p = preset(name)?;
                 let spec = PowerLawSpec::like(p, *nnz)?.with_seed(*seed);
                 let bar = spinner(&format!("generating {} nonzeros like {}", spec.nnz, p.name));
@@ -80,7 +80,7 @@ impl Source {
                     coalesce_s: 0.0,
                 })
             }
-            Source::File { path, read } => {
+            TensorSource::File { path, read } => {
                 let (tensor, report) = read_file(path, read)?;
                 Ok(Loaded {
                     tensor,

@@ -100,7 +100,7 @@ impl Collective {
 }
 
 /// How a group's rows travel, as [`choose`] found it.
-pub(super) struct Chosen {
+pub(super) struct ChosenExchange {
     /// `None` with one GPU.
     pub(super) exchange: Option<Exchange>,
     /// Why the exchange is not what was asked for, or how peer access is.
@@ -121,7 +121,7 @@ pub(super) fn choose(
     ordinals: &[usize],
     gpus: &[Arc<Gpu>],
     want: Option<Exchange>,
-) -> Result<Chosen> {
+) -> Result<ChosenExchange> {
     let (exchange, exchange_note, comms) = if gpus.len() == 1 {
         (None, None, None)
     } else {
@@ -161,7 +161,7 @@ pub(super) fn choose(
             None => format!("p2p: {how}"),
         });
     }
-    Ok(Chosen {
+    Ok(ChosenExchange {
         exchange,
         note: exchange_note,
         collective: comms,

@@ -63,7 +63,7 @@ pub use residency::{Residency, StreamPolicy};
 pub use sparse::{ExchangeVolume, RowExchange};
 pub use worker::WARPS;
 
-use exchange::{Chosen, Collective, Shared, TimedBarrier};
+use exchange::{ChosenExchange, Collective, Shared, TimedBarrier};
 use residency::{decide_residency, resident_bytes};
 use sparse::{DeviceLists, SparsePlan};
 use worker::{Cmd, Reply, Shard, Worker, WorkerHandle};
@@ -517,7 +517,7 @@ impl GpuGroup {
                 t0.elapsed().as_secs_f64()
             ));
         }
-        let chosen = Chosen {
+        let chosen = ChosenExchange {
             exchange: Some(Exchange::Nccl),
             note: None,
             collective: Some(Collective::Process(Arc::new(pc))),
@@ -546,11 +546,11 @@ impl GpuGroup {
         rank: usize,
         residency: Vec<Vec<Residency>>,
         shards: Vec<Vec<Shard>>,
-        chosen: Chosen,
+        chosen: ChosenExchange,
         sparse: SparsePlan,
         opts: &GroupOptions,
     ) -> Result<Self> {
-        let Chosen {
+        let ChosenExchange {
             exchange,
             note: exchange_note,
             collective,

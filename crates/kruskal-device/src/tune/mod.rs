@@ -5,8 +5,8 @@
 //! - [`sweep`]: times every configuration of one tensor on the GPU (the
 //!   measurements the model is trained on).
 //! - [`ConfigEngine`]: a [`kruskal_tune::Config`]'s engine and options as
-//!   this crate builds them ([`GpuKernel`], [`GpuOptions`]), and the
-//!   mapping between [`kruskal_tune::Engine`] and [`GpuKernel`].
+//!   this crate builds them ([`GpuEngine`], [`GpuOptions`]), and the
+//!   mapping between [`kruskal_tune::Engine`] and [`GpuEngine`].
 //!
 //! `kruskal-tune` names engines with its own plain enum so that it does not
 //! depend on this crate (and on cudarc); the mapping lives here, beside the
@@ -17,30 +17,30 @@ pub mod sweep;
 
 use kruskal_tune::{Config, Engine};
 
-use crate::{GpuKernel, GpuOptions};
+use crate::{GpuEngine, GpuOptions};
 
-impl From<Engine> for GpuKernel {
-    fn from(e: Engine) -> GpuKernel {
+impl From<Engine> for GpuEngine {
+    fn from(e: Engine) -> GpuEngine {
         match e {
-            Engine::Coo => GpuKernel::CooAtomic,
-            Engine::Hicoo => GpuKernel::Hicoo,
-            Engine::Fcoo => GpuKernel::Fcoo,
-            Engine::Flycoo => GpuKernel::Flycoo,
+            Engine::Coo => GpuEngine::CooAtomic,
+            Engine::Hicoo => GpuEngine::Hicoo,
+            Engine::Fcoo => GpuEngine::Fcoo,
+            Engine::Flycoo => GpuEngine::Flycoo,
         }
     }
 }
 
-impl GpuKernel {
+impl GpuEngine {
     /// The tuning model's name for this engine; `None` for
-    /// [`GpuKernel::Auto`], which names no engine (what
+    /// [`GpuEngine::Auto`], which names no engine (what
     /// [`kruskal_tune::choose`] takes: `None` lets the model pick one).
     pub fn tune_engine(self) -> Option<Engine> {
         match self {
-            GpuKernel::Auto => None,
-            GpuKernel::CooAtomic => Some(Engine::Coo),
-            GpuKernel::Hicoo => Some(Engine::Hicoo),
-            GpuKernel::Fcoo => Some(Engine::Fcoo),
-            GpuKernel::Flycoo => Some(Engine::Flycoo),
+            GpuEngine::Auto => None,
+            GpuEngine::CooAtomic => Some(Engine::Coo),
+            GpuEngine::Hicoo => Some(Engine::Hicoo),
+            GpuEngine::Fcoo => Some(Engine::Fcoo),
+            GpuEngine::Flycoo => Some(Engine::Flycoo),
         }
     }
 }
@@ -49,7 +49,7 @@ impl GpuKernel {
 /// call `config.kernel()` and `config.options(sms)`.
 pub trait ConfigEngine {
     /// The engine [`crate::build_engine`] builds for it.
-    fn kernel(self) -> GpuKernel;
+    fn kernel(self) -> GpuEngine;
 
     /// Its engine options on a GPU of `sms` SMs (FLYCOO's kappa is per SM
     /// in the configuration, per mode in the options); the others stay at
@@ -58,7 +58,7 @@ pub trait ConfigEngine {
 }
 
 impl ConfigEngine for Config {
-    fn kernel(self) -> GpuKernel {
+    fn kernel(self) -> GpuEngine {
         self.engine().into()
     }
 
@@ -81,7 +81,7 @@ mod tests {
     #[test]
     fn options_name_the_parameter() {
         let c = Config::Flycoo { kappa_per_sm: 2 };
-        assert_eq!(c.kernel(), GpuKernel::Flycoo);
+        assert_eq!(c.kernel(), GpuEngine::Flycoo);
         assert_eq!(c.options(132).kappa, Some(264));
         assert_eq!(
             Config::Fcoo { threadlen: 16 }.options(1).threadlen,
@@ -96,13 +96,13 @@ mod tests {
     #[test]
     fn engines_map_both_ways_under_the_same_name() {
         for e in Engine::ALL {
-            let k = GpuKernel::from(e);
+            let k = GpuEngine::from(e);
             assert_eq!(k.name(), e.name());
             assert_eq!(k.tune_engine(), Some(e));
             assert_eq!(e.default_config().kernel(), k);
         }
-        assert_eq!(GpuKernel::Auto.tune_engine(), None);
-        assert_eq!(GpuKernel::ENGINES.len(), Engine::ALL.len());
+        assert_eq!(GpuEngine::Auto.tune_engine(), None);
+        assert_eq!(GpuEngine::ENGINES.len(), Engine::ALL.len());
     }
 
     #[test]
@@ -116,7 +116,7 @@ mod tests {
             let p = e.default_config().options(sms).resolve(sms);
             assert_eq!(p, defaults, "{e}");
         }
-        assert_eq!(Config::DEFAULT.kernel(), GpuKernel::Auto.resolve());
+        assert_eq!(Config::DEFAULT.kernel(), GpuEngine::Auto.resolve());
         assert_eq!(
             Config::DEFAULT,
             Config::Fcoo {

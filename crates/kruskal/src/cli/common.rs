@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use kruskal_formats::ReadOptions;
 
-use kruskal::input::{Loaded, Source, parse_count};
+use kruskal::input::{Loaded, TensorSource, parse_count};
 
 /// How to read a tensor file.
 #[derive(Args, Clone, Debug, Default)]
@@ -70,22 +70,22 @@ pub struct InputArgs {
 impl InputArgs {
     /// Where the tensor comes from: `--like` wins over a file; `None`
     /// when neither is given.
-    pub fn source(&self) -> Option<Source> {
+    pub fn source(&self) -> Option<TensorSource> {
         if let Some(name) = &self.like {
-            return Some(Source::Like {
+            return Some(TensorSource::Like {
                 name: name.clone(),
                 nnz: self.nnz,
                 seed: self.gen_seed,
             });
         }
         let path = self.file.clone()?;
-        Some(Source::File {
+        Some(TensorSource::File {
             path,
             read: self.read.options(),
         })
     }
 
-    /// Reads or generates the tensor ([`Source::load`]).
+    /// Reads or generates the tensor ([`TensorSource::load`]).
     pub fn load(&self) -> Result<Loaded> {
         let source = self
             .source()

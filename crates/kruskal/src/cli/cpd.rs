@@ -25,7 +25,7 @@ use kruskal::measure::{CpdRunOptions, cpd_report};
 
 /// Where the decomposition runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum BackendChoice {
+pub enum BackendArg {
     /// The GPU when one is usable and the run fits in its memory, else
     /// the CPU (the output says why).
     Auto,
@@ -76,8 +76,8 @@ pub struct CpdArgs {
     pub compact: bool,
     /// Where to run: auto (the GPU when usable and the tensor fits, else
     /// the CPU), cpu or gpu.
-    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
-    pub backend: BackendChoice,
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
     /// MTTKRP engine. CPU: auto, sorted, fcoo, flycoo, hicoo, csf. GPU: auto
     /// (times three candidates on the first iteration, fcoo threadlen 8
     /// and the tuning model's two fastest other configurations, and keeps
@@ -134,13 +134,13 @@ pub fn run(args: CpdArgs) -> Result<()> {
     // first: the GPUs asked for, and the memory for the tensor's shape.
     args.multi.group()?;
     // (A CPU-only --kernel is an option error, which decompose reports.)
-    let gpu_kernel = args.kernel.parse::<kruskal_device::GpuKernel>().is_ok();
-    if args.backend == BackendChoice::Gpu && args.multi.gpus.is_none() && gpu_kernel {
+    let gpu_kernel = args.kernel.parse::<kruskal_device::GpuEngine>().is_ok();
+    if args.backend == BackendArg::Gpu && args.multi.gpus.is_none() && gpu_kernel {
         preflight::check_gpu_present()?;
     }
     let on_cpu = args.multi.gpus.is_none()
-        && (args.backend == BackendChoice::Cpu
-            || (args.backend == BackendChoice::Auto && preflight::no_gpu_here()));
+        && (args.backend == BackendArg::Cpu
+            || (args.backend == BackendArg::Auto && preflight::no_gpu_here()));
     args.gpu.check(on_cpu)?;
     // (`--compact` shrinks the dimensions first; checked after it.)
     if on_cpu && !args.demo && !args.compact {
@@ -154,7 +154,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
     // while the tensor is read. The backend then opens the same (primary)
     // context, waiting only for what is left of the start (its `open_s`);
     // the handle keeps this thread's hold on the context until then.
-    let opening = (args.backend != BackendChoice::Cpu && args.multi.gpus.is_none())
+    let opening = (args.backend != BackendArg::Cpu && args.multi.gpus.is_none())
         .then(|| std::thread::spawn(|| kruskal_device::Gpu::open(0).ok()));
     let (mut loaded, truth) = if args.demo {
         let (loaded, p) = demo_tensor()?;
@@ -271,9 +271,9 @@ fn decompose_options(args: &CpdArgs, dims: &[u32]) -> Result<DecomposeOptions> {
         starts: args.starts.unwrap_or(if args.demo { 3 } else { 1 }),
         seed: args.seed,
         backend: match args.backend {
-            BackendChoice::Auto => kruskal_cpd::BackendChoice::Auto,
-            BackendChoice::Cpu => kruskal_cpd::BackendChoice::Cpu,
-            BackendChoice::Gpu => kruskal_cpd::BackendChoice::Gpu,
+            BackendArg::Auto => kruskal_cpd::BackendChoice::Auto,
+            BackendArg::Cpu => kruskal_cpd::BackendChoice::Cpu,
+            BackendArg::Gpu => kruskal_cpd::BackendChoice::Gpu,
         },
         kernel: args.kernel.clone(),
         gpu: args.gpu.options(),

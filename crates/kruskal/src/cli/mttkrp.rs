@@ -10,7 +10,7 @@ use super::common::{GpuArgs, InputArgs, MultiGpuArgs, parse_rank, parse_threads,
 use kruskal::measure::{MttkrpBackend, MttkrpOptions, TOLERANCE};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum BackendChoice {
+pub enum MttkrpBackendArg {
     Cpu,
     /// The first CUDA GPU.
     Gpu,
@@ -29,8 +29,8 @@ pub struct MttkrpArgs {
     /// Timed runs per mode (after one warm-up run); the median is reported.
     #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
     pub repeat: usize,
-    #[arg(long, value_enum, default_value_t = BackendChoice::Cpu)]
-    pub backend: BackendChoice,
+    #[arg(long, value_enum, default_value_t = MttkrpBackendArg::Cpu)]
+    pub backend: MttkrpBackendArg,
     /// MTTKRP engine, or `all` to time each one in turn. CPU: auto, sorted,
     /// fcoo, flycoo, hicoo. GPU: auto, coo, hicoo, fcoo, flycoo; on the GPU
     /// `auto` is the tuning model's choice of engine and launch parameter
@@ -67,8 +67,8 @@ impl MttkrpArgs {
             mode: self.mode.clone(),
             repeat: self.repeat,
             backend: match self.backend {
-                BackendChoice::Cpu => MttkrpBackend::Cpu,
-                BackendChoice::Gpu => MttkrpBackend::Gpu,
+                MttkrpBackendArg::Cpu => MttkrpBackend::Cpu,
+                MttkrpBackendArg::Gpu => MttkrpBackend::Gpu,
             },
             kernel: self.kernel.clone(),
             gpu: self.gpu.options(),
@@ -87,12 +87,12 @@ pub fn run(args: MttkrpArgs) -> Result<()> {
     // The GPUs asked for, and the memory for the tensor's shape, before
     // the tensor is read or generated.
     let options = args.options()?;
-    if args.backend == BackendChoice::Gpu && args.multi.gpus.is_none() {
+    if args.backend == MttkrpBackendArg::Gpu && args.multi.gpus.is_none() {
         super::preflight::check_gpu_present()?;
     }
     let (rank, on_gpus) = (
         args.rank,
-        args.backend == BackendChoice::Gpu || options.gpus.is_some(),
+        args.backend == MttkrpBackendArg::Gpu || options.gpus.is_some(),
     );
     args.gpu.check(!on_gpus)?;
     if !args.compact {

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use kruskal_cpd::random_factors;
-use kruskal_cpu::{CpuKernel, MttkrpEngine, mttkrp_reference, relative_error};
+use kruskal_cpu::{CpuEngine, MttkrpEngine, mttkrp_reference, relative_error};
 use kruskal_device::{GpuOptions, GroupOptions};
 use ndarray::Array2;
 use serde_json::json;
@@ -91,10 +91,10 @@ impl Default for MttkrpOptions {
 /// [`TOLERANCE`].
 ///
 /// ```
-/// use kruskal::input::Source;
+/// use kruskal::input::TensorSource;
 /// use kruskal::measure::{MttkrpOptions, mttkrp};
 ///
-/// let loaded = Source::Like { name: "nell-2".into(), nnz: Some(2_000), seed: 1 }.load().unwrap();
+/// let loaded = TensorSource::Like { name: "nell-2".into(), nnz: Some(2_000), seed: 1 }.load().unwrap();
 /// let opts = MttkrpOptions { rank: 4, repeat: 2, kernel: "fcoo".into(), verify: true, quiet: true, ..Default::default() };
 /// let reports = mttkrp(&opts, &loaded).unwrap();
 /// assert_eq!(reports[0]["kernel"], "fcoo");
@@ -135,8 +135,8 @@ pub fn mttkrp(opts: &MttkrpOptions, loaded: &Loaded) -> Result<Vec<serde_json::V
     if opts.backend == MttkrpBackend::Gpu {
         return run_gpu(opts, loaded, &modes);
     }
-    let kernels: Vec<CpuKernel> = if opts.kernel == "all" {
-        CpuKernel::ENGINES.to_vec()
+    let kernels: Vec<CpuEngine> = if opts.kernel == "all" {
+        CpuEngine::ENGINES.to_vec()
     } else {
         vec![
             opts.kernel
@@ -173,7 +173,7 @@ fn tolerance(precision: kruskal_device::FactorPrecision) -> f64 {
 fn time_kernel(
     opts: &MttkrpOptions,
     loaded: &Loaded,
-    kernel: CpuKernel,
+    kernel: CpuEngine,
     modes: &[usize],
     factors: &[Array2<f32>],
 ) -> Result<serde_json::Value> {
@@ -278,10 +278,10 @@ fn run_gpu(
     loaded: &Loaded,
     modes: &[usize],
 ) -> Result<Vec<serde_json::Value>> {
-    use kruskal_device::{GpuKernel, floor_bytes};
+    use kruskal_device::{GpuEngine, floor_bytes};
     let t = &loaded.tensor;
-    let kernels: Vec<GpuKernel> = if opts.kernel == "all" {
-        GpuKernel::ENGINES.to_vec()
+    let kernels: Vec<GpuEngine> = if opts.kernel == "all" {
+        GpuEngine::ENGINES.to_vec()
     } else {
         vec![opts.kernel.parse().map_err(MeasureError::Invalid)?]
     };
@@ -467,8 +467,8 @@ fn run_group(
 /// The engine and options a GPU run uses, and where they came from.
 struct GpuChoice {
     /// As `--kernel` named it (`auto` or an engine).
-    requested: kruskal_device::GpuKernel,
-    kernel: kruskal_device::GpuKernel,
+    requested: kruskal_device::GpuEngine,
+    kernel: kruskal_device::GpuEngine,
     opts: kruskal_device::GpuOptions,
     /// `flags`, `model` or `default`.
     source: &'static str,
@@ -489,7 +489,7 @@ struct GpuChoice {
 fn choose_gpu(
     opts: &MttkrpOptions,
     t: &kruskal_formats::SparseTensor,
-    kernel: kruskal_device::GpuKernel,
+    kernel: kruskal_device::GpuEngine,
     sms: usize,
     features: &mut Option<(kruskal_tune::TensorFeatures, f64)>,
 ) -> GpuChoice {
@@ -543,16 +543,16 @@ fn choose_gpu(
 
 /// `fcoo, threadlen 8`: the engine and the parameter it uses.
 fn describe(
-    kernel: kruskal_device::GpuKernel,
+    kernel: kruskal_device::GpuEngine,
     opts: &kruskal_device::GpuOptions,
     sms: usize,
     rank: usize,
 ) -> String {
-    use kruskal_device::GpuKernel;
+    use kruskal_device::GpuEngine;
     let p = opts.resolve(sms);
     match kernel.resolve() {
-        GpuKernel::Hicoo => format!("hicoo, block bits {}", p.block_bits),
-        GpuKernel::Fcoo => format!(
+        GpuEngine::Hicoo => format!("hicoo, block bits {}", p.block_bits),
+        GpuEngine::Fcoo => format!(
             "fcoo, threadlen {}{}{}{}",
             p.threadlen,
             if p.fiber { ", fiber reuse" } else { "" },
@@ -569,7 +569,7 @@ fn describe(
                 other => format!(", {} gathers", other.name()),
             }
         ),
-        GpuKernel::Flycoo => format!("flycoo, kappa {}", p.kappa),
+        GpuEngine::Flycoo => format!("flycoo, kappa {}", p.kappa),
         k => k.name().to_string(),
     }
 }
@@ -760,8 +760,8 @@ fn time_gpu_kernel(
 #[cfg(test)]
 mod choice_tests {
     use super::*;
-    use crate::input::Source;
-    use kruskal_device::{FactorPrecision, GpuKernel};
+    use crate::input::TensorSource;
+    use kruskal_device::{FactorPrecision, GpuEngine};
 
     /// The choice for `--kernel kernel` with these launch options, on a
     /// small nips-shaped tensor.
@@ -770,7 +770,7 @@ mod choice_tests {
     }
 
     fn pick_on(like: &str, nnz: usize, kernel: &str, gpu: GpuOptions, no_model: bool) -> GpuChoice {
-        let source = Source::Like {
+        let source = TensorSource::Like {
             name: like.into(),
             nnz: Some(nnz),
             seed: 1,
@@ -800,11 +800,11 @@ mod choice_tests {
         let c = pick("fcoo", threadlen(16), false);
         assert_eq!(
             (c.source, c.kernel, c.opts.threadlen),
-            ("flags", GpuKernel::Fcoo, Some(16))
+            ("flags", GpuEngine::Fcoo, Some(16))
         );
         assert_eq!(pick("coo", GpuOptions::default(), false).source, "flags");
         let c = pick("auto", GpuOptions::default(), true);
-        assert_eq!((c.source, c.kernel), ("default", GpuKernel::Fcoo));
+        assert_eq!((c.source, c.kernel), ("default", GpuEngine::Fcoo));
         assert_eq!(c.reason.as_deref(), Some("--no-model"));
         assert!(
             c.line(132)
@@ -848,7 +848,7 @@ mod choice_tests {
         assert_eq!((c.opts.kappa, c.opts.deterministic), (Some(7), true));
         let c = pick("hicoo", GpuOptions::default(), false);
         assert!(["model", "default"].contains(&c.source));
-        assert_eq!(c.kernel, GpuKernel::Hicoo);
+        assert_eq!(c.kernel, GpuEngine::Hicoo);
         // With the model, `auto` leaves the default only beyond the margin,
         // and says why when it keeps it (on a nell-2 shape the embedded
         // model ranks flycoo first, by a few percent).
@@ -857,7 +857,7 @@ mod choice_tests {
             match &c.reason {
                 Some(why) => {
                     assert!(why.starts_with("default fcoo/threadlen=8 kept"), "{why}");
-                    assert_eq!((c.kernel, c.opts.threadlen), (GpuKernel::Fcoo, Some(8)));
+                    assert_eq!((c.kernel, c.opts.threadlen), (GpuEngine::Fcoo, Some(8)));
                     assert!(c.line(132).contains(why.as_str()), "{}", c.line(132));
                 }
                 None => assert!(c.predicted_ms.is_some()),

@@ -54,7 +54,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use kruskal::input::{Source, parse_count};
+use kruskal::input::{TensorSource, parse_count};
 use kruskal_formats::ReadOptions;
 use serde::{Deserialize, Serialize};
 
@@ -64,7 +64,7 @@ pub struct Matrix {
     #[serde(default)]
     pub settings: Settings,
     #[serde(default, rename = "tensor")]
-    pub tensors: Vec<TensorSpec>,
+    pub tensors: Vec<BenchTensor>,
     #[serde(default)]
     pub mttkrp: Vec<MttkrpEntry>,
     #[serde(default)]
@@ -100,7 +100,7 @@ impl Default for Settings {
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TensorSpec {
+pub struct BenchTensor {
     pub name: String,
     /// FROSTT name (one of `kruskal gen`'s presets).
     pub like: String,
@@ -314,17 +314,17 @@ impl Matrix {
         Ok(())
     }
 
-    pub fn tensor(&self, name: &str) -> Option<&TensorSpec> {
+    pub fn tensor(&self, name: &str) -> Option<&BenchTensor> {
         self.tensors.iter().find(|t| t.name == name)
     }
 }
 
-impl TensorSpec {
+impl BenchTensor {
     /// Where this tensor comes from: its own file when it has a `path`,
     /// the FROSTT file when it is wanted and present, else the generated
     /// stand-in.
-    pub fn source(&self, data_dir: &Path) -> Result<Source> {
-        let file = |path: PathBuf| Source::File {
+    pub fn source(&self, data_dir: &Path) -> Result<TensorSource> {
+        let file = |path: PathBuf| TensorSource::File {
             path,
             read: ReadOptions::default(),
         };
@@ -342,7 +342,7 @@ impl TensorSpec {
             ),
             None => None,
         };
-        Ok(Source::Like {
+        Ok(TensorSource::Like {
             name: self.like.clone(),
             nnz,
             seed: self.seed,
@@ -408,7 +408,7 @@ iters = 3
         assert!(
             matches!(
                 t.source(Path::new("/nonexistent")).unwrap(),
-                Source::Like { name, nnz: Some(2_000), seed: 1 } if name == "nell-2"
+                TensorSource::Like { name, nnz: Some(2_000), seed: 1 } if name == "nell-2"
             ),
             "{:?}",
             t.source(Path::new("/nonexistent"))
@@ -421,11 +421,11 @@ iters = 3
         std::fs::write(dir.path().join("nell-2.ktns"), b"x").unwrap();
         let mut m = Matrix::parse(GOOD).unwrap();
         let source = m.tensors[0].source(dir.path()).unwrap();
-        assert!(matches!(source, Source::Like { .. }), "{source:?}");
+        assert!(matches!(source, TensorSource::Like { .. }), "{source:?}");
         m.tensors[0].frostt = true;
         let source = m.tensors[0].source(dir.path()).unwrap();
         assert!(
-            matches!(&source, Source::File { path, .. } if path.ends_with("nell-2.ktns")),
+            matches!(&source, TensorSource::File { path, .. } if path.ends_with("nell-2.ktns")),
             "{source:?}"
         );
     }
@@ -465,7 +465,7 @@ source = "ANCHORS.md"
         // The file, whatever the data folder; `like` only names the shape.
         let source = t.source(Path::new("frostt")).unwrap();
         assert!(
-            matches!(&source, Source::File { path, .. } if path == Path::new("anchors/t3.ktns")),
+            matches!(&source, TensorSource::File { path, .. } if path == Path::new("anchors/t3.ktns")),
             "{source:?}"
         );
         assert_eq!(

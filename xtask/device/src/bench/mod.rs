@@ -31,9 +31,9 @@ pub mod matrix;
 pub mod plot;
 pub mod report;
 
-use kruskal::input::{Loaded, Source};
+use kruskal::input::{Loaded, TensorSource};
 use kruskal::measure::{CpdRunOptions, MttkrpBackend, MttkrpOptions, median};
-use matrix::{Matrix, Reference, TensorSpec};
+use matrix::{BenchTensor, Matrix, Reference};
 
 /// `cargo xtask bench`: run a matrix, or (`bench report`) rebuild the
 /// report from results files.
@@ -306,7 +306,7 @@ fn run_matrix(cli: &BenchArgs) -> Result<()> {
         }
     }
     // The tensors this run measures: those selected that an entry uses.
-    let selected: Vec<&TensorSpec> = matrix
+    let selected: Vec<&BenchTensor> = matrix
         .tensors
         .iter()
         .filter(|t| cli.only.is_empty() || cli.only.contains(&t.name))
@@ -542,7 +542,7 @@ fn label(requested: &str, tag: &Option<String>) -> String {
 }
 
 impl Run {
-    fn base(&self, spec: &TensorSpec, report: &Value) -> Result<Measurement> {
+    fn base(&self, spec: &BenchTensor, report: &Value) -> Result<Measurement> {
         let t = &report["tensor"];
         Ok(Measurement {
             kind: String::new(),
@@ -574,7 +574,7 @@ impl Run {
 
     fn mttkrp_measurement(
         &self,
-        spec: &TensorSpec,
+        spec: &BenchTensor,
         backend: &str,
         requested: &str,
         tag: &Option<String>,
@@ -605,7 +605,7 @@ impl Run {
 
     fn cpd_measurement(
         &self,
-        spec: &TensorSpec,
+        spec: &BenchTensor,
         backend: &str,
         tag: &Option<String>,
         gpus: usize,
@@ -693,8 +693,8 @@ struct TorchFile {
 }
 
 impl TorchFile {
-    fn new(spec: &TensorSpec, source: &Source, scratch: Option<&Path>) -> TorchFile {
-        if let Source::File { path, .. } = source {
+    fn new(spec: &BenchTensor, source: &TensorSource, scratch: Option<&Path>) -> TorchFile {
+        if let TensorSource::File { path, .. } = source {
             return TorchFile {
                 path: path.clone(),
                 written: true,
@@ -742,7 +742,7 @@ fn torch_baseline(
     torch: &mut Torch,
     file: &mut TorchFile,
     loaded: &Loaded,
-    spec: &TensorSpec,
+    spec: &BenchTensor,
     rank: usize,
     repeat: usize,
     cli: &BenchArgs,
