@@ -461,6 +461,12 @@ pub fn cp_apr(
 ) -> Result<AprModel> {
     opts.check()?;
     check_counts(tensor)?;
+    // Refused with the numbers before anything sized by a dimension or the
+    // nonzeros is made (a 3-line file may name index 3e9).
+    let need = crate::memory::apr_need(tensor.dims(), tensor.nnz(), opts.rank);
+    if let Some(refusal) = crate::memory::host_refusal(&need, tensor, None) {
+        return Err(CpdError::Memory(format!("CP-APR: {refusal}")));
+    }
     let (mut factors, mut lambda) = initial(tensor, opts)?;
     let rank = opts.rank;
     let nmodes = tensor.nmodes();
@@ -765,6 +771,28 @@ mod tests {
             assert_eq!(x.log_likelihood.to_bits(), y.log_likelihood.to_bits());
         }
         assert_eq!(a.factors, b.factors);
+    }
+
+    #[test]
+    fn a_shape_beyond_memory_is_refused_before_allocating() {
+        // Three nonzeros, one index of 3e9: at rank 10 the f64 factors
+        // alone take 240 GB.
+        if crate::memory::available_bytes().is_none() {
+            return; // no MemAvailable to compare with (not Linux)
+        }
+        let t = SparseTensor::new(
+            vec![3_000_000_000, 2, 2],
+            vec![vec![0, 1, 2_999_999_999], vec![0, 1, 1], vec![1, 0, 1]],
+            vec![1.0, 2.0, 3.0],
+        )
+        .unwrap();
+        let e = cp_apr(&t, &AprOptions::new(10), &mut |_| ControlFlow::Continue(())).unwrap_err();
+        assert!(matches!(e, CpdError::Memory(_)), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.starts_with("CP-APR: the run needs") && text.contains("MemAvailable"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -135,6 +135,43 @@ pub fn mttkrp_need(dims: &[u32], nnz: usize, rank: usize) -> MemoryNeed {
     }
 }
 
+/// What CP-APR on the CPU ([`crate::apr::cp_apr`]) allocates besides the
+/// tensor it was given: the factors and `Phi` (f64, `dims[m] x rank` per
+/// mode), the returned model (a copy of the factors), each mode's sorted
+/// copy of the nonzeros (an f64 value and the other modes' u32 indices per
+/// nonzero, and a row pointer per index), the sort's scratch while one
+/// copy is built (a permutation per nonzero and a cursor per index of the
+/// largest mode), and `Pi` (`nnz x rank` f64).
+///
+/// Cost: O(modes).
+pub fn apr_need(dims: &[u32], nnz: usize, rank: usize) -> MemoryNeed {
+    let nmodes = dims.len() as u64;
+    let nnz = nnz as u64;
+    let rank = rank as u64;
+    let factor_bytes = rows(dims).saturating_mul(rank).saturating_mul(8);
+    let per_copy = nnz.saturating_mul(8 + 4 * nmodes.saturating_sub(1));
+    let row_ptrs = rows(dims).saturating_add(nmodes).saturating_mul(8);
+    let largest = dims.iter().copied().max().map_or(0, u64::from);
+    MemoryNeed {
+        parts: vec![
+            ("factors", factor_bytes),
+            ("Phi", factor_bytes),
+            ("model copy", factor_bytes),
+            (
+                "sorted copies",
+                per_copy.saturating_mul(nmodes).saturating_add(row_ptrs),
+            ),
+            (
+                "sort scratch",
+                nnz.saturating_add(largest)
+                    .saturating_add(1)
+                    .saturating_mul(8),
+            ),
+            ("Pi", nnz.saturating_mul(rank).saturating_mul(8)),
+        ],
+    }
+}
+
 /// What counting the nonzeros of every index of a mode takes (one u64
 /// per index and thread, as `SparseTensor::mode_counts` and the partition
 /// plans of `kruskal info --kappa/--gpus` do), for the largest mode.
@@ -280,6 +317,25 @@ mod tests {
         );
         // Parts of 0 bytes are not printed.
         assert!(!text.contains("best model"), "{text}");
+    }
+
+    #[test]
+    fn cp_apr_counts_its_f64_factors_copies_and_pi() {
+        // 4 x 3 x 2 (9 rows), 5 nonzeros, rank 2.
+        let need = apr_need(&[4, 3, 2], 5, 2);
+        let factors = 9 * 2 * 8;
+        assert_eq!(need.parts[0], ("factors", factors));
+        assert_eq!(need.parts[1], ("Phi", factors));
+        assert_eq!(need.parts[2], ("model copy", factors));
+        // Per mode: an f64 value and two u32 indices per nonzero; a row
+        // pointer per index plus one per mode.
+        assert_eq!(need.parts[3], ("sorted copies", 3 * 5 * 16 + (9 + 3) * 8));
+        assert_eq!(need.parts[4], ("sort scratch", (5 + 4 + 1) * 8));
+        assert_eq!(need.parts[5], ("Pi", 5 * 2 * 8));
+        // A 3-line file with index 3e9: f64 factors, twice cpu_need's.
+        let wide = apr_need(&[3_000_000_000, 2, 3], 3, 10);
+        let cpu = cpu_need(&[3_000_000_000, 2, 3], 3, 10, 1, 1);
+        assert_eq!(wide.parts[0].1, 2 * cpu.parts[0].1);
     }
 
     #[test]

@@ -336,6 +336,13 @@ fn runs_that_cannot_work_are_refused_before_any_work() {
             "MemAvailable",
         ),
     ];
+    // CP-APR on a 3-line file that names index 3e9: its f64 factors
+    // alone would take 240 GB at rank 10.
+    let dir = tempfile::tempdir().unwrap();
+    let wide = dir.path().join("wide.tns");
+    std::fs::write(&wide, "1 1 1 1\n2 2 2 2\n3000000000 2 2 3\n").unwrap();
+    let wide = wide.to_str().unwrap().to_string();
+    cases.push((vec!["cp-apr", &wide, "--rank", "10"], "MemAvailable"));
     if !has_gpu() {
         // Asking for GPUs where there are none is found out first.
         cases.push((
