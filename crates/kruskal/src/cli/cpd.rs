@@ -321,6 +321,7 @@ pub(super) fn cpd_options(args: &CpdArgs, dims: &[u32]) -> Result<CpdOptions> {
         max_iters: args.iters,
         tol: args.tol,
         init,
+        constraints: None,
     })
 }
 
