@@ -22,6 +22,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
+use crate::admm::AdmmOptions;
 use crate::backend::Backend;
 use crate::dense::{SolveKind, hadamard_except, solve_matrix};
 use crate::error::{CpdError, Result};
@@ -49,6 +50,9 @@ pub struct CpdOptions {
     pub max_iters: usize,
     pub tol: f64,
     pub init: Init,
+    /// Constraints and regularization: `Some` runs AO-ADMM
+    /// ([`crate::admm`]) instead of ALS.
+    pub constraints: Option<AdmmOptions>,
 }
 
 impl CpdOptions {
@@ -60,6 +64,7 @@ impl CpdOptions {
             max_iters: DEFAULT_MAX_ITERS,
             tol: DEFAULT_TOL,
             init: Init::Random { seed: 1 },
+            constraints: None,
         }
     }
 }
@@ -146,9 +151,97 @@ pub fn cpd_als(backend: &mut dyn Backend, opts: &CpdOptions) -> Result<KruskalMo
 /// Runs CPD-ALS, calling `on_iteration` after every iteration; returning
 /// `ControlFlow::Break` stops the run after that iteration (the model so far
 /// is returned with `interrupted` set).
+///
+/// With `opts.constraints` set, the run is constrained CP by AO-ADMM
+/// instead ([`crate::admm::cpd_admm_with`]).
 pub fn cpd_als_with(
     backend: &mut dyn Backend,
     opts: &CpdOptions,
+    on_iteration: &mut dyn FnMut(&IterationStats) -> ControlFlow<()>,
+) -> Result<KruskalModel> {
+    if let Some(constraints) = &opts.constraints {
+        return crate::admm::cpd_admm_with(backend, opts, constraints, on_iteration);
+    }
+    drive(backend, opts, &mut AlsUpdate, on_iteration)
+}
+
+/// What one mode's update hands back to [`drive`].
+pub(crate) struct ModeUpdate {
+    /// The weights the new factor's columns were divided by.
+    pub lambda: Vec<f64>,
+    /// The Gram of the new (normalized) factor.
+    pub gram: Array2<f64>,
+    /// Inner iterations the update ran (0 for a direct solve).
+    pub inner_iters: usize,
+    /// The R x R system was singular and solved by its pseudo-inverse.
+    pub pseudo_inverse: bool,
+}
+
+/// The factor update of one alternating method: ALS's exact solve or
+/// AO-ADMM's constrained one. [`drive`] runs everything else.
+pub(crate) trait Update {
+    /// Called once with the initial factors, before they are loaded.
+    fn begin(&mut self, _initial: &[Array2<f32>]) {}
+    /// Updates factor `mode` from the backend's MTTKRP of that mode (the
+    /// last `mttkrp(mode)`) and the Grams of every mode; `iter` counts from 0.
+    fn update(
+        &mut self,
+        backend: &mut dyn Backend,
+        mode: usize,
+        iter: usize,
+        grams: &[Array2<f64>],
+    ) -> Result<ModeUpdate>;
+}
+
+/// The weights of a new factor's columns: 2-norms on the first iteration,
+/// `max(1, max |a|)` afterwards (the Tensor Toolbox's and pyttb's
+/// convention), and the divisors that normalize them (a zero column stays
+/// zero, with weight 0, rather than NaN).
+pub(crate) fn column_weights(iter: usize, two: Vec<f64>, max_abs: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let lambda: Vec<f64> = if iter == 0 {
+        two
+    } else {
+        max_abs.iter().map(|&x| x.max(1.0)).collect()
+    };
+    let divisors = lambda
+        .iter()
+        .map(|&l| if l > 0.0 { l } else { 1.0 })
+        .collect();
+    (lambda, divisors)
+}
+
+/// ALS's update: `A_n = M V^{-1}`, then normalization.
+struct AlsUpdate;
+
+impl Update for AlsUpdate {
+    fn update(
+        &mut self,
+        backend: &mut dyn Backend,
+        mode: usize,
+        iter: usize,
+        grams: &[Array2<f64>],
+    ) -> Result<ModeUpdate> {
+        let v = hadamard_except(grams, Some(mode));
+        let (w, kind) = solve_matrix(&v);
+        let norms = backend.solve_update(mode, &w)?;
+        let (lambda, divisors) = column_weights(iter, norms.two, &norms.max_abs);
+        let gram = backend.scale_and_gram(mode, &divisors)?;
+        Ok(ModeUpdate {
+            lambda,
+            gram,
+            inner_iters: 0,
+            pseudo_inverse: kind == SolveKind::PseudoInverse,
+        })
+    }
+}
+
+/// The alternating driver both methods share: initial factors, per
+/// iteration and mode the MTTKRP and `update`, the fit, the stopping
+/// rules, and the final arrangement of the model.
+pub(crate) fn drive(
+    backend: &mut dyn Backend,
+    opts: &CpdOptions,
+    update: &mut dyn Update,
     on_iteration: &mut dyn FnMut(&IterationStats) -> ControlFlow<()>,
 ) -> Result<KruskalModel> {
     if opts.rank == 0 {
@@ -175,6 +268,7 @@ pub fn cpd_als_with(
             factors.clone()
         }
     };
+    update.begin(&initial);
     backend.load_factors(initial)?;
     let mut grams = (0..nmodes)
         .map(|m| backend.gram(m))
@@ -193,6 +287,7 @@ pub fn cpd_als_with(
     for iter in 0..opts.max_iters {
         let mut mttkrp_modes_s = vec![0f64; nmodes];
         let mut update_s = 0f64;
+        let mut inner_iters = 0;
         let start = Instant::now();
         for mode in 0..nmodes {
             let t = Instant::now();
@@ -201,23 +296,13 @@ pub fn cpd_als_with(
             mttkrp_modes_s[mode] = t.elapsed().as_secs_f64();
 
             let t = Instant::now();
-            let v = hadamard_except(&grams, Some(mode));
-            let (w, kind) = solve_matrix(&v);
-            if kind == SolveKind::PseudoInverse {
+            let done = update.update(backend, mode, iter, &grams)?;
+            if done.pseudo_inverse {
                 pseudo_inverse_solves += 1;
             }
-            let norms = backend.solve_update(mode, &w)?;
-            lambda = if iter == 0 {
-                norms.two
-            } else {
-                norms.max_abs.iter().map(|&x| x.max(1.0)).collect()
-            };
-            // A zero column stays zero (its weight is 0) rather than NaN.
-            let divisors: Vec<f64> = lambda
-                .iter()
-                .map(|&l| if l > 0.0 { l } else { 1.0 })
-                .collect();
-            grams[mode] = backend.scale_and_gram(mode, &divisors)?;
+            inner_iters += done.inner_iters;
+            lambda = done.lambda;
+            grams[mode] = done.gram;
             update_s += t.elapsed().as_secs_f64();
         }
         let fit_start = Instant::now();
@@ -262,6 +347,7 @@ pub fn cpd_als_with(
             mttkrp_modes_s,
             update_s,
             fit_s,
+            inner_iters,
         };
         let flow = on_iteration(&stats);
         totals.add(&stats);
@@ -316,7 +402,7 @@ pub fn cpd_als_with(
 
 /// Per-column statistics of a factor: sum of squares, and the entry of
 /// largest magnitude (with its sign). One parallel pass over the rows.
-fn column_stats(data: &[f32], rank: usize) -> (Vec<f64>, Vec<f32>) {
+pub(crate) fn column_stats(data: &[f32], rank: usize) -> (Vec<f64>, Vec<f32>) {
     data.par_chunks(RANDOM_BLOCK.max(rank) / rank * rank)
         .map(|block| {
             let mut sumsq = vec![0f64; rank];

@@ -59,6 +59,26 @@ pub trait Backend {
     /// Hands the factors back (the backend needs `load_factors` again
     /// before further use).
     fn take_factors(&mut self) -> Result<Vec<Array2<f32>>>;
+    /// The output of the last `mttkrp(mode)`, copied to the host
+    /// (`dims[mode] x rank`), for updates computed on the host (AO-ADMM).
+    /// The default is an error: the GPU backends do not provide it yet.
+    fn mttkrp_output(&mut self, mode: usize) -> Result<Array2<f32>> {
+        Err(CpdError::Backend(format!(
+            "the {} backend cannot copy the mode-{} MTTKRP to the host",
+            self.describe(),
+            mode + 1
+        )))
+    }
+    /// Replaces factor `mode` with `factor` (`dims[mode] x rank`), computed
+    /// on the host. The default is an error, as for `mttkrp_output`.
+    fn set_factor(&mut self, mode: usize, factor: Array2<f32>) -> Result<()> {
+        let _ = factor;
+        Err(CpdError::Backend(format!(
+            "the {} backend cannot take the mode-{} factor from the host",
+            self.describe(),
+            mode + 1
+        )))
+    }
 }
 
 /// The CPU backend: an MTTKRP engine (by default [`CpuMttkrp`]) plus rayon
@@ -309,6 +329,24 @@ impl Backend for CpuBackend {
 
     fn take_factors(&mut self) -> Result<Vec<Array2<f32>>> {
         Ok(std::mem::take(&mut self.factors))
+    }
+
+    fn mttkrp_output(&mut self, mode: usize) -> Result<Array2<f32>> {
+        Ok(self.output(mode)?.clone())
+    }
+
+    fn set_factor(&mut self, mode: usize, factor: Array2<f32>) -> Result<()> {
+        let (rows, rank) = (self.dims()[mode] as usize, self.rank());
+        if factor.dim() != (rows, rank) {
+            return Err(CpdError::Shape(format!(
+                "factor of mode {} is {} x {}, expected {rows} x {rank}",
+                mode + 1,
+                factor.nrows(),
+                factor.ncols()
+            )));
+        }
+        self.factors[mode] = factor.as_standard_layout().into_owned();
+        Ok(())
     }
 }
 

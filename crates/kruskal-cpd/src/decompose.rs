@@ -505,6 +505,10 @@ fn group_backend(
     Ok(Chosen::Group(Box::new(GroupBackend::new(group, t))))
 }
 
+/// Why a constrained run (AO-ADMM) is on the CPU: the GPU backends do not
+/// yet hand the MTTKRP to the host or take a factor from it.
+const ADMM_ON_CPU: &str = "constrained CP (--nonneg, --l1, --l2; AO-ADMM) runs on the CPU only";
+
 /// Builds the backend `opts.backend` and `opts.kernel` ask for. With
 /// `auto`, a GPU that cannot be used (none, no memory for the run, a rank
 /// beyond the GPU kernels, a CPU-only kernel) gives the CPU backend and the
@@ -521,6 +525,12 @@ fn make_backend(
         *step(&mut t) += start.elapsed().as_secs_f64();
         times.set(t);
     };
+    let constrained = opts.cpd.constraints.is_some();
+    if constrained && (opts.gpus.is_some() || opts.backend == BackendChoice::Gpu) {
+        return Err(CpdError::Invalid(format!(
+            "{ADMM_ON_CPU}: --backend gpu and --gpus cannot be combined with them"
+        )));
+    }
     if let Some(ordinals) = &opts.gpus {
         if !opts.pick_gpus {
             return Ok((group_backend(opts, ordinals, t, rank, progress)?, None));
@@ -646,6 +656,7 @@ fn make_backend(
     match opts.backend {
         BackendChoice::Cpu => cpu(cpu_kernel, None),
         BackendChoice::Gpu => Ok((Chosen::Gpu(Box::new(gpu_run()?)), None)),
+        BackendChoice::Auto if constrained => cpu(cpu_kernel, Some(ADMM_ON_CPU.into())),
         BackendChoice::Auto => match gpu_run() {
             Ok(b) => Ok((Chosen::Gpu(Box::new(b)), None)),
             Err(e) => cpu(cpu_kernel, Some(short_reason(&e))),
@@ -992,6 +1003,41 @@ mod tests {
         let done = done.unwrap();
         assert_eq!(done.backend.name(), "cpu");
         assert!(done.fallback.unwrap().contains("CUDA"));
+    }
+
+    #[test]
+    fn constrained_runs_are_on_the_cpu_and_say_why() {
+        let t = planted_tensor();
+        let mut opts = cpu_options(3);
+        opts.backend = BackendChoice::Auto;
+        opts.cpd.max_iters = 5;
+        opts.cpd.constraints = Some(crate::AdmmOptions::nonneg());
+        let (done, _) = run(&t, &opts, &AtomicBool::new(false), |_| {
+            ControlFlow::Continue(())
+        });
+        let done = done.unwrap();
+        assert_eq!(done.backend.name(), "cpu");
+        assert!(done.fallback.unwrap().contains("CPU only"));
+        assert!(
+            done.model
+                .factors
+                .iter()
+                .all(|f| f.iter().all(|&x| x >= 0.0))
+        );
+        assert!(done.model.iterations.iter().all(|s| s.inner_iters > 0));
+        for gpu in [true, false] {
+            let mut o = opts.clone();
+            if gpu {
+                o.backend = BackendChoice::Gpu;
+            } else {
+                o.gpus = Some(vec![0, 1]);
+            }
+            let (done, _) = run(&t, &o, &AtomicBool::new(false), |_| {
+                ControlFlow::Continue(())
+            });
+            let err = done.err().unwrap().to_string();
+            assert!(err.contains("CPU only"), "{err}");
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! CP decomposition by alternating least squares (CPD-ALS) for sparse
 //! tensors, over a [`Backend`] trait so the same driver runs on the CPU
 //! ([`CpuBackend`]), one GPU ([`GpuBackend`]) or several ([`GroupBackend`]);
+//! in [`admm`], non-negative and L1/L2-regularized CP by AO-ADMM (CPU);
 //! and, in [`apr`], the Poisson CP of count tensors (CP-APR) on the CPU.
 //!
 //! ```
@@ -15,6 +16,7 @@
 //! assert!(model.fit() > 0.99);
 //! ```
 
+pub mod admm;
 pub mod als;
 pub mod apr;
 pub mod backend;
@@ -30,6 +32,7 @@ pub mod scale;
 pub mod score;
 pub mod warnings;
 
+pub use admm::{AdmmOptions, NonNeg, cpd_admm, cpd_admm_with};
 pub(crate) use als::check_factor_shapes;
 pub use als::{CpdOptions, Init, arrange, cpd_als, cpd_als_with, random_factors};
 pub use apr::{AprInit, AprIteration, AprModel, AprOptions, cp_apr};

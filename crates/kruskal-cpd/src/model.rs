@@ -36,6 +36,8 @@ pub struct IterationStats {
     pub update_s: f64,
     /// Seconds computing the fit.
     pub fit_s: f64,
+    /// Inner iterations of all modes (AO-ADMM; 0 for ALS).
+    pub inner_iters: usize,
 }
 
 /// Iterations a model's history keeps: the last ones. A run of more

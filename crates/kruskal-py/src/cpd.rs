@@ -112,6 +112,7 @@ pub fn cp_als<'py>(
             max_iters: iters,
             tol,
             init,
+            constraints: None,
         },
         starts,
         seed,

@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Decompose a tensor by CPD-ALS (or try it on a planted tensor: --demo).
-    Cpd(cmd::cpd::CpdArgs),
+    Cpd(Box<cmd::cpd::CpdArgs>),
     /// Decompose a count tensor by CP-APR (Poisson CP, multiplicative
     /// updates; as pyttb's cp_apr).
     CpApr(cmd::cp_apr::CpAprArgs),
@@ -75,7 +75,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let name = cli.command.name();
     let result = match cli.command {
-        Command::Cpd(a) => cmd::cpd::run(a),
+        Command::Cpd(a) => cmd::cpd::run(*a),
         Command::CpApr(a) => cmd::cp_apr::run(a),
         Command::Mttkrp(a) => cmd::mttkrp::run(a),
         Command::Info(a) => cmd::info::run(a),

@@ -1299,3 +1299,77 @@ fn cp_apr_refuses_negative_values() {
     assert!(stderr(&o).contains("(2, 2, 2)"), "{}", stderr(&o));
     assert!(!out.exists(), "a model directory was left behind");
 }
+
+#[test]
+fn nonneg_l1_and_l2_run_ao_admm_with_non_negative_factors() {
+    let file = data("splatt-med.tns.gz");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("model");
+    // A bare --nonneg after the FILE: every mode.
+    let (v, o) = common::cpd_json(&file, "4", &["--nonneg", "--out", out.to_str().unwrap()]);
+    assert!(stderr(&o).is_empty(), "{}", stderr(&o));
+    assert_eq!(v["method"], "ao-admm", "{v}");
+    assert_eq!(v["constraints"], "non-negative (all modes)", "{v}");
+    let fits = common::fits(&v);
+    assert!(fits.iter().all(|&f| f > 0.0 && f < 1.0), "{fits:?}");
+    let inner = v["iterations"][0]["inner_iters"].as_u64().unwrap();
+    assert!(inner >= 3, "{v}");
+    let factors = kruskal_cpd::load_factors(&out, 3).unwrap();
+    for (m, f) in factors.iter().enumerate() {
+        assert!(
+            f.iter().all(|&x| x >= 0.0),
+            "mode {} has a negative entry",
+            m + 1
+        );
+    }
+    // Plain ALS says it is ALS.
+    let (als, _) = common::cpd_json(&file, "4", &[]);
+    assert_eq!(als["method"], "als");
+    assert!(als["constraints"].is_null());
+    // Chosen modes and penalties; the auto backend says why it is the CPU.
+    let o = kruskal(&[
+        "cpd",
+        file.to_str().unwrap(),
+        "--rank",
+        "3",
+        "--iters",
+        "3",
+        "--nonneg",
+        "1,3",
+        "--l1",
+        "0.5",
+        "--l2",
+        "0.25",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains("method     AO-ADMM, non-negative (modes 1, 3), l1 0.5, l2 0.25"),
+        "{text}"
+    );
+    assert!(text.contains("runs on the CPU only"), "{text}");
+}
+
+#[test]
+fn bad_constraint_flags_are_one_line_errors() {
+    let file = data("splatt-med.tns.gz");
+    let f = file.to_str().unwrap();
+    for (args, needle) in [
+        (vec!["--nonneg", "4"], "names mode 4"),
+        (vec!["--nonneg", "0"], "not a comma list of modes"),
+        (vec!["--nonneg", "1,x"], "not a comma list of modes"),
+        (vec!["--l1", "-1"], "not a finite weight >= 0"),
+        (vec!["--l2", "nan"], "not a finite weight >= 0"),
+        (vec!["--l2", "inf"], "not a finite weight >= 0"),
+        (vec!["--l1", "0.1", "--backend", "gpu"], "CPU only"),
+        (vec!["--nonneg", "--gpus", "2"], "CPU only"),
+    ] {
+        let mut all = vec!["cpd", f, "--iters", "2"];
+        all.extend(&args);
+        let o = kruskal(&all);
+        assert_clean_failure(&o, needle);
+    }
+    // A FILE after a bare --nonneg is read as its modes: the error says so.
+    let o = kruskal(&["cpd", "--nonneg", f]);
+    assert_clean_failure(&o, "put the FILE before a bare --nonneg");
+}

@@ -9,8 +9,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 pub(super) use kruskal_cpd::decompose::Starts;
 use kruskal_cpd::{
-    Backend, Chosen, CpdOptions, DecomposeOptions, Decomposition, GroupBackend, Init, KernelPlan,
-    KruskalModel, factor_match_score, load_factors,
+    AdmmOptions, Backend, Chosen, CpdOptions, DecomposeOptions, Decomposition, GroupBackend, Init,
+    KernelPlan, KruskalModel, NonNeg, factor_match_score, load_factors,
 };
 use kruskal_formats::generate::{PlantedSpec, planted};
 use ndarray::Array2;
@@ -90,12 +90,73 @@ pub struct CpdArgs {
     pub multi: MultiGpuArgs,
     #[command(flatten)]
     pub distributed: super::distributed::DistributedArgs,
+    /// Keep the factors non-negative (constrained CP by AO-ADMM, on the
+    /// CPU): in every mode, or in MODES, a comma list numbered from 1
+    /// (`--nonneg 1,3`). Put the FILE before a bare --nonneg.
+    #[arg(long, value_name = "MODES", num_args = 0..=1, default_missing_value = "all",
+          value_parser = parse_nonneg)]
+    pub nonneg: Option<NonNeg>,
+    /// L1 penalty weight W on every factor (W ||A||_1; AO-ADMM, on the CPU).
+    #[arg(long, value_name = "W", allow_negative_numbers = true, value_parser = parse_weight)]
+    pub l1: Option<f64>,
+    /// L2 penalty weight W on every factor (W ||A||_F^2; AO-ADMM, on the
+    /// CPU).
+    #[arg(long, value_name = "W", allow_negative_numbers = true, value_parser = parse_weight)]
+    pub l2: Option<f64>,
     /// Worker threads (default: one per core).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = parse_threads)]
     pub threads: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--nonneg`: `all` (no value) or a comma list of modes numbered from 1.
+fn parse_nonneg(text: &str) -> Result<NonNeg, String> {
+    if text == "all" {
+        return Ok(NonNeg::All);
+    }
+    let bad = || {
+        format!(
+            "'{text}' is not a comma list of modes numbered from 1 (a value after --nonneg is \
+             its modes: put the FILE before a bare --nonneg)"
+        )
+    };
+    let mut modes = Vec::new();
+    for part in text.split(',') {
+        let mode: usize = part.trim().parse().map_err(|_| bad())?;
+        if mode == 0 {
+            return Err(bad());
+        }
+        if !modes.contains(&(mode - 1)) {
+            modes.push(mode - 1);
+        }
+    }
+    modes.sort_unstable();
+    Ok(NonNeg::Modes(modes))
+}
+
+/// `--l1` and `--l2`: a finite weight >= 0.
+fn parse_weight(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(w) if w.is_finite() && w >= 0.0 => Ok(w),
+        _ => Err(format!("'{text}' is not a finite weight >= 0")),
+    }
+}
+
+impl CpdArgs {
+    /// The AO-ADMM options the flags ask for (`None`: plain ALS).
+    pub(super) fn constraints(&self) -> Option<AdmmOptions> {
+        if self.nonneg.is_none() && self.l1.is_none() && self.l2.is_none() {
+            return None;
+        }
+        Some(AdmmOptions {
+            nonneg: self.nonneg.clone().unwrap_or(NonNeg::None),
+            l1: self.l1.unwrap_or(0.0),
+            l2: self.l2.unwrap_or(0.0),
+            ..AdmmOptions::default()
+        })
+    }
 }
 
 /// Rank of the demo's planted tensor.
@@ -127,6 +188,17 @@ fn demo_tensor() -> Result<(Loaded, kruskal_formats::generate::Planted)> {
 pub fn run(args: CpdArgs) -> Result<()> {
     set_threads(args.threads)?;
     args.multi.check_used(args.distributed.distributed)?;
+    let constrained = args.constraints().is_some();
+    if constrained
+        && (args.distributed.distributed
+            || args.multi.gpus.is_some()
+            || args.backend == BackendArg::Gpu)
+    {
+        bail!(
+            "--nonneg, --l1 and --l2 (AO-ADMM) run on the CPU only: they cannot be combined with \
+             --backend gpu, --gpus or --distributed"
+        );
+    }
     if args.distributed.distributed {
         return super::distributed::run(&args);
     }
@@ -140,6 +212,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
     }
     let on_cpu = args.multi.gpus.is_none()
         && (args.backend == BackendArg::Cpu
+            || constrained
             || (args.backend == BackendArg::Auto && preflight::no_gpu_here()));
     args.gpu.check(on_cpu)?;
     // (`--compact` shrinks the dimensions first; checked after it.)
@@ -154,7 +227,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
     // while the tensor is read. The backend then opens the same (primary)
     // context, waiting only for what is left of the start (its `open_s`);
     // the handle keeps this thread's hold on the context until then.
-    let opening = (args.backend != BackendArg::Cpu && args.multi.gpus.is_none())
+    let opening = (!on_cpu && args.multi.gpus.is_none())
         .then(|| std::thread::spawn(|| kruskal_device::Gpu::open(0).ok()));
     let (mut loaded, truth) = if args.demo {
         let (loaded, p) = demo_tensor()?;
@@ -234,6 +307,8 @@ pub fn run(args: CpdArgs) -> Result<()> {
         if let Some(map) = &compaction {
             value["compact"] = compact::json(map);
         }
+        value["method"] = serde_json::json!(if constrained { "ao-admm" } else { "als" });
+        value["constraints"] = serde_json::json!(args.constraints().map(|c| c.describe()));
         value["wall"] = wall(teardown(done, loaded)).json();
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
@@ -242,6 +317,14 @@ pub fn run(args: CpdArgs) -> Result<()> {
         }
         if let Chosen::Group(b) = &done.backend {
             print_breakdown(b, "slowest GPU");
+        }
+        if let Some(c) = args.constraints() {
+            let inner: usize = model.iterations.iter().map(|s| s.inner_iters).sum();
+            println!(
+                "method     AO-ADMM, {}; {inner} inner iterations in the last {}",
+                c.describe(),
+                count_of(model.iterations.len() as u64, "iteration")
+            );
         }
         print_summary(model, done.cpd_s, done.starts, fms, args.out.as_ref());
         println!("wall       {}", wall(teardown(done, loaded)).line());
@@ -297,6 +380,10 @@ pub(super) fn cpd_options(args: &CpdArgs, dims: &[u32]) -> Result<CpdOptions> {
     if !(args.tol.is_finite() && args.tol >= 0.0) {
         bail!("--tol must be finite and >= 0, not {}", args.tol);
     }
+    let constraints = args.constraints();
+    if let Some(c) = &constraints {
+        c.check(dims.len())?;
+    }
     let init = match &args.init {
         Some(dir) => {
             let factors = load_factors(dir, dims.len())?;
@@ -321,6 +408,7 @@ pub(super) fn cpd_options(args: &CpdArgs, dims: &[u32]) -> Result<CpdOptions> {
         max_iters: args.iters,
         tol: args.tol,
         init,
+        constraints,
     })
 }
 

@@ -1,0 +1,650 @@
+//! Constrained and regularized CP by AO-ADMM (Huang, Sidiropoulos and
+//! Liavas, "A flexible and efficient algorithmic framework for constrained
+//! matrix and tensor factorization", IEEE TSP 2016; as accelerated by Smith,
+//! Beri and Karypis, "Constrained tensor factorization with accelerated
+//! AO-ADMM", ICPP 2017): the alternating structure of CPD-ALS, each factor
+//! found by ADMM instead of an exact solve.
+//!
+//! The objective, per run:
+//!
+//! `0.5 ||X - [[lambda; A_1, ..., A_N]]||_F^2 + sum_n r_n(A_n)`,
+//! `r_n(A) = l1 ||A||_1 + l2 ||A||_F^2 (+ the indicator of A >= 0 on the
+//! non-negative modes)`.
+//!
+//! For each outer iteration and each mode n (H = `A_n`, U its scaled dual,
+//! both `I_n x R` in f64 on the host, warm-started from the previous outer
+//! iteration):
+//! 1. `K = MTTKRP(X, n)` (the backend's, copied to the host),
+//!    `G = hadamard(A_w^T A_w for w != n)`;
+//! 2. `rho = trace(G) / R`, and `W = (G + rho I)^{-1}` by one Cholesky
+//!    (`dense::solve_matrix`);
+//! 3. up to `max_inner_iters` times: `Ht = (K + rho (H + U)) W`,
+//!    `H_prev = H`, `H = prox(Ht - U)`, `U += H - Ht`; stop when the primal
+//!    residual `||H - Ht||^2 / ||H||^2` and the dual residual
+//!    `||H - H_prev||^2 / ||U||^2` are both at most `eps`;
+//! 4. the columns of H are normalized into lambda as ALS does (2-norms on
+//!    the first iteration, `max(1, max |a|)` afterwards; U is divided by
+//!    the same weights, so it stays H's dual), and H is handed to the
+//!    backend as the new f32 factor.
+//!
+//! The proximal step `prox(v) = argmin_h r(h) + (rho / 2) (h - v)^2`, per
+//! entry, for the objective above:
+//! `prox(v) = S(v, l1 / rho) / (1 + 2 l2 / rho)`, with
+//! `S(v, t) = sign(v) max(|v| - t, 0)` the soft threshold; on a
+//! non-negative mode `prox(v) = max(v - l1 / rho, 0) / (1 + 2 l2 / rho)`.
+//!
+//! The normalization of step 4 keeps the run comparable with ALS (and
+//! leaves a non-negative factor non-negative), but it also rescales the
+//! penalty's argument: with `l1` or `l2` above 0 the run lowers the
+//! objective mode by mode, not the objective of the final scaled model.
+//!
+//! The fit is ALS's: `1 - ||X - M|| / ||X||` from the Grams, lambda and the
+//! last mode's MTTKRP. The rows are independent in step 3; they are
+//! updated in blocks in parallel and the residuals summed in block order,
+//! so the result does not depend on the thread count. The ADMM runs to
+//! the same stopping rule for all rows (the paper's blocked variant, where
+//! each block of rows stops on its own, is not implemented).
+//!
+//! Memory beyond ALS's: H, U and K in f64, `3 * dims[n] * R * 8` bytes per
+//! mode (H and U kept for every mode).
+
+use std::ops::ControlFlow;
+
+use faer::linalg::matmul::matmul;
+use faer::{Accum, MatMut, MatRef, Par};
+use ndarray::Array2;
+use rayon::prelude::*;
+
+use crate::CpdOptions;
+use crate::als::{ModeUpdate, Update, column_stats, column_weights, drive};
+use crate::backend::Backend;
+use crate::dense::{SolveKind, hadamard_except, solve_matrix};
+use crate::error::{CpdError, Result};
+use crate::model::{IterationStats, KruskalModel};
+
+/// Default limit of ADMM iterations per mode update (the paper's 50).
+pub const DEFAULT_MAX_INNER_ITERS: usize = 50;
+/// Default bound on the relative primal and dual residuals (the paper's
+/// 1e-2).
+pub const DEFAULT_EPS: f64 = 1e-2;
+
+/// Rows handled by one task of the ADMM's row-wise passes.
+const ROWS_PER_TASK: usize = 1024;
+
+/// Which modes' factors are kept non-negative.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NonNeg {
+    None,
+    All,
+    /// These modes, numbered from 0.
+    Modes(Vec<usize>),
+}
+
+impl NonNeg {
+    fn holds(&self, mode: usize) -> bool {
+        match self {
+            NonNeg::None => false,
+            NonNeg::All => true,
+            NonNeg::Modes(m) => m.contains(&mode),
+        }
+    }
+}
+
+/// Constraints and regularization of an AO-ADMM run (see the module's
+/// objective). `l1` and `l2` apply to every mode.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdmmOptions {
+    pub nonneg: NonNeg,
+    /// Weight of `||A_n||_1`.
+    pub l1: f64,
+    /// Weight of `||A_n||_F^2`.
+    pub l2: f64,
+    pub max_inner_iters: usize,
+    pub eps: f64,
+}
+
+impl Default for AdmmOptions {
+    /// No constraint, no penalty, the paper's inner limit and tolerance.
+    fn default() -> Self {
+        AdmmOptions {
+            nonneg: NonNeg::None,
+            l1: 0.0,
+            l2: 0.0,
+            max_inner_iters: DEFAULT_MAX_INNER_ITERS,
+            eps: DEFAULT_EPS,
+        }
+    }
+}
+
+impl AdmmOptions {
+    /// Non-negative factors in every mode, no penalty.
+    pub fn nonneg() -> Self {
+        AdmmOptions {
+            nonneg: NonNeg::All,
+            ..Self::default()
+        }
+    }
+
+    /// Refuses weights that are negative or not finite, an inner limit of
+    /// 0, and modes beyond the tensor's.
+    pub fn check(&self, nmodes: usize) -> Result<()> {
+        for (flag, w) in [("--l1", self.l1), ("--l2", self.l2), ("eps", self.eps)] {
+            if !(w.is_finite() && w >= 0.0) {
+                return Err(CpdError::Option(format!(
+                    "{flag} {w} must be finite and >= 0"
+                )));
+            }
+        }
+        if self.max_inner_iters == 0 {
+            return Err(CpdError::Option(
+                "the inner iteration limit must be at least 1".into(),
+            ));
+        }
+        if let NonNeg::Modes(modes) = &self.nonneg {
+            if let Some(&m) = modes.iter().find(|&&m| m >= nmodes) {
+                return Err(CpdError::Option(format!(
+                    "--nonneg names mode {}, and the tensor has {nmodes} modes",
+                    m + 1
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// One line for output: "non-negative (modes 1, 3), l1 0.1".
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        match &self.nonneg {
+            NonNeg::None => {}
+            NonNeg::All => parts.push("non-negative (all modes)".to_string()),
+            NonNeg::Modes(m) => parts.push(format!(
+                "non-negative (mode{} {})",
+                if m.len() > 1 { "s" } else { "" },
+                m.iter()
+                    .map(|m| (m + 1).to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+        if self.l1 > 0.0 {
+            parts.push(format!("l1 {}", self.l1));
+        }
+        if self.l2 > 0.0 {
+            parts.push(format!("l2 {}", self.l2));
+        }
+        if parts.is_empty() {
+            parts.push("unconstrained".into());
+        }
+        parts.join(", ")
+    }
+}
+
+/// The proximal operator of one mode's penalty at a given rho.
+#[derive(Clone, Copy, Debug)]
+struct Prox {
+    nonneg: bool,
+    /// `l1 / rho`.
+    threshold: f64,
+    /// `1 / (1 + 2 l2 / rho)`.
+    shrink: f64,
+}
+
+impl Prox {
+    fn new(nonneg: bool, l1: f64, l2: f64, rho: f64) -> Self {
+        Prox {
+            nonneg,
+            threshold: l1 / rho,
+            shrink: 1.0 / (1.0 + 2.0 * l2 / rho),
+        }
+    }
+
+    fn apply(self, v: f64) -> f64 {
+        let t = if self.nonneg {
+            (v - self.threshold).max(0.0)
+        } else if v > self.threshold {
+            v - self.threshold
+        } else if v < -self.threshold {
+            v + self.threshold
+        } else {
+            0.0
+        };
+        t * self.shrink
+    }
+}
+
+/// Residual sums of one inner iteration.
+#[derive(Clone, Copy, Default)]
+struct Residuals {
+    /// `||H - Ht||^2`.
+    primal: f64,
+    /// `||H - H_prev||^2`.
+    dual: f64,
+    h: f64,
+    u: f64,
+}
+
+impl Residuals {
+    fn add(self, o: Residuals) -> Residuals {
+        Residuals {
+            primal: self.primal + o.primal,
+            dual: self.dual + o.dual,
+            h: self.h + o.h,
+            u: self.u + o.u,
+        }
+    }
+}
+
+/// One mode's ADMM for `min 0.5 ||K - H G||` terms plus `prox`'s penalty:
+/// runs up to `max_inner` iterations on `h` and `u` (row-major
+/// `rows x rank`), from `k` (the MTTKRP, the same shape) and `w =
+/// (G + rho I)^{-1}`. Returns the iterations run.
+///
+/// Cost per iteration: `rows * rank^2` multiply-adds and a few passes over
+/// `rows * rank` values.
+#[allow(clippy::too_many_arguments)]
+fn admm_rows(
+    k: &[f64],
+    h: &mut [f64],
+    u: &mut [f64],
+    w: &[f64],
+    rank: usize,
+    rho: f64,
+    prox: Prox,
+    max_inner: usize,
+    eps: f64,
+) -> usize {
+    let w = MatRef::from_row_major_slice(w, rank, rank);
+    let chunk = ROWS_PER_TASK * rank;
+    for it in 1..=max_inner {
+        let r = h
+            .par_chunks_mut(chunk)
+            .zip(u.par_chunks_mut(chunk))
+            .zip(k.par_chunks(chunk))
+            .map(|((h, u), k)| {
+                let rows = k.len() / rank;
+                let rhs: Vec<f64> = k
+                    .iter()
+                    .zip(h.iter().zip(u.iter()))
+                    .map(|(&k, (&h, &u))| k + rho * (h + u))
+                    .collect();
+                let mut ht = vec![0f64; rows * rank];
+                matmul(
+                    MatMut::from_row_major_slice_mut(&mut ht, rows, rank),
+                    Accum::Replace,
+                    MatRef::from_row_major_slice(&rhs, rows, rank),
+                    w,
+                    1.0,
+                    Par::Seq,
+                );
+                let mut r = Residuals::default();
+                for ((h, u), &ht) in h.iter_mut().zip(u.iter_mut()).zip(&ht) {
+                    let new = prox.apply(ht - *u);
+                    *u += new - ht;
+                    r.primal += (new - ht) * (new - ht);
+                    r.dual += (new - *h) * (new - *h);
+                    r.h += new * new;
+                    r.u += *u * *u;
+                    *h = new;
+                }
+                r
+            })
+            // Partials summed in block order: the stopping decision must
+            // not depend on how rayon split the work.
+            .collect::<Vec<_>>()
+            .into_iter()
+            .fold(Residuals::default(), Residuals::add);
+        if r.primal <= eps * r.h && r.dual <= eps * r.u {
+            return it;
+        }
+    }
+    max_inner
+}
+
+/// AO-ADMM's update of one mode; keeps H and U of every mode.
+struct AdmmUpdate<'a> {
+    opts: &'a AdmmOptions,
+    /// Per mode, H and U (row-major, `dims[m] x rank`).
+    h: Vec<Vec<f64>>,
+    u: Vec<Vec<f64>>,
+}
+
+impl Update for AdmmUpdate<'_> {
+    fn begin(&mut self, initial: &[Array2<f32>]) {
+        self.h = initial
+            .iter()
+            .map(|f| f.iter().map(|&x| f64::from(x)).collect())
+            .collect();
+        self.u = self.h.iter().map(|h| vec![0f64; h.len()]).collect();
+    }
+
+    fn update(
+        &mut self,
+        backend: &mut dyn Backend,
+        mode: usize,
+        iter: usize,
+        grams: &[Array2<f64>],
+    ) -> Result<ModeUpdate> {
+        let rank = grams[mode].nrows();
+        let k32 = backend.mttkrp_output(mode)?;
+        let k: Vec<f64> = k32.iter().map(|&x| f64::from(x)).collect();
+        drop(k32);
+        let mut g = hadamard_except(grams, Some(mode));
+        let trace: f64 = (0..rank).map(|r| g[[r, r]]).sum();
+        // All-zero other factors give G = 0: any rho > 0 keeps the system
+        // solvable (and H then goes to prox(0)).
+        let rho = if trace > 0.0 && trace.is_finite() {
+            trace / rank as f64
+        } else {
+            1.0
+        };
+        for r in 0..rank {
+            g[[r, r]] += rho;
+        }
+        let (w, kind) = solve_matrix(&g);
+        let w = w.as_standard_layout().into_owned();
+        let w = w.as_slice().expect("standard layout");
+        let prox = Prox::new(
+            self.opts.nonneg.holds(mode),
+            self.opts.l1,
+            self.opts.l2,
+            rho,
+        );
+        let (h, u) = (&mut self.h[mode], &mut self.u[mode]);
+        let inner_iters = admm_rows(
+            &k,
+            h,
+            u,
+            w,
+            rank,
+            rho,
+            prox,
+            self.opts.max_inner_iters,
+            self.opts.eps,
+        );
+        // The weights are those of the f32 factor, as ALS's are.
+        let (two, max_abs) = {
+            let rounded: Vec<f32> = h.par_iter().map(|&x| x as f32).collect();
+            let (sumsq, big) = column_stats(&rounded, rank);
+            let two: Vec<f64> = sumsq.into_iter().map(f64::sqrt).collect();
+            let max_abs: Vec<f64> = big.iter().map(|&b| f64::from(b.abs())).collect();
+            (two, max_abs)
+        };
+        let (lambda, divisors) = column_weights(iter, two, &max_abs);
+        let inv: Vec<f64> = divisors.iter().map(|d| 1.0 / d).collect();
+        let chunk = ROWS_PER_TASK * rank;
+        h.par_chunks_mut(chunk)
+            .zip(u.par_chunks_mut(chunk))
+            .for_each(|(h, u)| {
+                for (row_h, row_u) in h.chunks_exact_mut(rank).zip(u.chunks_exact_mut(rank)) {
+                    for ((x, y), s) in row_h.iter_mut().zip(row_u.iter_mut()).zip(&inv) {
+                        *x *= s;
+                        *y *= s;
+                    }
+                }
+            });
+        let factor: Vec<f32> = h.par_iter().map(|&x| x as f32).collect();
+        let factor = Array2::from_shape_vec((h.len() / rank, rank), factor)
+            .map_err(|e| CpdError::Backend(e.to_string()))?;
+        backend.set_factor(mode, factor)?;
+        let gram = backend.gram(mode)?;
+        Ok(ModeUpdate {
+            lambda,
+            gram,
+            inner_iters,
+            pseudo_inverse: kind == SolveKind::PseudoInverse,
+        })
+    }
+}
+
+/// Runs AO-ADMM without progress reports. See [`cpd_admm_with`].
+pub fn cpd_admm(
+    backend: &mut dyn Backend,
+    opts: &CpdOptions,
+    admm: &AdmmOptions,
+) -> Result<KruskalModel> {
+    cpd_admm_with(backend, opts, admm, &mut |_| ControlFlow::Continue(()))
+}
+
+/// Runs AO-ADMM with the rank, iteration limit, tolerance on the fit's
+/// change and initial factors of `opts` (its `constraints` are ignored:
+/// `admm` rules), calling `on_iteration` after every outer iteration as
+/// [`crate::cpd_als_with`] does. The backend must provide
+/// [`Backend::mttkrp_output`] and [`Backend::set_factor`] (the CPU backend
+/// does).
+pub fn cpd_admm_with(
+    backend: &mut dyn Backend,
+    opts: &CpdOptions,
+    admm: &AdmmOptions,
+    on_iteration: &mut dyn FnMut(&IterationStats) -> ControlFlow<()>,
+) -> Result<KruskalModel> {
+    admm.check(backend.dims().len())?;
+    let mut update = AdmmUpdate {
+        opts: admm,
+        h: Vec::new(),
+        u: Vec::new(),
+    };
+    drive(backend, opts, &mut update, on_iteration)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::CpuBackend;
+    use crate::score::factor_match_score;
+    use crate::{Init, cpd_als};
+    use kruskal_formats::generate::{PlantedSpec, planted};
+
+    fn noisy(seed: u64) -> kruskal_formats::generate::Planted {
+        planted(&PlantedSpec {
+            dims: vec![40, 53, 66],
+            rank: 4,
+            nnz: 16_000,
+            noise: 0.05,
+            seed,
+        })
+        .unwrap()
+    }
+
+    fn options(rank: usize, iters: usize, tol: f64) -> CpdOptions {
+        let mut o = CpdOptions::new(rank);
+        o.max_iters = iters;
+        o.tol = tol;
+        o
+    }
+
+    #[test]
+    fn prox_formulas() {
+        let p = Prox::new(false, 1.0, 0.5, 2.0); // threshold 0.5, shrink 1/1.5
+        assert!((p.apply(2.0) - 1.5 / 1.5).abs() < 1e-15);
+        assert!((p.apply(-2.0) + 1.0).abs() < 1e-15);
+        assert_eq!(p.apply(0.3), 0.0);
+        let n = Prox::new(true, 1.0, 0.0, 2.0);
+        assert_eq!(n.apply(-3.0), 0.0);
+        assert!((n.apply(3.0) - 2.5).abs() < 1e-15);
+        // The l2 prox minimizes l2 h^2 + rho/2 (h - v)^2: derivative zero.
+        let (l2, rho, v) = (0.7, 1.3, 2.1);
+        let h = Prox::new(false, 0.0, l2, rho).apply(v);
+        assert!((2.0 * l2 * h + rho * (h - v)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn nonneg_factors_have_no_negative_entry() {
+        // A tensor with negative values: unconstrained ALS gives negative
+        // entries, the non-negative run must not.
+        let p = noisy(7);
+        let mut t = p.tensor.clone();
+        let neg = t.values().iter().map(|&v| -v).collect::<Vec<_>>();
+        let half = neg.len() / 2;
+        let mut vals = t.values().to_vec();
+        vals[..half].copy_from_slice(&neg[..half]);
+        t = kruskal_formats::SparseTensor::new(t.dims().to_vec(), t.indices().to_vec(), vals)
+            .unwrap();
+        let opts = options(4, 20, 0.0);
+        let als = cpd_als(&mut CpuBackend::new(&t), &opts).unwrap();
+        assert!(als.factors.iter().any(|f| f.iter().any(|&x| x < 0.0)));
+        let model = cpd_admm(&mut CpuBackend::new(&t), &opts, &AdmmOptions::nonneg()).unwrap();
+        for (m, f) in model.factors.iter().enumerate() {
+            assert!(f.iter().all(|&x| x >= 0.0), "mode {}", m + 1);
+        }
+        assert!(model.lambda.iter().all(|&l| l >= 0.0));
+        assert!(model.fit() > 0.0, "fit {}", model.fit());
+    }
+
+    #[test]
+    fn nonneg_on_chosen_modes_only() {
+        let p = noisy(8);
+        let mut t = p.tensor.clone();
+        let vals: Vec<f32> = t
+            .values()
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| if i % 3 == 0 { -v } else { v })
+            .collect();
+        t = kruskal_formats::SparseTensor::new(t.dims().to_vec(), t.indices().to_vec(), vals)
+            .unwrap();
+        let admm = AdmmOptions {
+            nonneg: NonNeg::Modes(vec![0, 2]),
+            ..AdmmOptions::default()
+        };
+        let model = cpd_admm(&mut CpuBackend::new(&t), &options(4, 15, 0.0), &admm).unwrap();
+        assert!(model.factors[0].iter().all(|&x| x >= 0.0));
+        assert!(model.factors[2].iter().all(|&x| x >= 0.0));
+        assert!(model.factors[1].iter().any(|&x| x < 0.0));
+    }
+
+    #[test]
+    fn recovers_a_planted_nonnegative_tensor_with_noise() {
+        let p = noisy(3);
+        // The planted factors are non-negative.
+        assert!(p.factors.iter().all(|f| f.iter().all(|&x| x >= 0.0)));
+        let model = cpd_admm(
+            &mut CpuBackend::new(&p.tensor),
+            &options(4, 200, 1e-8),
+            &AdmmOptions::nonneg(),
+        )
+        .unwrap();
+        let fms = factor_match_score(&model.lambda, &model.factors, &p.lambda, &p.factors);
+        eprintln!("non-negative: factor match {fms}, fit {}", model.fit());
+        assert!(fms >= 0.99, "factor match {fms}, fit {}", model.fit());
+    }
+
+    #[test]
+    fn unconstrained_admm_reaches_the_fit_of_als_from_the_same_start() {
+        let p = noisy(5);
+        let opts = options(4, 300, 1e-10);
+        let als = cpd_als(&mut CpuBackend::new(&p.tensor), &opts).unwrap();
+        let admm = cpd_admm(
+            &mut CpuBackend::new(&p.tensor),
+            &opts,
+            &AdmmOptions::default(),
+        )
+        .unwrap();
+        let (a, b) = (als.fit(), admm.fit());
+        eprintln!("fit: ALS {a}, unconstrained AO-ADMM {b}");
+        // Both converge to the same stationary point from the same start
+        // (measured: 3e-8 apart); 1e-6 leaves room for the f32 factors'
+        // rounding (about 1e-7 relative) and the last iterations' steps.
+        assert!((a - b).abs() < 1e-6, "ALS {a}, ADMM {b}");
+    }
+
+    #[test]
+    fn l1_gives_more_exact_zeros() {
+        let p = noisy(9);
+        let opts = options(4, 30, 0.0);
+        let zeros = |m: &KruskalModel| {
+            m.factors
+                .iter()
+                .map(|f| f.iter().filter(|&&x| x == 0.0).count())
+                .sum::<usize>()
+        };
+        let plain = cpd_admm(
+            &mut CpuBackend::new(&p.tensor),
+            &opts,
+            &AdmmOptions::nonneg(),
+        )
+        .unwrap();
+        let sparse = cpd_admm(
+            &mut CpuBackend::new(&p.tensor),
+            &opts,
+            &AdmmOptions {
+                l1: 5.0,
+                ..AdmmOptions::nonneg()
+            },
+        )
+        .unwrap();
+        let (z0, z1) = (zeros(&plain), zeros(&sparse));
+        eprintln!(
+            "exact zeros: {z0} without l1, {z1} with l1 5 (fit {})",
+            sparse.fit()
+        );
+        assert!(z1 > z0 + 10, "zeros without l1 {z0}, with l1 {z1}");
+        assert!(sparse.fit() > 0.5, "fit with l1 {}", sparse.fit());
+    }
+
+    #[test]
+    fn constraints_in_the_options_run_admm_and_bad_weights_are_refused() {
+        let p = noisy(4);
+        let mut opts = options(4, 5, 0.0);
+        opts.init = Init::Random { seed: 3 };
+        opts.constraints = Some(AdmmOptions::nonneg());
+        let via_als = cpd_als(&mut CpuBackend::new(&p.tensor), &opts).unwrap();
+        let direct = cpd_admm(
+            &mut CpuBackend::new(&p.tensor),
+            &opts,
+            &AdmmOptions::nonneg(),
+        )
+        .unwrap();
+        assert_eq!(via_als.factors, direct.factors);
+        assert!(via_als.iterations.iter().all(|s| s.inner_iters >= 3));
+        for bad in [
+            AdmmOptions {
+                l1: -1.0,
+                ..AdmmOptions::default()
+            },
+            AdmmOptions {
+                l2: f64::NAN,
+                ..AdmmOptions::default()
+            },
+            AdmmOptions {
+                nonneg: NonNeg::Modes(vec![3]),
+                ..AdmmOptions::default()
+            },
+        ] {
+            let err = cpd_admm(&mut CpuBackend::new(&p.tensor), &opts, &bad).unwrap_err();
+            assert!(matches!(err, CpdError::Option(_)), "{err}");
+        }
+    }
+
+    #[test]
+    fn results_do_not_depend_on_the_thread_count() {
+        let p = planted(&PlantedSpec {
+            dims: vec![5000, 3000, 40],
+            rank: 3,
+            nnz: 30_000,
+            noise: 0.1,
+            seed: 2,
+        })
+        .unwrap();
+        let opts = options(3, 4, 0.0);
+        let run_on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                cpd_admm(
+                    &mut CpuBackend::new(&p.tensor),
+                    &opts,
+                    &AdmmOptions {
+                        l1: 0.01,
+                        ..AdmmOptions::nonneg()
+                    },
+                )
+                .unwrap()
+            })
+        };
+        let (a, b) = (run_on(1), run_on(3));
+        assert_eq!(a.factors, b.factors);
+        assert_eq!(a.lambda, b.lambda);
+    }
+}
