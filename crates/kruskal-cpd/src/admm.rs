@@ -81,7 +81,7 @@ pub enum NonNeg {
 }
 
 impl NonNeg {
-    fn holds(&self, mode: usize) -> bool {
+    pub(crate) fn holds(&self, mode: usize) -> bool {
         match self {
             NonNeg::None => false,
             NonNeg::All => true,

@@ -372,7 +372,11 @@ pub(crate) fn drive(
     }
 
     let factors = backend.take_factors()?;
-    let (lambda, factors) = arrange(lambda, factors);
+    // A non-negative mode's columns keep their signs (they are >= 0).
+    let keep_sign: Vec<bool> = (0..nmodes)
+        .map(|m| opts.constraints.as_ref().is_some_and(|c| c.nonneg.holds(m)))
+        .collect();
+    let (lambda, factors) = arrange_keeping_signs(lambda, factors, &keep_sign);
     // A model that is not finite is an error, never a result.
     if let Some(r) = lambda.iter().position(|l| !l.is_finite()) {
         return Err(CpdError::Backend(format!(
@@ -439,9 +443,24 @@ pub(crate) fn column_stats(data: &[f32], rank: usize) -> (Vec<f64>, Vec<f32>) {
 /// positive; the last mode takes the product of the flipped signs.
 ///
 /// Cost: two parallel passes over every factor.
-pub fn arrange(mut lambda: Vec<f64>, factors: Vec<Array2<f32>>) -> (Vec<f64>, Vec<Array2<f32>>) {
+pub fn arrange(lambda: Vec<f64>, factors: Vec<Array2<f32>>) -> (Vec<f64>, Vec<Array2<f32>>) {
+    let keep = vec![false; factors.len()];
+    arrange_keeping_signs(lambda, factors, &keep)
+}
+
+/// [`arrange`], where the modes marked in `keep_sign` (the non-negative
+/// ones of a constrained run) are never flipped: the signs are fixed among
+/// the other modes, and the last of those takes the product of the flips.
+/// With one unmarked mode or none, nothing is flipped.
+pub(crate) fn arrange_keeping_signs(
+    mut lambda: Vec<f64>,
+    factors: Vec<Array2<f32>>,
+    keep_sign: &[bool],
+) -> (Vec<f64>, Vec<Array2<f32>>) {
     let rank = lambda.len();
     let nmodes = factors.len();
+    // The mode that takes the product of the flips.
+    let absorber = (0..nmodes).rev().find(|&m| !keep_sign[m]);
     let mut factors: Vec<Array2<f32>> = factors
         .into_iter()
         .map(|f| f.as_standard_layout().into_owned())
@@ -455,15 +474,15 @@ pub fn arrange(mut lambda: Vec<f64>, factors: Vec<Array2<f32>>) -> (Vec<f64>, Ve
             let norm = sumsq[r].sqrt();
             lambda[r] *= norm;
             let mut s = if norm > 0.0 { (1.0 / norm) as f32 } else { 1.0 };
-            if m + 1 < nmodes && big[r] < 0.0 {
+            if !keep_sign[m] && absorber.is_some_and(|a| m < a) && big[r] < 0.0 {
                 s = -s;
                 sign[r] = -sign[r];
             }
             scale[m][r] = s;
         }
     }
-    if let Some(last) = scale.last_mut() {
-        last.iter_mut().zip(&sign).for_each(|(s, &g)| *s *= g);
+    if let Some(a) = absorber {
+        scale[a].iter_mut().zip(&sign).for_each(|(s, &g)| *s *= g);
     }
     let mut order: Vec<usize> = (0..rank).collect();
     order.sort_by(|&a, &b| lambda[b].total_cmp(&lambda[a]));
@@ -733,5 +752,30 @@ mod tests {
         // Mode 1's largest entry is made positive; mode 2 takes the sign.
         assert_eq!(factors[0][[0, 1]], 1.0);
         assert!((factors[1][[1, 1]] + 0.8).abs() < 1e-6);
+    }
+
+    #[test]
+    fn non_negative_modes_keep_their_signs() {
+        let f = || {
+            vec![
+                ndarray::arr2(&[[1.0f32], [2.0]]),
+                ndarray::arr2(&[[-3.0f32], [1.0]]),
+                ndarray::arr2(&[[0.5f32], [0.5]]),
+            ]
+        };
+        // Plain: mode 2 is flipped and the last mode takes the sign.
+        let (_, plain) = arrange(vec![1.0], f());
+        assert!(plain[1][[0, 0]] > 0.0 && plain[2][[0, 0]] < 0.0);
+        // Modes 1 and 3 non-negative: mode 2 is the only free mode, so
+        // nothing is flipped.
+        let (_, kept) = arrange_keeping_signs(vec![1.0], f(), &[true, false, true]);
+        assert!(kept[0].iter().chain(kept[2].iter()).all(|&x| x >= 0.0));
+        assert!(kept[1][[0, 0]] < 0.0);
+        // Mode 3 non-negative: mode 1 flips if needed and mode 2 takes it.
+        let mut g = f();
+        g[0] = ndarray::arr2(&[[-2.0f32], [1.0]]);
+        let (_, two) = arrange_keeping_signs(vec![1.0], g, &[false, false, true]);
+        assert!(two[0][[0, 0]] > 0.0 && two[1][[0, 0]] > 0.0);
+        assert!(two[2].iter().all(|&x| x >= 0.0));
     }
 }

@@ -69,7 +69,7 @@ struct Finished {
 
 /// What the Python layer's `cp_als` passes down; see its docstring.
 #[pyfunction]
-#[pyo3(signature = (tensor, rank, *, backend, gpus, pick_gpus, iters, tol, init, seed, starts, kernel, callback))]
+#[pyo3(signature = (tensor, rank, *, backend, gpus, pick_gpus, iters, tol, init, seed, starts, kernel, callback, nonneg_all=false, nonneg_modes=None, l1=None, l2=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn cp_als<'py>(
     py: Python<'py>,
@@ -85,8 +85,26 @@ pub fn cp_als<'py>(
     starts: usize,
     kernel: &str,
     callback: Option<Py<PyAny>>,
+    nonneg_all: bool,
+    nonneg_modes: Option<Vec<usize>>,
+    l1: Option<f64>,
+    l2: Option<f64>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let backend: BackendChoice = backend.parse().map_err(|e| cpd_error(e, false))?;
+    // Constrained CP (AO-ADMM) when any of its keywords is given.
+    let constraints =
+        (nonneg_all || nonneg_modes.is_some() || l1.is_some() || l2.is_some()).then(|| {
+            kruskal_cpd::AdmmOptions {
+                nonneg: match (nonneg_all, nonneg_modes) {
+                    (true, _) => kruskal_cpd::NonNeg::All,
+                    (false, Some(modes)) => kruskal_cpd::NonNeg::Modes(modes),
+                    (false, None) => kruskal_cpd::NonNeg::None,
+                },
+                l1: l1.unwrap_or(0.0),
+                l2: l2.unwrap_or(0.0),
+                ..kruskal_cpd::AdmmOptions::default()
+            }
+        });
     if !(tol.is_finite() && tol >= 0.0) {
         return Err(value_error(format!("tol={tol} must be finite and >= 0")));
     }
@@ -112,7 +130,7 @@ pub fn cp_als<'py>(
             max_iters: iters,
             tol,
             init,
-            constraints: None,
+            constraints,
         },
         starts,
         seed,

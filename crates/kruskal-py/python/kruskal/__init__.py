@@ -17,7 +17,7 @@ Examples
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -249,6 +249,26 @@ class _Progress:
             sys.stderr.write("\n")
 
 
+def _nonneg_modes(nonneg: Any, nmodes: int) -> Tuple[bool, Optional[List[int]]]:
+    """``nonneg`` of ``cp_als`` as (every mode, the listed modes)."""
+    if isinstance(nonneg, (bool, np.bool_)):
+        return bool(nonneg), None
+    try:
+        listed = list(nonneg)
+    except TypeError:
+        raise ValueError(
+            f"nonneg must be True, False or a list of modes, not {nonneg!r}") from None
+    if not listed:
+        raise ValueError("nonneg lists no mode (use False for none)")
+    for m in listed:
+        if isinstance(m, (bool, np.bool_)) or not isinstance(m, (int, np.integer)):
+            raise ValueError(f"nonneg lists modes as integers, not {m!r}")
+        if not 0 <= m < nmodes:
+            raise ValueError(
+                f"nonneg names mode {m}; the tensor's modes are 0 to {nmodes - 1}")
+    return False, sorted({int(m) for m in listed})
+
+
 def cp_als(
     X: Any,
     rank: int = 10,
@@ -261,6 +281,9 @@ def cp_als(
     seed: int = 1,
     starts: int = 1,
     kernel: str = "auto",
+    nonneg: Union[bool, Sequence[int]] = False,
+    l1: Optional[float] = None,
+    l2: Optional[float] = None,
     progress: bool = True,
     callback: Optional[Callable[[int, float], Optional[bool]]] = None,
     dtype: Any = np.float32,
@@ -303,6 +326,17 @@ def cp_als(
         three candidates on the first iteration, fcoo threadlen 8 and the
         tuning model's two fastest other configurations, and keeps the
         fastest per mode), coo, fcoo, flycoo, hicoo.
+    nonneg : bool or list of int, default False
+        Keep every factor non-negative (``True``), or only those of the
+        listed modes (numbered from 0) (``--nonneg``). Any of ``nonneg``,
+        ``l1``, ``l2`` makes the run constrained CP by AO-ADMM (each factor
+        found by ADMM steps instead of ALS's exact solve), on the CPU only:
+        ``backend="auto"`` runs there (``info["fallback"]`` says so),
+        ``backend="gpu"`` and ``gpus >= 2`` refuse it.
+    l1 : float, optional
+        Weight of the penalty ``l1 * ||A||_1`` on every factor (``--l1``).
+    l2 : float, optional
+        Weight of the penalty ``l2 * ||A||_F^2`` on every factor (``--l2``).
     progress : bool, default True
         Show a progress bar (tqdm when installed, in a terminal or in
         Jupyter; else a status line on stderr).
@@ -352,6 +386,14 @@ def cp_als(
     else:
         given = _factors_f32(init, "init")
         _check_init(given, tensor.shape, int(rank))
+    nonneg_all, nonneg_modes = _nonneg_modes(nonneg, len(tensor.shape))
+    for name, weight in (("l1", l1), ("l2", l2)):
+        if weight is not None and (
+            isinstance(weight, bool)
+            or not isinstance(weight, (int, float, np.integer, np.floating))
+            or not np.isfinite(weight) or weight < 0
+        ):
+            raise ValueError(f"{name} must be a finite number >= 0, not {weight!r}")
     # The bar appears with the first iteration: an argument the run refuses
     # leaves none behind.
     bars: List[_Progress] = []
@@ -370,7 +412,9 @@ def cp_als(
             tensor, int(rank), backend=backend, gpus=0 if pick_gpus else int(gpus),
             pick_gpus=pick_gpus, iters=int(iters),
             tol=float(tol), init=given, seed=int(seed), starts=int(starts), kernel=kernel,
-            callback=hear if (progress or callback is not None) else None)
+            callback=hear if (progress or callback is not None) else None,
+            nonneg_all=nonneg_all, nonneg_modes=nonneg_modes,
+            l1=None if l1 is None else float(l1), l2=None if l2 is None else float(l2))
     finally:
         for bar in bars:
             bar.close()

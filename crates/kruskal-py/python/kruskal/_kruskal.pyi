@@ -39,10 +39,12 @@ class SparseTensor:
 def read(path: Union[str, PathLike], *, zero_based: bool = False, pattern: bool = False,
          values_are_data: bool = False, dims: Optional[Sequence[int]] = None) -> SparseTensor: ...
 
-def cp_als(tensor: SparseTensor, rank: int, *, backend: str, gpus: int, iters: int,
+def cp_als(tensor: SparseTensor, rank: int, *, backend: str, gpus: int, pick_gpus: bool, iters: int,
            tol: float, init: Optional[List[npt.NDArray[np.float32]]], seed: int, starts: int,
            kernel: str,
-           callback: Optional[Callable[[int, int, float, float], bool]]) -> dict: ...
+           callback: Optional[Callable[[int, int, float, float], bool]],
+           nonneg_all: bool = ..., nonneg_modes: Optional[List[int]] = ...,
+           l1: Optional[float] = ..., l2: Optional[float] = ...) -> dict: ...
 
 def mttkrp(tensor: SparseTensor, factors: List[npt.NDArray[np.float32]], mode: int, *,
            backend: str, kernel: str) -> npt.NDArray[np.float32]: ...
