@@ -52,10 +52,10 @@ impl Default for CpdRunOptions {
 /// times, fit, every iteration and start, lambda).
 ///
 /// ```
-/// use kruskal::input::Source;
+/// use kruskal::input::TensorSource;
 /// use kruskal::measure::{CpdRunOptions, cpd};
 ///
-/// let loaded = Source::Like { name: "nell-2".into(), nnz: Some(2_000), seed: 1 }.load().unwrap();
+/// let loaded = TensorSource::Like { name: "nell-2".into(), nnz: Some(2_000), seed: 1 }.load().unwrap();
 /// let mut opts = CpdRunOptions { quiet: true, ..Default::default() };
 /// opts.decompose.cpd.rank = 3;
 /// opts.decompose.cpd.max_iters = 2;
