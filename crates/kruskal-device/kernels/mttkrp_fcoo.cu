@@ -62,6 +62,18 @@
 // stores it (or hands it to the warp's slot as above); then every
 // accumulator restarts. The slots and the block epilogue are as above.
 //
+// The lane-team pipeline (TeamPipeline on the host; measured in
+// docs/performance.md). A warp step is latency-bound: its gathers depend on
+// the shuffled indices, and each product was added before the next gather
+// was issued. -DROUNDS=R issues the gathers of R rounds before adding the
+// first; -DPREFETCH=1 loads the next group's indices and values before this
+// group's gathers; -DGROUP_SUMS=1 sums a lane's products of one group of 32
+// nonzeros (at most 32 / NT) in f32 and adds that sum to the f64
+// accumulators once per group and at each segment end (f32-to-f64
+// conversions run at a quarter of the f32 rate, and were one per product);
+// -DMINB=B asks the compiler for registers that let B blocks share an SM
+// (B = 2: 64 registers, half the SM's warps resident instead of a quarter).
+//
 // Half-precision gathers (-DHALF=1 bf16, -DHALF=2 f16): the factor rows
 // are read from a 16-bit copy (made by fcoo_to_half before each MTTKRP),
 // halving the bytes gathered; each value becomes f32 before the products,
@@ -119,7 +131,26 @@ __device__ __forceinline__ float load_factor(const factor_t* p) { return __ldg(p
 #ifndef TEAMS
 #define TEAMS 0
 #endif
+// Thread blocks per SM the compiler must leave registers for
+// (__launch_bounds__'s second argument; 1 leaves it free).
+#ifndef MINB
+#define MINB 1
+#endif
 #if TEAMS
+// Lane teams: rounds whose gathers are issued before the first of them is
+// added (at most a group's 32 / NT rounds), and whether the next group's
+// indices are loaded before this group's gathers.
+#ifndef ROUNDS
+#define ROUNDS 1
+#endif
+#define RPB (ROUNDS < WARP / NT ? ROUNDS : WARP / NT)
+#ifndef PREFETCH
+#define PREFETCH 0
+#endif
+// f32 sums of each group's products before they join the f64 accumulators.
+#ifndef GROUP_SUMS
+#define GROUP_SUMS 0
+#endif
 #if FIBER
 #error "TEAMS and FIBER do not combine"
 #endif
@@ -155,9 +186,56 @@ __device__ __forceinline__ void team_sum(const double (&acc)[4], double (&sum)[4
         for (int d = TL; d < WARP; d *= 2) sum[c] += __shfl_xor_sync(FULL, sum[c], d);
     }
 }
+
+// Adds one product to the open segment's sum: straight into the f64
+// accumulators, or (GROUP_SUMS) into the f32 sum of the current group,
+// which flush_part adds to them once per group and at each segment end:
+// one f32-to-f64 conversion per column per group instead of per product
+// (conversions run at a quarter of the f32 rate).
+__device__ __forceinline__ void add_product(double (&acc)[4], float4& part, const float4& prod)
+{
+#if GROUP_SUMS
+    part.x += prod.x;
+    part.y += prod.y;
+    part.z += prod.z;
+    part.w += prod.w;
+#else
+    acc[0] += (double)prod.x;
+    acc[1] += (double)prod.y;
+    acc[2] += (double)prod.z;
+    acc[3] += (double)prod.w;
+#endif
+}
+
+__device__ __forceinline__ void flush_part(double (&acc)[4], float4& part)
+{
+    acc[0] += (double)part.x;
+    acc[1] += (double)part.y;
+    acc[2] += (double)part.z;
+    acc[3] += (double)part.w;
+    part = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
+// The group of 32 nonzeros at g (below w_hi): lane l's product indices and
+// value, zeros past w_hi, and the group's bit-flag word.
+__device__ __forceinline__ void load_group(const u32* __restrict__ prod_idx, const float* __restrict__ vals,
+                                           const u32* __restrict__ bit_flags, u64 nnz, u64 g, u64 w_hi, int lane,
+                                           u32 (&idx)[NPROD_ARR], float& val, u32& bits)
+{
+    const u32 n = (u32)min((u64)WARP, w_hi - g);
+#pragma unroll
+    for (int p = 0; p < NPROD_ARR; ++p) idx[p] = 0;
+    val = 0.0f;
+    if ((u32)lane < n) {
+#pragma unroll
+        for (int p = 0; p < NPROD; ++p) idx[p] = prod_idx[(u64)p * nnz + g + lane];
+        val = vals[g + lane];
+    }
+    bits = bit_flags[g / 32];
+}
 #endif
 
-extern "C" __global__ void __launch_bounds__(32 * WARPS) mttkrp_fcoo(
+extern "C" __global__ void __launch_bounds__(32 * WARPS, MINB) mttkrp_fcoo(
     const u32* __restrict__ prod_idx,    // NPROD x nnz, product modes in increasing order
     const float* __restrict__ vals,      // nnz
     const u32* __restrict__ bit_flags,   // ceil(nnz / 32): bit set = last nonzero of its segment
@@ -215,76 +293,96 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) mttkrp_fcoo(
             base[p] = factors + row_offset[w] * RANK + tcol;
         }
         double acc[4] = {0.0, 0.0, 0.0, 0.0};
+        float4 part = make_float4(0.0f, 0.0f, 0.0f, 0.0f); // GROUP_SUMS: this group's f32 sum
         bool first = true; // the next segment to close is the warp's first
         bool open = false; // acc holds part of an unfinished segment
 
+        // The group of 32 nonzeros at g: lane l's product indices and value
+        // (zeros past the range) and the group's bit-flag word. With
+        // PREFETCH the next group's are loaded before this group's gathers,
+        // so their latency hides behind them.
+        u32 idx[NPROD_ARR];
+        float val;
+        u32 bits;
+        load_group(prod_idx, vals, bit_flags, nnz, w_lo, w_hi, lane, idx, val, bits);
         for (u64 g = w_lo; g < w_hi; g += WARP) {
             const u32 n = (u32)min((u64)WARP, w_hi - g);
-            u32 idx[NPROD_ARR];
-            float val = 0.0f;
+            u32 cur_idx[NPROD_ARR];
 #pragma unroll
-            for (int p = 0; p < NPROD_ARR; ++p) idx[p] = 0;
-            if ((u32)lane < n) {
-#pragma unroll
-                for (int p = 0; p < NPROD; ++p) idx[p] = prod_idx[(u64)p * nnz + g + lane];
-                val = vals[g + lane];
-            }
-            const u32 bits = bit_flags[g / 32];
+            for (int p = 0; p < NPROD_ARR; ++p) cur_idx[p] = idx[p];
+            const float cur_val = val;
+            const u32 cur_bits = bits;
+#if PREFETCH
+            if (g + WARP < w_hi) load_group(prod_idx, vals, bit_flags, nnz, g + WARP, w_hi, lane, idx, val, bits);
+#endif
 
-            for (u32 j = 0; j < n; j += NT) {
-                // Team t takes nonzero j + t of the group (a repeat of the
-                // last one past n, never added).
-                const u32 src = min(j + team, n - 1);
-                const bool live = j + team < n;
-                const float v = __shfl_sync(FULL, val, src);
-                float4 prod = make_float4(v, v, v, v);
+            // ROUNDS rounds at a time: their gathers are issued before any
+            // product is added (independent loads in flight per lane).
+            for (u32 j0 = 0; j0 < n; j0 += NT * RPB) {
+                float4 prods[RPB];
 #pragma unroll
-                for (int p = 0; p < NPROD; ++p) {
-                    const float4 y = load_factor4(base[p] + (u64)__shfl_sync(FULL, idx[p], src) * RANK);
-                    prod.x *= y.x;
-                    prod.y *= y.y;
-                    prod.z *= y.z;
-                    prod.w *= y.w;
-                }
-                // Segment ends among this round's live nonzeros.
-                const u32 live_n = min((u32)NT, n - j);
-                u32 e = (bits >> j) & (live_n == 32 ? FULL : (1u << live_n) - 1);
-                u32 from = 0; // first team of the open segment in this round
-                while (e) {
-                    const u32 end = __ffs(e) - 1;
-                    e &= e - 1;
-                    if (team >= from && team <= end) {
-                        acc[0] += (double)prod.x;
-                        acc[1] += (double)prod.y;
-                        acc[2] += (double)prod.z;
-                        acc[3] += (double)prod.w;
+                for (int r = 0; r < RPB; ++r) {
+                    // Team t takes nonzero j + t of the group (a repeat of
+                    // the last one past n, never added).
+                    const u32 src = min(j0 + r * NT + team, n - 1);
+                    const float v = __shfl_sync(FULL, cur_val, src);
+                    float4 prod = make_float4(v, v, v, v);
+#pragma unroll
+                    for (int p = 0; p < NPROD; ++p) {
+                        const float4 y = load_factor4(base[p] + (u64)__shfl_sync(FULL, cur_idx[p], src) * RANK);
+                        prod.x *= y.x;
+                        prod.y *= y.y;
+                        prod.z *= y.z;
+                        prod.w *= y.w;
                     }
-                    double sum[4];
-                    team_sum(acc, sum);
-                    if (first && head_shared) {
-                        if (team == 0) {
+                    prods[r] = prod;
+                }
 #pragma unroll
-                            for (int c = 0; c < 4; ++c) slot_sum[2 * warp][tcol + c] = sum[c];
+                for (int r = 0; r < RPB; ++r) {
+                    const u32 j = j0 + r * NT;
+                    if (j >= n) break;
+                    const float4 prod = prods[r];
+                    const bool live = j + team < n;
+                    // Segment ends among this round's nonzeros (NT < 32;
+                    // bits past nnz, the only place a group is short, are 0).
+                    u32 e = (cur_bits >> j) & ((1u << NT) - 1);
+                    u32 from = 0; // first team of the open segment in this round
+                    while (e) {
+                        const u32 end = __ffs(e) - 1;
+                        e &= e - 1;
+                        if (team >= from && team <= end) add_product(acc, part, prod);
+#if GROUP_SUMS
+                        flush_part(acc, part);
+#endif
+                        double sum[4];
+                        team_sum(acc, sum);
+                        if (first && head_shared) {
+                            if (team == 0) {
+#pragma unroll
+                                for (int c = 0; c < 4; ++c) slot_sum[2 * warp][tcol + c] = sum[c];
+                            }
+                            if (lane == 0) slot_seg[2 * warp] = seg;
+                        } else if (team == 0) {
+                            float4* o = reinterpret_cast<float4*>(out + (u64)seg_rows[seg] * RANK + tcol);
+                            *o = make_float4((float)sum[0], (float)sum[1], (float)sum[2], (float)sum[3]);
                         }
-                        if (lane == 0) slot_seg[2 * warp] = seg;
-                    } else if (team == 0) {
-                        float4* o = reinterpret_cast<float4*>(out + (u64)seg_rows[seg] * RANK + tcol);
-                        *o = make_float4((float)sum[0], (float)sum[1], (float)sum[2], (float)sum[3]);
-                    }
 #pragma unroll
-                    for (int c = 0; c < 4; ++c) acc[c] = 0.0;
-                    ++seg;
-                    first = false;
-                    from = end + 1;
+                        for (int c = 0; c < 4; ++c) acc[c] = 0.0;
+                        ++seg;
+                        first = false;
+                        from = end + 1;
+                    }
+                    if (live && team >= from) add_product(acc, part, prod);
                 }
-                if (live && team >= from) {
-                    acc[0] += (double)prod.x;
-                    acc[1] += (double)prod.y;
-                    acc[2] += (double)prod.z;
-                    acc[3] += (double)prod.w;
-                }
-                open = !((bits >> (j + live_n - 1)) & 1u);
             }
+            open = !((cur_bits >> (n - 1)) & 1u);
+#if GROUP_SUMS
+            // At most 32 / NT products in f32 before they join the f64 sum.
+            flush_part(acc, part);
+#endif
+#if !PREFETCH
+            if (g + WARP < w_hi) load_group(prod_idx, vals, bit_flags, nnz, g + WARP, w_hi, lane, idx, val, bits);
+#endif
         }
         // The last segment runs on past the warp.
         if (open) {

@@ -36,12 +36,30 @@ pub const SOURCES: &[SourceVariants] = &[
                 ("FIBER", 1),
                 ("HALF", 2),
             ],
-            // Lane teams exist for ranks 16, 32, 64 and 128 only.
+            // Lane teams exist for ranks 16, 32, 64 and 128 only: the
+            // default pipeline (options::DEFAULT_PIPELINE) in f32 and bf16,
+            // the plainest one, and the widest.
+            &[
+                ("WARPS", crate::engines::fcoo::WARPS as i64),
+                ("TEAMS", 1),
+                ("ROUNDS", 2),
+                ("GROUP_SUMS", 1),
+                ("MINB", 2),
+            ],
+            &[
+                ("WARPS", crate::engines::fcoo::WARPS as i64),
+                ("TEAMS", 1),
+                ("ROUNDS", 2),
+                ("GROUP_SUMS", 1),
+                ("MINB", 2),
+                ("HALF", 1),
+            ],
             &[("WARPS", crate::engines::fcoo::WARPS as i64), ("TEAMS", 1)],
             &[
                 ("WARPS", crate::engines::fcoo::WARPS as i64),
                 ("TEAMS", 1),
-                ("HALF", 1),
+                ("ROUNDS", 8),
+                ("PREFETCH", 1),
             ],
         ],
     },

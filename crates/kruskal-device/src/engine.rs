@@ -145,10 +145,11 @@ pub fn build_engine(
 }
 
 /// An fcoo engine with the kernel options of `opts` (16-bit gathers, lane
-/// teams) set.
+/// teams and their pipeline) set.
 fn configured_fcoo(mut engine: crate::FcooGpu, opts: &GpuOptions) -> Box<dyn GpuMttkrp> {
     engine.set_precision(opts.precision);
     engine.set_teams(opts.teams.unwrap_or(crate::options::DEFAULT_TEAMS));
+    engine.set_pipeline(opts.pipeline());
     Box::new(engine)
 }
 

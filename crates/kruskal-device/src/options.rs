@@ -15,6 +15,43 @@ pub const DEFAULT_THREADLEN: usize = 8;
 pub const DEFAULT_FIBER: bool = false;
 /// Lane teams by default, where the rank allows them ([`teams_fit`](crate::engines::fcoo::teams_fit)).
 pub const DEFAULT_TEAMS: bool = true;
+/// How fcoo's lane-team kernel overlaps its loads by default (measured in
+/// docs/performance.md).
+pub const DEFAULT_PIPELINE: TeamPipeline = TeamPipeline {
+    rounds: 2,
+    prefetch: false,
+    min_blocks: 2,
+    group_sums: true,
+};
+
+/// How fcoo's lane-team kernel keeps loads in flight: `rounds` rounds of
+/// gathers (each `128 / rank` nonzeros per warp) issued before the first
+/// is added (1, 2, 4 or 8), the next 32 nonzeros' indices loaded before the
+/// current ones' gathers (`prefetch`), and the thread blocks per SM its
+/// registers must leave room for (`min_blocks`, 1 to 4: 1 leaves the
+/// compiler free); with `group_sums` each group of 32 nonzeros' products
+/// are summed in f32 (at most `128 / rank` per lane) before they join the
+/// f64 sums, one conversion per group instead of one per product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TeamPipeline {
+    pub rounds: u32,
+    pub prefetch: bool,
+    pub min_blocks: u32,
+    pub group_sums: bool,
+}
+
+impl TeamPipeline {
+    /// The values each parameter may take, as a message names them.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        if !matches!(self.rounds, 1 | 2 | 4 | 8) {
+            return Err(format!("rounds {}: 1, 2, 4 or 8", self.rounds));
+        }
+        if !(1..=4).contains(&self.min_blocks) {
+            return Err(format!("min blocks {}: from 1 to 4", self.min_blocks));
+        }
+        Ok(())
+    }
+}
 
 /// Where [`FcooGpu`](crate::FcooGpu) builds its layout.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -113,6 +150,15 @@ pub struct GpuOptions {
     pub teams: Option<bool>,
     /// fcoo: where the layout is built (default on the GPU).
     pub fcoo_build: FcooBuild,
+    /// fcoo lane teams: rounds of gathers in flight (default
+    /// [`DEFAULT_PIPELINE`]'s).
+    pub rounds: Option<u32>,
+    /// fcoo lane teams: load the next indices before the current gathers.
+    pub prefetch: Option<bool>,
+    /// fcoo: thread blocks per SM the kernel's registers leave room for.
+    pub min_blocks: Option<u32>,
+    /// fcoo lane teams: f32 sums per group of 32 nonzeros.
+    pub group_sums: Option<bool>,
 }
 
 /// The launch parameters an engine is built with: [`GpuOptions`] with
@@ -143,6 +189,20 @@ impl GpuOptions {
             precision: self.precision,
             teams: self.teams.or(fill.teams),
             fcoo_build: self.fcoo_build,
+            rounds: self.rounds.or(fill.rounds),
+            prefetch: self.prefetch.or(fill.prefetch),
+            min_blocks: self.min_blocks.or(fill.min_blocks),
+            group_sums: self.group_sums.or(fill.group_sums),
+        }
+    }
+
+    /// The lane-team pipeline these options give, defaults filled in.
+    pub fn pipeline(&self) -> TeamPipeline {
+        TeamPipeline {
+            rounds: self.rounds.unwrap_or(DEFAULT_PIPELINE.rounds),
+            prefetch: self.prefetch.unwrap_or(DEFAULT_PIPELINE.prefetch),
+            min_blocks: self.min_blocks.unwrap_or(DEFAULT_PIPELINE.min_blocks),
+            group_sums: self.group_sums.unwrap_or(DEFAULT_PIPELINE.group_sums),
         }
     }
 

@@ -126,6 +126,24 @@ pub struct GpuArgs {
     /// (default on).
     #[arg(long, value_enum)]
     pub teams: Option<OnOff>,
+    /// GPU fcoo with lane teams: rounds of gathers issued before the first
+    /// is added, 1, 2, 4 or 8 (more loads in flight per warp, more
+    /// registers; default 1).
+    #[arg(long)]
+    pub rounds: Option<u32>,
+    /// GPU fcoo with lane teams: load the next 32 nonzeros' indices before
+    /// gathering the current ones' rows (default off).
+    #[arg(long, value_enum)]
+    pub prefetch: Option<OnOff>,
+    /// GPU fcoo: thread blocks per SM the kernel's registers must leave
+    /// room for, 1 to 4 (higher occupancy, possible spills; default 1).
+    #[arg(long)]
+    pub min_blocks: Option<u32>,
+    /// GPU fcoo with lane teams: sum each 32 nonzeros' products in f32
+    /// (at most 128 / rank per lane) before adding them to the f64 sums
+    /// (default off).
+    #[arg(long, value_enum)]
+    pub group_sums: Option<OnOff>,
     /// GPU fcoo: where the F-COO layout is built, gpu (radix sort on the
     /// device from one upload of the tensor) or host (sorted here, each
     /// mode uploaded). gpu falls back to host for fiber reuse or when the
@@ -155,6 +173,10 @@ impl GpuArgs {
                 self.factor_precision != FactorPrecision::F32,
             ),
             ("--teams", self.teams.is_some()),
+            ("--rounds", self.rounds.is_some()),
+            ("--prefetch", self.prefetch.is_some()),
+            ("--min-blocks", self.min_blocks.is_some()),
+            ("--group-sums", self.group_sums.is_some()),
             ("--fcoo-build", self.fcoo_build != FcooBuild::Device),
             ("--no-model", self.no_model),
         ]
@@ -180,6 +202,12 @@ impl GpuArgs {
         if self.kappa == Some(0) {
             bail!("--kappa 0: at least 1 partition per mode");
         }
+        if let Some(r) = self.rounds.filter(|r| !matches!(r, 1 | 2 | 4 | 8)) {
+            bail!("--rounds {r}: 1, 2, 4 or 8");
+        }
+        if let Some(b) = self.min_blocks.filter(|b| !(1..=4).contains(b)) {
+            bail!("--min-blocks {b}: from 1 to 4");
+        }
         let given = self.given();
         if on_cpu && !given.is_empty() {
             bail!(
@@ -201,6 +229,10 @@ impl GpuArgs {
             precision: self.factor_precision,
             teams: self.teams.map(|t| t == OnOff::On),
             fcoo_build: self.fcoo_build,
+            rounds: self.rounds,
+            prefetch: self.prefetch.map(|p| p == OnOff::On),
+            min_blocks: self.min_blocks,
+            group_sums: self.group_sums.map(|g| g == OnOff::On),
         }
     }
 }

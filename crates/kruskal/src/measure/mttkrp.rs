@@ -560,9 +560,20 @@ fn describe(
                 && opts.teams.unwrap_or(kruskal_device::options::DEFAULT_TEAMS)
                 && kruskal_device::engines::fcoo::teams_fit(rank)
             {
-                ", lane teams"
+                let pipe = opts.pipeline();
+                if pipe == kruskal_device::options::DEFAULT_PIPELINE {
+                    ", lane teams".to_string()
+                } else {
+                    format!(
+                        ", lane teams (rounds {}{}, min blocks {}{})",
+                        pipe.rounds,
+                        if pipe.prefetch { ", prefetch" } else { "" },
+                        pipe.min_blocks,
+                        if pipe.group_sums { ", group sums" } else { "" }
+                    )
+                }
             } else {
-                ""
+                String::new()
             },
             match opts.precision {
                 kruskal_device::FactorPrecision::F32 => String::new(),
@@ -597,6 +608,9 @@ impl GpuChoice {
             "description": describe(self.kernel, &self.opts, sms, self.rank),
             "kappa": p.kappa, "threadlen": p.threadlen, "block_bits": p.block_bits,
             "fiber": p.fiber, "factor_precision": self.opts.precision.name(),
+            "rounds": self.opts.pipeline().rounds, "prefetch": self.opts.pipeline().prefetch,
+            "min_blocks": self.opts.pipeline().min_blocks,
+            "group_sums": self.opts.pipeline().group_sums,
             "source": self.source, "predicted_ms": self.predicted_ms, "reason": self.reason,
             "features_s": self.features_s,
         })

@@ -53,6 +53,14 @@ struct Launch {
     factor_precision: FactorPrecision,
     #[arg(long, value_enum)]
     teams: Option<Switch>,
+    #[arg(long)]
+    rounds: Option<u32>,
+    #[arg(long, value_enum)]
+    prefetch: Option<Switch>,
+    #[arg(long)]
+    min_blocks: Option<u32>,
+    #[arg(long, value_enum)]
+    group_sums: Option<Switch>,
     #[arg(long, default_value = "gpu")]
     fcoo_build: kruskal_device::FcooBuild,
 }
@@ -68,6 +76,10 @@ impl Launch {
             precision: self.factor_precision,
             teams: Switch::given(self.teams),
             fcoo_build: self.fcoo_build,
+            rounds: self.rounds,
+            prefetch: Switch::given(self.prefetch),
+            min_blocks: self.min_blocks,
+            group_sums: Switch::given(self.group_sums),
         }
     }
 }

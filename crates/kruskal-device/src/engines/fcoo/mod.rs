@@ -18,7 +18,8 @@ use kruskal_formats::{Fcoo, FcooOp, SparseTensor};
 
 use crate::factors::{DeviceFactors, check_operands};
 pub use crate::options::{
-    DEFAULT_FIBER, DEFAULT_TEAMS, DEFAULT_THREADLEN, FactorPrecision, FcooBuild,
+    DEFAULT_FIBER, DEFAULT_PIPELINE, DEFAULT_TEAMS, DEFAULT_THREADLEN, FactorPrecision, FcooBuild,
+    TeamPipeline,
 };
 use build::{DeviceCoo, SortedMode};
 
@@ -235,6 +236,7 @@ pub struct FcooGpu {
     threadlen: usize,
     fiber: bool,
     teams: bool,
+    pipeline: TeamPipeline,
     precision: FactorPrecision,
     /// The 16-bit copy of the factors (half precision), sized at first use.
     half: Option<CudaSlice<u16>>,
@@ -410,6 +412,7 @@ impl FcooGpu {
             threadlen,
             fiber,
             teams: DEFAULT_TEAMS,
+            pipeline: DEFAULT_PIPELINE,
             precision: FactorPrecision::F32,
             half: None,
             modes,
@@ -565,6 +568,16 @@ impl FcooGpu {
         self.teams = teams;
     }
 
+    /// How the lane-team kernel keeps loads in flight (its register bound
+    /// applies to the plain kernel too).
+    pub fn set_pipeline(&mut self, pipeline: TeamPipeline) {
+        self.pipeline = pipeline;
+    }
+
+    pub fn pipeline(&self) -> TeamPipeline {
+        self.pipeline
+    }
+
     /// Whether an MTTKRP of `mode` at `rank` runs the lane-team kernel.
     pub fn uses_teams(&self, mode: usize, rank: usize) -> bool {
         self.teams && teams_fit(rank) && self.modes[mode].fiber.is_none()
@@ -614,8 +627,23 @@ impl FcooGpu {
         if fiber.is_some() {
             defines.push(("FIBER", 1));
         }
+        // Only what differs from the first kernel's shape is defined, for
+        // the same reason.
+        let pipe = self.pipeline;
         if self.uses_teams(mode, rank) {
             defines.push(("TEAMS", 1));
+            if pipe.rounds != 1 {
+                defines.push(("ROUNDS", i64::from(pipe.rounds)));
+            }
+            if pipe.prefetch {
+                defines.push(("PREFETCH", 1));
+            }
+            if pipe.group_sums {
+                defines.push(("GROUP_SUMS", 1));
+            }
+            if pipe.min_blocks != 1 {
+                defines.push(("MINB", i64::from(pipe.min_blocks)));
+            }
         }
         let half = self.precision.half_define();
         if half != 0 {
@@ -1102,6 +1130,50 @@ mod tests {
                 for rank in [1, 7, 16, 32, 64, 100, 128, 256, 300] {
                     let what = format!("{} modes, fiber {fiber}, teams {teams}", t.nmodes());
                     check_engine(&mut engine, &t, rank, &what);
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn every_team_pipeline_equals_the_f64_reference() {
+        let gpu = Gpu::open(0).expect("a GPU");
+        // Hot rows (long segments crossing warps and blocks), and many short
+        // rows with a nonzero count that leaves the last group short.
+        let hot = hot_tensors(37);
+        let mut spec = PowerLawSpec::new(vec![5_000, 300, 40], 40_001).with_seed(9);
+        spec.exponents = vec![0.3; 3];
+        let short = power_law(&spec).unwrap();
+        assert_eq!(short.nnz() % 32, 1);
+        let pipelines = [
+            (1, false, 1, false),
+            (
+                DEFAULT_PIPELINE.rounds,
+                DEFAULT_PIPELINE.prefetch,
+                DEFAULT_PIPELINE.min_blocks,
+                DEFAULT_PIPELINE.group_sums,
+            ),
+            (4, true, 1, true),
+            (8, true, 1, false),
+            (8, false, 2, true),
+        ];
+        for t in [&hot[0], &hot[1], &short] {
+            for threadlen in [1, 8] {
+                let mut engine = FcooGpu::new(gpu.clone(), t, threadlen, false).unwrap();
+                for (rounds, prefetch, min_blocks, group_sums) in pipelines {
+                    let pipe = TeamPipeline {
+                        rounds,
+                        prefetch,
+                        min_blocks,
+                        group_sums,
+                    };
+                    pipe.check().unwrap();
+                    engine.set_pipeline(pipe);
+                    for rank in [16, 32, 128] {
+                        let what = format!("{} modes, threadlen {threadlen}, {pipe:?}", t.nmodes());
+                        check_engine(&mut engine, t, rank, &what);
+                    }
                 }
             }
         }
