@@ -334,9 +334,12 @@ fn sparse_and_all_gathered_rows_give_the_same_cpd() {
             let what = format!("{name}, {exchange:?} on {} GPUs", gpus.len());
             let all = run(exchange, RowExchange::All);
             let read = run(exchange, RowExchange::Read);
+            // Two runs differ by the atomics' order (see the factors
+            // below); on kg-jf17k the fits differed by 1.1e-6 on 2 H200s
+            // (2026-11-26), so 1e-5 bounds that and still catches a wrong row.
             for (a, b) in all.iterations.iter().zip(&read.iterations) {
                 assert!(
-                    (a.fit - b.fit).abs() <= 1e-6,
+                    (a.fit - b.fit).abs() <= 1e-5,
                     "{what}: fit {} all-gathered, {} sparse",
                     a.fit,
                     b.fit
