@@ -28,10 +28,10 @@ use crate::error::{CpdError, Result};
 /// A failed driver call of this backend, as the device crate reports its
 /// own: `CUDA {what}: {the driver's error}`.
 fn driver(what: &'static str) -> impl Fn(DriverError) -> CpdError + Copy {
-    move |source| {
+    move |error| {
         CpdError::Device(DeviceError::Driver {
             what: what.to_string(),
-            source,
+            error,
         })
     }
 }
