@@ -38,6 +38,11 @@ pub enum CpdError {
     #[error("backend: {0}")]
     Cpu(kruskal_cpu::CpuError),
 
+    /// The GPU backend was asked for its factors (or for work that needs
+    /// them) before any were loaded.
+    #[error("backend: no factors loaded")]
+    NoFactors,
+
     /// The run itself went wrong, whatever the backend: the fit diverged,
     /// or the backend was asked for results before it made them. Library
     /// failures are [`CpdError::Device`] and [`CpdError::Cpu`].

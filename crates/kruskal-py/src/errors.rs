@@ -55,8 +55,8 @@ pub fn cpd_error(e: CpdError, on_gpu: bool) -> PyErr {
         CpdError::File { .. } => PyOSError::new_err(text),
         CpdError::Memory(_) => PyMemoryError::new_err(text),
         CpdError::Cpu(_) => PyRuntimeError::new_err(text),
-        CpdError::Backend(_) if on_gpu => GpuError::new_err(text),
-        CpdError::Backend(_) => PyRuntimeError::new_err(text),
+        CpdError::Backend(_) | CpdError::NoFactors if on_gpu => GpuError::new_err(text),
+        CpdError::Backend(_) | CpdError::NoFactors => PyRuntimeError::new_err(text),
     }
 }
 
