@@ -759,18 +759,7 @@ fn short_reason(e: &CpdError) -> String {
     if let CpdError::Device(DeviceError::MissingLibrary { library, .. }) = e {
         return format!("no CUDA {library} library was found");
     }
-    let mut parts = vec![e.to_string()];
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        // A device error is the source of the decomposition's error whose
-        // message it already is; say each cause once.
-        let text = s.to_string();
-        if !parts.last().is_some_and(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        source = s.source();
-    }
-    parts.join(": ")
+    kruskal_device::error_line(e)
 }
 
 #[cfg(test)]

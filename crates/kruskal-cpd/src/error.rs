@@ -27,15 +27,21 @@ pub enum CpdError {
     Memory(String),
 
     /// The GPU or its libraries failed, opening the device or during the
-    /// run. The device's error is this one's source (not hidden behind
-    /// it), so callers find it in the chain and match on its kind.
-    #[error("{0}")]
+    /// run. Reads as the device's error, whose causes follow in the chain;
+    /// match on the value for its kind.
+    #[error(transparent)]
     Device(#[from] kruskal_device::DeviceError),
 
     /// A CPU engine failed: a format that cannot hold the tensor, or
-    /// operands of the wrong shape. The engine's error is the source.
+    /// operands of the wrong shape. The engine's error is part of the
+    /// message (not a source) and kept for its kind.
     #[error("backend: {0}")]
-    Cpu(#[from] kruskal_cpu::CpuError),
+    Cpu(kruskal_cpu::CpuError),
+
+    /// The GPU backend was asked for its factors (or for work that needs
+    /// them) before any were loaded.
+    #[error("backend: no factors loaded")]
+    NoFactors,
 
     /// The run itself went wrong, whatever the backend: the fit diverged,
     /// or the backend was asked for results before it made them. Library
@@ -48,7 +54,23 @@ pub enum CpdError {
     File { path: PathBuf, message: String },
 }
 
+impl From<kruskal_cpu::CpuError> for CpdError {
+    fn from(e: kruskal_cpu::CpuError) -> Self {
+        CpdError::Cpu(e)
+    }
+}
+
 impl CpdError {
+    /// The device's error this one is, if it is one (a transparent
+    /// variant is not a link of its own in the chain, so callers that look
+    /// for a device's kind there ask here too).
+    pub fn device_error(&self) -> Option<&kruskal_device::DeviceError> {
+        match self {
+            CpdError::Device(e) => Some(e),
+            _ => None,
+        }
+    }
+
     pub(crate) fn file(path: impl Into<PathBuf>, message: impl ToString) -> Self {
         CpdError::File {
             path: path.into(),
@@ -76,7 +98,10 @@ mod tests {
             "backend: shape mismatch: factor 1 has 3 rows"
         );
         assert!(matches!(e, CpdError::Cpu(CpuError::Shape(_))));
-        // A device failure is its own message, and the source of the chain.
+        // Its text is in the message, so it is not also a cause.
+        assert!(e.source().is_none());
+        // A device failure reads as the device's error, and its kind is
+        // the value's.
         let e = CpdError::from(DeviceError::NoDevice {
             ordinal: 0,
             count: 0,
@@ -85,7 +110,6 @@ mod tests {
             e.to_string(),
             "no CUDA GPU 0 (the driver reports 0 device(s))"
         );
-        let source = e.source().and_then(|s| s.downcast_ref::<DeviceError>());
-        assert!(matches!(source, Some(DeviceError::NoDevice { .. })));
+        assert!(matches!(e, CpdError::Device(DeviceError::NoDevice { .. })));
     }
 }

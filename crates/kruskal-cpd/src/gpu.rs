@@ -28,10 +28,10 @@ use crate::error::{CpdError, Result};
 /// A failed driver call of this backend, as the device crate reports its
 /// own: `CUDA {what}: {the driver's error}`.
 fn driver(what: &'static str) -> impl Fn(DriverError) -> CpdError + Copy {
-    move |source| {
+    move |error| {
         CpdError::Device(DeviceError::Driver {
             what: what.to_string(),
-            source,
+            error,
         })
     }
 }
@@ -230,13 +230,11 @@ impl GpuBackend {
         self.factors
             .as_ref()
             .map(DeviceFactors::rank)
-            .ok_or_else(|| CpdError::Backend("no factors loaded".into()))
+            .ok_or(CpdError::NoFactors)
     }
 
     fn factors(&self) -> Result<&DeviceFactors> {
-        self.factors
-            .as_ref()
-            .ok_or_else(|| CpdError::Backend("no factors loaded".into()))
+        self.factors.as_ref().ok_or(CpdError::NoFactors)
     }
 
     /// The output buffer of `mode`, allocated on first use.
@@ -499,10 +497,7 @@ impl Backend for GpuBackend {
     }
 
     fn take_factors(&mut self) -> Result<Vec<Array2<f32>>> {
-        let factors = self
-            .factors
-            .take()
-            .ok_or_else(|| CpdError::Backend("no factors loaded".into()))?;
+        let factors = self.factors.take().ok_or(CpdError::NoFactors)?;
         factors.download(&self.gpu).map_err(CpdError::from)
     }
 }

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use kruskal_cpd::{CpdOptions, GroupBackend, cpd_als};
-use kruskal_device::{Gpu, GpuGroup, GroupOptions};
+use kruskal_device::{DeviceError, Gpu, GpuGroup, GroupOptions, error_line};
 use kruskal_formats::generate::{PowerLawSpec, power_law};
 
 #[test]
@@ -36,13 +36,25 @@ fn a_failing_gpu_stops_the_group_with_an_error_naming_it() {
     cpd.max_iters = 10;
     cpd.tol = 0.0;
     let start = Instant::now();
-    let err = cpd_als(&mut backend, &cpd).unwrap_err().to_string();
+    let e = cpd_als(&mut backend, &cpd).unwrap_err();
     let took = start.elapsed();
+    let err = error_line(&e);
     eprintln!("error after {:.2} s: {err}", took.as_secs_f64());
     assert!(err.contains(&format!("GPU {bad}")), "{err}");
     assert!(took < Duration::from_secs(60), "took {took:?}");
+    // The failing GPU's own error is the cause, with its kind.
+    assert!(
+        matches!(
+            e.device_error(),
+            Some(DeviceError::GroupMember {
+                source: Some(_),
+                ..
+            })
+        ),
+        "{err}"
+    );
     // Later calls fail at once with the same cause.
-    let again = cpd_als(&mut backend, &cpd).unwrap_err().to_string();
+    let again = error_line(&cpd_als(&mut backend, &cpd).unwrap_err());
     assert!(again.contains(&format!("GPU {bad}")), "{again}");
     drop(backend);
 }

@@ -260,7 +260,7 @@ impl Gpu {
         } else {
             DeviceError::Driver {
                 what: format!("allocating {what}"),
-                source: e,
+                error: e,
             }
         }
     }

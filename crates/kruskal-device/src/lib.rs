@@ -121,6 +121,31 @@ mod tests {
         // 1000 nonzeros, 1.5 rows each, 32 floats per row.
         assert_eq!(super::l2_floor_bytes(1000, 1.5, 32), 1000.0 * 1.5 * 128.0);
     }
+
+    #[test]
+    fn a_group_members_own_error_is_its_source_with_its_kind() {
+        use super::{DeviceError, MemberError, error_line};
+        use std::error::Error;
+        let e = DeviceError::GroupMember {
+            gpu: 1,
+            name: "NVIDIA H100".into(),
+            what: "the MTTKRP of mode 2".into(),
+            source: Some(MemberError::new(DeviceError::OutOfMemory {
+                what: "the output".into(),
+                needed: 2048,
+                free: 1024,
+            })),
+        };
+        // The source is the device's error itself, not a box around it.
+        let cause = e.source().and_then(|c| c.downcast_ref::<DeviceError>());
+        assert!(matches!(cause, Some(DeviceError::OutOfMemory { .. })));
+        assert_eq!(e.to_string(), "GPU 1 (NVIDIA H100): the MTTKRP of mode 2");
+        assert_eq!(
+            error_line(&e),
+            "GPU 1 (NVIDIA H100): the MTTKRP of mode 2: out of GPU memory: the output needs 2048 \
+             bytes, 1024 are free"
+        );
+    }
 }
 
 pub use engine::{GpuEngine, build_engine, build_engines};
@@ -140,6 +165,12 @@ pub use process::{CommAbort, ProcessComm};
 use cudarc::driver::DriverError;
 
 /// Everything that can go wrong on the GPU side.
+///
+/// A message never repeats its `source()`: [`DeviceError::GroupMember`]
+/// says which GPU failed and at what, and its source is that GPU's own
+/// error (so an out-of-memory error of one GPU of a group can be matched);
+/// the driver's error of [`DeviceError::Driver`] is part of its message and
+/// not a source. [`error_line`] prints the whole chain.
 #[derive(Debug, thiserror::Error)]
 pub enum DeviceError {
     /// A CUDA library could not be loaded.
@@ -154,12 +185,8 @@ pub enum DeviceError {
     NoDevice { ordinal: usize, count: usize },
 
     /// A driver call failed.
-    #[error("CUDA {what}: {source}")]
-    Driver {
-        what: String,
-        #[source]
-        source: DriverError,
-    },
+    #[error("CUDA {what}: {error}")]
+    Driver { what: String, error: DriverError },
 
     /// NVRTC refused a kernel; the log says why.
     #[error("compiling kernel {kernel} with {options}:\n{log}")]
@@ -188,12 +215,16 @@ pub enum DeviceError {
     #[error("shape mismatch: {0}")]
     Shape(String),
 
-    /// One GPU of a group failed; the group has stopped.
-    #[error("GPU {gpu} ({name}): {message}")]
+    /// One GPU of a group failed; the group has stopped. `what` is the
+    /// step it failed at; `source`, the GPU's own error, where it returned
+    /// one (none when its worker stopped or did not answer in time).
+    #[error("GPU {gpu} ({name}): {what}")]
     GroupMember {
         gpu: usize,
         name: String,
-        message: String,
+        what: String,
+        #[source]
+        source: Option<MemberError>,
     },
 
     /// A GPU operation did not finish in time.
@@ -210,6 +241,31 @@ pub enum DeviceError {
 }
 
 pub type Result<T, E = DeviceError> = std::result::Result<T, E>;
+
+/// The error one GPU of a group returned, held by
+/// [`DeviceError::GroupMember`]; derefs to it. Its `source()` is this
+/// [`DeviceError`] itself (not a box around it), so a walk down the chain
+/// finds it with `downcast_ref::<DeviceError>()`. (Not an error type of
+/// its own, on purpose: the derive then takes the source through `Deref`.)
+#[derive(Debug)]
+pub struct MemberError(Box<DeviceError>);
+
+impl MemberError {
+    pub fn new(e: DeviceError) -> Self {
+        MemberError(Box::new(e))
+    }
+
+    pub fn into_inner(self) -> DeviceError {
+        *self.0
+    }
+}
+
+impl std::ops::Deref for MemberError {
+    type Target = DeviceError;
+    fn deref(&self) -> &DeviceError {
+        &self.0
+    }
+}
 
 /// One GPU MTTKRP engine, whatever its format.
 pub trait GpuMttkrp {
@@ -331,5 +387,15 @@ pub(crate) fn grid_stride(items: u64, per_block: u64) -> cudarc::driver::LaunchC
 /// Wraps a driver error with what was being done.
 pub(crate) fn driver(what: impl Into<String>) -> impl FnOnce(DriverError) -> DeviceError {
     let what = what.into();
-    move |source| DeviceError::Driver { what, source }
+    move |error| DeviceError::Driver { what, error }
+}
+
+/// An error and its causes on one line, outermost first, joined by ": "
+/// (as `anyhow` prints an error with `{:#}`). Each error of the workspace
+/// keeps its causes out of its own message, so each is said once.
+pub fn error_line(e: &dyn std::error::Error) -> String {
+    std::iter::successors(Some(e), |&e| e.source())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
 }

@@ -7,13 +7,16 @@ use std::path::PathBuf;
 /// Errors that come from a file name the file and, for text files, the
 /// 1-based line number, so the program can print one line that says where
 /// the problem is and what was expected.
+///
+/// Every message is whole: no variant has a `source()`. The operating
+/// system's error of [`FormatError::Io`] is part of its message and is kept
+/// as a value only so callers can match on its kind.
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 
     #[error("{path}:{line}: {message}")]
@@ -49,10 +52,10 @@ pub enum FormatError {
 }
 
 impl FormatError {
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub(crate) fn io(path: impl Into<PathBuf>, error: std::io::Error) -> Self {
         FormatError::Io {
             path: path.into(),
-            source,
+            error,
         }
     }
 

@@ -228,7 +228,7 @@ fn without_path(e: &FormatError) -> String {
     match e {
         FormatError::Parse { line, message, .. } => format!("line {line}: {message}"),
         FormatError::File { message, .. } => message.clone(),
-        FormatError::Io { source, .. } => source.to_string(),
+        FormatError::Io { error, .. } => error.to_string(),
         other => other.to_string(),
     }
 }

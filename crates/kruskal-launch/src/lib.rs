@@ -202,12 +202,8 @@ pub enum LaunchError {
     Token(String),
 
     /// A socket operation failed.
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{what}: {error}")]
+    Io { what: String, error: std::io::Error },
 
     /// Rank 0 refused this rank.
     #[error("rank 0 at {addr} refused rank {rank}: {reason}")]

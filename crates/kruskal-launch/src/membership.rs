@@ -107,7 +107,7 @@ impl Membership {
         let io = |what: &'static str| {
             move |source| LaunchError::Io {
                 what: what.into(),
-                source,
+                error: source,
             }
         };
         let mut readers = Vec::with_capacity(peers.len());

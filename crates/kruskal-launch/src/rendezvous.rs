@@ -123,7 +123,7 @@ impl Rendezvous {
                     "rank 0 listening for the rendezvous on {addr} (is the port free? another \
                      job may be using it)"
                 ),
-                source,
+                error: source,
             })?;
             Some(listener)
         } else {
@@ -217,7 +217,7 @@ fn host<E: fmt::Display>(
         .set_nonblocking(true)
         .map_err(|source| LaunchError::Io {
             what: format!("setting up the rendezvous listener on {here}"),
-            source,
+            error: source,
         })?;
     let deadline = Instant::now() + opts.join_timeout;
     let (tx, rx): (Sender<Hello>, Receiver<Hello>) = mpsc::channel();
@@ -288,7 +288,10 @@ fn host<E: fmt::Display>(
                 let _ = wire::send(&mut p.stream, &abort);
             }
             abandon(&mut joined, &why);
-            return Err(LaunchError::Io { what: why, source });
+            return Err(LaunchError::Io {
+                what: why,
+                error: source,
+            });
         }
         peers.push(Link {
             rank,
@@ -478,7 +481,10 @@ fn join(launch: &Launch, opts: &RendezvousOptions, key: &JobKey) -> Result<(Vec<
     let me = launch.rank as u32;
     let io = |what: &str| {
         let what = format!("{what} (rendezvous at {addr})");
-        move |source| LaunchError::Io { what, source }
+        move |source| LaunchError::Io {
+            what,
+            error: source,
+        }
     };
     let mut stream = connect(launch, opts.join_timeout)?;
     stream
@@ -573,7 +579,7 @@ impl FromRank0<'_> {
                 .set_read_timeout(Some(left))
                 .map_err(|source| LaunchError::Io {
                     what: format!("setting a read timeout (rendezvous at {addr})"),
-                    source,
+                    error: source,
                 })?;
             match read(stream) {
                 Ok(frame) => return Ok(frame),
@@ -586,7 +592,7 @@ impl FromRank0<'_> {
                 Err(ReadError::Io(source)) => {
                     return Err(LaunchError::Io {
                         what: format!("waiting for {what} of rank 0 (rendezvous at {addr})"),
-                        source,
+                        error: source,
                     });
                 }
                 Err(ReadError::Invalid { reason, .. }) => {

@@ -23,24 +23,13 @@ pyo3::create_exception!(
 /// The message with its causes, one line, as the command line prints it,
 /// then in Python's words.
 fn chain(e: &dyn std::error::Error) -> String {
-    let mut parts = vec![e.to_string()];
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        // `#[error(transparent)]` and `{source}` in a message repeat the
-        // cause; print it once.
-        if !parts.last().is_some_and(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        source = s.source();
-    }
-    python_words(&parts.join(": "))
+    python_words(&kruskal_device::error_line(e))
 }
 
 pub fn format_error(e: FormatError) -> PyErr {
     let text = chain(&e);
     match &e {
-        FormatError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+        FormatError::Io { error, .. } if error.kind() == std::io::ErrorKind::NotFound => {
             PyFileNotFoundError::new_err(text)
         }
         FormatError::Io { .. } | FormatError::File { .. } => PyOSError::new_err(text),
@@ -66,8 +55,8 @@ pub fn cpd_error(e: CpdError, on_gpu: bool) -> PyErr {
         CpdError::File { .. } => PyOSError::new_err(text),
         CpdError::Memory(_) => PyMemoryError::new_err(text),
         CpdError::Cpu(_) => PyRuntimeError::new_err(text),
-        CpdError::Backend(_) if on_gpu => GpuError::new_err(text),
-        CpdError::Backend(_) => PyRuntimeError::new_err(text),
+        CpdError::Backend(_) | CpdError::NoFactors if on_gpu => GpuError::new_err(text),
+        CpdError::Backend(_) | CpdError::NoFactors => PyRuntimeError::new_err(text),
     }
 }
 

@@ -62,7 +62,7 @@ impl TensorSpec {
     pub fn generate(&self) -> Result<SparseTensor> {
         let prepare = |source: kruskal_formats::FormatError| TuneError::Generate {
             spec: self.id(),
-            source,
+            error: source,
         };
         let p = preset(&self.like).map_err(prepare)?;
         let mut spec = PowerLawSpec::like(p, Some(self.nnz))

@@ -85,11 +85,10 @@ pub enum TuneError {
     Tune(String),
 
     /// A tensor of the training or held-out set could not be generated.
-    #[error("generating {spec}: {source}")]
+    #[error("generating {spec}: {error}")]
     Generate {
         spec: String,
-        #[source]
-        source: kruskal_formats::FormatError,
+        error: kruskal_formats::FormatError,
     },
 }
 

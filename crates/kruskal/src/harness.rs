@@ -61,17 +61,17 @@ pub enum CheckError {
     #[error("{0}")]
     Invalid(String),
     /// A folder could not be listed.
-    #[error("listing {path}: {source}")]
+    #[error("listing {path}: {error}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The one-thread pool of the CPU engines could not start.
     #[error("could not start a one-thread pool: {0}")]
-    Pool(#[from] rayon::ThreadPoolBuildError),
-    /// The GPU could not be opened. The device's error is the source (not
-    /// hidden behind it), so the command line finds its kind in the chain.
-    #[error("{0}")]
+    Pool(rayon::ThreadPoolBuildError),
+    /// The GPU could not be opened. Reads as the device's error; the
+    /// command line finds its kind with [`CheckError::device_error`].
+    #[error(transparent)]
     Device(#[from] kruskal_device::DeviceError),
     /// A tensor could not be generated.
     #[error(transparent)]
@@ -83,6 +83,16 @@ pub enum CheckError {
 
 /// `Result` with [`CheckError`].
 pub type Result<T, E = CheckError> = std::result::Result<T, E>;
+
+impl CheckError {
+    /// The device's error this one is, if it is one.
+    pub fn device_error(&self) -> Option<&kruskal_device::DeviceError> {
+        match self {
+            CheckError::Device(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 /// Largest relative Frobenius error an f32 engine may have.
 pub const TOLERANCE: f64 = 1e-5;
@@ -517,7 +527,12 @@ fn require_split_rows(
 
 /// Every CPU engine, and CPU FLYCOO with split rows.
 pub fn cpu_engines() -> Result<Vec<EngineSpec>> {
-    let one_thread = Arc::new(rayon::ThreadPoolBuilder::new().num_threads(1).build()?);
+    let one_thread = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .map_err(CheckError::Pool)?,
+    );
     let mut specs: Vec<EngineSpec> = Vec::new();
     for kernel in CpuEngine::ENGINES {
         let pool = one_thread.clone();
@@ -644,9 +659,9 @@ pub fn data_folder(data: Option<&Path>) -> Result<Option<PathBuf>> {
 /// The tensor files of `dir`, by name.
 fn tensor_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|source| CheckError::Io {
+        .map_err(|error| CheckError::Io {
             path: dir.to_path_buf(),
-            source,
+            error,
         })?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {

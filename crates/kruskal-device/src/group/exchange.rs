@@ -207,7 +207,7 @@ fn enable_peer_access(gpus: &[Arc<Gpu>]) -> Result<bool> {
             {
                 return Err(DeviceError::Driver {
                     what: "enabling peer access".into(),
-                    source: cudarc::driver::DriverError(r),
+                    error: cudarc::driver::DriverError(r),
                 });
             }
             // Buffers come from the device's default memory pool

@@ -760,7 +760,7 @@ impl GpuGroup {
         }
         for &g in gpus {
             if self.workers[g].tx.send(cmd()).is_err() {
-                return Err(self.fail(g, format!("its worker thread stopped before {what}")));
+                return Err(self.fail(g, format!("its worker thread stopped before {what}"), None));
             }
         }
         let mut out: Vec<Option<Reply>> = (0..self.workers.len()).map(|_| None).collect();
@@ -775,7 +775,7 @@ impl GpuGroup {
                     out[g] = Some(reply);
                     missing -= 1;
                 }
-                Ok((g, Err(e))) => return Err(self.fail(g, format!("{what}: {e}"))),
+                Ok((g, Err(e))) => return Err(self.fail(g, what.to_string(), Some(e))),
                 Err(RecvTimeoutError::Timeout) => {
                     let g = *gpus
                         .iter()
@@ -784,6 +784,7 @@ impl GpuGroup {
                     return Err(self.fail(
                         g,
                         format!("{what} did not finish within {} s", self.timeout.as_secs()),
+                        None,
                     ));
                 }
                 Err(RecvTimeoutError::Disconnected) => {
@@ -799,8 +800,9 @@ impl GpuGroup {
 
     /// Stops the group after GPU `g` failed: workers stop waiting, NCCL
     /// communicators are aborted (so peers blocked in a collective return),
-    /// and every later call fails with the same message.
-    fn fail(&mut self, g: usize, message: String) -> DeviceError {
+    /// and every later call fails with the same message. `what` is the step
+    /// GPU `g` failed at, `source` its own error where it returned one.
+    fn fail(&mut self, g: usize, what: String, source: Option<DeviceError>) -> DeviceError {
         if let Some(Collective::Process(pc)) = &self.shared.collective {
             if let Some(why) = pc.aborted() {
                 // A peer was lost: that, not this GPU's wait, is the news.
@@ -813,9 +815,10 @@ impl GpuGroup {
         let err = DeviceError::GroupMember {
             gpu: p.ordinal,
             name: p.name.clone(),
-            message,
+            what,
+            source: source.map(crate::MemberError::new),
         };
-        self.failed = Some(err.to_string());
+        self.failed = Some(crate::error_line(&err));
         self.shared.abort.store(true, Ordering::SeqCst);
         self.shared.barrier.release();
         if let Some(c) = &self.shared.collective {
@@ -937,7 +940,7 @@ impl GpuGroup {
         };
         let pc = pc.clone();
         pc.all_reduce(data, op)
-            .map_err(|e| self.fail(0, format!("all-reducing {what} across processes: {e}")))
+            .map_err(|e| self.fail(0, format!("all-reducing {what} across processes"), Some(e)))
     }
 
     /// Scales every GPU's rows of `mode` by `inv` (if given) and returns

@@ -1,26 +1,30 @@
-//! How the program prints an error: one line, each cause once, with advice
-//! that fits the command.
+//! How the program prints an error: one line, the error and its causes
+//! joined by ": " (each error of the workspace keeps its causes out of its
+//! own message, so each is said once), with advice that fits the command.
 
+use kruskal::cpd::CpdError;
+use kruskal::harness::CheckError;
+use kruskal::measure::MeasureError;
 use kruskal_device::DeviceError;
 
-/// The error's chain as one line, outermost context first. A cause whose
-/// text its parent already printed is skipped: many error types (ours,
-/// std's, cudarc's) both name their source in their message and return it
-/// from `source()`, and printing every link would say each of them twice
-/// (`Is a directory (os error 21): Is a directory (os error 21)`).
+/// The error's chain as one line, outermost context first.
 pub fn error_line(e: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if text.is_empty() || line.contains(&text) {
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
+    format!("{e:#}")
+}
+
+/// The device's error `e` is or passes on unchanged (a transparent
+/// wrapper is not a link of its own in the chain).
+fn device_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a DeviceError> {
+    if let Some(d) = e.downcast_ref::<DeviceError>() {
+        Some(d)
+    } else if let Some(c) = e.downcast_ref::<CpdError>() {
+        c.device_error()
+    } else if let Some(m) = e.downcast_ref::<MeasureError>() {
+        m.device_error()
+    } else {
+        e.downcast_ref::<CheckError>()
+            .and_then(CheckError::device_error)
     }
-    line
 }
 
 /// True when the error says no GPU can be used at all (no CUDA library,
@@ -28,7 +32,7 @@ pub fn error_line(e: &anyhow::Error) -> String {
 pub fn is_no_gpu(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         matches!(
-            c.downcast_ref::<DeviceError>(),
+            device_error(c),
             Some(DeviceError::MissingLibrary { .. } | DeviceError::NoDevice { .. })
         )
     })
@@ -96,16 +100,139 @@ mod tests {
     use anyhow::Context;
 
     #[test]
-    fn a_cause_already_in_its_parents_message_is_said_once() {
+    fn each_cause_is_said_once() {
         let io = std::io::Error::new(std::io::ErrorKind::IsADirectory, "Is a directory");
         let e = kruskal_formats::FormatError::Io {
             path: "/tmp/x".into(),
-            source: io,
+            error: io,
         };
         let e = anyhow::Error::new(e);
         assert_eq!(error_line(&e), "/tmp/x: Is a directory");
         let e = e.context("reading the tensor");
         assert_eq!(error_line(&e), "reading the tensor: /tmp/x: Is a directory");
+    }
+
+    /// Fails if any message of the chain repeats the text of its cause:
+    /// [`error_line`] joins the chain as it is and relies on this.
+    fn assert_each_cause_said_once(e: &anyhow::Error) {
+        let links: Vec<String> = e.chain().map(ToString::to_string).collect();
+        for pair in links.windows(2) {
+            assert!(
+                !pair[0].contains(&pair[1]),
+                "{:?} repeats its cause {:?} (chain {links:?})",
+                pair[0],
+                pair[1]
+            );
+        }
+    }
+
+    /// Every error type of the workspace with a cause, built the ways the
+    /// program meets them (a driver's error is left out: its text comes
+    /// from the CUDA library, which a machine without one cannot load).
+    #[test]
+    fn no_error_of_the_program_repeats_its_cause() {
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "No such file or directory");
+        let format = || kruskal_formats::FormatError::Io {
+            path: "/tmp/x.tns".into(),
+            error: io(),
+        };
+        let member = || DeviceError::GroupMember {
+            gpu: 1,
+            name: "NVIDIA H100".into(),
+            what: "the MTTKRP of mode 2".into(),
+            source: Some(kruskal_device::MemberError::new(DeviceError::OutOfMemory {
+                what: "the output".into(),
+                needed: 2048,
+                free: 1024,
+            })),
+        };
+        let member_line = "GPU 1 (NVIDIA H100): the MTTKRP of mode 2: out of GPU memory: the output needs 2048 \
+             bytes, 1024 are free";
+        let cases: Vec<(anyhow::Error, String)> = vec![
+            (
+                format().into(),
+                "/tmp/x.tns: No such file or directory".into(),
+            ),
+            (
+                kruskal::cpu::CpuError::from(kruskal::partition::PartitionError::from(format()))
+                    .into(),
+                "/tmp/x.tns: No such file or directory".into(),
+            ),
+            (member().into(), member_line.into()),
+            (
+                DeviceError::GroupMember {
+                    gpu: 0,
+                    name: "NVIDIA H100".into(),
+                    what: "the exchange did not finish within 60 s".into(),
+                    source: None,
+                }
+                .into(),
+                "GPU 0 (NVIDIA H100): the exchange did not finish within 60 s".into(),
+            ),
+            (
+                CpdError::from(kruskal::cpu::CpuError::from(format())).into(),
+                "backend: /tmp/x.tns: No such file or directory".into(),
+            ),
+            (CpdError::from(member()).into(), member_line.into()),
+            (
+                MeasureError::from(CpdError::from(member())).into(),
+                member_line.into(),
+            ),
+            (MeasureError::from(member()).into(), member_line.into()),
+            (
+                anyhow::Error::new(CheckError::from(member())).context("checking"),
+                format!("checking: {member_line}"),
+            ),
+            (
+                CheckError::Io {
+                    path: "/tmp/data".into(),
+                    error: io(),
+                }
+                .into(),
+                "listing /tmp/data: No such file or directory".into(),
+            ),
+            (
+                MeasureError::from(kruskal::cpu::CpuError::from(format())).into(),
+                "/tmp/x.tns: No such file or directory".into(),
+            ),
+            (
+                kruskal_launch::LaunchError::Io {
+                    what: "connecting to rank 0".into(),
+                    error: io(),
+                }
+                .into(),
+                "connecting to rank 0: No such file or directory".into(),
+            ),
+            (
+                kruskal::tune::TuneError::Generate {
+                    spec: "nell-2@1e6".into(),
+                    error: format(),
+                }
+                .into(),
+                "generating nell-2@1e6: /tmp/x.tns: No such file or directory".into(),
+            ),
+        ];
+        for (e, line) in &cases {
+            assert_each_cause_said_once(e);
+            assert_eq!(&error_line(e), line);
+        }
+        // A group member's out-of-memory error is found by its kind.
+        let e: anyhow::Error = MeasureError::from(CpdError::from(member())).into();
+        assert!(e.chain().any(|c| matches!(
+            c.downcast_ref::<DeviceError>(),
+            Some(DeviceError::OutOfMemory { .. })
+        )));
+        // And a device's error passed on by a wrapper still gets its advice.
+        let no_gpu = || DeviceError::NoDevice {
+            ordinal: 0,
+            count: 0,
+        };
+        for e in [
+            anyhow::Error::new(MeasureError::from(CpdError::from(no_gpu()))),
+            anyhow::Error::new(CheckError::from(no_gpu())).context("checking"),
+        ] {
+            assert!(is_no_gpu(&e), "{e:#}");
+        }
     }
 
     #[test]

@@ -37,21 +37,31 @@ pub enum MeasureError {
     /// the memory available, measured before anything large is made.
     #[error("{0}")]
     Memory(String),
-    /// The GPU or its libraries failed. The device's error is the source
-    /// (not hidden behind it), so a caller finds it in the chain and can
-    /// match on its kind.
-    #[error("{0}")]
+    /// The GPU or its libraries failed; reads as the device's error, whose
+    /// kind [`MeasureError::device_error`] finds.
+    #[error(transparent)]
     Device(#[from] kruskal_device::DeviceError),
     /// A CPU engine failed; reads as the engine's error.
     #[error(transparent)]
     Cpu(#[from] kruskal_cpu::CpuError),
     /// The decomposition, or the group of GPUs it prepares, failed; reads
-    /// as its error, whose sources (a device's error) follow in the chain.
+    /// as its error, whose causes follow in the chain.
     #[error(transparent)]
     Cpd(#[from] kruskal_cpd::CpdError),
     /// A report could not be made into JSON.
     #[error(transparent)]
     Json(#[from] serde_json::Error),
+}
+
+impl MeasureError {
+    /// The device's error this one is, directly or as the decomposition's.
+    pub fn device_error(&self) -> Option<&kruskal_device::DeviceError> {
+        match self {
+            MeasureError::Device(e) => Some(e),
+            MeasureError::Cpd(e) => e.device_error(),
+            _ => None,
+        }
+    }
 }
 
 /// `Result` with [`MeasureError`].
@@ -80,10 +90,10 @@ mod tests {
     }
 
     /// The device's error, alone or inside the decomposition's, reads as
-    /// itself and is in the chain, where the program's no-GPU advice
+    /// itself once and its kind is found where the program's no-GPU advice
     /// looks for it.
     #[test]
-    fn a_device_error_reads_as_itself_and_stays_in_the_chain() {
+    fn a_device_error_reads_as_itself_and_keeps_its_kind() {
         use kruskal_device::DeviceError;
         let no_gpu = || DeviceError::NoDevice {
             ordinal: 0,
@@ -95,11 +105,14 @@ mod tests {
                 e.to_string(),
                 "no CUDA GPU 0 (the driver reports 0 device(s))"
             );
-            let mut chain =
-                std::iter::successors(Some(&e as &(dyn std::error::Error + 'static)), |c| {
-                    c.source()
-                });
-            assert!(chain.any(|c| c.downcast_ref::<DeviceError>().is_some()));
+            assert_eq!(
+                kruskal_device::error_line(&e),
+                "no CUDA GPU 0 (the driver reports 0 device(s))"
+            );
+            assert!(matches!(
+                e.device_error(),
+                Some(DeviceError::NoDevice { .. })
+            ));
         }
     }
 }

@@ -641,7 +641,7 @@ fn time_gpu_kernel(
         .synchronize()
         .map_err(|source| kruskal_device::DeviceError::Driver {
             what: "waiting for the upload".into(),
-            source,
+            error: source,
         })?;
     let prep_s = prep.elapsed().as_secs_f64();
     let p = gpu.properties();
