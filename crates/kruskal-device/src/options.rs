@@ -41,12 +41,22 @@ pub struct TeamPipeline {
 }
 
 impl TeamPipeline {
+    /// Whether the kernel is built for `rounds` (1, 2, 4 or 8).
+    pub fn rounds_ok(rounds: u32) -> bool {
+        matches!(rounds, 1 | 2 | 4 | 8)
+    }
+
+    /// Whether `min_blocks` is one the kernel takes (1 to 4).
+    pub fn min_blocks_ok(min_blocks: u32) -> bool {
+        (1..=4).contains(&min_blocks)
+    }
+
     /// The values each parameter may take, as a message names them.
     pub fn check(&self) -> std::result::Result<(), String> {
-        if !matches!(self.rounds, 1 | 2 | 4 | 8) {
+        if !Self::rounds_ok(self.rounds) {
             return Err(format!("rounds {}: 1, 2, 4 or 8", self.rounds));
         }
-        if !(1..=4).contains(&self.min_blocks) {
+        if !Self::min_blocks_ok(self.min_blocks) {
             return Err(format!("min blocks {}: from 1 to 4", self.min_blocks));
         }
         Ok(())

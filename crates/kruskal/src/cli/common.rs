@@ -202,10 +202,11 @@ impl GpuArgs {
         if self.kappa == Some(0) {
             bail!("--kappa 0: at least 1 partition per mode");
         }
-        if let Some(r) = self.rounds.filter(|r| !matches!(r, 1 | 2 | 4 | 8)) {
+        use kruskal_device::options::TeamPipeline;
+        if let Some(r) = self.rounds.filter(|&r| !TeamPipeline::rounds_ok(r)) {
             bail!("--rounds {r}: 1, 2, 4 or 8");
         }
-        if let Some(b) = self.min_blocks.filter(|b| !(1..=4).contains(b)) {
+        if let Some(b) = self.min_blocks.filter(|&b| !TeamPipeline::min_blocks_ok(b)) {
             bail!("--min-blocks {b}: from 1 to 4");
         }
         let given = self.given();

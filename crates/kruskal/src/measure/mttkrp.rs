@@ -603,14 +603,14 @@ impl GpuChoice {
 
     fn json(&self, sms: usize) -> serde_json::Value {
         let p = self.opts.resolve(sms);
+        let pipe = self.opts.pipeline();
         json!({
             "requested": self.requested.name(), "kernel": self.kernel.name(),
             "description": describe(self.kernel, &self.opts, sms, self.rank),
             "kappa": p.kappa, "threadlen": p.threadlen, "block_bits": p.block_bits,
             "fiber": p.fiber, "factor_precision": self.opts.precision.name(),
-            "rounds": self.opts.pipeline().rounds, "prefetch": self.opts.pipeline().prefetch,
-            "min_blocks": self.opts.pipeline().min_blocks,
-            "group_sums": self.opts.pipeline().group_sums,
+            "rounds": pipe.rounds, "prefetch": pipe.prefetch,
+            "min_blocks": pipe.min_blocks, "group_sums": pipe.group_sums,
             "source": self.source, "predicted_ms": self.predicted_ms, "reason": self.reason,
             "features_s": self.features_s,
         })
