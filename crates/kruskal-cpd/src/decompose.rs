@@ -218,15 +218,7 @@ pub fn decompose(
         prepare,
         fallback: fallback.as_deref(),
     });
-    let mut runs = run_starts(
-        backend.as_dyn(),
-        &opts.cpd,
-        opts.seed,
-        opts.starts,
-        progress,
-        stop,
-    )?;
-    scale.restore(&mut runs.model);
+    let runs = run_scaled(backend.as_dyn(), opts, scale, progress, stop)?;
     Ok(Decomposition {
         model: runs.model,
         backend,
@@ -272,6 +264,20 @@ fn scaled_copy(
     copy.scale_values_pow2(scale.exponent())
         .map_err(|e| CpdError::Invalid(e.to_string()))?;
     Ok((scale, Some(copy)))
+}
+
+/// Every start `opts` asks for on `backend`, built from values scaled by
+/// `scale`, whose weights are scaled back.
+pub(crate) fn run_scaled(
+    backend: &mut dyn Backend,
+    opts: &DecomposeOptions,
+    scale: ValueScale,
+    progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+    stop: &AtomicBool,
+) -> Result<Starts> {
+    let mut runs = run_starts(backend, &opts.cpd, opts.seed, opts.starts, progress, stop)?;
+    scale.restore(&mut runs.model);
+    Ok(runs)
 }
 
 /// What [`run_starts`] found.

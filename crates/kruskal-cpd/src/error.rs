@@ -49,6 +49,15 @@ pub enum CpdError {
     #[error("backend: {0}")]
     Backend(String),
 
+    /// A tensor file could not be read (the several-process run maps its
+    /// `.ktns` file itself). Reads as the format's error.
+    #[error(transparent)]
+    Format(#[from] kruskal_formats::FormatError),
+
+    /// The rows of a tensor could not be planned over the GPUs of a job.
+    #[error(transparent)]
+    Partition(#[from] kruskal_partition::PartitionError),
+
     /// Reading or writing a model file.
     #[error("{path}: {message}")]
     File { path: PathBuf, message: String },

@@ -2,7 +2,8 @@
 //! tensors, over a [`Backend`] trait so the same driver runs on the CPU
 //! ([`CpuBackend`]), one GPU ([`GpuBackend`]) or several ([`GroupBackend`]);
 //! in [`admm`], non-negative and L1/L2-regularized CP by AO-ADMM (CPU);
-//! and, in [`apr`], the Poisson CP of count tensors (CP-APR) on the CPU.
+//! in [`apr`], the Poisson CP of count tensors (CP-APR) on the CPU; and,
+//! in [`distributed`], one process's part of a run over several processes.
 //!
 //! ```
 //! use kruskal_cpd::{cpd_als, CpdOptions, CpuBackend};
@@ -22,6 +23,7 @@ pub mod apr;
 pub mod backend;
 pub mod decompose;
 pub mod dense;
+pub mod distributed;
 pub mod error;
 pub mod gpu;
 pub mod gpu_count;
@@ -41,6 +43,7 @@ pub use decompose::{
     BackendChoice, Chosen, DecomposeOptions, Decomposition, Event, PrepareTimes, StartSummary,
     decompose,
 };
+pub use distributed::{DistributedDecomposition, decompose_distributed};
 pub use error::{CpdError, Result};
 pub use gpu::{GpuBackend, KernelPlan};
 pub use model::{HISTORY, IterationStats, IterationTotals, KruskalModel, Staging, load_factors};

@@ -278,6 +278,15 @@ pub fn thousands(n: u64) -> String {
     out
 }
 
+/// `12,092 x 9,184 x 28,818`: a tensor's dimensions, as the library's
+/// and the program's messages write them.
+pub fn dims_text(dims: &[u32]) -> String {
+    dims.iter()
+        .map(|&d| thousands(u64::from(d)))
+        .collect::<Vec<_>>()
+        .join(" x ")
+}
+
 /// `1 line`, `4,041 lines`: a count and its noun, singular for one
 /// (`noun` is the singular; the plural adds an `s`).
 pub fn count_of(n: u64, noun: &str) -> String {

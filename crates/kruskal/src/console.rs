@@ -6,7 +6,7 @@
 use indicatif::ProgressBar;
 
 /// `1,234,567`.
-pub use kruskal_cpd::memory::{count_of, thousands};
+pub use kruskal_cpd::memory::{count_of, dims_text, thousands};
 
 /// Prints a warning: something the user should check, that did not stop
 /// the work.
@@ -25,12 +25,4 @@ pub fn spinner(message: &str) -> ProgressBar {
     bar.set_message(message.to_string());
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     bar
-}
-
-/// `12,092 x 9,184 x 28,818`.
-pub fn dims_text(dims: &[u32]) -> String {
-    dims.iter()
-        .map(|&d| thousands(u64::from(d)))
-        .collect::<Vec<_>>()
-        .join(" x ")
 }

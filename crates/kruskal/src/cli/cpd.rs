@@ -7,9 +7,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
-pub(super) use kruskal_cpd::decompose::Starts;
 use kruskal_cpd::{
-    AdmmOptions, Backend, Chosen, CpdOptions, DecomposeOptions, Decomposition, GroupBackend, Init,
+    AdmmOptions, Chosen, CpdOptions, DecomposeOptions, Decomposition, GroupBackend, Init,
     KernelPlan, KruskalModel, NonNeg, factor_match_score, load_factors,
 };
 use kruskal_formats::generate::{PlantedSpec, planted};
@@ -347,7 +346,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
 
 /// What `args` ask of `kruskal_cpd::decompose` for a tensor of
 /// dimensions `dims`.
-fn decompose_options(args: &CpdArgs, dims: &[u32]) -> Result<DecomposeOptions> {
+pub(super) fn decompose_options(args: &CpdArgs, dims: &[u32]) -> Result<DecomposeOptions> {
     let (gpus, group) = args.multi.group()?;
     Ok(DecomposeOptions {
         cpd: cpd_options(args, dims)?,
@@ -442,22 +441,6 @@ fn check_init_rows(dir: &Path, factors: &[Array2<f32>], dims: &[u32]) -> Result<
         m + 1,
         dims[m]
     )
-}
-
-/// Runs every start `args` asks for on `backend` and keeps the best model
-/// ([`kruskal::measure::run_starts`]); prints a line per iteration unless
-/// `quiet`. Stops after the current iteration once `stop` is set.
-pub(super) fn run_starts(
-    args: &CpdArgs,
-    backend: &mut dyn Backend,
-    opts: &CpdOptions,
-    quiet: bool,
-    stop: &AtomicBool,
-) -> Result<Starts> {
-    let starts = args.starts.unwrap_or(if args.demo { 3 } else { 1 });
-    Ok(kruskal::measure::run_starts(
-        backend, opts, args.seed, starts, quiet, stop,
-    )?)
 }
 
 /// Per mode, where the time went on several GPUs (after the first

@@ -7,10 +7,10 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use kruskal_cpd::decompose::Starts;
+use kruskal_cpd::distributed::{Abort, Job};
 use kruskal_cpd::{
-    Backend, Chosen, CpdOptions, DecomposeOptions, Decomposition, Event, IterationStats,
-    StartSummary,
+    Chosen, CpdOptions, DecomposeOptions, Decomposition, DistributedDecomposition, Event,
+    IterationStats, StartSummary,
 };
 use kruskal_formats::SparseTensor;
 use serde_json::json;
@@ -109,34 +109,33 @@ fn print_warnings(t: &SparseTensor, rank: usize, iters: usize) {
     }
 }
 
-/// Runs `starts` starts on `backend` ([`kruskal_cpd::decompose::run_starts`],
-/// seeds `seed`, `seed + 1`, ...) and keeps the best model, printing the
-/// limits and a line per iteration unless `quiet`, as [`decompose`] does.
-/// Stops after the current iteration once `stop` is set.
-pub fn run_starts(
-    backend: &mut dyn Backend,
-    opts: &CpdOptions,
-    seed: u64,
-    starts: usize,
-    quiet: bool,
+/// This process's part of a decomposition spread over several processes
+/// ([`kruskal_cpd::decompose_distributed`]), printing the communicator,
+/// the tensor, the plan, the GPU group and a line per iteration unless
+/// `opts.quiet`, as [`decompose`] does. `on_abort` receives the
+/// communicator's abort as soon as it exists.
+pub fn decompose_distributed(
+    opts: &CpdRunOptions,
+    job: &Job<'_>,
+    path: &Path,
+    on_abort: &mut dyn FnMut(Abort),
     stop: &AtomicBool,
-) -> Result<Starts> {
-    let mut printer = Printer::new(quiet, opts);
-    printer.limits();
-    let runs = kruskal_cpd::decompose::run_starts(
-        backend,
-        opts,
-        seed,
-        starts,
+) -> Result<DistributedDecomposition> {
+    let mut printer = Printer::new(opts.quiet, &opts.decompose.cpd);
+    let done = kruskal_cpd::decompose_distributed(
+        job,
+        path,
+        &opts.decompose,
+        on_abort,
         &mut |e| printer.event(e),
         stop,
     );
     printer.finish();
-    let runs = runs?;
-    if !quiet {
-        print_starts(runs.starts, &runs.summaries);
+    let done = done?;
+    if !opts.quiet {
+        print_starts(done.starts, &done.summaries);
     }
-    Ok(runs)
+    Ok(done)
 }
 
 /// Each start's seed, fit and iterations, when several were asked for.

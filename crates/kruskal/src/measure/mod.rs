@@ -18,7 +18,7 @@
 mod cpd;
 mod mttkrp;
 
-pub use cpd::{CpdRunOptions, cpd, cpd_report, decompose, run_starts};
+pub use cpd::{CpdRunOptions, cpd, cpd_report, decompose, decompose_distributed};
 pub use mttkrp::{MttkrpBackend, MttkrpOptions, mttkrp};
 
 /// The relative error an f32 MTTKRP may show against the f64 reference;
