@@ -17,8 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use kruskal_cpu::CpuEngine;
-use kruskal_device::{DeviceError, Gpu, GpuEngine, GpuGroup, GpuOptions, GroupOptions};
+use kruskal_device::{DeviceError, Gpu, GpuEngine, GpuOptions};
 use kruskal_formats::SparseTensor;
+use kruskal_group::{GpuGroup, GroupOptions};
 
 use crate::backend::{Backend, CpuBackend};
 use crate::error::{CpdError, Result};

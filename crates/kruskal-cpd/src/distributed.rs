@@ -28,9 +28,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use kruskal_device::nccl::{Nccl, Reduce};
-use kruskal_device::{Gpu, GpuGroup, ProcessComm};
+use kruskal_device::Gpu;
 use kruskal_formats::{CrcPart, MappedBinary};
+use kruskal_group::nccl::{Nccl, Reduce};
+use kruskal_group::{GpuGroup, ProcessComm};
 use kruskal_partition::RowShards;
 
 use crate::backend::Backend;
@@ -41,7 +42,7 @@ use crate::model::KruskalModel;
 use crate::multi::GroupBackend;
 use crate::scale::ValueScale;
 
-pub use kruskal_device::CommAbort as Abort;
+pub use kruskal_group::CommAbort as Abort;
 
 /// This process's place in the job, from the launcher.
 #[derive(Clone, Copy, Debug)]
@@ -230,7 +231,7 @@ pub fn decompose_distributed(
 
     let rank = opts.cpd.rank;
     let t0 = Instant::now();
-    let group_opts = kruskal_device::GroupOptions {
+    let group_opts = kruskal_group::GroupOptions {
         build: opts.gpu.fcoo_build,
         ..opts.group.clone()
     };

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use kruskal_device::{GpuGroup, MttkrpTimes};
+use kruskal_group::{GpuGroup, MttkrpTimes};
 use ndarray::Array2;
 use serde::Serialize;
 

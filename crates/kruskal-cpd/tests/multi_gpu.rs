@@ -16,10 +16,8 @@ use std::time::Duration;
 use common::{assert_same_fits, generated, options, real};
 use kruskal_cpd::{GpuBackend, GroupBackend, cpd_als, random_factors};
 use kruskal_cpu::{mttkrp_reference, relative_error};
-use kruskal_device::{
-    Exchange, FcooBuild, Gpu, GpuEngine, GpuGroup, GpuOptions, GroupOptions, RowExchange,
-    StreamPolicy,
-};
+use kruskal_device::{FcooBuild, Gpu, GpuEngine, GpuOptions};
+use kruskal_group::{Exchange, GpuGroup, GroupOptions, RowExchange, StreamPolicy};
 
 fn ordinals() -> Vec<usize> {
     let n = Gpu::count().expect("a CUDA driver").min(4);
@@ -115,7 +113,7 @@ fn group_mttkrp_equals_the_f64_reference() {
                             assert!(
                                 matches!(
                                     group.residency(g, mode),
-                                    kruskal_device::Residency::Streamed { .. }
+                                    kruskal_group::Residency::Streamed { .. }
                                 ),
                                 "{what}"
                             );
@@ -391,8 +389,8 @@ fn a_group_refuses_a_wrong_rank_and_a_missing_nccl_is_reported() {
 #[test]
 #[ignore = "needs CUDA GPUs"]
 fn a_process_group_of_one_matches_one_gpu() {
-    use kruskal_device::ProcessComm;
-    use kruskal_device::nccl::Nccl;
+    use kruskal_group::ProcessComm;
+    use kruskal_group::nccl::Nccl;
     use kruskal_partition::RowShards;
     let nccl = Nccl::load().expect("NCCL on the GPU machine");
     let gpu = Gpu::open(0).unwrap();

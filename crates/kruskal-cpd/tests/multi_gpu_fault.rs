@@ -8,8 +8,9 @@
 use std::time::{Duration, Instant};
 
 use kruskal_cpd::{CpdOptions, GroupBackend, cpd_als};
-use kruskal_device::{DeviceError, Gpu, GpuGroup, GroupOptions, error_line};
+use kruskal_device::{DeviceError, Gpu, error_line};
 use kruskal_formats::generate::{PowerLawSpec, power_law};
+use kruskal_group::{GpuGroup, GroupOptions};
 
 #[test]
 #[ignore = "needs CUDA GPUs"]

@@ -83,8 +83,8 @@ pub const SOURCES: &[SourceVariants] = &[
         source: KernelSource::Shard,
         per_mode: true,
         variants: &[
-            &[("WARPS", crate::group::WARPS as i64)],
-            &[("WARPS", crate::group::WARPS as i64), ("TEAMS", 1)],
+            &[("WARPS", crate::kernels::SHARD_WARPS as i64)],
+            &[("WARPS", crate::kernels::SHARD_WARPS as i64), ("TEAMS", 1)],
         ],
     },
     SourceVariants {

@@ -16,6 +16,22 @@ pub struct DeviceFactors {
 }
 
 impl DeviceFactors {
+    /// The factors' floats: every mode's rows in mode order, row-major.
+    pub fn data(&self) -> &CudaSlice<f32> {
+        &self.data
+    }
+
+    /// The factors' floats, to be written in place (the group's exchange
+    /// and reload).
+    pub fn data_mut(&mut self) -> &mut CudaSlice<f32> {
+        &mut self.data
+    }
+
+    /// Each mode's first row in [`Self::data`] (rows of `rank` floats).
+    pub fn row_offsets(&self) -> &CudaSlice<u64> {
+        &self.row_offset
+    }
+
     /// Uploads `factors` (`dims[w] x rank`, standard layout).
     pub fn upload(gpu: &Gpu, factors: &[Array2<f32>]) -> Result<Self> {
         let rank = factors.first().map_or(0, |f| f.ncols());

@@ -19,6 +19,11 @@ use sha2::{Digest, Sha256};
 
 use crate::{DeviceError, Result, driver};
 
+/// Warps per block of the shard kernel (its P), the launch shape the
+/// several-GPU group (`kruskal-group`) runs it with and the catalog
+/// compiles.
+pub const SHARD_WARPS: usize = 8;
+
 /// The shared header, pasted in place of `#include "common.cuh"` (NVRTC
 /// is given one source string).
 pub const COMMON: &str = include_str!("../kernels/common.cuh");

@@ -21,14 +21,10 @@
 //!   dynamic remap in the same pass).
 //! - [`dense`]: the dense steps of CPD-ALS (factor update with column
 //!   statistics, scaling, Gram matrix), f64 sums in a fixed order.
-//! - [`group`]: several GPUs of one host (AMPED): a worker thread per GPU,
-//!   row shards resident or streamed from pinned host memory, factor rows
-//!   all-gathered by NCCL or peer-to-peer copies after every mode.
-//! - [`nccl`]: NCCL, found and loaded by kruskal (`libnccl.so.2`).
-//! - [`process`]: this process's GPU in a job of several processes (the
-//!   NCCL communicator across them). How the processes find each other,
-//!   agree on rank 0's NCCL unique id and notice a lost peer needs no GPU
-//!   and lives in the `kruskal-launch` crate.
+//! - Several GPUs (one host's, or one per process of a job) run as a group
+//!   in the `kruskal-group` crate, above this one: the engines' layouts,
+//!   kernels and dense steps are this crate's, the scheduling of several
+//!   GPUs and NCCL are the group's.
 //! - [`tune`]: the GPU's part of the adaptive choice of engine and launch
 //!   parameters: the sweep that measures the model's training data, and
 //!   the mapping of a tuning configuration to an engine and its options.
@@ -97,12 +93,9 @@ pub mod engine;
 pub mod engines;
 pub mod factors;
 pub mod gpu;
-pub mod group;
 pub mod kernels;
-pub mod nccl;
 pub mod options;
 pub mod probe;
-pub mod process;
 pub mod tune;
 
 #[cfg(test)]
@@ -155,12 +148,7 @@ pub use engines::flycoo::FlycooGpu;
 pub use engines::hicoo::HicooGpu;
 pub use factors::DeviceFactors;
 pub use gpu::{Gpu, GpuProperties};
-pub use group::{
-    Exchange, ExchangeVolume, GpuGroup, GroupOptions, MttkrpTimes, Residency, RowExchange,
-    StreamPolicy,
-};
 pub use options::{FactorPrecision, FcooBuild, GpuOptions, LaunchParams};
-pub use process::{CommAbort, ProcessComm};
 
 use cudarc::driver::DriverError;
 
@@ -376,7 +364,8 @@ pub fn l2_floor_bytes(nnz: usize, gathers_per_nonzero: f64, rank: usize) -> f64 
 /// Launch shape of a grid-stride kernel of 256-thread blocks over `items`
 /// work items, `per_block` of them per block in one pass (256 for a thread
 /// per item, 8 for a warp per item): at least one block, at most 65,535.
-pub(crate) fn grid_stride(items: u64, per_block: u64) -> cudarc::driver::LaunchConfig {
+#[doc(hidden)]
+pub fn grid_stride(items: u64, per_block: u64) -> cudarc::driver::LaunchConfig {
     cudarc::driver::LaunchConfig {
         grid_dim: (items.div_ceil(per_block).clamp(1, 65_535) as u32, 1, 1),
         block_dim: (256, 1, 1),
@@ -385,7 +374,8 @@ pub(crate) fn grid_stride(items: u64, per_block: u64) -> cudarc::driver::LaunchC
 }
 
 /// Wraps a driver error with what was being done.
-pub(crate) fn driver(what: impl Into<String>) -> impl FnOnce(DriverError) -> DeviceError {
+#[doc(hidden)]
+pub fn driver(what: impl Into<String>) -> impl FnOnce(DriverError) -> DeviceError {
     let what = what.into();
     move |error| DeviceError::Driver { what, error }
 }

@@ -52,7 +52,8 @@ pub fn cpd_error(e: CpdError, on_gpu: bool) -> PyErr {
             PyValueError::new_err(text)
         }
         CpdError::Gpu(_) | CpdError::Device(_) => GpuError::new_err(text),
-        CpdError::File { .. } => PyOSError::new_err(text),
+        CpdError::File { .. } | CpdError::Format(_) => PyOSError::new_err(text),
+        CpdError::Partition(_) => PyValueError::new_err(text),
         CpdError::Memory(_) => PyMemoryError::new_err(text),
         CpdError::Cpu(_) => PyRuntimeError::new_err(text),
         CpdError::Backend(_) | CpdError::NoFactors if on_gpu => GpuError::new_err(text),

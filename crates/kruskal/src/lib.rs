@@ -9,6 +9,8 @@
 //! - [`cpu`]: the CPU MTTKRP kernels (one per format) and the f64 reference;
 //! - [`device`]: the GPU runtime (discovery, kernel cache, GPU MTTKRP
 //!   engines, the dense CPD kernels);
+//! - [`group`]: several GPUs as one group (one host's, or one per process
+//!   of a job) and NCCL;
 //! - [`tune`]: the adaptive choice of GPU engine and launch parameters
 //!   (tensor features, the trained model, training), which needs no GPU;
 //! - [`cpd`]: CPD-ALS over a backend, the model and its files;
@@ -38,6 +40,7 @@ pub use kruskal_cpd as cpd;
 pub use kruskal_cpu as cpu;
 pub use kruskal_device as device;
 pub use kruskal_formats as formats;
+pub use kruskal_group as group;
 pub use kruskal_partition as partition;
 pub use kruskal_tune as tune;
 

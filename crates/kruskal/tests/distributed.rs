@@ -124,7 +124,7 @@ fn two_gpus() -> Option<()> {
             return None;
         }
     }
-    if let Err(e) = kruskal_device::nccl::Nccl::load() {
+    if let Err(e) = kruskal_group::nccl::Nccl::load() {
         eprintln!("note: {e}; skipping the run across processes");
         return None;
     }

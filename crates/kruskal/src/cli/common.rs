@@ -331,8 +331,8 @@ impl MultiGpuArgs {
     }
 
     /// The group's options (`--exchange`, `--stream`, ...), checked.
-    pub fn options(&self) -> Result<kruskal_device::GroupOptions> {
-        use kruskal_device::{Exchange, StreamPolicy};
+    pub fn options(&self) -> Result<kruskal_group::GroupOptions> {
+        use kruskal_group::{Exchange, StreamPolicy};
         let exchange = match self.exchange.as_deref() {
             None => None,
             Some("nccl") => Some(Exchange::Nccl),
@@ -341,7 +341,7 @@ impl MultiGpuArgs {
         };
         let rows = self
             .exchange_rows
-            .parse::<kruskal_device::RowExchange>()
+            .parse::<kruskal_group::RowExchange>()
             .map_err(|e| anyhow::anyhow!("--exchange-rows {e}"))?;
         let stream = match self.stream.as_str() {
             "auto" => StreamPolicy::Auto,
@@ -353,7 +353,7 @@ impl MultiGpuArgs {
             bail!("--streams, --segment-mb and --gpu-timeout-s must be at least 1");
         }
         // The rest is the failure tests' fault-injection hook: off.
-        let options = kruskal_device::GroupOptions {
+        let options = kruskal_group::GroupOptions {
             exchange,
             rows,
             stream,
@@ -367,7 +367,7 @@ impl MultiGpuArgs {
 
     /// The GPUs `--gpus` names and, with them, the group's options (the
     /// defaults without `--gpus`).
-    pub fn group(&self) -> Result<(Option<Vec<usize>>, kruskal_device::GroupOptions)> {
+    pub fn group(&self) -> Result<(Option<Vec<usize>>, kruskal_group::GroupOptions)> {
         let gpus = self.ordinals()?;
         let group = match gpus {
             Some(_) => self.options()?,

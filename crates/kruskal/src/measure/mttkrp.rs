@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use kruskal_cpd::random_factors;
 use kruskal_cpu::{CpuEngine, MttkrpEngine, mttkrp_reference, relative_error};
-use kruskal_device::{GpuOptions, GroupOptions};
+use kruskal_device::GpuOptions;
+use kruskal_group::GroupOptions;
 use ndarray::Array2;
 use serde_json::json;
 
@@ -329,7 +330,7 @@ struct Bandwidths {
 
 /// One timed sweep of one mode on a group: the slowest GPU's times, each
 /// GPU's MTTKRP milliseconds, and the exchange milliseconds.
-type Sample = (kruskal_device::MttkrpTimes, Vec<f64>, f64);
+type Sample = (kruskal_group::MttkrpTimes, Vec<f64>, f64);
 
 /// `--gpus`: the shard kernel on every GPU of a group. Times `repeat`
 /// sweeps (after a warm-up) per mode: the MTTKRP (slowest GPU, with its
@@ -353,7 +354,7 @@ fn run_group(
     }
     let prep = Instant::now();
     // Where the shards are built follows `--fcoo-build`, as for one GPU.
-    let group_opts = kruskal_device::GroupOptions {
+    let group_opts = GroupOptions {
         build: opts.gpu.fcoo_build,
         ..opts.group.clone()
     };

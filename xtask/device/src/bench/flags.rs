@@ -19,7 +19,8 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::{Args, Parser, ValueEnum};
 use kruskal::measure::{CpdRunOptions, MttkrpOptions};
-use kruskal_device::{FactorPrecision, GpuOptions, RowExchange, StreamPolicy};
+use kruskal_device::{FactorPrecision, GpuOptions};
+use kruskal_group::{RowExchange, StreamPolicy};
 
 /// `on` or `off`, as the program takes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -523,10 +523,10 @@ fn verdict(bad: &[String], missed: &[String], keep_going: bool) -> Result<()> {
 }
 
 /// The exchange a matrix names (`nccl` or `p2p`, checked when it is read).
-fn exchange_named(name: &str) -> kruskal_device::Exchange {
+fn exchange_named(name: &str) -> kruskal_group::Exchange {
     match name {
-        "nccl" => kruskal_device::Exchange::Nccl,
-        _ => kruskal_device::Exchange::P2p,
+        "nccl" => kruskal_group::Exchange::Nccl,
+        _ => kruskal_group::Exchange::P2p,
     }
 }
 

@@ -32,8 +32,8 @@ use crate::{Gpu, Result, driver, grid_stride};
 
 /// Threads and keys per tile of the radix sort (`SORT_THREADS`,
 /// `SORT_TILE` of the kernels).
-pub(crate) const SORT_THREADS: u32 = 256;
-pub(crate) const SORT_TILE: usize = 2048;
+pub const SORT_THREADS: u32 = 256;
+pub const SORT_TILE: usize = 2048;
 /// Bits per radix digit, and the digits (`DIGIT_BITS`, `DIGITS`).
 const DIGIT_BITS: u32 = 8;
 const DIGITS: usize = 256;
@@ -42,7 +42,7 @@ const DIGITS: usize = 256;
 const SCAN_THREADS: u32 = 1024;
 
 /// A tensor's COO on the device, uploaded once for every mode's sort.
-pub(crate) struct DeviceCoo {
+pub struct DeviceCoo {
     dims: Vec<u32>,
     nnz: usize,
     /// One index array per mode.
@@ -58,7 +58,7 @@ impl DeviceCoo {
     /// about 4 ms and holds the driver, so it happens when the tensor goes,
     /// not during the build, and a later upload of `t` (another engine,
     /// another start) only copies.
-    pub(crate) fn upload(gpu: &Gpu, t: &SparseTensor) -> Result<Self> {
+    pub fn upload(gpu: &Gpu, t: &SparseTensor) -> Result<Self> {
         let values = t.values();
         // SAFETY: f32 and u32 have the same size and alignment and every
         // bit pattern is a u32; the view lives as long as `values`.
@@ -91,25 +91,25 @@ impl DeviceCoo {
     }
 
     /// Mode `w`'s indices.
-    pub(crate) fn indices(&self, w: usize) -> &CudaSlice<u32> {
+    pub fn indices(&self, w: usize) -> &CudaSlice<u32> {
         &self.idx[w]
     }
 
     /// The values' bits.
-    pub(crate) fn value_bits(&self) -> &CudaSlice<u32> {
+    pub fn value_bits(&self) -> &CudaSlice<u32> {
         &self.vals
     }
 
     /// Device bytes of the COO of a tensor of `nmodes` modes and `nnz`
     /// nonzeros.
-    pub(crate) fn bytes(nmodes: usize, nnz: usize) -> usize {
+    pub fn bytes(nmodes: usize, nnz: usize) -> usize {
         4 * (nmodes + 1) * nnz
     }
 }
 
 /// One mode's sorted F-COO on the device (shared by the variants of
 /// different threadlens), and its bit flags on the host for the plans.
-pub(crate) struct SortedMode {
+pub struct SortedMode {
     pub nnz: usize,
     pub segments: usize,
     /// `(N - 1) x nnz`, the product modes in increasing order.
@@ -121,7 +121,7 @@ pub(crate) struct SortedMode {
 }
 
 /// Bits to write the numbers below `dim` (0 for a dimension of 1).
-pub(crate) fn bits_below(dim: u32) -> u32 {
+pub fn bits_below(dim: u32) -> u32 {
     u32::BITS - dim.saturating_sub(1).leading_zeros()
 }
 
@@ -150,7 +150,7 @@ fn widest_key(dims: &[u32]) -> usize {
 
 /// Device bytes of the sort's buffers ([`SortScratch`]) for a tensor with
 /// `dims` and `nnz` nonzeros.
-pub(crate) fn scratch_bytes(dims: &[u32], nnz: usize) -> usize {
+pub fn scratch_bytes(dims: &[u32], nnz: usize) -> usize {
     2 * (widest_key(dims) + 4) * nnz
         + 4 * DIGITS * nnz.div_ceil(SORT_TILE)
         + 4 * (SCAN_THREADS as usize + 1)
@@ -161,7 +161,7 @@ pub(crate) fn scratch_bytes(dims: &[u32], nnz: usize) -> usize {
 /// buffers wide enough for the widest key of any mode, two permutations,
 /// the digit counts and the scans' block sums. None is zeroed: each pass
 /// writes what the next reads.
-pub(crate) struct SortScratch {
+pub struct SortScratch {
     /// 4-byte words: `nnz` per key of 4 bytes, `2 nnz` when a mode needs
     /// 8-byte keys.
     keys: [CudaSlice<u32>; 2],
@@ -173,7 +173,7 @@ pub(crate) struct SortScratch {
 
 impl SortScratch {
     /// The buffers for sorting any mode of `coo`.
-    pub(crate) fn new(gpu: &Gpu, coo: &DeviceCoo) -> Result<Self> {
+    pub fn new(gpu: &Gpu, coo: &DeviceCoo) -> Result<Self> {
         let n = coo.nnz.max(1);
         gpu.ensure_free("the F-COO sort", scratch_bytes(&coo.dims, n))?;
         let words = widest_key(&coo.dims) / 4 * n;
@@ -200,7 +200,7 @@ impl SortScratch {
 }
 
 /// A key type of the sort and its kernels.
-pub(crate) trait SortKey: DeviceRepr + ValidAsZeroBits + Unpin {
+pub trait SortKey: DeviceRepr + ValidAsZeroBits + Unpin {
     const KEYS: Kernel;
     const COUNT: Kernel;
     const SCATTER: Kernel;
@@ -236,31 +236,31 @@ fn exact(threads: u64) -> LaunchConfig {
 
 /// Called after each step of a mode's build with its name (`sort`,
 /// `gather`, `segments`), to time it.
-pub(crate) type Lap<'a> = &'a mut dyn FnMut(&'static str) -> Result<()>;
+pub type Lap<'a> = &'a mut dyn FnMut(&'static str) -> Result<()>;
 
 /// The digit counts and scan sums of a radix sort.
-pub(crate) struct SortCounts<'a> {
+pub struct SortCounts<'a> {
     /// `DIGITS x tiles` words.
-    pub(crate) counts: &'a mut CudaSlice<u32>,
+    pub counts: &'a mut CudaSlice<u32>,
     /// `SCAN_THREADS` words.
-    pub(crate) partial: &'a mut CudaSlice<u32>,
-    pub(crate) total: &'a mut CudaSlice<u32>,
+    pub partial: &'a mut CudaSlice<u32>,
+    pub total: &'a mut CudaSlice<u32>,
 }
 
 /// Words the digit counts of a sort of `n` keys take.
-pub(crate) fn count_words(n: usize) -> usize {
+pub fn count_words(n: usize) -> usize {
     DIGITS * n.div_ceil(SORT_TILE)
 }
 
 /// Words of a scan's block sums.
-pub(crate) const SCAN_WORDS: usize = SCAN_THREADS as usize;
+pub const SCAN_WORDS: usize = SCAN_THREADS as usize;
 
 /// Stable LSD radix sort of the first `n` keys of `keys[0]` (`key_bits`
 /// bits) with their `perm[0]` entries, 8 bits a pass, through `keys[1]`
 /// and `perm[1]`; on return `keys[0]` and `perm[0]` are the views that
 /// hold the sorted result (the views are swapped after each pass).
 /// `sc.counts` holds [`count_words`]`(n)` words.
-pub(crate) fn radix_sort<K: SortKey>(
+pub fn radix_sort<K: SortKey>(
     gpu: &Gpu,
     keys: [&mut CudaViewMut<'_, K>; 2],
     perm: [&mut CudaViewMut<'_, u32>; 2],
@@ -330,7 +330,7 @@ pub(crate) fn radix_sort<K: SortKey>(
 /// Sorts and flags `mode` of `coo`: see the module documentation.
 /// `coo` must hold at least one nonzero; `scratch` is [`SortScratch::new`]
 /// of `coo`.
-pub(crate) fn sort_mode(
+pub fn sort_mode(
     gpu: &Gpu,
     coo: &DeviceCoo,
     mode: usize,
@@ -347,7 +347,7 @@ pub(crate) fn sort_mode(
 /// In place: `data[k]` becomes the sum of `data[..k]` for `k < len`; the
 /// total goes to `scratch.total`. Three launches: the spans' sums, their
 /// scan, the spans rescanned (see `kernels/fcoo_build.cu`).
-pub(crate) fn scan(
+pub fn scan(
     gpu: &Gpu,
     data: &mut CudaSlice<u32>,
     len: usize,
@@ -415,11 +415,11 @@ fn gather<S: DeviceRepr, T: DeviceRepr>(
 
 /// Loads the build's kernels (one module: every function of
 /// `kernels/fcoo_build.cu`), so the steps after it find them loaded.
-pub(crate) fn load_kernels(gpu: &Gpu) -> Result<()> {
+pub fn load_kernels(gpu: &Gpu) -> Result<()> {
     function(gpu, Kernel::FcooKeys32).map(drop)
 }
 
-pub(crate) fn function(gpu: &Gpu, kernel: Kernel) -> Result<cudarc::driver::CudaFunction> {
+pub fn function(gpu: &Gpu, kernel: Kernel) -> Result<cudarc::driver::CudaFunction> {
     gpu.kernels()
         .function(gpu.context(), kernel, &[("RANK", BUILD_RANK)])
 }
@@ -562,11 +562,7 @@ fn sort_with<K: SortKey>(
 }
 
 /// The chunk-start bits of `sorted` for `threadlen` nonzeros per thread.
-pub(crate) fn start_flags(
-    gpu: &Gpu,
-    sorted: &SortedMode,
-    threadlen: usize,
-) -> Result<CudaSlice<u32>> {
+pub fn start_flags(gpu: &Gpu, sorted: &SortedMode, threadlen: usize) -> Result<CudaSlice<u32>> {
     let chunks = sorted.nnz.div_ceil(threadlen);
     let words = chunks.div_ceil(32);
     let mut out = gpu.alloc_zeros::<u32>("F-COO start flags", words)?;
@@ -588,11 +584,7 @@ pub(crate) fn start_flags(
 }
 
 /// The rows of segments `segments` (numbers below `sorted.segments`).
-pub(crate) fn segment_rows_of(
-    gpu: &Gpu,
-    sorted: &SortedMode,
-    segments: &[u32],
-) -> Result<CudaSlice<u32>> {
+pub fn segment_rows_of(gpu: &Gpu, sorted: &SortedMode, segments: &[u32]) -> Result<CudaSlice<u32>> {
     let numbers = gpu.upload("F-COO edge segments", segments)?;
     let mut rows = gpu.alloc_zeros::<u32>("F-COO edge rows", segments.len())?;
     if !segments.is_empty() {

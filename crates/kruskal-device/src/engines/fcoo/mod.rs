@@ -23,7 +23,8 @@ pub use crate::options::{
 };
 use build::{DeviceCoo, SortedMode};
 
-pub(crate) mod build;
+#[doc(hidden)]
+pub mod build;
 use crate::kernels::Kernel;
 use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 

@@ -18,12 +18,12 @@ use cudarc::driver::{CudaSlice, DevicePtr, LaunchConfig, PushKernelArg};
 use kruskal_formats::SparseTensor;
 use kruskal_partition::RowShards;
 
-use crate::engines::fcoo::build::{
+use kruskal_device::engines::fcoo::build::{
     DeviceCoo, SCAN_WORDS, SORT_THREADS, SORT_TILE, SortCounts, bits_below, count_words, function,
     radix_sort, scan,
 };
-use crate::kernels::Kernel;
-use crate::{DeviceError, Gpu, Result, driver, grid_stride};
+use kruskal_device::kernels::Kernel;
+use kruskal_device::{DeviceError, Gpu, Result, driver, grid_stride};
 
 /// Device bytes GPU `g`'s build takes besides its shards: the COO, every
 /// mode's relabeling, the keys and permutations of its largest shard (two

@@ -6,7 +6,7 @@
 use kruskal_partition::RowShards;
 
 use super::GroupOptions;
-use crate::{DeviceError, Result};
+use kruskal_device::{DeviceError, Result};
 
 /// Device memory kept free besides the plan (NCCL buffers, modules).
 const MARGIN_BYTES: usize = 1 << 30;

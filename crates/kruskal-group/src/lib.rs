@@ -1,6 +1,16 @@
-//! Several GPUs of one host (AMPED): one worker thread per GPU, the
-//! tensor's shards resident on their GPUs or streamed from pinned host
-//! memory, factor rows exchanged after every mode.
+//! Several GPUs as one group for kruskal's CPD: the GPUs of one host
+//! (AMPED), or one GPU per process of a job ([`GpuGroup::distributed`] over
+//! a [`ProcessComm`]): one worker thread per GPU, the tensor's shards
+//! resident on their GPUs or streamed from pinned host memory, factor rows
+//! exchanged after every mode. The engines' kernels, the dense steps and
+//! the GPU runtime are `kruskal_device`'s; this crate schedules them over
+//! several GPUs.
+//!
+//! - [`nccl`]: NCCL, found and loaded by kruskal (`libnccl.so.2`).
+//! - [`process`]: this process's GPU in a job of several processes (the
+//!   NCCL communicator across them). How the processes find each other,
+//!   agree on rank 0's NCCL unique id and notice a lost peer needs no GPU
+//!   and lives in the `kruskal-launch` crate.
 //!
 //! - **Plan** ([`RowShards`]): each mode's output rows go to GPUs by LPT
 //!   on their nonzero counts and are relabeled GPU by GPU, so GPU `g` owns
@@ -11,7 +21,7 @@
 //!   partitions (ISPs), one thread block each; rows shared by ISPs combine
 //!   by atomics inside the GPU only.
 //! - **Update**: each GPU solves its own rows (`M V^+`, the fused dense
-//!   kernels of [`crate::dense`]) and returns column statistics and a
+//!   kernels of [`kruskal_device::dense`]) and returns column statistics and a
 //!   partial Gram matrix; the coordinator sums them in GPU order (an
 //!   all-reduce of R x R values that the CPD driver needs on the host
 //!   anyway).
@@ -47,18 +57,20 @@ use kruskal_formats::SparseTensor;
 use kruskal_partition::{RowReaders, RowShards};
 use ndarray::Array2;
 
-use crate::dense::{UpdateStats, check_rank};
 use crate::nccl::Reduce;
-use crate::process::ProcessComm;
-use crate::{DeviceError, FcooBuild, Gpu, Result, driver};
+use kruskal_device::dense::{UpdateStats, check_rank};
+use kruskal_device::{DeviceError, FcooBuild, Gpu, Result, driver};
 
 mod build;
 mod exchange;
+pub mod nccl;
+pub mod process;
 mod residency;
 mod sparse;
 mod worker;
 
 pub use exchange::Exchange;
+pub use process::{CommAbort, ProcessComm};
 pub use residency::{Residency, StreamPolicy};
 pub use sparse::{ExchangeVolume, RowExchange};
 pub use worker::WARPS;
@@ -816,9 +828,9 @@ impl GpuGroup {
             gpu: p.ordinal,
             name: p.name.clone(),
             what,
-            source: source.map(crate::MemberError::new),
+            source: source.map(kruskal_device::MemberError::new),
         };
-        self.failed = Some(crate::error_line(&err));
+        self.failed = Some(kruskal_device::error_line(&err));
         self.shared.abort.store(true, Ordering::SeqCst);
         self.shared.barrier.release();
         if let Some(c) = &self.shared.collective {

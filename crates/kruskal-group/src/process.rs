@@ -23,7 +23,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaStream, DevicePtr};
 
 use crate::nccl::{Comm, Nccl, Reduce, UNIQUE_ID_BYTES};
-use crate::{DeviceError, Gpu, Result, driver};
+use kruskal_device::{DeviceError, Gpu, Result, driver};
 
 /// The communicator and whoever may abort it.
 struct Shared {

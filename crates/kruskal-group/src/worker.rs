@@ -17,13 +17,13 @@ use cudarc::driver::{
 use super::MttkrpTimes;
 use super::exchange::Shared;
 use super::sparse::DeviceLists;
-use crate::dense::{DenseKernels, UpdateStats};
-use crate::factors::DeviceFactors;
-use crate::kernels::Kernel;
-use crate::{DeviceError, Gpu, Result, driver};
+use kruskal_device::dense::{DenseKernels, UpdateStats};
+use kruskal_device::factors::DeviceFactors;
+use kruskal_device::kernels::Kernel;
+use kruskal_device::{DeviceError, Gpu, Result, driver};
 
 /// Warps per block of the shard kernel (its P).
-pub const WARPS: usize = 8;
+pub const WARPS: usize = kruskal_device::kernels::SHARD_WARPS;
 /// ISPs per SM a launch aims for: several waves of blocks, so the last,
 /// partly filled wave costs little (at 8 per SM, one block per SM slot, a
 /// launch just over one wave took nearly two waves' time).
@@ -227,10 +227,10 @@ impl Worker {
     fn load(&mut self, rows: &[f32]) -> Result<()> {
         self.updated.iter_mut().for_each(|u| *u = false);
         match &mut self.factors {
-            Some(f) if f.data.len() == rows.len() => self
+            Some(f) if f.data().len() == rows.len() => self
                 .gpu
                 .stream()
-                .memcpy_htod(rows, &mut f.data)
+                .memcpy_htod(rows, f.data_mut())
                 .map_err(driver("uploading the factors"))?,
             _ => {
                 self.factors = None;
@@ -243,7 +243,7 @@ impl Worker {
             self.dense = Some(DenseKernels::new(self.gpu.clone(), self.rank)?);
         }
         let f = self.factors.as_ref().expect("loaded above");
-        let (ptr, _sync) = f.data.device_ptr(self.gpu.stream());
+        let (ptr, _sync) = f.data().device_ptr(self.gpu.stream());
         self.shared.factor_ptrs.lock().expect("pointer table")[self.slot] = ptr;
         drop(_sync);
         self.wait(self.gpu.stream(), "the factor upload")
@@ -294,7 +294,7 @@ impl Worker {
             ("RANK", self.rank as i64),
             ("WARPS", WARPS as i64),
         ];
-        if crate::engines::fcoo::teams_fit(self.rank) {
+        if kruskal_device::engines::fcoo::teams_fit(self.rank) {
             defines.push(("TEAMS", 1));
         }
         let kernel =
@@ -506,8 +506,8 @@ unsafe fn launch_shard(
     l.arg(elems)
         .arg(&count)
         .arg(&isp)
-        .arg(&factors.data)
-        .arg(&factors.row_offset)
+        .arg(factors.data())
+        .arg(factors.row_offsets())
         .arg(out)
         .arg(&at.0)
         .arg(&at.1);

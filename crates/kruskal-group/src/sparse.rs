@@ -26,9 +26,9 @@ use kruskal_partition::RowShards;
 use kruskal_partition::readers::{ExchangeLists, MAX_GPUS, RowReaders, all_gather_received};
 
 use super::worker::Worker;
-use crate::kernels::Kernel;
 use crate::nccl::Transfer;
-use crate::{DeviceError, Gpu, Result, driver, grid_stride};
+use kruskal_device::kernels::Kernel;
+use kruskal_device::{DeviceError, Gpu, Result, driver, grid_stride};
 
 /// Which rows the exchange after a mode sends.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

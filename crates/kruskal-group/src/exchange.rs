@@ -16,7 +16,7 @@ use cudarc::driver::sys::{CUresult, cudaError_enum};
 use super::worker::Worker;
 use crate::nccl::{Comm, Nccl};
 use crate::process::ProcessComm;
-use crate::{DeviceError, Gpu, Result, driver};
+use kruskal_device::{DeviceError, Gpu, Result, driver};
 
 /// How factor rows travel between GPUs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
