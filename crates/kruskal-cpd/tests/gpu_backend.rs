@@ -3,7 +3,8 @@
 //! generated tensors and on the real tensors of the shared data folder,
 //! with every GPU engine and with `--kernel auto`'s trial.
 //!
-//! Needs a CUDA GPU: run with `--include-ignored` on the GPU machine.
+//! Needs a CUDA GPU: each test notes the skip and passes where there is
+//! none (`kruskal_device::testing::gpu_or_skip`), and runs where there is.
 
 mod common;
 
@@ -12,9 +13,11 @@ use kruskal_cpd::{CpdOptions, CpuBackend, GpuBackend, cpd_als};
 use kruskal_device::{Gpu, GpuEngine, GpuOptions};
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
 fn gpu_fits_match_the_cpu_for_every_engine() {
-    let gpu = Gpu::open(0).expect("a GPU");
+    let Some(gpu) = kruskal_device::testing::gpu_or_skip("gpu_fits_match_the_cpu_for_every_engine")
+    else {
+        return;
+    };
     let mut tensors = generated();
     tensors.extend(real());
     for (name, t) in &tensors {
@@ -58,9 +61,12 @@ fn gpu_fits_match_the_cpu_for_every_engine() {
 }
 
 #[test]
-#[ignore = "needs a CUDA GPU"]
 fn the_gpu_backend_runs_from_random_starts_and_refuses_bad_ranks() {
-    let gpu = Gpu::open(0).expect("a GPU");
+    let Some(gpu) = kruskal_device::testing::gpu_or_skip(
+        "the_gpu_backend_runs_from_random_starts_and_refuses_bad_ranks",
+    ) else {
+        return;
+    };
     let (_, t) = generated().remove(0);
     let candidates = [(GpuEngine::Fcoo, GpuOptions::default())];
     let mut backend = GpuBackend::new(gpu, &t, &candidates).unwrap();
@@ -84,10 +90,12 @@ fn the_gpu_backend_runs_from_random_starts_and_refuses_bad_ranks() {
 /// GPU there is) as on the CPU: `decompose` scales them by a power of two
 /// and the weights back, so the fits equal the CPU's and no weight is NaN.
 #[test]
-#[ignore = "needs a CUDA GPU"]
 fn values_at_the_ends_of_f32_run_on_the_gpu() {
     use kruskal_cpd::{BackendChoice, DecomposeOptions, decompose};
     use std::sync::atomic::AtomicBool;
+    if kruskal_device::testing::gpu_or_skip("values_at_the_ends_of_f32_run_on_the_gpu").is_none() {
+        return;
+    }
     let (_, t) = generated().into_iter().next().expect("a generated tensor");
     let gpus = Gpu::count().expect("a GPU");
     for exponent in [100, -120] {

@@ -377,9 +377,11 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs a CUDA GPU"]
     fn update_and_gram_equal_the_f64_reference() {
-        let gpu = Gpu::open(0).expect("a GPU");
+        let Some(gpu) = crate::testing::gpu_or_skip("update_and_gram_equal_the_f64_reference")
+        else {
+            return;
+        };
         // Row counts around the tile sizes, and one spanning many blocks.
         for rank in [1usize, 2, 3, 7, 16, 32, 64, 100, 128, 256] {
             let mut dense = DenseKernels::new(gpu.clone(), rank).unwrap();

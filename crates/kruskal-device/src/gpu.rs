@@ -659,9 +659,11 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs a CUDA GPU"]
     fn staged_uploads_arrive_whole_and_in_order() {
-        let gpu = Gpu::open(0).expect("a GPU");
+        let Some(gpu) = crate::testing::gpu_or_skip("staged_uploads_arrive_whole_and_in_order")
+        else {
+            return;
+        };
         // Above the staging threshold: a part of several buffers with a
         // short last chunk, one of exactly one buffer, an empty one and a
         // short one, so buffers are reused across parts.
@@ -700,9 +702,12 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs a CUDA GPU"]
     fn too_large_an_allocation_is_a_typed_error_and_the_gpu_stays_usable() {
-        let gpu = Gpu::open(0).expect("a GPU");
+        let Some(gpu) = crate::testing::gpu_or_skip(
+            "too_large_an_allocation_is_a_typed_error_and_the_gpu_stays_usable",
+        ) else {
+            return;
+        };
         let p = gpu.properties();
         assert!(p.sms > 0 && p.total_bytes > 0 && !p.name.is_empty());
         let free = gpu.free_bytes().unwrap();

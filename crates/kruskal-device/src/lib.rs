@@ -96,6 +96,8 @@ pub mod gpu;
 pub mod kernels;
 pub mod options;
 pub mod probe;
+#[doc(hidden)]
+pub mod testing;
 pub mod tune;
 
 #[cfg(test)]

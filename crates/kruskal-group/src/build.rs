@@ -271,9 +271,12 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs a CUDA GPU"]
     fn shards_built_on_the_gpu_are_the_hosts_and_mark_the_same_rows() {
-        let gpu = Gpu::open(0).expect("a GPU");
+        let Some(gpu) = kruskal_device::testing::gpu_or_skip(
+            "shards_built_on_the_gpu_are_the_hosts_and_mark_the_same_rows",
+        ) else {
+            return;
+        };
         for (dims, nnz, gpus) in [
             (vec![1u32, 300, 9_000], 20_000usize, 3usize),
             (vec![40, 50, 60, 7], 30_000, 4),

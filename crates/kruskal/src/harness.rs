@@ -1248,33 +1248,4 @@ mod tests {
         assert!(failures.is_empty(), "{failures:#?}");
         assert!(report.tensors.len() >= 10);
     }
-
-    /// `kruskal check --gpu`, in full: every GPU engine on every case.
-    #[test]
-    #[ignore = "needs a CUDA GPU"]
-    fn gpu_engines_pass_every_case() {
-        let opts = CheckOptions {
-            gpu: true,
-            data: data_folder(None).unwrap(),
-            ..CheckOptions::default()
-        };
-        let report = run_check(&opts, &mut |_| {}).unwrap();
-        assert!(report.gpu.is_some());
-        let rows = report.summary();
-        for k in GpuEngine::ENGINES {
-            assert!(
-                rows.iter().any(|r| r.engine == format!("gpu {k}")),
-                "{rows:#?}"
-            );
-        }
-        let det = format!("gpu flycoo kappa={SPLIT_KAPPA} deterministic");
-        for g in [Group::PowerLaw, Group::Remap, Group::Determinism] {
-            assert!(
-                rows.iter().any(|r| r.engine == det && r.group == g),
-                "{rows:#?}"
-            );
-        }
-        let failures: Vec<_> = report.failures().collect();
-        assert!(failures.is_empty(), "{failures:#?}");
-    }
 }

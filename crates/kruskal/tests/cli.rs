@@ -570,10 +570,25 @@ fn check_prints_its_table_and_fails_cleanly_without_a_gpu() {
     ]);
     assert_clean_failure(&o, "not a folder");
 
-    // Where a GPU can be used, `check --gpu` is the ignored library test
-    // `gpu_engines_pass_every_case`; here only its absence is checked.
+    // Where a GPU can be used, `check --gpu` runs every GPU engine (the
+    // engines themselves are checked case by case in kruskal-device's
+    // `devices` tests); elsewhere its error is checked.
     if kruskal(&["info", "--gpu"]).status.success() {
-        eprintln!("note: a GPU is present; skipping the no-GPU error of check --gpu");
+        let o = kruskal(&["check", "--gpu", "--quick", "--json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        for engine in [
+            "gpu coo",
+            "gpu hicoo",
+            "gpu fcoo",
+            "gpu flycoo",
+            "gpu flycoo kappa=7 deterministic",
+        ] {
+            assert!(
+                out.contains(&format!("\"{engine}")),
+                "{engine} missing: {out}"
+            );
+        }
         return;
     }
     // The advice fits the command: check has no --backend.

@@ -140,9 +140,10 @@ mod tests {
     use ndarray::Array2;
 
     #[test]
-    #[ignore = "needs a CUDA GPU"]
     fn coo_atomic_equals_the_f64_reference() {
-        let gpu = Gpu::open(0).expect("a GPU");
+        let Some(gpu) = crate::testing::gpu_or_skip("coo_atomic_equals_the_f64_reference") else {
+            return;
+        };
         for (nmodes, exponent) in [(3, 1.1), (4, 0.8), (5, 1.3), (6, 0.5)] {
             let dims: Vec<u32> = (0..nmodes).map(|m| 50 + 37 * m as u32).collect();
             let mut spec = PowerLawSpec::new(dims, 30_000)

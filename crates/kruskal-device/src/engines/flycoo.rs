@@ -373,9 +373,12 @@ mod tests {
     use ndarray::Array2;
 
     #[test]
-    #[ignore = "needs a CUDA GPU"]
     fn flycoo_equals_the_f64_reference_and_remaps_back() {
-        let gpu = Gpu::open(0).expect("a GPU");
+        let Some(gpu) =
+            crate::testing::gpu_or_skip("flycoo_equals_the_f64_reference_and_remaps_back")
+        else {
+            return;
+        };
         for (nmodes, exponent, kappa) in [(3, 1.3, 7), (4, 0.8, 64), (5, 1.5, 33), (6, 0.5, 1)] {
             let dims: Vec<u32> = (0..nmodes).map(|m| 40 + 31 * m as u32).collect();
             let mut spec = PowerLawSpec::new(dims, 40_000)

@@ -619,9 +619,10 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs a CUDA GPU"]
     fn hicoo_equals_the_f64_reference() {
-        let gpu = Gpu::open(0).expect("a GPU");
+        let Some(gpu) = crate::testing::gpu_or_skip("hicoo_equals_the_f64_reference") else {
+            return;
+        };
         for t in hot_tensors(137) {
             let mut engine = HicooGpu::new(gpu.clone(), &t, Hicoo::DEFAULT_BLOCK_BITS).unwrap();
             for rank in [1, 7, 16, 32, 64, 100] {
@@ -631,9 +632,11 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs a CUDA GPU"]
     fn hicoo_block_bits_splits_and_edge_cases() {
-        let gpu = Gpu::open(0).expect("a GPU");
+        let Some(gpu) = crate::testing::gpu_or_skip("hicoo_block_bits_splits_and_edge_cases")
+        else {
+            return;
+        };
         let tensors = hot_tensors(137);
         for bits in 1..=8u8 {
             for t in &tensors[..2] {

@@ -148,9 +148,10 @@ mod tests {
 
     /// Needs a GPU: every configuration of a small tensor is timed.
     #[test]
-    #[ignore = "needs a CUDA GPU"]
     fn every_configuration_is_timed_on_a_gpu() {
-        let gpu = Gpu::open(0).unwrap();
+        let Some(gpu) = crate::testing::gpu_or_skip("every_configuration_is_timed_on_a_gpu") else {
+            return;
+        };
         let t = kruskal_formats::generate::power_law(
             &kruskal_formats::generate::PowerLawSpec::new(vec![300, 200, 100], 20_000),
         )

@@ -636,9 +636,12 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs a CUDA GPU"]
     fn a_tensor_stays_page_locked_while_it_lives_and_uploads_again_whole() {
-        let gpu = Gpu::open(0).expect("a GPU");
+        let Some(gpu) = crate::testing::gpu_or_skip(
+            "a_tensor_stays_page_locked_while_it_lives_and_uploads_again_whole",
+        ) else {
+            return;
+        };
         // (3 + 1) words per nonzero, above the staging threshold; distinct
         // coordinates.
         let nnz = crate::gpu::STAGE_WORDS / 2 + 777;

@@ -1121,9 +1121,10 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs a CUDA GPU"]
     fn fcoo_equals_the_f64_reference() {
-        let gpu = Gpu::open(0).expect("a GPU");
+        let Some(gpu) = crate::testing::gpu_or_skip("fcoo_equals_the_f64_reference") else {
+            return;
+        };
         for t in hot_tensors(37) {
             for (fiber, teams) in [(false, true), (false, false), (true, false)] {
                 let mut engine = FcooGpu::new(gpu.clone(), &t, DEFAULT_THREADLEN, fiber).unwrap();
@@ -1137,9 +1138,11 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs a CUDA GPU"]
     fn every_team_pipeline_equals_the_f64_reference() {
-        let gpu = Gpu::open(0).expect("a GPU");
+        let Some(gpu) = crate::testing::gpu_or_skip("every_team_pipeline_equals_the_f64_reference")
+        else {
+            return;
+        };
         // Hot rows (long segments crossing warps and blocks), and many short
         // rows with a nonzero count that leaves the last group short.
         let hot = hot_tensors(37);
@@ -1181,9 +1184,12 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs a CUDA GPU"]
     fn variants_from_one_sort_equal_engines_built_alone() {
-        let gpu = Gpu::open(0).expect("a GPU");
+        let Some(gpu) =
+            crate::testing::gpu_or_skip("variants_from_one_sort_equal_engines_built_alone")
+        else {
+            return;
+        };
         let t = &hot_tensors(37)[0];
         let variants = [(8, false), (4, false), (16, true), (3, false)];
         let built = FcooGpu::new_variants(gpu.clone(), t, &variants, FcooBuild::default());
@@ -1224,9 +1230,12 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs a CUDA GPU"]
     fn device_build_equals_the_host_build_bit_for_bit() {
-        let gpu = Gpu::open(0).expect("a GPU");
+        let Some(gpu) =
+            crate::testing::gpu_or_skip("device_build_equals_the_host_build_bit_for_bit")
+        else {
+            return;
+        };
         for t in build_tensors() {
             let variants = [(8, false), (1, false), (32, false), (256, false)];
             let on_device = FcooGpu::new_variants(gpu.clone(), &t, &variants, FcooBuild::Device);
@@ -1252,10 +1261,13 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs a CUDA GPU"]
     fn half_precision_gathers_err_within_their_rounding() {
         use crate::options::FactorPrecision;
-        let gpu = Gpu::open(0).expect("a GPU");
+        let Some(gpu) =
+            crate::testing::gpu_or_skip("half_precision_gathers_err_within_their_rounding")
+        else {
+            return;
+        };
         let t = &hot_tensors(37)[1];
         for (precision, tol) in [(FactorPrecision::Bf16, 1e-2), (FactorPrecision::F16, 2e-3)] {
             for teams in [true, false] {
@@ -1281,9 +1293,12 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs a CUDA GPU"]
     fn fiber_reuse_gathers_fewer_rows_and_matches_plain_fcoo() {
-        let gpu = Gpu::open(0).expect("a GPU");
+        let Some(gpu) =
+            crate::testing::gpu_or_skip("fiber_reuse_gathers_fewer_rows_and_matches_plain_fcoo")
+        else {
+            return;
+        };
         for t in hot_tensors(37) {
             let plain = FcooGpu::new(gpu.clone(), &t, DEFAULT_THREADLEN, false).unwrap();
             let mut fiber = FcooGpu::new(gpu.clone(), &t, DEFAULT_THREADLEN, true).unwrap();
@@ -1303,9 +1318,10 @@ mod tests {
     }
 
     #[test]
-    #[ignore = "needs a CUDA GPU"]
     fn fcoo_threadlens_and_edge_cases() {
-        let gpu = Gpu::open(0).expect("a GPU");
+        let Some(gpu) = crate::testing::gpu_or_skip("fcoo_threadlens_and_edge_cases") else {
+            return;
+        };
         let tensors = hot_tensors(37);
         for threadlen in [1, 2, 4, 16, 64, 256] {
             for t in &tensors[..2] {
