@@ -7,20 +7,7 @@ use ndarray::Array2;
 
 use crate::GpuMttkrp;
 
-/// Deterministic pseudo-random factors in [-0.5, 0.5) (xorshift).
-pub(crate) fn factors(dims: &[u32], rank: usize, seed: u64) -> Vec<Array2<f32>> {
-    let mut x = seed | 1;
-    dims.iter()
-        .map(|&d| {
-            Array2::from_shape_fn((d as usize, rank), |_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-            })
-        })
-        .collect()
-}
+pub(crate) use crate::testing::factors;
 
 /// Power-law tensors of 3 to 6 modes whose hottest rows hold 10-40% of the
 /// nonzeros; mode `m` has `50 + dim_step * m` rows.

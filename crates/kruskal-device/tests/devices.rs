@@ -18,6 +18,7 @@ use std::sync::Arc;
 use kruskal_cpu::flycoo::FlycooMttkrp;
 use kruskal_cpu::{CpuEngine, mttkrp_reference, relative_error};
 use kruskal_device::catalog::{CHECK_MODES, CHECK_RANKS};
+use kruskal_device::testing::factors;
 use kruskal_device::{FlycooGpu, Gpu, GpuEngine, GpuMttkrp, GpuOptions, build_engine};
 use kruskal_formats::SparseTensor;
 use kruskal_formats::generate::{PowerLawSpec, power_law};
@@ -192,21 +193,6 @@ fn hot_tensor(nmodes: usize, nnz: usize) -> SparseTensor {
     let mut spec = PowerLawSpec::new(DIMS[..nmodes].to_vec(), nnz).with_seed(nmodes as u64);
     spec.exponents = EXPONENTS[..nmodes].to_vec();
     power_law(&spec).expect("a power-law tensor")
-}
-
-/// Deterministic pseudo-random factors in [-0.5, 0.5) (xorshift).
-fn factors(dims: &[u32], rank: usize, seed: u64) -> Vec<Array2<f32>> {
-    let mut x = seed | 1;
-    dims.iter()
-        .map(|&d| {
-            Array2::from_shape_fn((d as usize, rank), |_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-            })
-        })
-        .collect()
 }
 
 /// An output of `rows x rank` NaNs: a row the engine does not write fails.
