@@ -302,7 +302,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
         ])
     };
     if args.json {
-        let mut value = cpd_report(&loaded, &done, fms, args.out.as_deref())?;
+        let mut value = serde_json::to_value(cpd_report(&loaded, &done, fms, args.out.as_deref()))?;
         if let Some(map) = &compaction {
             value["compact"] = compact::json(map);
         }

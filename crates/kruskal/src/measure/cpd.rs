@@ -10,10 +10,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kruskal_cpd::distributed::{Abort, Job};
 use kruskal_cpd::{
     Chosen, CpdOptions, DecomposeOptions, Decomposition, DistributedDecomposition, Event,
-    IterationStats, StartSummary,
+    IterationStats, KernelPlan, ModeBreakdown, PrepareTimes, StartSummary,
 };
 use kruskal_formats::SparseTensor;
-use serde_json::json;
+use serde::Serialize;
 
 use super::Result;
 use crate::console::{dims_text, spinner, thousands, warn};
@@ -61,12 +61,12 @@ impl Default for CpdRunOptions {
 /// opts.decompose.cpd.max_iters = 2;
 /// opts.decompose.backend = kruskal::cpd::BackendChoice::Cpu;
 /// let report = cpd(&opts, &loaded).unwrap();
-/// assert_eq!(report["iterations"].as_array().unwrap().len(), 2);
+/// assert_eq!(report.iterations.len(), 2);
 /// ```
-pub fn cpd(opts: &CpdRunOptions, loaded: &Loaded) -> Result<serde_json::Value> {
+pub fn cpd(opts: &CpdRunOptions, loaded: &Loaded) -> Result<CpdReport> {
     static NEVER: AtomicBool = AtomicBool::new(false);
     let done = decompose(opts, loaded, &NEVER)?;
-    cpd_report(loaded, &done, None, None)
+    Ok(cpd_report(loaded, &done, None, None))
 }
 
 /// Builds the backend and runs every start ([`kruskal_cpd::decompose`]),
@@ -289,72 +289,165 @@ fn iteration_line(s: &IterationStats) -> String {
     )
 }
 
-/// The `--json` report of a decomposition of `loaded`: with the factor
-/// match score against planted factors (`fms`, `kruskal cpd --demo`) and
-/// the folder the model was written to (`out`), when there are.
+/// The tensor a report is about.
+#[derive(Clone, Debug, Serialize)]
+pub struct TensorReport {
+    /// The file's path, or how the tensor was generated.
+    pub source: String,
+    pub dims: Vec<u32>,
+    pub nnz: usize,
+    /// Lines of the file summed into others (repeated coordinates).
+    pub duplicates_merged: usize,
+    pub load_s: f64,
+    /// Seconds of the load spent on repeated coordinates.
+    pub coalesce_s: f64,
+}
+
+/// The MTTKRP engine a CPD ran with: a CPU engine's name, the one-GPU
+/// plan (the engine chosen per mode and the first iteration's trial), or
+/// the group's shard kernel.
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+pub enum KernelReport {
+    Cpu(&'static str),
+    Gpu(KernelPlan),
+    Group(GroupKernelReport),
+}
+
+/// The several-GPU group a CPD ran on.
+#[derive(Clone, Debug, Serialize)]
+pub struct GroupKernelReport {
+    /// Always `shard`.
+    pub name: &'static str,
+    /// The GPUs' ordinals.
+    pub gpus: Vec<usize>,
+    /// `nccl` or `p2p`; `None` on one GPU.
+    pub exchange: Option<&'static str>,
+    /// Why the exchange is what it is, when it was not asked for.
+    pub exchange_note: Option<String>,
+    /// Where each GPU's shards live, a line per GPU.
+    pub placement: Vec<String>,
+    /// Per mode, where the time went.
+    pub breakdown: Vec<ModeBreakdown>,
+}
+
+/// One step of the GPU layout build and its seconds.
+#[derive(Clone, Debug, Serialize)]
+pub struct LayoutStep {
+    pub step: &'static str,
+    pub s: f64,
+}
+
+/// What `kruskal cpd --json` reports of a decomposition (the command adds
+/// what only it knows: `compact`, `method`, `constraints`, `wall`).
+#[derive(Clone, Debug, Serialize)]
+pub struct CpdReport {
+    pub tensor: TensorReport,
+    /// `cpu`, `gpu` or `gpus`.
+    pub backend: &'static str,
+    /// The (first) GPU's name; `None` on the CPU.
+    pub device: Option<String>,
+    /// Why the GPU was not used, when `auto` fell back to the CPU.
+    pub gpu_not_used: Option<String>,
+    pub kernel: KernelReport,
+    /// Worker threads of the CPU's pool.
+    pub threads: usize,
+    pub rank: usize,
+    pub prepare_s: f64,
+    pub prepare: PrepareTimes,
+    /// The one-GPU layout build's steps (empty on the CPU and a group).
+    pub layout_steps: Vec<LayoutStep>,
+    pub cpd_s: f64,
+    pub fit: f64,
+    pub converged: bool,
+    pub interrupted: bool,
+    pub pseudo_inverse_solves: usize,
+    /// The last iterations of the kept start (at most
+    /// [`kruskal_cpd::HISTORY`]).
+    pub iterations: Vec<IterationStats>,
+    /// Iterations the kept start ran.
+    pub iterations_run: usize,
+    /// Every start, in the order run.
+    pub starts: Vec<StartSummary>,
+    pub lambda: Vec<f64>,
+    /// Against planted factors (`kruskal cpd --demo`).
+    pub factor_match_score: Option<f64>,
+    /// The folder the model was written to.
+    pub out: Option<String>,
+}
+
+/// The report of a decomposition of `loaded`: with the factor match score
+/// against planted factors (`fms`, `kruskal cpd --demo`) and the folder
+/// the model was written to (`out`), when there are.
 pub fn cpd_report(
     loaded: &Loaded,
     done: &Decomposition,
     fms: Option<f64>,
     out: Option<&Path>,
-) -> Result<serde_json::Value> {
+) -> CpdReport {
     let model = &done.model;
     let t = &loaded.tensor;
-    let (name, kernel, device) = match &done.backend {
-        Chosen::Cpu(b) => ("cpu", json!(b.kernel_name()), None),
+    let (kernel, device) = match &done.backend {
+        Chosen::Cpu(b) => (KernelReport::Cpu(b.kernel_name()), None),
         Chosen::Gpu(b) => (
-            "gpu",
-            serde_json::to_value(b.plan())?,
+            KernelReport::Gpu(b.plan()),
             Some(b.gpu().properties().name.clone()),
         ),
-        Chosen::Group(b) => (
-            "gpus",
-            json!({
-                "name": "shard",
-                "gpus": b.group().gpus().iter().map(|g| g.properties().ordinal).collect::<Vec<_>>(),
-                "exchange": b.group().exchange().map(|e| e.name()),
-                "exchange_note": b.group().exchange_note(),
-                "placement": b.group().describe(),
-                "breakdown": b.breakdown(),
-            }),
-            Some(b.group().gpus()[0].properties().name.clone()),
-        ),
+        Chosen::Group(b) => {
+            let group = b.group();
+            (
+                KernelReport::Group(GroupKernelReport {
+                    name: "shard",
+                    gpus: group
+                        .gpus()
+                        .iter()
+                        .map(|g| g.properties().ordinal)
+                        .collect(),
+                    exchange: group.exchange().map(|e| e.name()),
+                    exchange_note: group.exchange_note().map(String::from),
+                    placement: group.describe(),
+                    breakdown: b.breakdown().to_vec(),
+                }),
+                Some(group.gpus()[0].properties().name.clone()),
+            )
+        }
     };
-    Ok(json!({
-        "tensor": {
-            "source": loaded.source,
-            "dims": t.dims(),
-            "nnz": t.nnz(),
-            "duplicates_merged": loaded.merged,
-            "load_s": loaded.load_s,
-            "coalesce_s": loaded.coalesce_s,
+    let layout_steps = match &done.backend {
+        Chosen::Gpu(b) => b
+            .layout_steps()
+            .iter()
+            .map(|&(step, s)| LayoutStep { step, s })
+            .collect(),
+        _ => Vec::new(),
+    };
+    CpdReport {
+        tensor: TensorReport {
+            source: loaded.source.clone(),
+            dims: t.dims().to_vec(),
+            nnz: t.nnz(),
+            duplicates_merged: loaded.merged,
+            load_s: loaded.load_s,
+            coalesce_s: loaded.coalesce_s,
         },
-        "backend": name,
-        "device": device,
-        "gpu_not_used": done.fallback,
-        "kernel": kernel,
-        "threads": rayon::current_num_threads(),
-        "rank": model.rank(),
-        "prepare_s": done.prep_s,
-        "prepare": done.prepare,
-        "layout_steps": match &done.backend {
-            Chosen::Gpu(b) => b
-                .layout_steps()
-                .iter()
-                .map(|(step, s)| json!({"step": step, "s": s}))
-                .collect::<Vec<_>>(),
-            _ => Vec::new(),
-        },
-        "cpd_s": done.cpd_s,
-        "fit": model.fit(),
-        "converged": model.converged,
-        "interrupted": model.interrupted,
-        "pseudo_inverse_solves": model.pseudo_inverse_solves,
-        "iterations": model.iterations,
-        "iterations_run": model.totals.count,
-        "starts": done.summaries,
-        "lambda": model.lambda,
-        "factor_match_score": fms,
-        "out": out.map(|p| p.display().to_string()),
-    }))
+        backend: done.backend.name(),
+        device,
+        gpu_not_used: done.fallback.clone(),
+        kernel,
+        threads: rayon::current_num_threads(),
+        rank: model.rank(),
+        prepare_s: done.prep_s,
+        prepare: done.prepare,
+        layout_steps,
+        cpd_s: done.cpd_s,
+        fit: model.fit(),
+        converged: model.converged,
+        interrupted: model.interrupted,
+        pseudo_inverse_solves: model.pseudo_inverse_solves,
+        iterations: model.iterations.clone(),
+        iterations_run: model.totals.count,
+        starts: done.summaries.clone(),
+        lambda: model.lambda.clone(),
+        factor_match_score: fms,
+        out: out.map(|p| p.display().to_string()),
+    }
 }

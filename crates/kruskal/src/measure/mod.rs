@@ -18,7 +18,10 @@
 mod cpd;
 mod mttkrp;
 
-pub use cpd::{CpdRunOptions, cpd, cpd_report, decompose, decompose_distributed};
+pub use cpd::{
+    CpdReport, CpdRunOptions, GroupKernelReport, KernelReport, LayoutStep, TensorReport, cpd,
+    cpd_report, decompose, decompose_distributed,
+};
 pub use mttkrp::{MttkrpBackend, MttkrpOptions, mttkrp};
 
 /// The relative error an f32 MTTKRP may show against the f64 reference;

@@ -32,7 +32,9 @@ pub mod plot;
 pub mod report;
 
 use kruskal::input::{Loaded, TensorSource};
-use kruskal::measure::{CpdRunOptions, MttkrpBackend, MttkrpOptions, median};
+use kruskal::measure::{
+    CpdReport, CpdRunOptions, KernelReport, MttkrpBackend, MttkrpOptions, median,
+};
 use matrix::{BenchTensor, Matrix, Reference};
 
 /// `cargo xtask bench`: run a matrix, or (`bench report`) rebuild the
@@ -530,10 +532,6 @@ fn exchange_named(name: &str) -> kruskal_group::Exchange {
     }
 }
 
-fn f64s(v: &Value) -> Option<Vec<f64>> {
-    v.as_array()?.iter().map(Value::as_f64).collect()
-}
-
 fn label(requested: &str, tag: &Option<String>) -> String {
     match tag {
         Some(t) => format!("{requested} ({t})"),
@@ -610,11 +608,9 @@ impl Run {
         tag: &Option<String>,
         gpus: usize,
         exchange: Option<&str>,
-        report: Value,
+        report: CpdReport,
     ) -> Result<Measurement> {
-        let its = report["iterations"]
-            .as_array()
-            .context("report without iterations")?;
+        let its = &report.iterations;
         if its.len() < 2 {
             bail!(
                 "the CPD stopped after {} iteration(s); nothing to time",
@@ -624,51 +620,42 @@ impl Run {
         let later = &its[1..];
         let mut per_it: Vec<f64> = later
             .iter()
-            .map(|i| {
-                (i["mttkrp_s"].as_f64().unwrap_or(f64::NAN)
-                    + i["other_s"].as_f64().unwrap_or(f64::NAN))
-                    * 1e3
-            })
+            .map(|i| (i.mttkrp_s + i.other_s) * 1e3)
             .collect();
-        let nmodes = report["tensor"]["dims"].as_array().map_or(0, Vec::len);
+        let nmodes = report.tensor.dims.len();
         let mode_ms = (0..nmodes)
             .map(|k| {
                 let mut v: Vec<f64> = later
                     .iter()
-                    .filter_map(|i| f64s(&i["mttkrp_modes_s"]).and_then(|v| v.get(k).copied()))
+                    .filter_map(|i| i.mttkrp_modes_s.get(k).copied())
                     .map(|s| s * 1e3)
                     .collect();
                 median(&mut v)
             })
             .collect();
-        let mut m = self.base(spec, &report)?;
+        let value = serde_json::to_value(&report)?;
+        let mut m = self.base(spec, &value)?;
         m.kind = "cpd".into();
         m.backend = backend.into();
         // CPU: the engine's name; GPU: the plan (the engine chosen per
         // mode); a group: the shard kernel.
-        let kernel = &report["kernel"];
-        let engine = match (
-            kernel.as_str(),
-            kernel["per_mode"].as_array(),
-            kernel["name"].as_str(),
-        ) {
-            (Some(name), _, _) | (_, _, Some(name)) => name.to_string(),
-            (None, Some(modes), None) => {
-                let names = report::distinct(modes.iter().filter_map(Value::as_str));
-                names.join(" / ")
-            }
-            _ => "?".into(),
+        let (engine, group_exchange) = match &report.kernel {
+            KernelReport::Cpu(name) => (name.to_string(), None),
+            KernelReport::Gpu(plan) => (
+                report::distinct(plan.per_mode.iter().map(String::as_str)).join(" / "),
+                None,
+            ),
+            KernelReport::Group(g) => (g.name.to_string(), g.exchange.map(String::from)),
         };
         m.label = label(&engine, tag);
         m.engine = engine;
         m.gpus = gpus;
-        m.exchange = exchange
-            .map(String::from)
-            .or_else(|| report["kernel"]["exchange"].as_str().map(String::from));
+        m.exchange = exchange.map(String::from).or(group_exchange);
         m.mode_ms = mode_ms;
         m.total_ms = median(&mut per_it);
-        m.fit = report["fit"].as_f64();
-        m.report = report;
+        // (A fit that is not finite is no fit: the report said null.)
+        m.fit = report.fit.is_finite().then_some(report.fit);
+        m.report = value;
         Ok(m)
     }
 }
