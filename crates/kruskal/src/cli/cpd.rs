@@ -20,7 +20,7 @@ use super::common::{
 use super::{cleanup, compact, preflight};
 use kruskal::console::{count_of, dims_text};
 use kruskal::input::Loaded;
-use kruskal::measure::{CpdRunOptions, cpd_report};
+use kruskal::measure::cpd_report;
 
 /// Where the decomposition runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -254,11 +254,8 @@ pub fn run(args: CpdArgs) -> Result<()> {
         }
         None => None,
     };
-    let opts = CpdRunOptions {
-        decompose: decompose_options(&args, loaded.tensor.dims())?,
-        quiet: args.json,
-    };
-    let done = kruskal::measure::decompose(&opts, &loaded, stop)?;
+    let opts = decompose_options(&args, loaded.tensor.dims())?;
+    let done = super::show::decompose(&opts, &loaded, args.json, stop)?;
     drop(opening);
     let model = &done.model;
     let fms = truth

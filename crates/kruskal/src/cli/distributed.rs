@@ -30,7 +30,6 @@ use kruskal_launch::{Launch, LaunchOverrides, Rendezvous, RendezvousOptions};
 use serde_json::json;
 
 use super::cpd::{CpdArgs, decompose_options, print_breakdown, print_summary};
-use kruskal::measure::CpdRunOptions;
 
 /// Seconds a process waits, after learning that a rank was lost, for its
 /// own run to stop before it ends itself (a call NCCL cannot abort, such
@@ -91,19 +90,16 @@ pub fn run(args: &CpdArgs) -> Result<()> {
     if d.join_timeout_s == 0 || d.peer_timeout_s == 0 {
         bail!("--join-timeout-s and --peer-timeout-s must be at least 1");
     }
-    let opts = CpdRunOptions {
-        decompose: kruskal_cpd::DecomposeOptions {
-            group: args.multi.options()?,
-            ..decompose_options(args, &shape.dims)?
-        },
-        quiet: me != 0 || args.json,
+    let opts = kruskal_cpd::DecomposeOptions {
+        group: args.multi.options()?,
+        ..decompose_options(args, &shape.dims)?
     };
     // Rank 0 writes the model: its --out is checked before the job starts.
     let out_dir = match (&args.out, me) {
         (Some(dir), 0) => Some(super::preflight::OutDir::for_model(
             dir,
             &shape.dims,
-            opts.decompose.cpd.rank,
+            opts.cpd.rank,
         )?),
         _ => None,
     };
@@ -149,11 +145,12 @@ pub fn run(args: &CpdArgs) -> Result<()> {
     // Ranks stop together, so none takes Ctrl-C on its own: an interrupt
     // ends the process and the others see it as lost.
     static NEVER: AtomicBool = AtomicBool::new(false);
-    let run = kruskal::measure::decompose_distributed(
+    let run = super::show::decompose_distributed(
         &opts,
         &job,
         path,
         &mut |abort| membership.on_loss(Box::new(move |lost| abort.abort(&lost.to_string()))),
+        me != 0 || args.json,
         &NEVER,
     );
     let done = match run {
@@ -163,7 +160,6 @@ pub fn run(args: &CpdArgs) -> Result<()> {
         }
         Err(e) => {
             // Tell the others why, unless they told us.
-            let e = anyhow::Error::from(e);
             if membership.lost().is_none() {
                 membership.abort(&super::errors::error_line(&e));
             }

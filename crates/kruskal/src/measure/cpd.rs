@@ -1,25 +1,22 @@
-//! What `kruskal cpd` runs on a loaded tensor: the backend and every start
-//! of CPD-ALS ([`kruskal_cpd::decompose`]), shown as the command shows it,
-//! and the `--json` report of the result.
+//! What `kruskal cpd` runs on a loaded tensor, for tools that measure it
+//! (`cargo xtask bench`): the backend and every start of CPD-ALS
+//! ([`kruskal_cpd::decompose`]) and the typed report `kruskal cpd --json`
+//! prints ([`CpdReport`]). Showing the run as it goes is the command's.
 
 use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
-use indicatif::{ProgressBar, ProgressStyle};
-use kruskal_cpd::distributed::{Abort, Job};
 use kruskal_cpd::{
-    Chosen, CpdOptions, DecomposeOptions, Decomposition, DistributedDecomposition, Event,
-    IterationStats, KernelPlan, ModeBreakdown, PrepareTimes, StartSummary,
+    Chosen, DecomposeOptions, Decomposition, IterationStats, KernelPlan, ModeBreakdown,
+    PrepareTimes, StartSummary,
 };
-use kruskal_formats::SparseTensor;
 use serde::Serialize;
 
 use super::Result;
-use crate::console::{dims_text, spinner, thousands, warn};
 use crate::input::Loaded;
 
-/// What [`cpd`] runs: the decomposition's options, and whether to print.
+/// What [`cpd`] runs: the decomposition's options.
 #[derive(Clone, Debug)]
 pub struct CpdRunOptions {
     /// Backend, kernel, starts, rank and limits. The default is
@@ -27,9 +24,6 @@ pub struct CpdRunOptions {
     /// `auto`, and `--compact` named when the host's memory is too small
     /// for a tensor with sparse modes.
     pub decompose: DecomposeOptions,
-    /// Print nothing on standard output (`kruskal cpd --json`); otherwise
-    /// the tensor, the choices made and a line per iteration are printed.
-    pub quiet: bool,
 }
 
 /// The rank of `kruskal cpd` without `--rank`.
@@ -42,21 +36,21 @@ impl Default for CpdRunOptions {
                 compact_flag: Some("--compact".into()),
                 ..DecomposeOptions::new(DEFAULT_RANK)
             },
-            quiet: false,
         }
     }
 }
 
-/// Runs the decomposition `opts` asks for on a loaded tensor and returns
-/// the report `kruskal cpd --json` prints (the tensor, backend, kernels,
-/// times, fit, every iteration and start, lambda).
+/// Runs the decomposition `opts` asks for on a loaded tensor, printing
+/// nothing, and returns the report `kruskal cpd --json` prints (the
+/// tensor, backend, kernels, times, fit, every iteration and start,
+/// lambda).
 ///
 /// ```
 /// use kruskal::input::TensorSource;
 /// use kruskal::measure::{CpdRunOptions, cpd};
 ///
 /// let loaded = TensorSource::Like { name: "nell-2".into(), nnz: Some(2_000), seed: 1 }.load().unwrap();
-/// let mut opts = CpdRunOptions { quiet: true, ..Default::default() };
+/// let mut opts = CpdRunOptions::default();
 /// opts.decompose.cpd.rank = 3;
 /// opts.decompose.cpd.max_iters = 2;
 /// opts.decompose.backend = kruskal::cpd::BackendChoice::Cpu;
@@ -65,228 +59,13 @@ impl Default for CpdRunOptions {
 /// ```
 pub fn cpd(opts: &CpdRunOptions, loaded: &Loaded) -> Result<CpdReport> {
     static NEVER: AtomicBool = AtomicBool::new(false);
-    let done = decompose(opts, loaded, &NEVER)?;
-    Ok(cpd_report(loaded, &done, None, None))
-}
-
-/// Builds the backend and runs every start ([`kruskal_cpd::decompose`]),
-/// printing the tensor, what it chose and a line per iteration unless
-/// `opts.quiet` (and a progress bar on a terminal). Stops after the
-/// current iteration once `stop` is set.
-pub fn decompose(
-    opts: &CpdRunOptions,
-    loaded: &Loaded,
-    stop: &AtomicBool,
-) -> Result<Decomposition> {
-    let tensor = &loaded.tensor;
-    let cpd = &opts.decompose.cpd;
-    print_warnings(tensor, cpd.rank, cpd.max_iters);
-    if !opts.quiet {
-        println!("tensor     {}", loaded.source);
-        println!(
-            "           {} modes, {}, {} nonzeros (loaded in {:.2} s)",
-            tensor.nmodes(),
-            dims_text(tensor.dims()),
-            thousands(tensor.nnz() as u64),
-            loaded.load_s
-        );
-    }
-    let mut printer = Printer::new(opts.quiet, cpd);
-    let done = kruskal_cpd::decompose(tensor, &opts.decompose, &mut |e| printer.event(e), stop);
-    printer.finish();
-    let done = done?;
-    if !opts.quiet {
-        print_starts(done.starts, &done.summaries);
-    }
-    Ok(done)
-}
-
-/// Prints each warning of [`kruskal_cpd::warnings`] on stderr, one line
-/// each.
-fn print_warnings(t: &SparseTensor, rank: usize, iters: usize) {
-    for line in kruskal_cpd::warnings(t, rank, iters) {
-        warn(&line);
-    }
-}
-
-/// This process's part of a decomposition spread over several processes
-/// ([`kruskal_cpd::decompose_distributed`]), printing the communicator,
-/// the tensor, the plan, the GPU group and a line per iteration unless
-/// `opts.quiet`, as [`decompose`] does. `on_abort` receives the
-/// communicator's abort as soon as it exists.
-pub fn decompose_distributed(
-    opts: &CpdRunOptions,
-    job: &Job<'_>,
-    path: &Path,
-    on_abort: &mut dyn FnMut(Abort),
-    stop: &AtomicBool,
-) -> Result<DistributedDecomposition> {
-    let mut printer = Printer::new(opts.quiet, &opts.decompose.cpd);
-    let done = kruskal_cpd::decompose_distributed(
-        job,
-        path,
+    let done = kruskal_cpd::decompose(
+        &loaded.tensor,
         &opts.decompose,
-        on_abort,
-        &mut |e| printer.event(e),
-        stop,
-    );
-    printer.finish();
-    let done = done?;
-    if !opts.quiet {
-        print_starts(done.starts, &done.summaries);
-    }
-    Ok(done)
-}
-
-/// Each start's seed, fit and iterations, when several were asked for.
-fn print_starts(starts: usize, summaries: &[StartSummary]) {
-    if starts > 1 {
-        for s in summaries {
-            println!(
-                "start seed {}: fit {:.6} after {} iterations",
-                s.seed, s.fit, s.iterations
-            );
-        }
-    }
-}
-
-/// `: GPU opened 0.150 s, kernel model 0.020 s, layout built 0.050 s`,
-/// the parts a backend took (none for a CPU backend's single part).
-fn prepare_parts(p: &kruskal_cpd::PrepareTimes) -> String {
-    let parts: Vec<String> = [
-        ("GPU opened", p.open_s),
-        ("kernel model", p.choose_s),
-        ("layout built", p.build_s),
-    ]
-    .iter()
-    .filter(|(_, s)| *s > 0.0)
-    .map(|(what, s)| format!("{what} {s:.3} s"))
-    .collect();
-    if parts.len() < 2 {
-        String::new()
-    } else {
-        format!(": {}", parts.join(", "))
-    }
-}
-
-/// Shows `kruskal_cpd::decompose`'s events: its choices and a line per
-/// iteration unless `quiet`, and a progress bar (fit and time per
-/// iteration) on a terminal.
-struct Printer {
-    quiet: bool,
-    rank: usize,
-    max_iters: usize,
-    tol: f64,
-    spin: Option<ProgressBar>,
-    bar: Option<ProgressBar>,
-}
-
-impl Printer {
-    fn new(quiet: bool, opts: &CpdOptions) -> Self {
-        Printer {
-            quiet,
-            rank: opts.rank,
-            max_iters: opts.max_iters,
-            tol: opts.tol,
-            spin: None,
-            bar: None,
-        }
-    }
-
-    /// `rank 10, up to 50 iterations, tol 1e-5`.
-    fn limits(&self) {
-        if !self.quiet {
-            println!(
-                "rank {}, up to {} iterations, tol {:e}",
-                self.rank, self.max_iters, self.tol
-            );
-        }
-    }
-
-    fn event(&mut self, event: Event<'_>) -> ControlFlow<()> {
-        match event {
-            Event::Note { topic, text } => {
-                if !self.quiet {
-                    println!("{topic:<11}{text}");
-                }
-            }
-            Event::Step(Some(what)) => self.spin = Some(spinner(what)),
-            Event::Step(None) => {
-                if let Some(spin) = self.spin.take() {
-                    spin.finish_and_clear();
-                }
-            }
-            Event::Ready {
-                backend,
-                prep_s,
-                prepare,
-                fallback,
-            } => {
-                if !self.quiet {
-                    if let Some(why) = fallback {
-                        println!("note       GPU not used: {why}; running on the CPU");
-                    }
-                    println!(
-                        "backend    {backend} (prepared in {prep_s:.3} s{})",
-                        prepare_parts(&prepare)
-                    );
-                }
-                self.limits();
-            }
-            Event::Start {
-                index,
-                starts,
-                seed,
-            } => {
-                self.finish();
-                if starts > 1 && !self.quiet {
-                    println!("start {} of {starts} (seed {seed})", index + 1);
-                }
-                let bar = ProgressBar::new(self.max_iters as u64);
-                bar.set_style(
-                    ProgressStyle::with_template("iterating [{bar:30}] {pos}/{len} {msg}")
-                        .expect("valid template")
-                        .progress_chars("=> "),
-                );
-                self.bar = Some(bar);
-            }
-            Event::Iteration(s) => {
-                if let Some(bar) = &self.bar {
-                    let total = s.mttkrp_s + s.other_s;
-                    bar.set_position(s.iteration as u64);
-                    bar.set_message(format!("fit {:.6}, {:.3} s/iteration", s.fit, total));
-                    if !self.quiet {
-                        bar.suspend(|| println!("{}", iteration_line(s)));
-                    }
-                }
-            }
-        }
-        ControlFlow::Continue(())
-    }
-
-    /// Clears the progress bar and spinner.
-    fn finish(&mut self) {
-        for bar in [self.bar.take(), self.spin.take()].into_iter().flatten() {
-            bar.finish_and_clear();
-        }
-    }
-}
-
-/// `  its =   3 (0.512 s: mttkrp 0.410 [0.100 0.200 0.110], update 0.080,
-/// fit 0.001)  fit = 0.123456  delta = +1.2e-3`
-fn iteration_line(s: &IterationStats) -> String {
-    let modes: Vec<String> = s.mttkrp_modes_s.iter().map(|t| format!("{t:.3}")).collect();
-    format!(
-        "  its = {:3} ({:.3}s: mttkrp {:.3} [{}], update {:.3}, fit {:.3})  fit = {:.6}  delta = {:+.4e}",
-        s.iteration,
-        s.mttkrp_s + s.other_s,
-        s.mttkrp_s,
-        modes.join(" "),
-        s.update_s,
-        s.fit_s,
-        s.fit,
-        s.delta
-    )
+        &mut |_| ControlFlow::Continue(()),
+        &NEVER,
+    )?;
+    Ok(cpd_report(loaded, &done, None, None))
 }
 
 /// The tensor a report is about.

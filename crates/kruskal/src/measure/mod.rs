@@ -20,7 +20,7 @@ mod mttkrp;
 
 pub use cpd::{
     CpdReport, CpdRunOptions, GroupKernelReport, KernelReport, LayoutStep, TensorReport, cpd,
-    cpd_report, decompose, decompose_distributed,
+    cpd_report,
 };
 pub use mttkrp::{MttkrpBackend, MttkrpOptions, mttkrp};
 

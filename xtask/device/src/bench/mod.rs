@@ -465,10 +465,7 @@ fn run_matrix(cli: &BenchArgs) -> Result<()> {
                         cx.skip(what, why)?;
                         continue;
                     }
-                    let mut opts = CpdRunOptions {
-                        quiet: true,
-                        ..CpdRunOptions::default()
-                    };
+                    let mut opts = CpdRunOptions::default();
                     let d = &mut opts.decompose;
                     d.cpd.rank = rank;
                     d.cpd.max_iters = e.iters;
