@@ -41,10 +41,10 @@ pub use decompose::{
     BackendChoice, Chosen, DecomposeOptions, Decomposition, Event, PrepareTimes, StartSummary,
     decompose,
 };
-pub use error::{CpdError, Result};
+pub use error::{CpdError, OptionName, Result, Spelling};
 pub use gpu::{GpuBackend, KernelPlan};
 pub use model::{HISTORY, IterationStats, IterationTotals, KruskalModel, Staging, load_factors};
 pub use multi::{GroupBackend, ModeBreakdown};
 pub use scale::ValueScale;
 pub use score::factor_match_score;
-pub use warnings::warnings;
+pub use warnings::{Warning, warnings};

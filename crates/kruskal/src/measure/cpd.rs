@@ -16,7 +16,7 @@ use kruskal_formats::SparseTensor;
 use serde_json::json;
 
 use super::Result;
-use crate::console::{dims_text, spinner, thousands, warn};
+use crate::console::{dims_text, flag, spinner, thousands, warn};
 use crate::input::Loaded;
 
 /// What [`cpd`] runs: the decomposition's options, and whether to print.
@@ -24,8 +24,8 @@ use crate::input::Loaded;
 pub struct CpdRunOptions {
     /// Backend, kernel, starts, rank and limits. The default is
     /// `kruskal cpd`'s: rank 10, one start from seed 1, backend and kernel
-    /// `auto`, and `--compact` named when the host's memory is too small
-    /// for a tensor with sparse modes.
+    /// `auto`, and the modes to relabel (`--compact`) named when the
+    /// host's memory is too small for a tensor with sparse modes.
     pub decompose: DecomposeOptions,
     /// Print nothing on standard output (`kruskal cpd --json`); otherwise
     /// the tensor, the choices made and a line per iteration are printed.
@@ -39,7 +39,7 @@ impl Default for CpdRunOptions {
     fn default() -> Self {
         CpdRunOptions {
             decompose: DecomposeOptions {
-                compact_flag: Some("--compact".into()),
+                can_compact: true,
                 ..DecomposeOptions::new(DEFAULT_RANK)
             },
             quiet: false,
@@ -102,10 +102,10 @@ pub fn decompose(
 }
 
 /// Prints each warning of [`kruskal_cpd::warnings`] on stderr, one line
-/// each.
+/// each, options named by their flags and modes counted from 1.
 fn print_warnings(t: &SparseTensor, rank: usize, iters: usize) {
-    for line in kruskal_cpd::warnings(t, rank, iters) {
-        warn(&line);
+    for w in kruskal_cpd::warnings(t, rank, iters) {
+        warn(&w.text(&flag, 1));
     }
 }
 
