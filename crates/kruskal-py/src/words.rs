@@ -8,10 +8,11 @@
 //! --pattern`, `--kernel fcoo --threadlen 8`), and modes, which the library
 //! counts from 1, as FROSTT files and the model's `mode-<n>.npy` names do,
 //! where a Python user counts from 0, as `mttkrp(X, factors, mode)` and
-//! `factors[n]` do. Every library message that reaches Python (an
-//! exception, a warning, a note in `info["notes"]`) passes through
-//! [`python_words`], which rewrites it by the two tables below; the command
-//! line's own messages stay as they are.
+//! `factors[n]` do. Every library message that reaches Python as text (an
+//! exception, a reader's warning, a note in `info["notes"]`) passes
+//! through [`python_words`], which rewrites it by the two tables below
+//! (the decomposition's warnings are data, written with modes from 0); the
+//! command line's own messages stay as they are.
 
 use kruskal_cpd::OptionName;
 
