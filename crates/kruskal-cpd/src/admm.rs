@@ -59,7 +59,7 @@ use crate::CpdOptions;
 use crate::als::{ModeUpdate, Update, column_stats, column_weights, drive};
 use crate::backend::Backend;
 use crate::dense::{SolveKind, hadamard_except, solve_matrix};
-use crate::error::{CpdError, Result};
+use crate::error::{CpdError, OptionName, Result};
 use crate::model::{IterationStats, KruskalModel};
 
 /// Default limit of ADMM iterations per mode update (the paper's 50).
@@ -128,25 +128,37 @@ impl AdmmOptions {
     /// Refuses weights that are negative or not finite, an inner limit of
     /// 0, and modes beyond the tensor's.
     pub fn check(&self, nmodes: usize) -> Result<()> {
-        for (flag, w) in [("--l1", self.l1), ("--l2", self.l2), ("eps", self.eps)] {
-            if !(w.is_finite() && w >= 0.0) {
-                return Err(CpdError::Option(format!(
-                    "{flag} {w} must be finite and >= 0"
-                )));
+        self.check_weights()?;
+        if let NonNeg::Modes(modes) = &self.nonneg {
+            if let Some(&m) = modes.iter().find(|&&m| m >= nmodes) {
+                // Modes counted from 1, as FROSTT files count them.
+                return Err(CpdError::option(
+                    OptionName::Nonneg,
+                    format!("names mode {}, and the tensor has {nmodes} modes", m + 1),
+                ));
             }
+        }
+        Ok(())
+    }
+
+    /// What [`AdmmOptions::check`] checks without the tensor: the weights
+    /// and the inner limit.
+    pub fn check_weights(&self) -> Result<()> {
+        for (option, w) in [(OptionName::L1, self.l1), (OptionName::L2, self.l2)] {
+            if !(w.is_finite() && w >= 0.0) {
+                return Err(CpdError::option_value(option, w, "must be finite and >= 0"));
+            }
+        }
+        if !(self.eps.is_finite() && self.eps >= 0.0) {
+            return Err(CpdError::Option(format!(
+                "eps {} must be finite and >= 0",
+                self.eps
+            )));
         }
         if self.max_inner_iters == 0 {
             return Err(CpdError::Option(
                 "the inner iteration limit must be at least 1".into(),
             ));
-        }
-        if let NonNeg::Modes(modes) = &self.nonneg {
-            if let Some(&m) = modes.iter().find(|&&m| m >= nmodes) {
-                return Err(CpdError::Option(format!(
-                    "--nonneg names mode {}, and the tensor has {nmodes} modes",
-                    m + 1
-                )));
-            }
         }
         Ok(())
     }
@@ -611,7 +623,8 @@ mod tests {
             },
         ] {
             let err = cpd_admm(&mut CpuBackend::new(&p.tensor), &opts, &bad).unwrap_err();
-            assert!(matches!(err, CpdError::Option(_)), "{err}");
+            assert!(matches!(err, CpdError::InvalidOption { .. }), "{err}");
+            assert!(!err.to_string().contains("--"), "{err}");
         }
     }
 

@@ -25,7 +25,7 @@ use rayon::prelude::*;
 use crate::admm::AdmmOptions;
 use crate::backend::Backend;
 use crate::dense::{SolveKind, hadamard_except, solve_matrix};
-use crate::error::{CpdError, Result};
+use crate::error::{CpdError, OptionName, Result};
 use crate::model::{HISTORY, IterationStats, IterationTotals, KruskalModel};
 
 /// Default iteration limit.
@@ -66,6 +66,26 @@ impl CpdOptions {
             init: Init::Random { seed: 1 },
             constraints: None,
         }
+    }
+
+    /// Refuses a rank of 0, a tolerance that is negative or not finite,
+    /// and constraint weights that are (the modes the constraints name
+    /// are checked against the tensor's where it is known).
+    pub fn validate(&self) -> Result<()> {
+        if self.rank == 0 {
+            return Err(CpdError::option(OptionName::Rank, "must be at least 1"));
+        }
+        if !(self.tol.is_finite() && self.tol >= 0.0) {
+            return Err(CpdError::option_value(
+                OptionName::Tol,
+                self.tol,
+                "must be finite and >= 0",
+            ));
+        }
+        if let Some(c) = &self.constraints {
+            c.check_weights()?;
+        }
+        Ok(())
     }
 }
 
@@ -244,15 +264,7 @@ pub(crate) fn drive(
     update: &mut dyn Update,
     on_iteration: &mut dyn FnMut(&IterationStats) -> ControlFlow<()>,
 ) -> Result<KruskalModel> {
-    if opts.rank == 0 {
-        return Err(CpdError::Option("rank must be at least 1".into()));
-    }
-    if !(opts.tol.is_finite() && opts.tol >= 0.0) {
-        return Err(CpdError::Option(format!(
-            "tolerance {} must be finite and >= 0",
-            opts.tol
-        )));
-    }
+    opts.validate()?;
     let dims = backend.dims().to_vec();
     let nmodes = dims.len();
     let rank = opts.rank;

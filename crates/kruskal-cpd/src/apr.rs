@@ -45,7 +45,7 @@ use ndarray::Array2;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::error::{CpdError, Result};
+use crate::error::{CpdError, OptionName, Result};
 
 /// Default outer iteration limit (pyttb's `maxiters`).
 pub const DEFAULT_MAX_ITERS: usize = 1000;
@@ -117,7 +117,7 @@ impl AprOptions {
             )))
         };
         if self.rank == 0 {
-            return Err(CpdError::Option("rank must be at least 1".into()));
+            return Err(CpdError::option(OptionName::Rank, "must be at least 1"));
         }
         if self.max_inner_iters == 0 {
             return Err(CpdError::Option(
@@ -464,8 +464,8 @@ pub fn cp_apr(
     // Refused with the numbers before anything sized by a dimension or the
     // nonzeros is made (a 3-line file may name index 3e9).
     let need = crate::memory::apr_need(tensor.dims(), tensor.nnz(), opts.rank);
-    if let Some(refusal) = crate::memory::host_refusal(&need, tensor, None) {
-        return Err(CpdError::Memory(format!("CP-APR: {refusal}")));
+    if let Some(refusal) = crate::memory::host_refusal(&need, tensor, false) {
+        return Err(CpdError::memory(format!("CP-APR: {refusal}")));
     }
     let (mut factors, mut lambda) = initial(tensor, opts)?;
     let rank = opts.rank;
@@ -787,7 +787,7 @@ mod tests {
         )
         .unwrap();
         let e = cp_apr(&t, &AprOptions::new(10), &mut |_| ControlFlow::Continue(())).unwrap_err();
-        assert!(matches!(e, CpdError::Memory(_)), "{e}");
+        assert!(matches!(e, CpdError::Memory { .. }), "{e}");
         let text = e.to_string();
         assert!(
             text.starts_with("CP-APR: the run needs") && text.contains("MemAvailable"),
@@ -849,7 +849,7 @@ mod tests {
         ] {
             assert!(matches!(
                 cp_apr(&t, &bad, &mut |_| ControlFlow::Continue(())),
-                Err(CpdError::Option(_))
+                Err(CpdError::Option(_) | CpdError::InvalidOption { .. })
             ));
         }
     }

@@ -9,8 +9,10 @@
 //! see (the kernels chosen, the GPU plan, each iteration) arrives as
 //! [`Event`]s, and the caller decides how to show it.
 //!
-//! Error messages name the options as the command line does (`--kernel`,
-//! `--gpus`); the Python package uses the same names.
+//! An option that cannot work is a [`CpdError::InvalidOption`], which
+//! names it neutrally ([`OptionName`]); each front end spells it its own
+//! way. [`DecomposeOptions::validate`] checks what can be checked before
+//! any work, in one place.
 
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,7 +24,7 @@ use kruskal_formats::SparseTensor;
 use kruskal_group::{GpuGroup, GroupOptions};
 
 use crate::backend::{Backend, CpuBackend};
-use crate::error::{CpdError, Result};
+use crate::error::{CpdError, OptionName, Result};
 use crate::gpu::{GpuBackend, KernelPlan};
 use crate::model::{IterationStats, KruskalModel};
 use crate::multi::GroupBackend;
@@ -48,6 +50,7 @@ impl std::str::FromStr for BackendChoice {
             "auto" => Ok(BackendChoice::Auto),
             "cpu" => Ok(BackendChoice::Cpu),
             "gpu" => Ok(BackendChoice::Gpu),
+            // A value of no option names no front end's flag.
             other => Err(CpdError::Invalid(format!(
                 "unknown backend '{other}' (auto, cpu or gpu)"
             ))),
@@ -87,10 +90,10 @@ pub struct DecomposeOptions {
     pub pick_gpus: bool,
     /// Options of the group, with `gpus`.
     pub group: GroupOptions,
-    /// The caller's option that relabels sparse modes (`--compact` on the
-    /// command line), named when the host's memory is too small for the
-    /// run and a mode's dimension dwarfs the indices that occur in it.
-    pub compact_flag: Option<String>,
+    /// The caller can relabel sparse modes ([`OptionName::Compact`]): when
+    /// the host's memory is too small for the run, the refusal lists the
+    /// modes whose dimension dwarfs the indices that occur in them.
+    pub can_compact: bool,
 }
 
 impl DecomposeOptions {
@@ -108,9 +111,68 @@ impl DecomposeOptions {
             gpus: None,
             pick_gpus: false,
             group: GroupOptions::default(),
-            compact_flag: None,
+            can_compact: false,
         }
     }
+
+    /// Refuses options that cannot work, whatever the tensor and the
+    /// machine: a rank or a number of starts of 0, a tolerance that is
+    /// negative or not finite, several starts from given factors, an
+    /// unknown kernel (a [`CpdError::Invalid`]: the value names no option), a group of GPUs on the CPU, constraints on a GPU,
+    /// and constraint weights that are negative or not finite. What
+    /// depends on the tensor (its modes) or the machine (its GPUs) is
+    /// checked where it is known.
+    pub fn validate(&self) -> Result<()> {
+        self.cpd.validate()?;
+        check_starts(self.starts, &self.cpd.init)?;
+        let name = self.kernel.as_str();
+        if name.parse::<CpuEngine>().is_err() && name.parse::<GpuEngine>().is_err() {
+            return Err(CpdError::Invalid(format!(
+                "unknown kernel '{name}' (CPU: auto, sorted, fcoo, flycoo, hicoo, csf; GPU: auto, coo, fcoo, flycoo, hicoo)"
+            )));
+        }
+        if self.gpus.as_ref().is_some_and(Vec::is_empty) {
+            return Err(CpdError::option(OptionName::Gpus, "must be at least 1"));
+        }
+        if self.cpd.constraints.is_some() {
+            if self.gpus.is_some() {
+                return Err(CpdError::option(OptionName::Gpus, CONSTRAINED_ON_GPU));
+            }
+            if self.backend == BackendChoice::Gpu {
+                return Err(CpdError::option_value(
+                    OptionName::Backend,
+                    "gpu",
+                    CONSTRAINED_ON_GPU,
+                ));
+            }
+        }
+        if self.gpus.is_some() && self.backend == BackendChoice::Cpu {
+            return Err(CpdError::option(
+                OptionName::Gpus,
+                "runs on GPUs; it cannot be combined with the CPU backend",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Why constraints refuse a GPU (see [`ADMM_ON_CPU`]).
+const CONSTRAINED_ON_GPU: &str = "cannot be combined with constrained CP (non-negative or \
+     penalized factors; AO-ADMM), which runs on the CPU only";
+
+/// Refuses 0 starts, and several from given initial factors (each start
+/// after the first draws its own).
+fn check_starts(starts: usize, init: &Init) -> Result<()> {
+    if starts == 0 {
+        return Err(CpdError::option(OptionName::Starts, "must be at least 1"));
+    }
+    if starts > 1 && matches!(init, Init::Given(_)) {
+        return Err(CpdError::option(
+            OptionName::Starts,
+            "above 1 draws random initial factors; it cannot be combined with given ones",
+        ));
+    }
+    Ok(())
 }
 
 /// What [`decompose`] tells its caller while it works.
@@ -194,10 +256,8 @@ pub fn decompose(
     progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
     stop: &AtomicBool,
 ) -> Result<Decomposition> {
+    opts.validate()?;
     let rank = opts.cpd.rank;
-    if rank == 0 {
-        return Err(CpdError::Invalid("--rank must be at least 1".into()));
-    }
     let prep = Instant::now();
     let prepare = std::cell::Cell::new(PrepareTimes::default());
     // Values far from 1 run scaled by a power of two (see `scale`): the
@@ -248,7 +308,7 @@ fn scaled_copy(
     let bytes = kruskal_formats::memory::coo_bytes(tensor.nmodes(), tensor.nnz() as u64);
     let available = crate::memory::available_bytes().unwrap_or(u64::MAX);
     if bytes > available {
-        return Err(CpdError::Memory(format!(
+        return Err(CpdError::memory(format!(
             "the largest |value| is {max_abs:.3e}, so the run needs a copy of the tensor with its \
              values scaled by 2^{} ({}), and {} are available (MemAvailable); rescale the values \
              of the file into 2^-24 .. 2^40",
@@ -304,15 +364,7 @@ pub fn run_starts(
     progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
     stop: &AtomicBool,
 ) -> Result<Starts> {
-    if starts == 0 {
-        return Err(CpdError::Invalid("--starts must be at least 1".into()));
-    }
-    if starts > 1 && matches!(opts.init, Init::Given(_)) {
-        return Err(CpdError::Invalid(
-            "--starts above 1 draws random initial factors; it cannot be combined with given ones"
-                .into(),
-        ));
-    }
+    check_starts(starts, &opts.init)?;
     let start = Instant::now();
     // Only the best model is kept (the memory estimate counts one besides
     // the run's own), and nothing is sized by `starts` ahead.
@@ -365,7 +417,7 @@ pub fn run_starts(
     }
     let cpd_s = start.elapsed().as_secs_f64();
     let Some(model) = best else {
-        return Err(CpdError::Invalid("--starts must be at least 1".into()));
+        return Err(CpdError::option(OptionName::Starts, "must be at least 1"));
     };
     Ok(Starts {
         model,
@@ -420,18 +472,20 @@ impl Chosen {
 pub fn first_gpus(n: usize) -> Result<Vec<usize>> {
     let count = Gpu::count()?;
     if n == 0 {
-        return Err(CpdError::Invalid("--gpus must be at least 1".into()));
+        return Err(CpdError::option(OptionName::Gpus, "must be at least 1"));
     }
     if n > count {
-        return Err(CpdError::Invalid(format!(
-            "--gpus {n}: this machine has {count} CUDA GPU(s)"
-        )));
+        return Err(CpdError::option_value(
+            OptionName::Gpus,
+            n,
+            format!("is more than this machine's {count} CUDA GPU(s)"),
+        ));
     }
     Ok((0..n).collect())
 }
 
 /// Builds a group on `ordinals` for the shard kernel, telling `note` its
-/// plan (placement and exchange). `kernel` is the run's `--kernel`: only
+/// plan (placement and exchange). `kernel` is the run's kernel: only
 /// `auto` and `shard` are accepted.
 pub fn gpu_group(
     ordinals: &[usize],
@@ -442,9 +496,11 @@ pub fn gpu_group(
     note: &mut dyn FnMut(&str, &str),
 ) -> Result<GpuGroup> {
     if !matches!(kernel, "auto" | "shard") {
-        return Err(CpdError::Invalid(format!(
-            "--gpus runs the shard kernel on every GPU; --kernel {kernel} is for one GPU or the CPU"
-        )));
+        return Err(CpdError::option_value(
+            OptionName::Kernel,
+            kernel,
+            "is for one GPU or the CPU; a group of GPUs runs the shard kernel on every GPU",
+        ));
     }
     let group = GpuGroup::new(ordinals, t, rank, opts, &mut |line| note("gpus", line))?;
     for line in group.describe() {
@@ -480,7 +536,7 @@ pub fn gpu_group(
     Ok(group)
 }
 
-/// The group backend `--gpus` asks for: the `shard` kernel on every GPU.
+/// The group backend `gpus` asks for: the `shard` kernel on every GPU.
 fn group_backend(
     opts: &DecomposeOptions,
     ordinals: &[usize],
@@ -488,13 +544,8 @@ fn group_backend(
     rank: usize,
     progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
 ) -> Result<Chosen> {
-    if opts.backend == BackendChoice::Cpu {
-        return Err(CpdError::Invalid(
-            "--gpus runs on GPUs; it cannot be combined with --backend cpu".into(),
-        ));
-    }
     // Where the shards are built follows where the one-GPU layout is
-    // (`--fcoo-build`).
+    // (`GpuOptions::fcoo_build`).
     let group_opts = GroupOptions {
         build: opts.gpu.fcoo_build,
         ..opts.group.clone()
@@ -514,7 +565,8 @@ fn group_backend(
 
 /// Why a constrained run (AO-ADMM) is on the CPU: the GPU backends do not
 /// yet hand the MTTKRP to the host or take a factor from it.
-const ADMM_ON_CPU: &str = "constrained CP (--nonneg, --l1, --l2; AO-ADMM) runs on the CPU only";
+const ADMM_ON_CPU: &str =
+    "constrained CP (non-negative or penalized factors; AO-ADMM) runs on the CPU only";
 
 /// Builds the backend `opts.backend` and `opts.kernel` ask for. With
 /// `auto`, a GPU that cannot be used (none, no memory for the run, a rank
@@ -533,11 +585,6 @@ fn make_backend(
         times.set(t);
     };
     let constrained = opts.cpd.constraints.is_some();
-    if constrained && (opts.gpus.is_some() || opts.backend == BackendChoice::Gpu) {
-        return Err(CpdError::Invalid(format!(
-            "{ADMM_ON_CPU}: --backend gpu and --gpus cannot be combined with them"
-        )));
-    }
     if let Some(ordinals) = &opts.gpus {
         if !opts.pick_gpus {
             return Ok((group_backend(opts, ordinals, t, rank, progress)?, None));
@@ -572,41 +619,41 @@ fn make_backend(
     let name = opts.kernel.as_str();
     let cpu_kernel = name.parse::<CpuEngine>().ok();
     let gpu_kernel = name.parse::<GpuEngine>().ok();
-    if cpu_kernel.is_none() && gpu_kernel.is_none() {
-        return Err(CpdError::Invalid(format!(
-            "unknown kernel '{name}' (CPU: auto, sorted, fcoo, flycoo, hicoo, csf; GPU: auto, coo, fcoo, flycoo, hicoo)"
-        )));
-    }
-    let cpu = |kernel: Option<CpuEngine>,
-               why: Option<String>|
-     -> Result<(Chosen, Option<String>)> {
-        let Some(kernel) = kernel else {
-            return Err(CpdError::Invalid(format!(
-                "--kernel {name} runs on the GPU only{}",
-                why.map(|w| format!(", and the GPU cannot be used: {w}"))
-                    .unwrap_or_default()
-            )));
+    let cpu =
+        |kernel: Option<CpuEngine>, why: Option<String>| -> Result<(Chosen, Option<String>)> {
+            let Some(kernel) = kernel else {
+                return Err(CpdError::option_value(
+                    OptionName::Kernel,
+                    name,
+                    format!(
+                        "runs on the GPU only{}",
+                        why.map(|w| format!(", and the GPU cannot be used: {w}"))
+                            .unwrap_or_default()
+                    ),
+                ));
+            };
+            let need = crate::memory::cpu_need(
+                t.dims(),
+                t.nnz(),
+                rank,
+                rayon::current_num_threads(),
+                opts.starts,
+            );
+            if let Some(refusal) = crate::memory::host_refusal(&need, t, opts.can_compact) {
+                return Err(refusal);
+            }
+            let start = Instant::now();
+            let backend = CpuBackend::with_kernel(t, kernel)?;
+            record(|t| &mut t.build_s, start);
+            Ok((Chosen::Cpu(backend), why))
         };
-        let need = crate::memory::cpu_need(
-            t.dims(),
-            t.nnz(),
-            rank,
-            rayon::current_num_threads(),
-            opts.starts,
-        );
-        if let Some(refusal) = crate::memory::host_refusal(&need, t, opts.compact_flag.as_deref()) {
-            return Err(CpdError::Memory(refusal));
-        }
-        let start = Instant::now();
-        let backend = CpuBackend::with_kernel(t, kernel)?;
-        record(|t| &mut t.build_s, start);
-        Ok((Chosen::Cpu(backend), why))
-    };
     let mut gpu_run = || -> Result<GpuBackend> {
         let Some(kernel) = gpu_kernel else {
-            return Err(CpdError::Invalid(format!(
-                "--kernel {name} runs on the CPU only (GPU kernels: auto, coo, fcoo, flycoo, hicoo)"
-            )));
+            return Err(CpdError::option_value(
+                OptionName::Kernel,
+                name,
+                "runs on the CPU only (GPU kernels: auto, coo, fcoo, flycoo, hicoo)",
+            ));
         };
         kruskal_device::dense::check_rank(rank)?;
         // The tensor's features for the tuning model are computed while
@@ -885,30 +932,61 @@ mod tests {
     fn bad_options_are_refused_before_any_work() {
         let t = planted_tensor();
         let stop = AtomicBool::new(false);
-        let refuse = |opts: &DecomposeOptions, needle: &str| {
+        let refuse = |opts: &DecomposeOptions, option: OptionName, needle: &str| {
             let (done, seen) = run(&t, opts, &stop, |_| ControlFlow::Continue(()));
             match done {
-                Err(CpdError::Invalid(text)) => assert!(text.contains(needle), "{text}"),
+                Err(e @ CpdError::InvalidOption { option: o, .. }) => {
+                    assert_eq!(o, option, "{e}");
+                    let text = e.to_string();
+                    assert!(text.contains(needle), "{text}");
+                    assert!(!text.contains("--"), "{text}");
+                }
                 Err(e) => panic!("{e}"),
                 Ok(_) => panic!("accepted; expected '{needle}'"),
             }
-            assert!(!seen.iter().any(|e| e.starts_with("iteration")));
+            assert!(seen.is_empty(), "{seen:?}");
         };
-        refuse(&cpu_options(0), "--rank must be at least 1");
+        refuse(&cpu_options(0), OptionName::Rank, "rank must be at least 1");
+        let mut opts = cpu_options(3);
+        opts.cpd.tol = -1.0;
+        refuse(&opts, OptionName::Tol, "tol -1 must be finite and >= 0");
         let mut opts = cpu_options(3);
         opts.kernel = "bogus".into();
-        refuse(&opts, "unknown kernel 'bogus'");
+        let (done, _) = run(&t, &opts, &stop, |_| ControlFlow::Continue(()));
+        let err = done.err().unwrap().to_string();
+        assert!(err.starts_with("unknown kernel 'bogus'"), "{err}");
         opts.kernel = "coo".into();
-        refuse(&opts, "runs on the GPU only");
+        refuse(&opts, OptionName::Kernel, "kernel coo runs on the GPU only");
         let mut opts = cpu_options(3);
         opts.starts = 0;
-        refuse(&opts, "--starts must be at least 1");
+        refuse(&opts, OptionName::Starts, "starts must be at least 1");
         opts.starts = 2;
         opts.cpd.init = Init::Given(crate::random_factors(t.dims(), 3, 1));
-        refuse(&opts, "cannot be combined with given ones");
+        refuse(
+            &opts,
+            OptionName::Starts,
+            "cannot be combined with given ones",
+        );
         let mut opts = cpu_options(3);
         opts.gpus = Some(vec![0]);
-        refuse(&opts, "cannot be combined with --backend cpu");
+        refuse(
+            &opts,
+            OptionName::Gpus,
+            "cannot be combined with the CPU backend",
+        );
+        opts.gpus = Some(Vec::new());
+        refuse(&opts, OptionName::Gpus, "gpus must be at least 1");
+        let mut opts = cpu_options(3);
+        opts.cpd.constraints = Some(crate::AdmmOptions {
+            l1: -0.5,
+            ..crate::AdmmOptions::default()
+        });
+        refuse(&opts, OptionName::L1, "l1 -0.5 must be finite and >= 0");
+        // The whole text of each front end is the option spelled its way,
+        // then the same reason.
+        let e = cpu_options(0).validate().unwrap_err();
+        let flag = |o: OptionName, _: Option<&str>| format!("--{o}");
+        assert_eq!(e.message(&flag), "--rank must be at least 1");
     }
 
     /// The planted tensor with its values scaled so the largest is in
@@ -1031,8 +1109,13 @@ mod tests {
             let (done, _) = run(&t, &o, &AtomicBool::new(false), |_| {
                 ControlFlow::Continue(())
             });
-            let err = done.err().unwrap().to_string();
-            assert!(err.contains("CPU only"), "{err}");
+            let err = done.err().unwrap();
+            assert!(
+                matches!(&err, CpdError::InvalidOption { option, .. }
+                    if *option == if gpu { OptionName::Backend } else { OptionName::Gpus }),
+                "{err}"
+            );
+            assert!(err.to_string().contains("CPU only"), "{err}");
         }
     }
 

@@ -158,6 +158,13 @@ pub fn decompose_distributed(
     progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
     stop: &AtomicBool,
 ) -> Result<DistributedDecomposition> {
+    opts.validate()?;
+    if opts.cpd.constraints.is_some() {
+        return Err(CpdError::option(
+            crate::OptionName::Nonneg,
+            "constrained CP runs on the CPU only, not across processes",
+        ));
+    }
     let (me, world) = (job.rank, job.world);
     if world == 0 || me >= world {
         return Err(CpdError::Invalid(format!(

@@ -1,6 +1,96 @@
-//! The one error type of this crate.
+//! The one error type of this crate, and the options its messages name.
+//!
+//! A message about an option names it by an [`OptionName`], which each
+//! front end spells in its own words ([`CpdError::message`]): the command
+//! line as its flag (`--rank`), Python as its keyword (`rank=`). The
+//! library's own text ([`std::fmt::Display`]) uses the neutral name.
 
 use std::path::PathBuf;
+
+/// An option of a run, by a name no front end owns. The command line
+/// writes [`OptionName::Rank`] as `--rank`, the Python package as `rank`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OptionName {
+    Rank,
+    Iters,
+    Tol,
+    Seed,
+    Starts,
+    Init,
+    Backend,
+    Kernel,
+    Gpus,
+    /// Relabeling each mode to the indices that occur in it.
+    Compact,
+    Nonneg,
+    L1,
+    L2,
+    /// The mode an MTTKRP is measured for.
+    Mode,
+    /// How many times a measurement is repeated.
+    Repeat,
+}
+
+impl OptionName {
+    /// The neutral name: lower case, words joined by `_` (every option so
+    /// far is one word).
+    pub fn name(self) -> &'static str {
+        match self {
+            OptionName::Rank => "rank",
+            OptionName::Iters => "iters",
+            OptionName::Tol => "tol",
+            OptionName::Seed => "seed",
+            OptionName::Starts => "starts",
+            OptionName::Init => "init",
+            OptionName::Backend => "backend",
+            OptionName::Kernel => "kernel",
+            OptionName::Gpus => "gpus",
+            OptionName::Compact => "compact",
+            OptionName::Nonneg => "nonneg",
+            OptionName::L1 => "l1",
+            OptionName::L2 => "l2",
+            OptionName::Mode => "mode",
+            OptionName::Repeat => "repeat",
+        }
+    }
+}
+
+impl std::fmt::Display for OptionName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How a front end writes an option, with the value given where the
+/// message names one (`--gpus 3`, `gpus=3`).
+pub type Spelling<'a> = &'a dyn Fn(OptionName, Option<&str>) -> String;
+
+/// The library's own spelling: the neutral name, then the value
+/// (`kernel coo`).
+pub fn neutral(option: OptionName, value: Option<&str>) -> String {
+    match value {
+        Some(v) => format!("{option} {v}"),
+        None => option.name().to_string(),
+    }
+}
+
+/// The text of an [`CpdError::InvalidOption`]: the option (and value)
+/// spelled, then the reason.
+fn option_text(option: OptionName, value: Option<&str>, reason: &str, spell: Spelling) -> String {
+    format!("{} {reason}", spell(option, value))
+}
+
+/// The text of a [`CpdError::Memory`]: the refusal, then, where a mode's
+/// dimension dwarfs the indices that occur, that relabeling would help.
+fn memory_text(message: &str, sparse_modes: Option<&str>, spell: Spelling) -> String {
+    match sparse_modes {
+        Some(modes) => format!(
+            "{message}; {modes}: {} relabels each mode to the indices that occur",
+            spell(OptionName::Compact, None)
+        ),
+        None => message.to_string(),
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CpdError {
@@ -12,19 +102,37 @@ pub enum CpdError {
     #[error("shape mismatch: {0}")]
     Shape(String),
 
-    /// Arguments that do not fit each other or the tensor; the message
-    /// names them as the command line does.
+    /// Arguments that do not fit each other or the tensor, where no one
+    /// option is at fault (factors of the wrong shape, say).
     #[error("{0}")]
     Invalid(String),
+
+    /// An option that cannot work, or that does not fit another option or
+    /// the machine: `option` (with the `value` given, where the reason is
+    /// about it) and why. `reason` follows the option's name and names no
+    /// front end's flag; [`CpdError::message`] spells the option as a
+    /// front end does.
+    #[error("{}", option_text(*option, value.as_deref(), reason, &neutral))]
+    InvalidOption {
+        option: OptionName,
+        value: Option<String>,
+        reason: String,
+    },
 
     /// The GPU cannot take this run (its memory, say).
     #[error("{0}")]
     Gpu(String),
 
     /// The host cannot take this run: the need, its parts and the memory
-    /// available, measured before anything sized by a dimension is made.
-    #[error("{0}")]
-    Memory(String),
+    /// available, measured before anything sized by a dimension is made;
+    /// `sparse_modes` lists the modes whose dimension dwarfs the indices
+    /// that occur in them, where the caller can relabel them
+    /// ([`OptionName::Compact`]).
+    #[error("{}", memory_text(message, sparse_modes.as_deref(), &neutral))]
+    Memory {
+        message: String,
+        sparse_modes: Option<String>,
+    },
 
     /// The GPU or its libraries failed, opening the device or during the
     /// run. Reads as the device's error, whose causes follow in the chain;
@@ -80,6 +188,54 @@ impl CpdError {
         }
     }
 
+    /// An [`CpdError::InvalidOption`] of `option` alone.
+    pub fn option(option: OptionName, reason: impl Into<String>) -> Self {
+        CpdError::InvalidOption {
+            option,
+            value: None,
+            reason: reason.into(),
+        }
+    }
+
+    /// An [`CpdError::InvalidOption`] of `option` given `value`.
+    pub fn option_value(
+        option: OptionName,
+        value: impl ToString,
+        reason: impl Into<String>,
+    ) -> Self {
+        CpdError::InvalidOption {
+            option,
+            value: Some(value.to_string()),
+            reason: reason.into(),
+        }
+    }
+
+    /// A [`CpdError::Memory`] with no mode to relabel.
+    pub fn memory(message: impl Into<String>) -> Self {
+        CpdError::Memory {
+            message: message.into(),
+            sparse_modes: None,
+        }
+    }
+
+    /// This error's own message (not its causes) with every option
+    /// written by `spell`: how a front end shows it. The same as
+    /// `to_string()` for an error that names no option.
+    pub fn message(&self, spell: Spelling) -> String {
+        match self {
+            CpdError::InvalidOption {
+                option,
+                value,
+                reason,
+            } => option_text(*option, value.as_deref(), reason, spell),
+            CpdError::Memory {
+                message,
+                sparse_modes,
+            } => memory_text(message, sparse_modes.as_deref(), spell),
+            other => other.to_string(),
+        }
+    }
+
     pub(crate) fn file(path: impl Into<PathBuf>, message: impl ToString) -> Self {
         CpdError::File {
             path: path.into(),
@@ -120,5 +276,32 @@ mod tests {
             "no CUDA GPU 0 (the driver reports 0 device(s))"
         );
         assert!(matches!(e, CpdError::Device(DeviceError::NoDevice { .. })));
+    }
+
+    #[test]
+    fn options_are_spelled_by_the_front_end() {
+        let flag = |o: OptionName, v: Option<&str>| match v {
+            Some(v) => format!("--{o} {v}"),
+            None => format!("--{o}"),
+        };
+        let e = CpdError::option(OptionName::Rank, "must be at least 1");
+        assert_eq!(e.to_string(), "rank must be at least 1");
+        assert_eq!(e.message(&flag), "--rank must be at least 1");
+        let e = CpdError::option_value(OptionName::Kernel, "coo", "runs on the GPU only");
+        assert_eq!(e.to_string(), "kernel coo runs on the GPU only");
+        assert_eq!(e.message(&flag), "--kernel coo runs on the GPU only");
+        let e = CpdError::Memory {
+            message: "the run needs 9 GB".into(),
+            sparse_modes: Some("mode 1 has dimension 9 but 1 indices occur".into()),
+        };
+        assert_eq!(
+            e.message(&flag),
+            "the run needs 9 GB; mode 1 has dimension 9 but 1 indices occur: --compact \
+             relabels each mode to the indices that occur"
+        );
+        assert!(e.to_string().contains(": compact relabels"), "{e}");
+        // An error that names no option reads the same either way.
+        let e = CpdError::memory("the run needs 9 GB");
+        assert_eq!(e.message(&flag), e.to_string());
     }
 }

@@ -44,10 +44,10 @@ pub use decompose::{
     decompose,
 };
 pub use distributed::{DistributedDecomposition, decompose_distributed};
-pub use error::{CpdError, Result};
+pub use error::{CpdError, OptionName, Result, Spelling};
 pub use gpu::{GpuBackend, KernelPlan};
 pub use model::{HISTORY, IterationStats, IterationTotals, KruskalModel, Staging, load_factors};
 pub use multi::{GroupBackend, ModeBreakdown};
 pub use scale::ValueScale;
 pub use score::factor_match_score;
-pub use warnings::warnings;
+pub use warnings::{Warning, warnings};

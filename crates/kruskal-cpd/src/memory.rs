@@ -8,6 +8,7 @@
 //! program, the Python bindings) refuse with the numbers instead. They are
 //! pure functions of the shape, so they cost nothing and are tested here.
 
+use crate::error::CpdError;
 use std::fmt;
 
 use kruskal_device::engines::flycoo::element_stride;
@@ -201,7 +202,7 @@ pub fn model_file_bytes(dims: &[u32], rank: usize) -> u64 {
 
 /// The modes whose dimension is far larger than the number of distinct
 /// indices that occur in them (`occurring[m]`): there most factor rows
-/// are zero, and relabeling the mode (`--compact`) saves almost all of
+/// are zero, and relabeling the mode (the `compact` option) saves almost all of
 /// its memory. "Far" is more than twice, and at least a million rows
 /// saved, so small tensors with a few empty slices are not flagged.
 pub fn sparse_modes(dims: &[u32], occurring: &[u64]) -> Vec<usize> {
@@ -217,35 +218,37 @@ pub fn sparse_modes(dims: &[u32], occurring: &[u64]) -> Vec<usize> {
 }
 
 /// Why a run that needs `need` of host memory cannot run here: the need
-/// with its parts, `MemAvailable`, and, where a mode's dimension dwarfs the
-/// indices that occur in it, which modes and that `compact_flag` relabels
-/// them (when the caller has such an option). `None` when it fits, or when
-/// the available memory cannot be read.
-pub fn host_refusal(
-    need: &MemoryNeed,
-    t: &SparseTensor,
-    compact_flag: Option<&str>,
-) -> Option<String> {
+/// with its parts, `MemAvailable`, and, where the caller can relabel modes
+/// (`can_compact`) and a mode's dimension dwarfs the indices that occur in
+/// it, which modes ([`CpdError::Memory`]'s `sparse_modes`). `None` when it
+/// fits, or when the available memory cannot be read.
+pub fn host_refusal(need: &MemoryNeed, t: &SparseTensor, can_compact: bool) -> Option<CpdError> {
     let available = available_bytes()?;
     if need.total() <= available {
         return None;
     }
-    Some(format!(
-        "the run needs {need} and {} are available (MemAvailable){}",
-        bytes_text(available),
-        compact_flag.map_or(String::new(), |flag| compact_hint(t, flag))
-    ))
+    Some(CpdError::Memory {
+        message: format!(
+            "the run needs {need} and {} are available (MemAvailable)",
+            bytes_text(available)
+        ),
+        sparse_modes: if can_compact {
+            sparse_mode_text(t)
+        } else {
+            None
+        },
+    })
 }
 
-/// `; mode 1 has dimension 3,000,000,000 but 3 indices occur: --compact
-/// relabels ...`, or nothing when every mode is dense enough.
-fn compact_hint(t: &SparseTensor, compact_flag: &str) -> String {
+/// `mode 1 has dimension 3,000,000,000 but 3 indices occur`, or `None`
+/// when every mode is dense enough.
+fn sparse_mode_text(t: &SparseTensor) -> Option<String> {
     // Per-mode statistics cost no memory sized by a dimension where it
     // dwarfs the nonzeros.
     let occurring: Vec<u64> = t.stats().modes.iter().map(|m| m.nonempty_slices).collect();
     let modes = sparse_modes(t.dims(), &occurring);
     if modes.is_empty() {
-        return String::new();
+        return None;
     }
     let listed: Vec<String> = modes
         .iter()
@@ -258,10 +261,7 @@ fn compact_hint(t: &SparseTensor, compact_flag: &str) -> String {
             )
         })
         .collect();
-    format!(
-        "; {}: {compact_flag} relabels each mode to the indices that occur",
-        listed.join(", ")
-    )
+    Some(listed.join(", "))
 }
 
 /// `3,000,000,000`: a count with thousands separators, as every message

@@ -13,7 +13,7 @@ use pyo3::types::{PyDict, PyList};
 
 use crate::errors::{cpd_error, device_error, library_value_error, value_error};
 use crate::tensor::PySparseTensor;
-use crate::words::python_words;
+use crate::words::{keyword, python_words};
 
 /// Issues `text` as a Python `UserWarning` (which the caller can filter or
 /// turn into an error), pointing at the caller's line.
@@ -105,9 +105,6 @@ pub fn cp_als<'py>(
                 ..kruskal_cpd::AdmmOptions::default()
             }
         });
-    if !(tol.is_finite() && tol >= 0.0) {
-        return Err(value_error(format!("tol={tol} must be finite and >= 0")));
-    }
     let init = match init {
         None => Init::Random { seed },
         Some(factors) => Init::Given(owned_factors(&factors)),
@@ -118,7 +115,8 @@ pub fn cp_als<'py>(
             let n = kruskal_device::Gpu::count().map_err(|e| cpd_error(e.into(), true))?;
             Some(kruskal_cpd::decompose::first_gpus(n).map_err(|e| cpd_error(e, true))?)
         }
-        0 => return Err(value_error("gpus must be at least 1")),
+        // No GPU at all: refused by `DecomposeOptions::validate`.
+        0 => Some(Vec::new()),
         // One GPU is the single-GPU backend (all engines, kernel auto);
         // a group only from two on.
         1 => None,
@@ -141,38 +139,44 @@ pub fn cp_als<'py>(
         gpus,
         pick_gpus,
         group: Default::default(),
-        compact_flag: None,
+        // `cp_als` has no keyword that relabels modes.
+        can_compact: false,
     };
+    // Refused before any warning (`decompose` checks the same).
+    opts.validate().map_err(|e| cpd_error(e, false))?;
     let t = tensor.inner.clone();
     // What `kruskal cpd` warns of (a rank above a dimension, no iteration,
     // an all-zero tensor), as Python warnings.
-    for text in kruskal_cpd::warnings(&t, rank, iters) {
-        warn(py, &python_words(&text))?;
+    for w in kruskal_cpd::warnings(&t, rank, iters) {
+        warn(py, &w.text(&keyword, 0))?;
     }
     let stop = AtomicBool::new(false);
-    let mut notes: Vec<String> = Vec::new();
+    // (topic, text): a continuation line takes the topic before it.
+    let mut notes: Vec<(String, String)> = Vec::new();
     let mut on_gpu = opts.gpus.is_some() || backend == BackendChoice::Gpu;
     let mut raised: Option<PyErr> = None;
     let mut start_index = 0usize;
     let done = py.detach(|| {
         let mut progress = |event: Event<'_>| -> ControlFlow<()> {
             match event {
-                // `topic: text` (a continuation line has no topic).
-                Event::Note { topic, text } => notes.push(python_words(&if topic.is_empty() {
-                    text.to_string()
-                } else {
-                    format!("{topic}: {text}")
-                })),
+                Event::Note { topic, text } => {
+                    let topic = match (topic, notes.last()) {
+                        ("", Some((last, _))) => last.clone(),
+                        _ => topic.to_string(),
+                    };
+                    notes.push((topic, python_words(text)));
+                }
                 Event::Ready {
                     backend, fallback, ..
                 } => {
                     on_gpu = !backend.starts_with("cpu");
                     if let Some(why) = fallback {
-                        notes.push(python_words(&format!(
-                            "GPU not used: {why}; running on the CPU"
-                        )));
+                        notes.push((
+                            "GPU not used".into(),
+                            python_words(&format!("{why}; running on the CPU")),
+                        ));
                     }
-                    notes.push(format!("backend: {backend}"));
+                    notes.push(("backend".into(), backend.to_string()));
                 }
                 Event::Start { index, .. } => start_index = index,
                 Event::Step(_) => {}

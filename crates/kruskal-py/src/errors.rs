@@ -1,10 +1,12 @@
 //! The library's errors as Python exceptions: `ValueError` for arguments
 //! and data, `OSError` for files, `MemoryError` for the host's memory,
 //! `GpuError` for the device, `RuntimeError` for a run that failed on the
-//! CPU. Their messages are the library's in Python's words
-//! ([`crate::words`]); the bindings' own say Python's from the start.
+//! CPU. Their messages are the library's in Python's words: an option the
+//! library names ([`kruskal_cpd::OptionName`]) as its keyword
+//! ([`crate::words::keyword`]), modes counted from 0 ([`crate::words`]);
+//! the bindings' own say Python's from the start.
 
-use crate::words::python_words;
+use crate::words::{keyword, python_words};
 use kruskal_cpd::CpdError;
 use kruskal_device::DeviceError;
 use kruskal_formats::FormatError;
@@ -46,15 +48,22 @@ pub fn device_error(e: DeviceError) -> PyErr {
 /// diverged fit) is reported as the GPU's. Failures of the device and of
 /// the CPU engines say which they are by their kind.
 pub fn cpd_error(e: CpdError, on_gpu: bool) -> PyErr {
-    let text = chain(&e);
+    // The error's own message with its options spelled as keywords, then
+    // its causes.
+    let mut text = e.message(&keyword);
+    if let Some(source) = std::error::Error::source(&e) {
+        text = format!("{text}: {}", kruskal_device::error_line(source));
+    }
+    let text = python_words(&text);
     match e {
-        CpdError::Option(_) | CpdError::Shape(_) | CpdError::Invalid(_) => {
-            PyValueError::new_err(text)
-        }
+        CpdError::Option(_)
+        | CpdError::InvalidOption { .. }
+        | CpdError::Shape(_)
+        | CpdError::Invalid(_) => PyValueError::new_err(text),
         CpdError::Gpu(_) | CpdError::Device(_) => GpuError::new_err(text),
         CpdError::File { .. } | CpdError::Format(_) => PyOSError::new_err(text),
         CpdError::Partition(_) => PyValueError::new_err(text),
-        CpdError::Memory(_) => PyMemoryError::new_err(text),
+        CpdError::Memory { .. } => PyMemoryError::new_err(text),
         CpdError::Cpu(_) => PyRuntimeError::new_err(text),
         CpdError::Backend(_) | CpdError::NoFactors if on_gpu => GpuError::new_err(text),
         CpdError::Backend(_) | CpdError::NoFactors => PyRuntimeError::new_err(text),

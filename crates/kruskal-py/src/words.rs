@@ -1,25 +1,39 @@
 //! The library's messages in Python's words.
 //!
-//! The library speaks as `kruskal cpd` does: its messages name command-line
-//! options (`--kernel coo runs on the GPU only`, `--iters 0: ...`, `use
-//! --pattern`) and count modes from 1, as FROSTT files and the model's
-//! `mode-<n>.npy` names do. A Python user passes keywords (`kernel="coo"`,
-//! `iters=0`, `pattern=True`) and counts modes from 0, as `mttkrp(X,
-//! factors, mode)` and `factors[n]` do. Every library message that reaches
-//! Python (an exception, a warning, a note in `info["notes"]`) passes
-//! through [`python_words`], which rewrites it by the two tables below;
-//! the command line's own messages stay as they are.
+//! An option of a decomposition is named by the library neutrally
+//! ([`kruskal_cpd::OptionName`]) and written here as its keyword
+//! ([`keyword`]: `rank`, `kernel="coo"`, `iters=0`), in errors and warnings
+//! alike. What remains rewritten as text: the messages of the file readers
+//! and of the tuning model, which still name command-line options (`use
+//! --pattern`, `--kernel fcoo --threadlen 8`), and modes, which the library
+//! counts from 1, as FROSTT files and the model's `mode-<n>.npy` names do,
+//! where a Python user counts from 0, as `mttkrp(X, factors, mode)` and
+//! `factors[n]` do. Every library message that reaches Python as text (an
+//! exception, a reader's warning, a note in `info["notes"]`) passes
+//! through [`python_words`], which rewrites it by the two tables below
+//! (the decomposition's warnings are data, written with modes from 0); the
+//! command line's own messages stay as they are.
+
+use kruskal_cpd::OptionName;
+
+/// An option as a keyword of `kruskal.cp_als` (the neutral name), with
+/// the value given: a number as it is (`iters=0`), a word as a string
+/// (`kernel="coo"`).
+pub fn keyword(option: OptionName, value: Option<&str>) -> String {
+    match value {
+        Some(v) if is_number(v) => format!("{option}={v}"),
+        Some(v) => format!("{option}=\"{v}\""),
+        None => option.name().to_string(),
+    }
+}
 
 /// How a keyword's value is written in Python.
 #[derive(Clone, Copy)]
 enum Spelling {
     /// A flag without a value: `--pattern` is `pattern=True`.
     Switch,
-    /// A number follows (`--iters 0` is `iters=0`); without one the
-    /// keyword is named alone (`--rank must be ...` is `rank must be ...`).
-    Number,
     /// One of these words follows, as a string (`--kernel coo` is
-    /// `kernel="coo"`); a number may also (`--gpus 2` is `gpus=2`).
+    /// `kernel="coo"`).
     Word(&'static [&'static str]),
     /// A list of dimensions (`--dims 300,200,100` is `dims=(300, 200, 100)`).
     Dims,
@@ -28,21 +42,10 @@ enum Spelling {
     Plain,
 }
 
-/// The command line's options the library's messages name, with the
-/// keyword of `kruskal.cp_als`, `kruskal.read` or `kruskal.mttkrp` that
-/// does the same.
+/// The command line's options the readers' and the tuning model's messages
+/// name, with the keyword of `kruskal.cp_als`, `kruskal.read` or
+/// `kruskal.mttkrp` that does the same.
 const KEYWORDS: &[(&str, &str, Spelling)] = &[
-    ("--rank", "rank", Spelling::Number),
-    ("--iters", "iters", Spelling::Number),
-    ("--tol", "tol", Spelling::Number),
-    ("--seed", "seed", Spelling::Number),
-    ("--starts", "starts", Spelling::Number),
-    ("--gpus", "gpus", Spelling::Word(&["all"])),
-    (
-        "--backend",
-        "backend",
-        Spelling::Word(&["auto", "cpu", "gpu"]),
-    ),
     (
         "--kernel",
         "kernel",
@@ -50,10 +53,6 @@ const KEYWORDS: &[(&str, &str, Spelling)] = &[
             "auto", "sorted", "fcoo", "flycoo", "hicoo", "csf", "coo", "shard",
         ]),
     ),
-    ("--init", "init", Spelling::Number),
-    ("--nonneg", "nonneg", Spelling::Number),
-    ("--l1", "l1", Spelling::Number),
-    ("--l2", "l2", Spelling::Number),
     ("--pattern", "pattern", Spelling::Switch),
     ("--zero-based", "zero_based", Spelling::Switch),
     ("--values-are-data", "values_are_data", Spelling::Switch),
@@ -66,7 +65,6 @@ const KEYWORDS: &[(&str, &str, Spelling)] = &[
 /// Phrases of the library's messages that count modes from 1: the text
 /// before the number and after it. The number becomes one less.
 const ONE_BASED_MODES: &[(&str, &str)] = &[
-    ("larger than mode ", "'s dimension"),
     ("the mode-", " factor holds"),
     ("factor of mode ", " "),
     ("mode ", " has dimension"),
@@ -112,7 +110,7 @@ fn keywords(text: &str) -> String {
             rest = tail;
             continue;
         };
-        // `--gpus=2` is written as `--gpus 2`.
+        // `--kernel=coo` is written as `--kernel coo`.
         let (value, after_value) = match tail.strip_prefix(' ').or(tail.strip_prefix('=')) {
             Some(v) => next_word(v),
             None => ("", tail),
@@ -122,21 +120,12 @@ fn keywords(text: &str) -> String {
                 out.push_str(&format!("{keyword}=True"));
                 false
             }
-            Spelling::Number | Spelling::Plain if is_number(value) => {
-                let sep = if matches!(spelling, Spelling::Plain) {
-                    " "
-                } else {
-                    "="
-                };
-                out.push_str(&format!("{keyword}{sep}{value}"));
+            Spelling::Plain if is_number(value) => {
+                out.push_str(&format!("{keyword} {value}"));
                 true
             }
             Spelling::Word(words) if words.contains(&value) => {
                 out.push_str(&format!("{keyword}=\"{value}\""));
-                true
-            }
-            Spelling::Word(_) if is_number(value) => {
-                out.push_str(&format!("{keyword}={value}"));
                 true
             }
             Spelling::Dims

@@ -50,14 +50,17 @@ def test_a_gpu_kernel_on_the_cpu_names_the_keyword():
     no_command_line(str(e.value))
 
 
-def test_notes_are_lines_not_the_command_lines_columns():
+def test_notes_are_topic_and_text_not_the_command_lines_columns():
     m = kruskal.cp_als(tensor(), 2, iters=2, progress=False)
     assert m.info["notes"], m.info
-    for line in m.info["notes"]:
-        # `topic: text`, not `topic      text`.
-        assert not re.match(r"^\w+ {2,}", line), line
-        no_command_line(line)
-    assert any(line.startswith("backend: cpu") for line in m.info["notes"]), m.info["notes"]
+    for note in m.info["notes"]:
+        topic, text = note
+        # Data, not the command line's padded `topic      text`.
+        assert topic and topic == topic.strip(), note
+        assert text == text.strip(), note
+        no_command_line(text)
+    assert any(topic == "backend" and text.startswith("cpu")
+               for topic, text in m.info["notes"]), m.info["notes"]
 
 
 def test_modes_and_positions_count_from_zero():

@@ -8,6 +8,17 @@ use indicatif::ProgressBar;
 /// `1,234,567`.
 pub use kruskal_cpd::memory::{count_of, dims_text, thousands};
 
+/// An option as the command line spells it: its flag, then the value
+/// given (`--gpus 3`). The library names options neutrally
+/// ([`kruskal_cpd::OptionName`]); the program writes them so.
+pub fn flag(option: kruskal_cpd::OptionName, value: Option<&str>) -> String {
+    let name = option.name().replace('_', "-");
+    match value {
+        Some(v) => format!("--{name} {v}"),
+        None => format!("--{name}"),
+    }
+}
+
 /// Prints a warning: something the user should check, that did not stop
 /// the work.
 pub fn warn(message: &str) {

@@ -81,7 +81,7 @@ class KruskalModel:
         (the GPU layout build's (step, seconds), empty on the CPU),
         ``cpd_s``, ``starts`` (seed, fit, iterations of each start),
         ``pseudo_inverse_solves``, ``notes`` (the choices ``kruskal cpd``
-        prints), ``iterations_run``.
+        prints, as (topic, text) pairs), ``iterations_run``.
     """
 
     def __init__(self, weights: np.ndarray, factors: List[np.ndarray], iterations: List[dict],

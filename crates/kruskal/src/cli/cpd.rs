@@ -361,7 +361,7 @@ pub(super) fn decompose_options(args: &CpdArgs, dims: &[u32]) -> Result<Decompos
         gpus,
         pick_gpus: args.multi.all(),
         // Already relabeled, a tensor has no mode left to compact.
-        compact_flag: (!args.compact).then(|| "--compact".to_string()),
+        can_compact: !args.compact,
     })
 }
 
@@ -370,14 +370,17 @@ pub(super) fn decompose_options(args: &CpdArgs, dims: &[u32]) -> Result<Decompos
 /// shapes are checked here, before any backend is prepared).
 pub(super) fn cpd_options(args: &CpdArgs, dims: &[u32]) -> Result<CpdOptions> {
     let rank = args.rank.unwrap_or(DEMO_RANK);
-    if rank == 0 {
-        bail!("--rank must be at least 1");
-    }
-    if !(args.tol.is_finite() && args.tol >= 0.0) {
-        bail!("--tol must be finite and >= 0, not {}", args.tol);
-    }
-    let constraints = args.constraints();
-    if let Some(c) = &constraints {
+    let mut opts = CpdOptions {
+        rank,
+        max_iters: args.iters,
+        tol: args.tol,
+        init: Init::Random { seed: args.seed },
+        constraints: args.constraints(),
+    };
+    // Checked before any factor is read (the library's checks, whose
+    // errors the program spells as its flags).
+    opts.validate()?;
+    if let Some(c) = &opts.constraints {
         c.check(dims.len())?;
     }
     let init = match &args.init {
@@ -395,17 +398,11 @@ pub(super) fn cpd_options(args: &CpdArgs, dims: &[u32]) -> Result<CpdOptions> {
         }
         None => Init::Random { seed: args.seed },
     };
-    let rank = match &init {
-        Init::Given(f) => f[0].ncols(),
-        Init::Random { .. } => rank,
-    };
-    Ok(CpdOptions {
-        rank,
-        max_iters: args.iters,
-        tol: args.tol,
-        init,
-        constraints,
-    })
+    if let Init::Given(f) = &init {
+        opts.rank = f[0].ncols();
+    }
+    opts.init = init;
+    Ok(opts)
 }
 
 /// Checks that the factor of each mode in `dir` has as many rows as the

@@ -7,9 +7,25 @@ use kruskal::harness::CheckError;
 use kruskal::measure::MeasureError;
 use kruskal_device::DeviceError;
 
-/// The error's chain as one line, outermost context first.
+/// The error's chain as one line, outermost context first, joined by ": "
+/// (as anyhow's `{:#}` does), with the options the library names written
+/// as the command line's flags.
 pub fn error_line(e: &anyhow::Error) -> String {
-    format!("{e:#}")
+    e.chain()
+        .map(|link| match cpd_error(link) {
+            Some(c) => c.message(&kruskal::console::flag),
+            None => link.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+/// The decomposition's error `e` is or passes on unchanged.
+fn cpd_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a CpdError> {
+    e.downcast_ref::<CpdError>().or_else(|| {
+        e.downcast_ref::<MeasureError>()
+            .and_then(MeasureError::cpd_error)
+    })
 }
 
 /// The device's error `e` is or passes on unchanged (a transparent
@@ -233,6 +249,32 @@ mod tests {
         ] {
             assert!(is_no_gpu(&e), "{e:#}");
         }
+    }
+
+    #[test]
+    fn the_librarys_options_are_written_as_flags() {
+        use kruskal::cpd::OptionName;
+        let e = anyhow::Error::new(CpdError::option(OptionName::Rank, "must be at least 1"));
+        assert_eq!(error_line(&e), "--rank must be at least 1");
+        let e = anyhow::Error::new(MeasureError::from(CpdError::option_value(
+            OptionName::Kernel,
+            "coo",
+            "runs on the GPU only",
+        )))
+        .context("measuring");
+        assert_eq!(
+            error_line(&e),
+            "measuring: --kernel coo runs on the GPU only"
+        );
+        let e = anyhow::Error::new(CpdError::Memory {
+            message: "the run needs 9 GB".into(),
+            sparse_modes: Some("mode 2 has dimension 9 but 1 indices occur".into()),
+        });
+        assert!(
+            error_line(&e).ends_with(": --compact relabels each mode to the indices that occur"),
+            "{}",
+            error_line(&e)
+        );
     }
 
     #[test]

@@ -70,7 +70,7 @@ pub fn run(args: InfoArgs) -> Result<()> {
         // Partitions and shard plans count the nonzeros of every index of
         // every mode.
         let counts = kruskal_cpd::memory::counts_need(t.dims(), rayon::current_num_threads());
-        super::preflight::check_host_memory(&counts, &t, None)?;
+        super::preflight::check_host_memory(&counts, &t, false)?;
     }
     let s = t.stats();
     let partitions: Vec<PartitionReport> = match args.kappa {

@@ -14,14 +14,11 @@ use super::common::InputArgs;
 
 /// Refuses, in one line, a run that needs more host memory than the
 /// machine has available (see [`kruskal_cpd::memory::host_refusal`]), naming
-/// `compact_flag` where it would help.
-pub fn check_host_memory(
-    need: &MemoryNeed,
-    t: &SparseTensor,
-    compact_flag: Option<&str>,
-) -> Result<()> {
-    match host_refusal(need, t, compact_flag) {
-        Some(why) => bail!("{why}"),
+/// the modes `--compact` would relabel where the caller offers it
+/// (`can_compact`).
+pub fn check_host_memory(need: &MemoryNeed, t: &SparseTensor, can_compact: bool) -> Result<()> {
+    match host_refusal(need, t, can_compact) {
+        Some(refusal) => Err(refusal.into()),
         None => Ok(()),
     }
 }

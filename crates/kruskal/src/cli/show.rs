@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicBool;
 
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
-use kruskal::console::{dims_text, spinner, thousands, warn};
+use kruskal::console::{dims_text, flag, spinner, thousands, warn};
 use kruskal::input::Loaded;
 use kruskal_cpd::distributed::{Abort, Job};
 use kruskal_cpd::{
@@ -52,10 +52,10 @@ pub(super) fn decompose(
 }
 
 /// Prints each warning of [`kruskal_cpd::warnings`] on stderr, one line
-/// each.
+/// each, options named by their flags and modes counted from 1.
 fn print_warnings(t: &SparseTensor, rank: usize, iters: usize) {
-    for line in kruskal_cpd::warnings(t, rank, iters) {
-        warn(&line);
+    for w in kruskal_cpd::warnings(t, rank, iters) {
+        warn(&w.text(&flag, 1));
     }
 }
 

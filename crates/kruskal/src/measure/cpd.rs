@@ -21,8 +21,8 @@ use crate::input::Loaded;
 pub struct CpdRunOptions {
     /// Backend, kernel, starts, rank and limits. The default is
     /// `kruskal cpd`'s: rank 10, one start from seed 1, backend and kernel
-    /// `auto`, and `--compact` named when the host's memory is too small
-    /// for a tensor with sparse modes.
+    /// `auto`, and the modes to relabel (`--compact`) named when the
+    /// host's memory is too small for a tensor with sparse modes.
     pub decompose: DecomposeOptions,
 }
 
@@ -33,7 +33,7 @@ impl Default for CpdRunOptions {
     fn default() -> Self {
         CpdRunOptions {
             decompose: DecomposeOptions {
-                compact_flag: Some("--compact".into()),
+                can_compact: true,
                 ..DecomposeOptions::new(DEFAULT_RANK)
             },
         }

@@ -32,14 +32,12 @@ pub const TOLERANCE: f64 = 1e-5;
 /// What can stop a measurement.
 #[derive(Debug, thiserror::Error)]
 pub enum MeasureError {
-    /// Options that do not fit each other or the tensor; the message names
-    /// them as the command line does.
+    /// A kernel that is not one (its value names no option). Options that
+    /// cannot work, and a host with too little memory for the run, are
+    /// the decomposition's errors ([`MeasureError::Cpd`]:
+    /// `CpdError::InvalidOption` and `CpdError::Memory`).
     #[error("{0}")]
     Invalid(String),
-    /// The host has too little memory for the run: the need, its parts and
-    /// the memory available, measured before anything large is made.
-    #[error("{0}")]
-    Memory(String),
     /// The GPU or its libraries failed; reads as the device's error, whose
     /// kind [`MeasureError::device_error`] finds.
     #[error(transparent)]
@@ -47,8 +45,9 @@ pub enum MeasureError {
     /// A CPU engine failed; reads as the engine's error.
     #[error(transparent)]
     Cpu(#[from] kruskal_cpu::CpuError),
-    /// The decomposition, or the group of GPUs it prepares, failed; reads
-    /// as its error, whose causes follow in the chain.
+    /// The decomposition, or the group of GPUs it prepares, failed, or an
+    /// option cannot work; reads as its error, whose causes follow in the
+    /// chain.
     #[error(transparent)]
     Cpd(#[from] kruskal_cpd::CpdError),
     /// A report could not be made into JSON.
@@ -62,6 +61,15 @@ impl MeasureError {
         match self {
             MeasureError::Device(e) => Some(e),
             MeasureError::Cpd(e) => e.device_error(),
+            _ => None,
+        }
+    }
+
+    /// The decomposition's error this one is, if it is one (so a front end
+    /// can spell the options it names).
+    pub fn cpd_error(&self) -> Option<&kruskal_cpd::CpdError> {
+        match self {
+            MeasureError::Cpd(e) => Some(e),
             _ => None,
         }
     }

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use kruskal_cpd::random_factors;
+use kruskal_cpd::{CpdError, OptionName, random_factors};
 use kruskal_cpu::{CpuEngine, MttkrpEngine, mttkrp_reference, relative_error};
 use kruskal_device::GpuOptions;
 use kruskal_group::GroupOptions;
@@ -102,10 +102,13 @@ impl Default for MttkrpOptions {
 /// assert!(reports[0]["modes"][0]["relative_error"].as_f64().unwrap() < 1e-5);
 /// ```
 pub fn mttkrp(opts: &MttkrpOptions, loaded: &Loaded) -> Result<Vec<serde_json::Value>> {
-    if opts.rank == 0 || opts.repeat == 0 {
-        return Err(MeasureError::Invalid(
-            "--rank and --repeat must be at least 1".into(),
-        ));
+    for (option, n) in [
+        (OptionName::Rank, opts.rank),
+        (OptionName::Repeat, opts.repeat),
+    ] {
+        if n == 0 {
+            return Err(CpdError::option(option, "must be at least 1").into());
+        }
     }
     let t = &loaded.tensor;
     let modes: Vec<usize> = if opts.mode == "all" {
@@ -114,11 +117,12 @@ pub fn mttkrp(opts: &MttkrpOptions, loaded: &Loaded) -> Result<Vec<serde_json::V
         match opts.mode.parse::<usize>() {
             Ok(m) if (1..=t.nmodes()).contains(&m) => vec![m - 1],
             _ => {
-                return Err(MeasureError::Invalid(format!(
-                    "--mode must be 'all' or a mode from 1 to {}, not '{}'",
-                    t.nmodes(),
-                    opts.mode
-                )));
+                return Err(CpdError::option_value(
+                    OptionName::Mode,
+                    &opts.mode,
+                    format!("is not 'all' or a mode from 1 to {}", t.nmodes()),
+                )
+                .into());
             }
         }
     };
@@ -127,8 +131,8 @@ pub fn mttkrp(opts: &MttkrpOptions, loaded: &Loaded) -> Result<Vec<serde_json::V
         // On GPUs the host holds the factors (made here, then uploaded).
         need.parts.truncate(1);
     }
-    if let Some(why) = kruskal_cpd::memory::host_refusal(&need, t, Some("--compact")) {
-        return Err(MeasureError::Memory(why));
+    if let Some(refusal) = kruskal_cpd::memory::host_refusal(&need, t, true) {
+        return Err(refusal.into());
     }
     if let Some(ordinals) = &opts.gpus {
         return Ok(vec![run_group(opts, loaded, &modes, ordinals)?]);
