@@ -22,6 +22,7 @@ pub mod apr;
 pub mod backend;
 pub mod decompose;
 pub mod dense;
+pub mod engine_choice;
 pub mod error;
 pub mod gpu;
 pub mod gpu_count;
@@ -41,6 +42,7 @@ pub use decompose::{
     BackendChoice, Chosen, DecomposeOptions, Decomposition, Event, PrepareTimes, StartSummary,
     decompose,
 };
+pub use engine_choice::{EngineChoice, EngineRequest};
 pub use error::{CpdError, Result};
 pub use gpu::{GpuBackend, KernelPlan};
 pub use model::{HISTORY, IterationStats, IterationTotals, KruskalModel, Staging, load_factors};
