@@ -19,7 +19,7 @@ mod cpd;
 mod mttkrp;
 
 pub use cpd::{CpdRunOptions, cpd, cpd_report, decompose, run_starts};
-pub use mttkrp::{MttkrpBackend, MttkrpOptions, mttkrp};
+pub use mttkrp::{MttkrpBackend, MttkrpKernel, MttkrpOptions, mttkrp};
 
 /// The relative error an f32 MTTKRP may show against the f64 reference;
 /// a report with a `tolerance` of its own (half-precision gathers) allows

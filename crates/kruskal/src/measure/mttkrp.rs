@@ -6,7 +6,7 @@ use std::time::Instant;
 use kruskal_cpd::engine_choice::{
     ChoiceRule, ChoiceSource, EngineChoice, GpuCandidate, GpuRequest,
 };
-use kruskal_cpd::random_factors;
+use kruskal_cpd::{EngineRequest, random_factors};
 use kruskal_cpu::{CpuEngine, MttkrpEngine, mttkrp_reference, relative_error};
 use kruskal_device::{GpuOptions, GroupOptions};
 use ndarray::Array2;
@@ -23,6 +23,41 @@ pub enum MttkrpBackend {
     Cpu,
     /// The first CUDA GPU.
     Gpu,
+}
+
+/// What `kruskal mttkrp --kernel` asks for: one engine (or `auto`), or
+/// every engine of the backend in turn (`all`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MttkrpKernel {
+    One(EngineRequest),
+    All,
+}
+
+impl Default for MttkrpKernel {
+    fn default() -> Self {
+        MttkrpKernel::One(EngineRequest::Auto)
+    }
+}
+
+impl std::str::FromStr for MttkrpKernel {
+    type Err = kruskal_cpd::CpdError;
+
+    /// `all`, or what [`EngineRequest`] takes.
+    fn from_str(text: &str) -> std::result::Result<Self, Self::Err> {
+        match text {
+            "all" => Ok(MttkrpKernel::All),
+            _ => text.parse().map(MttkrpKernel::One),
+        }
+    }
+}
+
+impl std::fmt::Display for MttkrpKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MttkrpKernel::One(k) => k.fmt(f),
+            MttkrpKernel::All => f.write_str("all"),
+        }
+    }
 }
 
 /// What [`mttkrp`] times: the options of `kruskal mttkrp` that shape a
@@ -46,7 +81,7 @@ pub struct MttkrpOptions {
     /// there is no trained model), and an engine's parameter not given in
     /// [`gpu`](Self::gpu) is the model's best for that engine. Several
     /// GPUs: auto or shard. Default `auto`.
-    pub kernel: String,
+    pub kernel: MttkrpKernel,
     /// Launch parameters of the GPU engines; a parameter given here wins
     /// over the tuning model's.
     pub gpu: GpuOptions,
@@ -75,7 +110,7 @@ impl Default for MttkrpOptions {
             mode: "all".into(),
             repeat: 10,
             backend: MttkrpBackend::Cpu,
-            kernel: "auto".into(),
+            kernel: MttkrpKernel::default(),
             gpu: GpuOptions::default(),
             no_model: false,
             gpus: None,
@@ -98,7 +133,7 @@ impl Default for MttkrpOptions {
 /// use kruskal::measure::{MttkrpOptions, mttkrp};
 ///
 /// let loaded = TensorSource::Like { name: "nell-2".into(), nnz: Some(2_000), seed: 1 }.load().unwrap();
-/// let opts = MttkrpOptions { rank: 4, repeat: 2, kernel: "fcoo".into(), verify: true, quiet: true, ..Default::default() };
+/// let opts = MttkrpOptions { rank: 4, repeat: 2, kernel: "fcoo".parse().unwrap(), verify: true, quiet: true, ..Default::default() };
 /// let reports = mttkrp(&opts, &loaded).unwrap();
 /// assert_eq!(reports[0]["kernel"], "fcoo");
 /// assert!(reports[0]["modes"][0]["relative_error"].as_f64().unwrap() < 1e-5);
@@ -138,14 +173,13 @@ pub fn mttkrp(opts: &MttkrpOptions, loaded: &Loaded) -> Result<Vec<serde_json::V
     if opts.backend == MttkrpBackend::Gpu {
         return run_gpu(opts, loaded, &modes);
     }
-    let kernels: Vec<CpuEngine> = if opts.kernel == "all" {
-        CpuEngine::ENGINES.to_vec()
-    } else {
-        vec![
-            opts.kernel
-                .parse()
-                .map_err(|e: kruskal_cpu::CpuError| MeasureError::Invalid(e.to_string()))?,
-        ]
+    let kernels: Vec<CpuEngine> = match opts.kernel {
+        MttkrpKernel::All => CpuEngine::ENGINES.to_vec(),
+        MttkrpKernel::One(k) => vec![k.cpu().ok_or_else(|| {
+            MeasureError::Invalid(format!(
+                "unknown CPU kernel '{k}' (auto, sorted, fcoo, flycoo, hicoo, csf)"
+            ))
+        })?],
     };
     let factors = random_factors(t.dims(), opts.rank, 1);
     let mut reports = Vec::new();
@@ -283,10 +317,13 @@ fn run_gpu(
 ) -> Result<Vec<serde_json::Value>> {
     use kruskal_device::{GpuEngine, floor_bytes};
     let t = &loaded.tensor;
-    let kernels: Vec<GpuEngine> = if opts.kernel == "all" {
-        GpuEngine::ENGINES.to_vec()
-    } else {
-        vec![opts.kernel.parse().map_err(MeasureError::Invalid)?]
+    let kernels: Vec<GpuEngine> = match opts.kernel {
+        MttkrpKernel::All => GpuEngine::ENGINES.to_vec(),
+        MttkrpKernel::One(k) => vec![k.gpu().ok_or_else(|| {
+            MeasureError::Invalid(format!(
+                "unknown GPU kernel '{k}' (choose auto, coo, hicoo, fcoo or flycoo)"
+            ))
+        })?],
     };
     let gpu = kruskal_device::Gpu::open(0)?;
     let bandwidth = Bandwidths {
@@ -371,7 +408,7 @@ fn run_group(
         ordinals,
         t,
         opts.rank,
-        &opts.kernel,
+        &opts.kernel.to_string(),
         &group_opts,
         &mut |topic, text| {
             if !opts.quiet {
