@@ -19,11 +19,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use kruskal_cpu::CpuEngine;
-use kruskal_device::{DeviceError, Gpu, GpuEngine, GpuOptions};
+use kruskal_device::{DeviceError, Gpu, GpuOptions};
 use kruskal_formats::SparseTensor;
 use kruskal_group::{GpuGroup, GroupOptions};
 
 use crate::backend::{Backend, CpuBackend};
+use crate::engine_choice::{ChoiceRule, ChoiceSource, EngineChoice, EngineRequest, GpuRequest};
 use crate::error::{CpdError, OptionName, Result};
 use crate::gpu::{GpuBackend, KernelPlan};
 use crate::model::{IterationStats, KruskalModel};
@@ -58,9 +59,6 @@ impl std::str::FromStr for BackendChoice {
     }
 }
 
-/// The GPU engines `--kernel auto` tries on the first iteration.
-const AUTO_CANDIDATES: [GpuEngine; 3] = [GpuEngine::Fcoo, GpuEngine::Flycoo, GpuEngine::Hicoo];
-
 /// What [`decompose`] does.
 #[derive(Clone, Debug)]
 pub struct DecomposeOptions {
@@ -75,7 +73,7 @@ pub struct DecomposeOptions {
     pub backend: BackendChoice,
     /// MTTKRP engine. CPU: auto, sorted, fcoo, flycoo, hicoo, csf. GPU: auto,
     /// coo, fcoo, flycoo, hicoo; several GPUs: auto or shard.
-    pub kernel: String,
+    pub kernel: EngineRequest,
     /// Launch parameters of the GPU engines; a parameter given here wins
     /// over the tuning model's.
     pub gpu: GpuOptions,
@@ -105,7 +103,7 @@ impl DecomposeOptions {
             starts: 1,
             seed: 1,
             backend: BackendChoice::Auto,
-            kernel: "auto".into(),
+            kernel: EngineRequest::Auto,
             gpu: GpuOptions::default(),
             no_model: false,
             gpus: None,
@@ -125,11 +123,12 @@ impl DecomposeOptions {
     pub fn validate(&self) -> Result<()> {
         self.cpd.validate()?;
         check_starts(self.starts, &self.cpd.init)?;
-        let name = self.kernel.as_str();
-        if name.parse::<CpuEngine>().is_err() && name.parse::<GpuEngine>().is_err() {
-            return Err(CpdError::Invalid(format!(
-                "unknown kernel '{name}' (CPU: auto, sorted, fcoo, flycoo, hicoo, csf; GPU: auto, coo, fcoo, flycoo, hicoo)"
-            )));
+        if self.kernel == EngineRequest::Shard && self.gpus.is_none() {
+            return Err(CpdError::option_value(
+                OptionName::Kernel,
+                "shard",
+                "runs on a group of GPUs only (give the GPUs)",
+            ));
         }
         if self.gpus.as_ref().is_some_and(Vec::is_empty) {
             return Err(CpdError::option(OptionName::Gpus, "must be at least 1"));
@@ -554,7 +553,7 @@ fn group_backend(
         ordinals,
         t,
         rank,
-        &opts.kernel,
+        opts.kernel.name(),
         &group_opts,
         &mut |topic, text| {
             let _ = progress(Event::Note { topic, text });
@@ -592,7 +591,8 @@ fn make_backend(
         let count = if ordinals.len() > 1 {
             let gpu = Gpu::open(ordinals[0])?;
             let need = crate::memory::gpu_need(t.dims(), t.nnz(), rank);
-            let one_fits = need.total() <= gpu.free_bytes()? as u64 && opts.kernel != "shard";
+            let one_fits =
+                need.total() <= gpu.free_bytes()? as u64 && opts.kernel != EngineRequest::Shard;
             drop(gpu);
             crate::gpu_count::pick(t, rank, ordinals.len(), one_fits)
         } else {
@@ -606,7 +606,7 @@ fn make_backend(
             topic: "gpus",
             text: &count.reason,
         });
-        if count.gpus > 1 || opts.kernel == "shard" {
+        if count.gpus > 1 || opts.kernel == EngineRequest::Shard {
             let chosen = &ordinals[..count.gpus];
             return Ok((group_backend(opts, chosen, t, rank, progress)?, None));
         }
@@ -616,9 +616,9 @@ fn make_backend(
         one.backend = BackendChoice::Gpu;
         return make_backend(&one, t, rank, progress, times);
     }
-    let name = opts.kernel.as_str();
-    let cpu_kernel = name.parse::<CpuEngine>().ok();
-    let gpu_kernel = name.parse::<GpuEngine>().ok();
+    let name = opts.kernel.name();
+    let cpu_kernel = opts.kernel.cpu();
+    let gpu_kernel = opts.kernel.gpu();
     let cpu =
         |kernel: Option<CpuEngine>, why: Option<String>| -> Result<(Chosen, Option<String>)> {
             let Some(kernel) = kernel else {
@@ -656,12 +656,17 @@ fn make_backend(
             ));
         };
         kruskal_device::dense::check_rank(rank)?;
+        let request = GpuRequest {
+            engine: kernel,
+            given: &opts.gpu,
+            no_model: opts.no_model,
+            rank,
+            rule: ChoiceRule::Trial,
+        };
         // The tensor's features for the tuning model are computed while
         // the driver opens the GPU.
-        let wants_features = !opts.no_model
-            && !opts.gpu.sets_parameter_of(kernel)
-            && kruskal_tune::TuneModel::usable().is_ok();
-        let (gpu, features) = std::thread::scope(|s| {
+        let wants_features = request.wants_features();
+        let (gpu, mut features) = std::thread::scope(|s| {
             let features = s.spawn(|| {
                 wants_features.then(|| {
                     let start = Instant::now();
@@ -690,15 +695,15 @@ fn make_backend(
             )));
         }
         let start = Instant::now();
-        let candidates = gpu_candidates(
-            opts,
-            t,
-            rank,
-            kernel,
-            gpu.properties().sms,
-            features,
-            progress,
-        );
+        let sms = gpu.properties().sms;
+        let choice = request.choose(t, sms, &mut features);
+        for line in choice_notes(&choice, sms) {
+            let _ = progress(Event::Note {
+                topic: "kernels",
+                text: &line,
+            });
+        }
+        let candidates = choice.builds();
         record(|t| &mut t.choose_s, start);
         let _ = progress(Event::Step(Some("building the tensor's layout on the GPU")));
         let start = Instant::now();
@@ -718,91 +723,54 @@ fn make_backend(
     }
 }
 
-/// The configurations the GPU backend builds: with `--kernel auto`, the
-/// fixed default and the tuning model's best others for this tensor's
-/// features (`tune::candidates`; without a trained model, fcoo, flycoo and
-/// hicoo at their defaults); with an engine
-/// named, that engine with the model's best parameter unless a flag gives
-/// it. Tells `progress` what was chosen and why. `features` are the
-/// tensor's features and their seconds when computed already.
-fn gpu_candidates(
-    opts: &DecomposeOptions,
-    t: &SparseTensor,
-    rank: usize,
-    kernel: GpuEngine,
-    sms: usize,
-    features: Option<(kruskal_tune::TensorFeatures, f64)>,
-    progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
-) -> Vec<(GpuEngine, GpuOptions)> {
-    use kruskal_device::tune::ConfigEngine;
-    use kruskal_tune::{CANDIDATES, Config, TuneModel, choose, shortlist};
-    let given = opts.gpu.clone();
-    let mut say = |line: String| {
-        let _ = progress(Event::Note {
-            topic: "kernels",
-            text: &line,
-        });
-    };
-    let model = if opts.no_model {
-        Err("--no-model".to_string())
-    } else {
-        TuneModel::usable()
-    };
-    let param_given = given.sets_parameter_of(kernel);
-    // The model's parameters, where no flag gives one.
-    let with = |k: GpuEngine, o: GpuOptions| (k, given.or(&o));
-    let engine_defaults = |why: String, say: &mut dyn FnMut(String)| {
-        say(format!(
+/// What `kruskal cpd` and Python say of the GPU engines chosen (the
+/// `kernels` notes): for `auto` what is timed and why; for an engine named
+/// without its parameter, the model's parameter and why; nothing when the
+/// flags gave it all or no model was asked.
+fn choice_notes(choice: &EngineChoice, sms: usize) -> Vec<String> {
+    let features_s = choice.features_s;
+    match (&choice.source, choice.requested) {
+        (ChoiceSource::Default { why }, kruskal_device::GpuEngine::Auto) => vec![format!(
             "timing fcoo, flycoo and hicoo at their defaults ({why})"
-        ));
-        AUTO_CANDIDATES
-            .iter()
-            .map(|&k| (k, given.clone()))
-            .collect()
-    };
-    match (kernel, model) {
-        (GpuEngine::Auto, Err(why)) => engine_defaults(why, &mut say),
-        (_, Err(_)) => vec![(kernel, given.clone())],
-        (_, Ok(_)) if param_given => vec![(kernel, given.clone())],
-        (_, Ok(model)) => {
-            let (features, features_s) = features.unwrap_or_else(|| {
-                let start = Instant::now();
-                let f = kruskal_tune::TensorFeatures::compute(t);
-                (f, start.elapsed().as_secs_f64())
-            });
-            if kernel == GpuEngine::Auto {
-                let ranked = match model.predict(&features, rank) {
-                    Ok(ranked) => ranked,
-                    Err(e) => return engine_defaults(e.to_string(), &mut say),
-                };
-                let top = shortlist(&ranked, Config::DEFAULT, CANDIDATES);
-                let names: Vec<String> = top
-                    .iter()
-                    .map(|&c| {
-                        let ms = ranked.iter().find(|p| p.config == c).map(|p| p.total_ms);
-                        format!("{} ({:.2} ms)", c.flags(sms), ms.unwrap_or(f64::NAN))
-                    })
-                    .collect();
-                say(format!(
-                    "the default and the tuning model's best {} others for this tensor (features in {features_s:.2} s): {}",
-                    top.len() - 1,
-                    names.join(", ")
-                ));
-                top.iter()
-                    .map(|c| with(c.kernel(), c.options(sms)))
-                    .collect()
-            } else {
-                let picked = choose(&features, rank, kernel.tune_engine());
-                let why = match picked.reason.as_str() {
-                    "model" => format!("the tuning model's best {} parameter", kernel.name()),
-                    other => other.to_string(),
-                };
-                say(format!(
-                    "{} ({why}; features in {features_s:.2} s)",
-                    picked.config.flags(sms),
-                ));
-                vec![with(kernel, picked.config.options(sms))]
-            }
+        )],
+        (ChoiceSource::Model { .. }, kruskal_device::GpuEngine::Auto) => {
+            let names: Vec<String> = choice
+                .candidates
+                .iter()
+                .filter_map(|c| {
+                    let config = c.config?;
+                    Some(format!(
+                        "{} ({:.2} ms)",
+                        config.flags(sms),
+                        c.predicted_ms.unwrap_or(f64::NAN)
+                    ))
+                })
+                .collect();
+            vec![format!(
+                "the default and the tuning model's best {} others for this tensor (features in {:.2} s): {}",
+                choice.candidates.len().saturating_sub(1),
+                features_s.unwrap_or(0.0),
+                names.join(", ")
+            )]
+        }
+        (_, kernel) => {
+            let (Some(features_s), Some(config)) =
+                (features_s, choice.candidates.first().and_then(|c| c.config))
+            else {
+                return Vec::new();
+            };
+            let why = match &choice.source {
+                ChoiceSource::Model { kept: None } => {
+                    format!("the tuning model's best {} parameter", kernel.name())
+                }
+                ChoiceSource::Model { kept: Some(kept) } => kept.to_string(),
+                ChoiceSource::Default { why } => why.clone(),
+                ChoiceSource::Flags => return Vec::new(),
+            };
+            vec![format!(
+                "{} ({why}; features in {features_s:.2} s)",
+                config.flags(sms)
+            )]
         }
     }
 }
@@ -951,12 +919,10 @@ mod tests {
         opts.cpd.tol = -1.0;
         refuse(&opts, OptionName::Tol, "tol -1 must be finite and >= 0");
         let mut opts = cpu_options(3);
-        opts.kernel = "bogus".into();
-        let (done, _) = run(&t, &opts, &stop, |_| ControlFlow::Continue(()));
-        let err = done.err().unwrap().to_string();
-        assert!(err.starts_with("unknown kernel 'bogus'"), "{err}");
-        opts.kernel = "coo".into();
+        opts.kernel = EngineRequest::Coo;
         refuse(&opts, OptionName::Kernel, "kernel coo runs on the GPU only");
+        opts.kernel = EngineRequest::Shard;
+        refuse(&opts, OptionName::Kernel, "kernel shard runs on a group of GPUs only");
         let mut opts = cpu_options(3);
         opts.starts = 0;
         refuse(&opts, OptionName::Starts, "starts must be at least 1");

@@ -24,6 +24,7 @@ pub mod backend;
 pub mod decompose;
 pub mod dense;
 pub mod distributed;
+pub mod engine_choice;
 pub mod error;
 pub mod gpu;
 pub mod gpu_count;
@@ -44,6 +45,7 @@ pub use decompose::{
     decompose,
 };
 pub use distributed::{DistributedDecomposition, decompose_distributed};
+pub use engine_choice::{EngineChoice, EngineRequest};
 pub use error::{CpdError, OptionName, Result, Spelling};
 pub use gpu::{GpuBackend, KernelPlan};
 pub use model::{HISTORY, IterationStats, IterationTotals, KruskalModel, Staging, load_factors};

@@ -107,7 +107,7 @@ fn values_at_the_ends_of_f32_run_on_the_gpu() {
             opts.cpd.tol = 0.0;
             opts.backend = backend;
             if group.is_some() {
-                opts.kernel = "shard".into();
+                opts.kernel = kruskal_cpd::EngineRequest::Shard;
             }
             opts.gpus = group;
             decompose(

@@ -18,7 +18,7 @@ pub enum GpuEngine {
     /// The engine kruskal picks. [`build_engine`] resolves it to the fixed
     /// default, fcoo (the fastest single-GPU MTTKRP on every FROSTT shape
     /// measured, docs/performance.md); the adaptive choice per tensor is
-    /// `kruskal_tune::choose`, which callers ask first.
+    /// `kruskal_cpd::engine_choice`'s, which callers ask first.
     Auto,
     /// COO with one f64 atomic per (nonzero, column): the baseline.
     CooAtomic,

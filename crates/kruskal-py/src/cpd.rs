@@ -133,7 +133,7 @@ pub fn cp_als<'py>(
         starts,
         seed,
         backend,
-        kernel: kernel.to_string(),
+        kernel: kernel.parse().map_err(|e| cpd_error(e, false))?,
         gpu: GpuOptions::default(),
         no_model: false,
         gpus,

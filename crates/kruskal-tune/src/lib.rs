@@ -32,10 +32,12 @@
 //!   `model/held-out.json`).
 //! - [`train`]: fitting the model (`cargo xtask train`) and measuring how
 //!   good its choices are (leave one tensor out, or held-out tensors).
-//! - [`choose`] and [`candidates`]: what callers use (`kruskal mttkrp
-//!   --kernel auto`; the CPD backend, which times the default and the
-//!   model's best others on its first iteration); [`pick`] and
-//!   [`shortlist`] are their rules on a ranking, which [`train`] judges.
+//! - [`choose`] (one configuration, and on what [`Basis`]) and
+//!   [`candidates`] (the default and the model's best others, to time):
+//!   the rules the engine choice applies (`kruskal_cpd::engine_choice`,
+//!   which `kruskal mttkrp --kernel auto` and the CPD backend both ask);
+//!   [`pick`] and [`shortlist`] are their rules on a ranking, which
+//!   [`train`] judges.
 //!
 //! A [`Config`] names its engine with the plain [`Engine`] enum, not with
 //! the GPU runtime's `GpuEngine`, so that this crate stays free of it.
@@ -328,16 +330,59 @@ pub fn row(mode_vector: &[f64], rank: usize, config: Config) -> Vec<f64> {
     r
 }
 
-/// A configuration picked for a tensor, and why.
+/// A configuration picked for a tensor, and on what basis.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Choice {
     pub config: Config,
-    /// The model's predicted time for all modes, in ms (`None` when no
-    /// model could rank the configurations).
-    pub predicted_ms: Option<f64>,
-    /// `model` when the model's first choice is used, else why the
-    /// default was (no model, or the margin rule kept it).
-    pub reason: String,
+    pub basis: Basis,
+}
+
+impl Choice {
+    /// The model's predicted time for all modes of [`Choice::config`], in
+    /// ms (`None` when no model could rank the configurations).
+    pub fn predicted_ms(&self) -> Option<f64> {
+        match self.basis {
+            Basis::Model { predicted_ms } | Basis::Kept { predicted_ms, .. } => Some(predicted_ms),
+            Basis::NoRanking(_) => None,
+        }
+    }
+}
+
+/// Why [`choose`] picked its configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Basis {
+    /// The model's first choice, predicted `predicted_ms` for all modes.
+    Model { predicted_ms: f64 },
+    /// The default, kept by the [`MARGIN`] rule; predicted `predicted_ms`.
+    Kept { predicted_ms: f64, kept: MarginKept },
+    /// No model could rank the configurations (the reason: no trained
+    /// model, or none of the engine's configurations ranked), so the
+    /// default.
+    NoRanking(String),
+}
+
+/// The margin rule kept `default` although `first` was ranked ahead of
+/// it: `first` was predicted only `gain` (a fraction) faster.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MarginKept {
+    pub default: Config,
+    pub first: Config,
+    pub gain: f64,
+}
+
+/// `default fcoo/threadlen=8 kept, flycoo/kappa_per_sm=2 predicted only
+/// 4.0% faster, under the 30% margin`.
+impl fmt::Display for MarginKept {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "default {} kept, {} predicted only {:.1}% faster, under the {:.0}% margin",
+            self.default,
+            self.first,
+            100.0 * self.gain,
+            100.0 * MARGIN
+        )
+    }
 }
 
 /// The least gain the model must predict before its first choice replaces
@@ -402,10 +447,9 @@ pub fn shortlist(ranked: &[Prediction], default: Config, k: usize) -> Vec<Config
 /// features is the caller's (see [`TensorFeatures::compute`]).
 pub fn choose(features: &TensorFeatures, rank: usize, engine: Option<Engine>) -> Choice {
     let default = engine.map_or(Config::DEFAULT, Engine::default_config);
-    let fallback = |reason: String| Choice {
+    let fallback = |why: String| Choice {
         config: default,
-        predicted_ms: None,
-        reason,
+        basis: Basis::NoRanking(why),
     };
     let ranked = match TuneModel::cached().and_then(|m| m.predict(features, rank)) {
         Ok(ranked) => ranked,
@@ -422,16 +466,18 @@ pub fn choose(features: &TensorFeatures, rank: usize, engine: Option<Engine>) ->
         )),
         Some(p) => Choice {
             config: p.config,
-            predicted_ms: Some(p.total_ms),
-            reason: match &ranked[0] {
-                first if first.config == p.config => "model".into(),
-                first => format!(
-                    "default {} kept, {} predicted only {:.1}% faster, under the {:.0}% margin",
-                    p.config,
-                    first.config,
-                    100.0 * (1.0 - first.total_ms / p.total_ms),
-                    100.0 * MARGIN
-                ),
+            basis: match &ranked[0] {
+                first if first.config == p.config => Basis::Model {
+                    predicted_ms: p.total_ms,
+                },
+                first => Basis::Kept {
+                    predicted_ms: p.total_ms,
+                    kept: MarginKept {
+                        default: p.config,
+                        first: first.config,
+                        gain: 1.0 - first.total_ms / p.total_ms,
+                    },
+                },
             },
         },
     }
@@ -519,7 +565,11 @@ mod tests {
             assert_eq!(c, vec![Config::DEFAULT]);
             let choice = choose(&f, 16, Some(Engine::Hicoo));
             assert_eq!(choice.config, Config::Hicoo { block_bits: 7 });
-            assert!(choice.reason.contains("untrained"), "{}", choice.reason);
+            match &choice.basis {
+                Basis::NoRanking(why) => assert!(why.contains("untrained"), "{why}"),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(choice.predicted_ms(), None);
         }
     }
 
@@ -566,6 +616,17 @@ mod tests {
         // nothing picked.
         assert_eq!(picked(&[(fly, 0.9), (fcoo4, 1.0)], 0.05), Some((fly, 0.9)));
         assert_eq!(picked(&[], 0.05), None);
+        // What the kept default says.
+        let kept = MarginKept {
+            default: Config::DEFAULT,
+            first: fly,
+            gain: 0.04,
+        };
+        assert_eq!(
+            kept.to_string(),
+            "default fcoo/threadlen=8 kept, flycoo/kappa_per_sm=2 predicted only 4.0% faster, \
+             under the 30% margin"
+        );
     }
 
     #[test]

@@ -8,8 +8,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use kruskal_cpd::{
-    AdmmOptions, Chosen, CpdOptions, DecomposeOptions, Decomposition, GroupBackend, Init,
-    KernelPlan, KruskalModel, NonNeg, factor_match_score, load_factors,
+    AdmmOptions, Chosen, CpdOptions, DecomposeOptions, Decomposition, EngineRequest,
+    GroupBackend, Init, KernelPlan, KruskalModel, NonNeg, factor_match_score, load_factors,
 };
 use kruskal_formats::generate::{PlantedSpec, planted};
 use ndarray::Array2;
@@ -144,6 +144,11 @@ fn parse_weight(text: &str) -> Result<f64, String> {
 }
 
 impl CpdArgs {
+    /// The engine `--kernel` asks for.
+    fn engine(&self) -> Result<EngineRequest, kruskal_cpd::CpdError> {
+        self.kernel.parse()
+    }
+
     /// The AO-ADMM options the flags ask for (`None`: plain ALS).
     pub(super) fn constraints(&self) -> Option<AdmmOptions> {
         if self.nonneg.is_none() && self.l1.is_none() && self.l2.is_none() {
@@ -204,8 +209,9 @@ pub fn run(args: CpdArgs) -> Result<()> {
     // What can be known before the tensor is read or generated is checked
     // first: the GPUs asked for, and the memory for the tensor's shape.
     args.multi.group()?;
-    // (A CPU-only --kernel is an option error, which decompose reports.)
-    let gpu_kernel = args.kernel.parse::<kruskal_device::GpuEngine>().is_ok();
+    // (An unknown --kernel is refused where the options are made, a
+    // CPU-only one by decompose.)
+    let gpu_kernel = args.engine().is_ok_and(|k| k.gpu().is_some());
     if args.backend == BackendArg::Gpu && args.multi.gpus.is_none() && gpu_kernel {
         preflight::check_gpu_present()?;
     }
@@ -354,7 +360,7 @@ pub(super) fn decompose_options(args: &CpdArgs, dims: &[u32]) -> Result<Decompos
             BackendArg::Cpu => kruskal_cpd::BackendChoice::Cpu,
             BackendArg::Gpu => kruskal_cpd::BackendChoice::Gpu,
         },
-        kernel: args.kernel.clone(),
+        kernel: args.engine()?,
         gpu: args.gpu.options(),
         no_model: args.gpu.no_model,
         group,

@@ -70,7 +70,7 @@ impl MttkrpArgs {
                 MttkrpBackendArg::Cpu => MttkrpBackend::Cpu,
                 MttkrpBackendArg::Gpu => MttkrpBackend::Gpu,
             },
-            kernel: self.kernel.clone(),
+            kernel: self.kernel.parse()?,
             gpu: self.gpu.options(),
             no_model: self.gpu.no_model,
             gpus,

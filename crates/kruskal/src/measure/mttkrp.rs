@@ -3,7 +3,10 @@
 
 use std::time::Instant;
 
-use kruskal_cpd::{CpdError, OptionName, random_factors};
+use kruskal_cpd::engine_choice::{
+    ChoiceRule, ChoiceSource, EngineChoice, GpuCandidate, GpuRequest,
+};
+use kruskal_cpd::{CpdError, EngineRequest, OptionName, random_factors};
 use kruskal_cpu::{CpuEngine, MttkrpEngine, mttkrp_reference, relative_error};
 use kruskal_device::GpuOptions;
 use kruskal_group::GroupOptions;
@@ -21,6 +24,41 @@ pub enum MttkrpBackend {
     Cpu,
     /// The first CUDA GPU.
     Gpu,
+}
+
+/// What `kruskal mttkrp --kernel` asks for: one engine (or `auto`), or
+/// every engine of the backend in turn (`all`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MttkrpKernel {
+    One(EngineRequest),
+    All,
+}
+
+impl Default for MttkrpKernel {
+    fn default() -> Self {
+        MttkrpKernel::One(EngineRequest::Auto)
+    }
+}
+
+impl std::str::FromStr for MttkrpKernel {
+    type Err = kruskal_cpd::CpdError;
+
+    /// `all`, or what [`EngineRequest`] takes.
+    fn from_str(text: &str) -> std::result::Result<Self, Self::Err> {
+        match text {
+            "all" => Ok(MttkrpKernel::All),
+            _ => text.parse().map(MttkrpKernel::One),
+        }
+    }
+}
+
+impl std::fmt::Display for MttkrpKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MttkrpKernel::One(k) => k.fmt(f),
+            MttkrpKernel::All => f.write_str("all"),
+        }
+    }
 }
 
 /// What [`mttkrp`] times: the options of `kruskal mttkrp` that shape a
@@ -44,7 +82,7 @@ pub struct MttkrpOptions {
     /// there is no trained model), and an engine's parameter not given in
     /// [`gpu`](Self::gpu) is the model's best for that engine. Several
     /// GPUs: auto or shard. Default `auto`.
-    pub kernel: String,
+    pub kernel: MttkrpKernel,
     /// Launch parameters of the GPU engines; a parameter given here wins
     /// over the tuning model's.
     pub gpu: GpuOptions,
@@ -73,7 +111,7 @@ impl Default for MttkrpOptions {
             mode: "all".into(),
             repeat: 10,
             backend: MttkrpBackend::Cpu,
-            kernel: "auto".into(),
+            kernel: MttkrpKernel::default(),
             gpu: GpuOptions::default(),
             no_model: false,
             gpus: None,
@@ -96,7 +134,7 @@ impl Default for MttkrpOptions {
 /// use kruskal::measure::{MttkrpOptions, mttkrp};
 ///
 /// let loaded = TensorSource::Like { name: "nell-2".into(), nnz: Some(2_000), seed: 1 }.load().unwrap();
-/// let opts = MttkrpOptions { rank: 4, repeat: 2, kernel: "fcoo".into(), verify: true, quiet: true, ..Default::default() };
+/// let opts = MttkrpOptions { rank: 4, repeat: 2, kernel: "fcoo".parse().unwrap(), verify: true, quiet: true, ..Default::default() };
 /// let reports = mttkrp(&opts, &loaded).unwrap();
 /// assert_eq!(reports[0]["kernel"], "fcoo");
 /// assert!(reports[0]["modes"][0]["relative_error"].as_f64().unwrap() < 1e-5);
@@ -140,14 +178,13 @@ pub fn mttkrp(opts: &MttkrpOptions, loaded: &Loaded) -> Result<Vec<serde_json::V
     if opts.backend == MttkrpBackend::Gpu {
         return run_gpu(opts, loaded, &modes);
     }
-    let kernels: Vec<CpuEngine> = if opts.kernel == "all" {
-        CpuEngine::ENGINES.to_vec()
-    } else {
-        vec![
-            opts.kernel
-                .parse()
-                .map_err(|e: kruskal_cpu::CpuError| MeasureError::Invalid(e.to_string()))?,
-        ]
+    let kernels: Vec<CpuEngine> = match opts.kernel {
+        MttkrpKernel::All => CpuEngine::ENGINES.to_vec(),
+        MttkrpKernel::One(k) => vec![k.cpu().ok_or_else(|| {
+            MeasureError::Invalid(format!(
+                "unknown CPU kernel '{k}' (auto, sorted, fcoo, flycoo, hicoo, csf)"
+            ))
+        })?],
     };
     let factors = random_factors(t.dims(), opts.rank, 1);
     let mut reports = Vec::new();
@@ -285,10 +322,13 @@ fn run_gpu(
 ) -> Result<Vec<serde_json::Value>> {
     use kruskal_device::{GpuEngine, floor_bytes};
     let t = &loaded.tensor;
-    let kernels: Vec<GpuEngine> = if opts.kernel == "all" {
-        GpuEngine::ENGINES.to_vec()
-    } else {
-        vec![opts.kernel.parse().map_err(MeasureError::Invalid)?]
+    let kernels: Vec<GpuEngine> = match opts.kernel {
+        MttkrpKernel::All => GpuEngine::ENGINES.to_vec(),
+        MttkrpKernel::One(k) => vec![k.gpu().ok_or_else(|| {
+            MeasureError::Invalid(format!(
+                "unknown GPU kernel '{k}' (choose auto, coo, hicoo, fcoo or flycoo)"
+            ))
+        })?],
     };
     let gpu = kruskal_device::Gpu::open(0)?;
     let bandwidth = Bandwidths {
@@ -315,7 +355,14 @@ fn run_gpu(
         if k > 0 && !opts.quiet {
             println!();
         }
-        let choice = choose_gpu(opts, t, kernel, gpu.properties().sms, &mut features);
+        let choice = GpuRequest {
+            engine: kernel,
+            given: &opts.gpu,
+            no_model: opts.no_model,
+            rank: opts.rank,
+            rule: ChoiceRule::One,
+        }
+        .choose(t, gpu.properties().sms, &mut features);
         reports.push(time_gpu_kernel(
             opts, loaded, &gpu, &choice, modes, &factors, &exact, &floor_ms, bandwidth,
         )?);
@@ -366,7 +413,7 @@ fn run_group(
         ordinals,
         t,
         opts.rank,
-        &opts.kernel,
+        &opts.kernel.to_string(),
         &group_opts,
         &mut |topic, text| {
             if !opts.quiet {
@@ -469,83 +516,6 @@ fn run_group(
     }))
 }
 
-/// The engine and options a GPU run uses, and where they came from.
-struct GpuChoice {
-    /// As `--kernel` named it (`auto` or an engine).
-    requested: kruskal_device::GpuEngine,
-    kernel: kruskal_device::GpuEngine,
-    opts: kruskal_device::GpuOptions,
-    /// `flags`, `model` or `default`.
-    source: &'static str,
-    predicted_ms: Option<f64>,
-    /// Why the fixed default was used, if it was (also when the model
-    /// kept it under its margin).
-    reason: Option<String>,
-    /// Seconds spent on the tensor features (0 when not needed).
-    features_s: f64,
-    rank: usize,
-}
-
-/// Picks the engine and options for `--kernel` value `kernel`: flags given
-/// on the command line win; a parameter not given (and the engine, for
-/// `auto`) comes from the tuning model unless `--no-model`; without a
-/// trained model, the fixed defaults. Features are computed at most once
-/// (`features` caches them) and only when the model is asked.
-fn choose_gpu(
-    opts: &MttkrpOptions,
-    t: &kruskal_formats::SparseTensor,
-    kernel: kruskal_device::GpuEngine,
-    sms: usize,
-    features: &mut Option<(kruskal_tune::TensorFeatures, f64)>,
-) -> GpuChoice {
-    use kruskal_device::tune::ConfigEngine;
-    use kruskal_tune::{TuneModel, choose};
-    let given = opts.gpu.clone();
-    let mut choice = GpuChoice {
-        requested: kernel,
-        kernel: kernel.resolve(),
-        opts: given.clone(),
-        source: "flags",
-        predicted_ms: None,
-        reason: None,
-        features_s: 0.0,
-        rank: opts.rank,
-    };
-    if given.sets_parameter_of(kernel) {
-        return choice;
-    }
-    let why_not = if opts.no_model {
-        Some("--no-model".to_string())
-    } else {
-        TuneModel::usable().err()
-    };
-    if let Some(reason) = why_not {
-        choice.source = "default";
-        choice.reason = Some(reason);
-        return choice;
-    }
-    let (f, features_s) = features.get_or_insert_with(|| {
-        let start = Instant::now();
-        let f = kruskal_tune::TensorFeatures::compute(t);
-        (f, start.elapsed().as_secs_f64())
-    });
-    let picked = choose(f, opts.rank, kernel.tune_engine());
-    let model = picked.config.options(sms);
-    choice.kernel = picked.config.kernel();
-    choice.opts = given.or(&model);
-    choice.features_s = *features_s;
-    choice.predicted_ms = picked.predicted_ms;
-    if picked.predicted_ms.is_some() {
-        choice.source = "model";
-        // The margin rule kept the default: say so.
-        choice.reason = (picked.reason != "model").then_some(picked.reason);
-    } else {
-        choice.source = "default";
-        choice.reason = Some(picked.reason);
-    }
-    choice
-}
-
 /// `fcoo, threadlen 8`: the engine and the parameter it uses.
 fn describe(
     kernel: kruskal_device::GpuEngine,
@@ -590,36 +560,57 @@ fn describe(
     }
 }
 
-impl GpuChoice {
-    /// One line for the text output.
-    fn line(&self, sms: usize) -> String {
-        let what = describe(self.kernel, &self.opts, sms, self.rank);
-        let how = match (self.source, self.predicted_ms, &self.reason) {
-            ("model", Some(ms), why) => format!(
-                "tuning model, predicted {ms:.3} ms for all modes{}; features in {:.2} s",
-                why.as_ref().map_or(String::new(), |w| format!("; {w}")),
-                self.features_s
-            ),
-            ("default", _, Some(r)) => format!("fixed default: {r}"),
-            _ => "given by the flags".into(),
-        };
-        format!("{} -> {what} ({how})", self.requested)
-    }
+/// The engine a one-GPU run builds: its choice's only candidate.
+fn chosen(choice: &EngineChoice) -> Result<&GpuCandidate> {
+    choice
+        .candidates
+        .first()
+        .ok_or_else(|| MeasureError::Invalid("no GPU kernel to run".into()))
+}
 
-    fn json(&self, sms: usize) -> serde_json::Value {
-        let p = self.opts.resolve(sms);
-        let pipe = self.opts.pipeline();
-        json!({
-            "requested": self.requested.name(), "kernel": self.kernel.name(),
-            "description": describe(self.kernel, &self.opts, sms, self.rank),
-            "kappa": p.kappa, "threadlen": p.threadlen, "block_bits": p.block_bits,
-            "fiber": p.fiber, "factor_precision": self.opts.precision.name(),
-            "rounds": pipe.rounds, "prefetch": pipe.prefetch,
-            "min_blocks": pipe.min_blocks, "group_sums": pipe.group_sums,
-            "source": self.source, "predicted_ms": self.predicted_ms, "reason": self.reason,
-            "features_s": self.features_s,
-        })
+/// `flags`, `model` or `default`, and why the default was used (also when
+/// the model kept it under its margin).
+fn source_and_reason(choice: &EngineChoice) -> (&'static str, Option<String>) {
+    match &choice.source {
+        ChoiceSource::Flags => ("flags", None),
+        ChoiceSource::Model { kept } => ("model", kept.map(|k| k.to_string())),
+        ChoiceSource::Default { why } => ("default", Some(why.clone())),
     }
+}
+
+/// One line for the text output: `auto -> fcoo, threadlen 8, lane teams
+/// (fixed default: --no-model)`.
+fn choice_line(choice: &EngineChoice, sms: usize, rank: usize) -> Result<String> {
+    let c = chosen(choice)?;
+    let what = describe(c.engine, &c.options, sms, rank);
+    let how = match (source_and_reason(choice), c.predicted_ms) {
+        (("model", why), Some(ms)) => format!(
+            "tuning model, predicted {ms:.3} ms for all modes{}; features in {:.2} s",
+            why.as_ref().map_or(String::new(), |w| format!("; {w}")),
+            choice.features_s.unwrap_or(0.0)
+        ),
+        (("default", Some(r)), _) => format!("fixed default: {r}"),
+        _ => "given by the flags".into(),
+    };
+    Ok(format!("{} -> {what} ({how})", choice.requested))
+}
+
+/// The choice as `--json` reports it.
+fn choice_json(choice: &EngineChoice, sms: usize, rank: usize) -> Result<serde_json::Value> {
+    let c = chosen(choice)?;
+    let p = c.options.resolve(sms);
+    let pipe = c.options.pipeline();
+    let (source, reason) = source_and_reason(choice);
+    Ok(json!({
+        "requested": choice.requested.name(), "kernel": c.engine.name(),
+        "description": describe(c.engine, &c.options, sms, rank),
+        "kappa": p.kappa, "threadlen": p.threadlen, "block_bits": p.block_bits,
+        "fiber": p.fiber, "factor_precision": c.options.precision.name(),
+        "rounds": pipe.rounds, "prefetch": pipe.prefetch,
+        "min_blocks": pipe.min_blocks, "group_sums": pipe.group_sums,
+        "source": source, "predicted_ms": c.predicted_ms, "reason": reason,
+        "features_s": choice.features_s.unwrap_or(0.0),
+    }))
 }
 
 /// Builds one GPU engine and times it; prints a table unless `--json`;
@@ -629,7 +620,7 @@ fn time_gpu_kernel(
     opts: &MttkrpOptions,
     loaded: &Loaded,
     gpu: &std::sync::Arc<kruskal_device::Gpu>,
-    choice: &GpuChoice,
+    choice: &EngineChoice,
     modes: &[usize],
     factors: &[Array2<f32>],
     exact: &[Option<Array2<f64>>],
@@ -640,7 +631,8 @@ fn time_gpu_kernel(
     use kruskal_device::build_engine;
     let t = &loaded.tensor;
     let prep = Instant::now();
-    let mut engine = build_engine(choice.kernel, gpu.clone(), t, &choice.opts)?;
+    let built = chosen(choice)?;
+    let mut engine = build_engine(built.engine, gpu.clone(), t, &built.options)?;
     let dev_factors = DeviceFactors::upload(gpu, factors)?;
     gpu.stream()
         .synchronize()
@@ -677,7 +669,7 @@ fn time_gpu_kernel(
                 .collect();
             println!("         built on the GPU: {}", parts.join(", "));
         }
-        println!("         kernel {}", choice.line(p.sms));
+        println!("         kernel {}", choice_line(choice, p.sms, opts.rank)?);
         println!(
             "{:>6} {:>11} {:>11} {:>14} {:>10} {:>9} {:>9} {:>10} {:>8}{}",
             "mode",
@@ -758,7 +750,7 @@ fn time_gpu_kernel(
     }
     Ok(json!({
         "tensor": { "source": loaded.source, "dims": t.dims(), "nnz": t.nnz() },
-        "backend": "gpu", "kernel": engine.name(), "choice": choice.json(p.sms),
+        "backend": "gpu", "kernel": engine.name(), "choice": choice_json(choice, p.sms, opts.rank)?,
         "deterministic": opts.gpu.deterministic,
         "gpu": p.name, "copy_bandwidth_bytes_per_s": bandwidth.copy,
         "l2_gather_bandwidth_bytes_per_s": bandwidth.l2_gather, "rank": opts.rank,
@@ -766,7 +758,7 @@ fn time_gpu_kernel(
         "prepare_steps": engine.preparation().iter().map(|(step, s)| json!({"step": step, "s": s})).collect::<Vec<_>>(),
         "modes": rows,
         "tolerance": tolerance(if engine.name() == "fcoo" {
-            choice.opts.precision
+            built.options.precision
         } else {
             kruskal_device::FactorPrecision::F32
         }),
@@ -784,26 +776,31 @@ mod choice_tests {
 
     /// The choice for `--kernel kernel` with these launch options, on a
     /// small nips-shaped tensor.
-    fn pick(kernel: &str, gpu: GpuOptions, no_model: bool) -> GpuChoice {
+    fn pick(kernel: &str, gpu: GpuOptions, no_model: bool) -> EngineChoice {
         pick_on("nips", 2_000, kernel, gpu, no_model)
     }
 
-    fn pick_on(like: &str, nnz: usize, kernel: &str, gpu: GpuOptions, no_model: bool) -> GpuChoice {
+    fn pick_on(
+        like: &str,
+        nnz: usize,
+        kernel: &str,
+        gpu: GpuOptions,
+        no_model: bool,
+    ) -> EngineChoice {
         let source = TensorSource::Like {
             name: like.into(),
             nnz: Some(nnz),
             seed: 1,
         };
         let t = source.load().unwrap().tensor;
-        let opts = MttkrpOptions {
-            backend: MttkrpBackend::Gpu,
-            kernel: kernel.into(),
-            gpu,
+        GpuRequest {
+            engine: kernel.parse().unwrap(),
+            given: &gpu,
             no_model,
-            ..MttkrpOptions::default()
-        };
-        let kernel = opts.kernel.parse().unwrap();
-        choose_gpu(&opts, &t, kernel, 132, &mut None)
+            rank: 32,
+            rule: ChoiceRule::One,
+        }
+        .choose(&t, 132, &mut None)
     }
 
     /// Launch options with only `threadlen` given.
@@ -814,72 +811,87 @@ mod choice_tests {
         }
     }
 
+    /// Source, engine and options of a one-engine choice.
+    fn parts(c: &EngineChoice) -> (&'static str, GpuEngine, GpuOptions) {
+        let k = chosen(c).unwrap();
+        (source_and_reason(c).0, k.engine, k.options.clone())
+    }
+
     #[test]
     fn flags_win_and_no_model_keeps_the_fixed_default() {
         let c = pick("fcoo", threadlen(16), false);
+        let (source, engine, opts) = parts(&c);
         assert_eq!(
-            (c.source, c.kernel, c.opts.threadlen),
+            (source, engine, opts.threadlen),
             ("flags", GpuEngine::Fcoo, Some(16))
         );
-        assert_eq!(pick("coo", GpuOptions::default(), false).source, "flags");
-        let c = pick("auto", GpuOptions::default(), true);
-        assert_eq!((c.source, c.kernel), ("default", GpuEngine::Fcoo));
-        assert_eq!(c.reason.as_deref(), Some("--no-model"));
+        assert_eq!(choice_json(&c, 132, 32).unwrap()["source"], "flags");
         assert!(
-            c.line(132)
-                .starts_with("auto -> fcoo, threadlen 8, lane teams (fixed default"),
-            "{}",
-            c.line(132)
+            choice_line(&c, 132, 32)
+                .unwrap()
+                .ends_with("(given by the flags)")
         );
-        assert_eq!(c.json(132)["threadlen"], 8);
+        assert_eq!(parts(&pick("coo", GpuOptions::default(), false)).0, "flags");
+        let c = pick("auto", GpuOptions::default(), true);
+        assert_eq!((parts(&c).0, parts(&c).1), ("default", GpuEngine::Fcoo));
+        assert_eq!(source_and_reason(&c).1.as_deref(), Some("--no-model"));
+        let line = choice_line(&c, 132, 32).unwrap();
+        assert!(
+            line.starts_with("auto -> fcoo, threadlen 8, lane teams (fixed default"),
+            "{line}"
+        );
+        let json = choice_json(&c, 132, 32).unwrap();
+        assert_eq!(json["threadlen"], 8);
+        assert_eq!(json["reason"], "--no-model");
+        assert_eq!(json["features_s"], 0.0);
         // The kernel's options as the line names them; lane teams only at
         // the ranks they exist for.
         let fiber = GpuOptions {
             fiber: Some(true),
             ..threadlen(8)
         };
-        let c = pick("fcoo", fiber, false);
+        let (_, k, o) = parts(&pick("fcoo", fiber, false));
         let bf16 = GpuOptions {
             precision: FactorPrecision::Bf16,
             ..threadlen(8)
         };
         let c2 = pick("fcoo", bf16, false);
+        let (_, k2, o2) = parts(&c2);
+        assert_eq!(describe(k, &o, 132, 32), "fcoo, threadlen 8, fiber reuse");
         assert_eq!(
-            describe(c.kernel, &c.opts, 132, 32),
-            "fcoo, threadlen 8, fiber reuse"
-        );
-        assert_eq!(
-            describe(c2.kernel, &c2.opts, 132, 32),
+            describe(k2, &o2, 132, 32),
             "fcoo, threadlen 8, lane teams, bf16 gathers"
         );
+        assert_eq!(describe(k2, &o2, 132, 7), "fcoo, threadlen 8, bf16 gathers");
         assert_eq!(
-            describe(c2.kernel, &c2.opts, 132, 7),
-            "fcoo, threadlen 8, bf16 gathers"
+            choice_json(&c2, 132, 32).unwrap()["factor_precision"],
+            "bf16"
         );
-        assert_eq!(c2.json(132)["factor_precision"], "bf16");
         // With a trained model the source is `model`; untrained, the default.
         let flycoo = GpuOptions {
             kappa: Some(7),
             deterministic: true,
             ..GpuOptions::default()
         };
-        let c = pick("flycoo", flycoo, false);
-        assert_eq!((c.opts.kappa, c.opts.deterministic), (Some(7), true));
-        let c = pick("hicoo", GpuOptions::default(), false);
-        assert!(["model", "default"].contains(&c.source));
-        assert_eq!(c.kernel, GpuEngine::Hicoo);
+        let (_, _, o) = parts(&pick("flycoo", flycoo, false));
+        assert_eq!((o.kappa, o.deterministic), (Some(7), true));
+        let (source, engine, _) = parts(&pick("hicoo", GpuOptions::default(), false));
+        assert!(["model", "default"].contains(&source));
+        assert_eq!(engine, GpuEngine::Hicoo);
         // With the model, `auto` leaves the default only beyond the margin,
         // and says why when it keeps it (on a nell-2 shape the embedded
         // model ranks flycoo first, by a few percent).
         let c = pick_on("nell-2", 200_000, "auto", GpuOptions::default(), false);
-        if c.source == "model" {
-            match &c.reason {
+        let (source, engine, opts) = parts(&c);
+        if source == "model" {
+            match source_and_reason(&c).1 {
                 Some(why) => {
                     assert!(why.starts_with("default fcoo/threadlen=8 kept"), "{why}");
-                    assert_eq!((c.kernel, c.opts.threadlen), (GpuEngine::Fcoo, Some(8)));
-                    assert!(c.line(132).contains(why.as_str()), "{}", c.line(132));
+                    assert_eq!((engine, opts.threadlen), (GpuEngine::Fcoo, Some(8)));
+                    let line = choice_line(&c, 132, 32).unwrap();
+                    assert!(line.contains(why.as_str()), "{line}");
                 }
-                None => assert!(c.predicted_ms.is_some()),
+                None => assert!(chosen(&c).unwrap().predicted_ms.is_some()),
             }
         }
     }

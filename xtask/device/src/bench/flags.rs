@@ -160,7 +160,7 @@ pub fn mttkrp(flags: &[String], opts: &mut MttkrpOptions) -> Result<()> {
 pub fn cpd(flags: &[String], opts: &mut CpdRunOptions) -> Result<()> {
     let f: CpdFlags = parse("cpd", flags)?;
     let d = &mut opts.decompose;
-    d.kernel = f.kernel;
+    d.kernel = f.kernel.parse()?;
     d.seed = f.seed;
     d.cpd.init = kruskal::cpd::Init::Random { seed: f.seed };
     d.starts = f.starts;
@@ -197,7 +197,7 @@ mod tests {
         assert_eq!(m.gpu.threadlen, Some(16));
         let mut c = CpdRunOptions::default();
         cpd(&strings(&["--kernel", "fcoo", "--no-model"]), &mut c).unwrap();
-        assert_eq!(c.decompose.kernel, "fcoo");
+        assert_eq!(c.decompose.kernel, kruskal::cpd::EngineRequest::Fcoo);
         assert!(c.decompose.no_model);
         cpd(&strings(&["--exchange-rows", "all"]), &mut c).unwrap();
         assert_eq!(c.decompose.group.rows, RowExchange::All);

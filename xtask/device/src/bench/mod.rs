@@ -407,7 +407,7 @@ fn run_matrix(cli: &BenchArgs) -> Result<()> {
                             "gpu" => MttkrpBackend::Gpu,
                             _ => MttkrpBackend::Cpu,
                         },
-                        kernel: engine.clone(),
+                        kernel: engine.parse()?,
                         verify: spec.verify,
                         quiet: true,
                         ..MttkrpOptions::default()
