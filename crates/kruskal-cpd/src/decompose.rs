@@ -922,7 +922,11 @@ mod tests {
         opts.kernel = EngineRequest::Coo;
         refuse(&opts, OptionName::Kernel, "kernel coo runs on the GPU only");
         opts.kernel = EngineRequest::Shard;
-        refuse(&opts, OptionName::Kernel, "kernel shard runs on a group of GPUs only");
+        refuse(
+            &opts,
+            OptionName::Kernel,
+            "kernel shard runs on a group of GPUs only",
+        );
         let mut opts = cpu_options(3);
         opts.starts = 0;
         refuse(&opts, OptionName::Starts, "starts must be at least 1");

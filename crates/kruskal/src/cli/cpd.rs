@@ -8,8 +8,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use kruskal_cpd::{
-    AdmmOptions, Chosen, CpdOptions, DecomposeOptions, Decomposition, EngineRequest,
-    GroupBackend, Init, KernelPlan, KruskalModel, NonNeg, factor_match_score, load_factors,
+    AdmmOptions, Chosen, CpdOptions, DecomposeOptions, Decomposition, EngineRequest, GroupBackend,
+    Init, KernelPlan, KruskalModel, NonNeg, factor_match_score, load_factors,
 };
 use kruskal_formats::generate::{PlantedSpec, planted};
 use ndarray::Array2;

@@ -22,7 +22,11 @@ pub use cpd::{
     CpdReport, CpdRunOptions, GroupKernelReport, KernelReport, LayoutStep, TensorReport, cpd,
     cpd_report,
 };
-pub use mttkrp::{MttkrpBackend, MttkrpKernel, MttkrpOptions, mttkrp};
+pub use mttkrp::{
+    ChoiceReport, CpuModeRow, CpuMttkrpReport, GpuModeRow, GpuMttkrpReport, GroupModeRow,
+    GroupMttkrpReport, MttkrpBackend, MttkrpKernel, MttkrpOptions, MttkrpReport, TensorShape,
+    mttkrp,
+};
 
 /// The relative error an f32 MTTKRP may show against the f64 reference;
 /// a report with a `tolerance` of its own (half-precision gathers) allows

@@ -1,5 +1,8 @@
 //! What `kruskal mttkrp` runs: the MTTKRP of each mode timed on the CPU,
-//! one GPU or a group of GPUs (median of `repeat` runs after a warm-up).
+//! one GPU or a group of GPUs (median of `repeat` runs after a warm-up),
+//! returned as typed reports ([`MttkrpReport`], which `Serialize` to what
+//! `kruskal mttkrp --json` prints). It prints nothing: the tables are the
+//! command's.
 
 use std::time::Instant;
 
@@ -11,10 +14,9 @@ use kruskal_cpu::{CpuEngine, MttkrpEngine, mttkrp_reference, relative_error};
 use kruskal_device::GpuOptions;
 use kruskal_group::GroupOptions;
 use ndarray::Array2;
-use serde_json::json;
+use serde::Serialize;
 
-use super::{MeasureError, Result, TOLERANCE, median};
-use crate::console::{dims_text, thousands};
+use super::{LayoutStep, MeasureError, Result, TOLERANCE, median};
 use crate::input::Loaded;
 
 /// Where the MTTKRP runs (without [`MttkrpOptions::gpus`]).
@@ -99,9 +101,6 @@ pub struct MttkrpOptions {
     /// tensors); the relative errors are in the reports, and checking
     /// them is the caller's choice.
     pub verify: bool,
-    /// Print nothing (`kruskal mttkrp --json`); otherwise the tables of
-    /// `kruskal mttkrp` are printed as the engines are timed.
-    pub quiet: bool,
 }
 
 impl Default for MttkrpOptions {
@@ -117,29 +116,239 @@ impl Default for MttkrpOptions {
             gpus: None,
             group: GroupOptions::default(),
             verify: false,
-            quiet: false,
         }
     }
 }
 
+/// What a run of `kruskal mttkrp` measured: one engine on the CPU, one on
+/// a GPU, or the shard kernel on a group of GPUs. Serializes to the object
+/// `kruskal mttkrp --json` prints.
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+pub enum MttkrpReport {
+    Cpu(CpuMttkrpReport),
+    Gpu(GpuMttkrpReport),
+    Group(GroupMttkrpReport),
+}
+
+impl MttkrpReport {
+    /// The engine's name (`shard` for a group).
+    pub fn kernel(&self) -> &'static str {
+        match self {
+            MttkrpReport::Cpu(r) => r.kernel,
+            MttkrpReport::Gpu(r) => r.kernel,
+            MttkrpReport::Group(r) => r.kernel,
+        }
+    }
+
+    /// The relative error this engine may show: [`TOLERANCE`], or what
+    /// half-precision gathers allow.
+    pub fn tolerance(&self) -> f64 {
+        match self {
+            MttkrpReport::Gpu(r) => r.tolerance,
+            MttkrpReport::Cpu(_) | MttkrpReport::Group(_) => TOLERANCE,
+        }
+    }
+
+    /// Every mode's relative error against the f64 reference, where it was
+    /// measured (`verify`).
+    pub fn relative_errors(&self) -> impl Iterator<Item = f64> + '_ {
+        let errors: Vec<Option<f64>> = match self {
+            MttkrpReport::Cpu(r) => r.modes.iter().map(|m| m.relative_error).collect(),
+            MttkrpReport::Gpu(r) => r.modes.iter().map(|m| m.relative_error).collect(),
+            MttkrpReport::Group(r) => r.modes.iter().map(|m| m.relative_error).collect(),
+        };
+        errors.into_iter().flatten()
+    }
+}
+
+/// The tensor a report is about.
+#[derive(Clone, Debug, Serialize)]
+pub struct TensorShape {
+    /// The file's path, or how the tensor was generated.
+    pub source: String,
+    pub dims: Vec<u32>,
+    pub nnz: usize,
+}
+
+impl TensorShape {
+    fn of(loaded: &Loaded) -> Self {
+        TensorShape {
+            source: loaded.source.clone(),
+            dims: loaded.tensor.dims().to_vec(),
+            nnz: loaded.tensor.nnz(),
+        }
+    }
+}
+
+/// One CPU engine timed.
+#[derive(Clone, Debug, Serialize)]
+pub struct CpuMttkrpReport {
+    pub tensor: TensorShape,
+    /// `cpu`.
+    pub backend: &'static str,
+    pub kernel: &'static str,
+    /// Bytes of tensor data the engine holds per nonzero (all modes).
+    pub bytes_per_nnz: f64,
+    pub threads: usize,
+    pub rank: usize,
+    pub repeat: usize,
+    pub prepare_s: f64,
+    pub modes: Vec<CpuModeRow>,
+    pub total_median_ms: f64,
+    pub mnnz_per_s: f64,
+    pub mnnz_per_s_per_core: f64,
+}
+
+/// One mode of a CPU engine (mode numbered from 1).
+#[derive(Clone, Debug, Serialize)]
+pub struct CpuModeRow {
+    pub mode: usize,
+    pub median_ms: f64,
+    pub min_ms: f64,
+    pub mnnz_per_s: f64,
+    pub mnnz_per_s_per_core: f64,
+    pub relative_error: Option<f64>,
+}
+
+/// One GPU engine timed, beside the DRAM and L2 gather floors.
+#[derive(Clone, Debug, Serialize)]
+pub struct GpuMttkrpReport {
+    pub tensor: TensorShape,
+    /// `gpu`.
+    pub backend: &'static str,
+    pub kernel: &'static str,
+    pub choice: ChoiceReport,
+    /// FLYCOO's split rows summed in a fixed order.
+    pub deterministic: bool,
+    /// The GPU's name.
+    pub gpu: String,
+    pub copy_bandwidth_bytes_per_s: f64,
+    pub l2_gather_bandwidth_bytes_per_s: f64,
+    pub rank: usize,
+    pub repeat: usize,
+    pub prepare_s: f64,
+    /// The layout build's steps on the GPU.
+    pub prepare_steps: Vec<LayoutStep>,
+    pub modes: Vec<GpuModeRow>,
+    /// The relative error the engine may show.
+    pub tolerance: f64,
+    pub total_median_ms: f64,
+    pub floor_ms: f64,
+    pub times_floor: f64,
+    pub l2_floor_ms: f64,
+    pub times_l2_floor: f64,
+    /// The GPU's multiprocessors.
+    #[serde(skip)]
+    pub sms: usize,
+    /// The choice in one line: `auto -> fcoo, threadlen 8, lane teams
+    /// (tuning model, ...)`.
+    #[serde(skip)]
+    pub choice_line: String,
+}
+
+/// One mode of a GPU engine (mode numbered from 1).
+#[derive(Clone, Debug, Serialize)]
+pub struct GpuModeRow {
+    pub mode: usize,
+    pub median_ms: f64,
+    pub min_ms: f64,
+    pub mnnz_per_s: f64,
+    pub floor_ms: f64,
+    pub times_floor: f64,
+    pub relative_error: Option<f64>,
+    /// Factor rows gathered per nonzero.
+    pub gathers_per_nonzero: f64,
+    pub l2_floor_ms: f64,
+    pub times_l2_floor: f64,
+}
+
+/// The engine and launch parameters a GPU run used, and where they came
+/// from.
+#[derive(Clone, Debug, Serialize)]
+pub struct ChoiceReport {
+    /// What `--kernel` asked for.
+    pub requested: &'static str,
+    pub kernel: &'static str,
+    /// `fcoo, threadlen 8, lane teams`.
+    pub description: String,
+    pub kappa: usize,
+    pub threadlen: usize,
+    pub block_bits: u32,
+    pub fiber: bool,
+    pub factor_precision: &'static str,
+    pub rounds: u32,
+    pub prefetch: bool,
+    pub min_blocks: u32,
+    pub group_sums: bool,
+    /// `flags`, `model` or `default`.
+    pub source: &'static str,
+    pub predicted_ms: Option<f64>,
+    /// Why the default was used (also when the model kept it).
+    pub reason: Option<String>,
+    pub features_s: f64,
+}
+
+/// The shard kernel timed on a group of GPUs, with the row exchange that
+/// follows each mode in CPD-ALS.
+#[derive(Clone, Debug, Serialize)]
+pub struct GroupMttkrpReport {
+    pub tensor: TensorShape,
+    /// `gpus`.
+    pub backend: &'static str,
+    /// `shard`.
+    pub kernel: &'static str,
+    /// The GPUs' ordinals.
+    pub gpus: Vec<usize>,
+    /// The first GPU's name.
+    pub gpu: String,
+    pub exchange: Option<&'static str>,
+    pub exchange_note: Option<String>,
+    /// Where each GPU's shards live, a line per GPU.
+    pub placement: Vec<String>,
+    pub rank: usize,
+    pub repeat: usize,
+    pub prepare_s: f64,
+    pub modes: Vec<GroupModeRow>,
+    pub total_median_ms: f64,
+    /// What the group's preparation said, (topic, text) in order.
+    #[serde(skip)]
+    pub notes: Vec<(String, String)>,
+}
+
+/// One mode on a group (slowest GPU's times; mode numbered from 1).
+#[derive(Clone, Debug, Serialize)]
+pub struct GroupModeRow {
+    pub mode: usize,
+    pub median_ms: f64,
+    pub h2d_ms: f64,
+    pub kernel_ms: f64,
+    pub exchange_ms: f64,
+    pub per_gpu_ms: Vec<f64>,
+    pub relative_error: Option<f64>,
+    /// `read` (only the rows each GPU reads) or `all`.
+    pub exchange_rows: &'static str,
+    pub exchange_bytes: u64,
+    pub all_gather_bytes: u64,
+}
+
 /// Times what `opts` asks for on a loaded tensor and returns one report
-/// per engine (one for a group of GPUs): the JSON object `kruskal mttkrp
-/// --json` prints. Prints the tables as `kruskal mttkrp` does unless
-/// `opts.quiet`. A report's `tolerance`, when present, is the relative
-/// error its engine may show (half-precision gathers); otherwise
-/// [`TOLERANCE`].
+/// per engine (one for a group of GPUs): what `kruskal mttkrp --json`
+/// prints. A report's [`MttkrpReport::tolerance`] is the relative error
+/// its engine may show ([`TOLERANCE`], or more for half-precision
+/// gathers).
 ///
 /// ```
 /// use kruskal::input::TensorSource;
 /// use kruskal::measure::{MttkrpOptions, mttkrp};
 ///
 /// let loaded = TensorSource::Like { name: "nell-2".into(), nnz: Some(2_000), seed: 1 }.load().unwrap();
-/// let opts = MttkrpOptions { rank: 4, repeat: 2, kernel: "fcoo".parse().unwrap(), verify: true, quiet: true, ..Default::default() };
+/// let opts = MttkrpOptions { rank: 4, repeat: 2, kernel: "fcoo".parse().unwrap(), verify: true, ..Default::default() };
 /// let reports = mttkrp(&opts, &loaded).unwrap();
-/// assert_eq!(reports[0]["kernel"], "fcoo");
-/// assert!(reports[0]["modes"][0]["relative_error"].as_f64().unwrap() < 1e-5);
+/// assert_eq!(reports[0].kernel(), "fcoo");
+/// assert!(reports[0].relative_errors().all(|e| e < 1e-5));
 /// ```
-pub fn mttkrp(opts: &MttkrpOptions, loaded: &Loaded) -> Result<Vec<serde_json::Value>> {
+pub fn mttkrp(opts: &MttkrpOptions, loaded: &Loaded) -> Result<Vec<MttkrpReport>> {
     for (option, n) in [
         (OptionName::Rank, opts.rank),
         (OptionName::Repeat, opts.repeat),
@@ -173,7 +382,9 @@ pub fn mttkrp(opts: &MttkrpOptions, loaded: &Loaded) -> Result<Vec<serde_json::V
         return Err(refusal.into());
     }
     if let Some(ordinals) = &opts.gpus {
-        return Ok(vec![run_group(opts, loaded, &modes, ordinals)?]);
+        return Ok(vec![MttkrpReport::Group(run_group(
+            opts, loaded, &modes, ordinals,
+        )?)]);
     }
     if opts.backend == MttkrpBackend::Gpu {
         return run_gpu(opts, loaded, &modes);
@@ -188,11 +399,10 @@ pub fn mttkrp(opts: &MttkrpOptions, loaded: &Loaded) -> Result<Vec<serde_json::V
     };
     let factors = random_factors(t.dims(), opts.rank, 1);
     let mut reports = Vec::new();
-    for (k, &kernel) in kernels.iter().enumerate() {
-        if k > 0 && !opts.quiet {
-            println!();
-        }
-        reports.push(time_kernel(opts, loaded, kernel, &modes, &factors)?);
+    for &kernel in &kernels {
+        reports.push(MttkrpReport::Cpu(time_kernel(
+            opts, loaded, kernel, &modes, &factors,
+        )?));
     }
     Ok(reports)
 }
@@ -210,41 +420,19 @@ fn tolerance(precision: kruskal_device::FactorPrecision) -> f64 {
 
 /// Builds one engine and times it: one warm-up sweep over `modes`, then
 /// `repeat` sweeps (in mode order, as CPD-ALS calls them: FLYCOO's tensor
-/// copy then arrives in each mode's order by its dynamic remap). Prints a
-/// table unless `--json`; returns the JSON report.
+/// copy then arrives in each mode's order by its dynamic remap).
 fn time_kernel(
     opts: &MttkrpOptions,
     loaded: &Loaded,
     kernel: CpuEngine,
     modes: &[usize],
     factors: &[Array2<f32>],
-) -> Result<serde_json::Value> {
+) -> Result<CpuMttkrpReport> {
     let t = &loaded.tensor;
     let threads = rayon::current_num_threads();
     let prep = Instant::now();
     let mut engine: Box<dyn MttkrpEngine> = kernel.build(t)?;
     let prep_s = prep.elapsed().as_secs_f64();
-    if !opts.quiet {
-        println!("tensor   {}", loaded.source);
-        println!(
-            "         {}, {} nonzeros; rank {}; cpu, {threads} threads; {} kernel ({:.1} bytes/nnz), prepared in {:.2} s",
-            dims_text(t.dims()),
-            thousands(t.nnz() as u64),
-            opts.rank,
-            engine.name(),
-            engine.bytes() as f64 / t.nnz().max(1) as f64,
-            prep_s
-        );
-        println!(
-            "{:>6} {:>11} {:>11} {:>14} {:>16}{}",
-            "mode",
-            "median ms",
-            "min ms",
-            "Mnnz/s",
-            "Mnnz/s per core",
-            if opts.verify { "   rel. error" } else { "" }
-        );
-    }
     let mut outs: Vec<Array2<f32>> = modes
         .iter()
         .map(|&m| Array2::<f32>::zeros((t.dims()[m] as usize, opts.rank)))
@@ -273,53 +461,37 @@ fn time_kernel(
         } else {
             None
         };
-        if !opts.quiet {
-            println!(
-                "{:>6} {:>11.3} {:>11.3} {:>14.1} {:>16.1}{}",
-                mode + 1,
-                ms,
-                min_ms,
-                rate,
-                rate / threads as f64,
-                error.map_or(String::new(), |e| format!("   {e:.2e}"))
-            );
-        }
-        rows.push(json!({
-            "mode": mode + 1, "median_ms": ms, "min_ms": min_ms,
-            "mnnz_per_s": rate, "mnnz_per_s_per_core": rate / threads as f64,
-            "relative_error": error,
-        }));
+        rows.push(CpuModeRow {
+            mode: mode + 1,
+            median_ms: ms,
+            min_ms,
+            mnnz_per_s: rate,
+            mnnz_per_s_per_core: rate / threads as f64,
+            relative_error: error,
+        });
     }
     let rate_all = t.nnz() as f64 * modes.len() as f64 / (total_ms * 1e-3) / 1e6;
-    if !opts.quiet && modes.len() > 1 {
-        println!(
-            "{:>6} {:>11.3} {:>11} {:>14.1} {:>16.1}",
-            "all",
-            total_ms,
-            "",
-            rate_all,
-            rate_all / threads as f64
-        );
-    }
-    Ok(json!({
-        "tensor": { "source": loaded.source, "dims": t.dims(), "nnz": t.nnz() },
-        "backend": "cpu", "kernel": engine.name(), "bytes_per_nnz": engine.bytes() as f64 / t.nnz().max(1) as f64,
-        "threads": threads, "rank": opts.rank,
-        "repeat": opts.repeat, "prepare_s": prep_s, "modes": rows,
-        "total_median_ms": total_ms, "mnnz_per_s": rate_all,
-        "mnnz_per_s_per_core": rate_all / threads as f64,
-    }))
+    Ok(CpuMttkrpReport {
+        tensor: TensorShape::of(loaded),
+        backend: "cpu",
+        kernel: engine.name(),
+        bytes_per_nnz: engine.bytes() as f64 / t.nnz().max(1) as f64,
+        threads,
+        rank: opts.rank,
+        repeat: opts.repeat,
+        prepare_s: prep_s,
+        modes: rows,
+        total_median_ms: total_ms,
+        mnnz_per_s: rate_all,
+        mnnz_per_s_per_core: rate_all / threads as f64,
+    })
 }
 
 /// `--backend gpu`: uploads the tensor and random factors, times every mode
 /// of each chosen engine with CUDA events (median of `--repeat` after a
 /// warm-up), compares it with the bandwidth floor, and with `--verify`
 /// checks each mode against the f64 reference.
-fn run_gpu(
-    opts: &MttkrpOptions,
-    loaded: &Loaded,
-    modes: &[usize],
-) -> Result<Vec<serde_json::Value>> {
+fn run_gpu(opts: &MttkrpOptions, loaded: &Loaded, modes: &[usize]) -> Result<Vec<MttkrpReport>> {
     use kruskal_device::{GpuEngine, floor_bytes};
     let t = &loaded.tensor;
     let kernels: Vec<GpuEngine> = match opts.kernel {
@@ -351,10 +523,7 @@ fn run_gpu(
         .collect();
     let mut features = None;
     let mut reports = Vec::new();
-    for (k, &kernel) in kernels.iter().enumerate() {
-        if k > 0 && !opts.quiet {
-            println!();
-        }
+    for &kernel in &kernels {
         let choice = GpuRequest {
             engine: kernel,
             given: &opts.gpu,
@@ -363,9 +532,9 @@ fn run_gpu(
             rule: ChoiceRule::One,
         }
         .choose(t, gpu.properties().sms, &mut features);
-        reports.push(time_gpu_kernel(
+        reports.push(MttkrpReport::Gpu(time_gpu_kernel(
             opts, loaded, &gpu, &choice, modes, &factors, &exact, &floor_ms, bandwidth,
-        )?);
+        )?));
     }
     Ok(reports)
 }
@@ -392,34 +561,22 @@ fn run_group(
     loaded: &Loaded,
     modes: &[usize],
     ordinals: &[usize],
-) -> Result<serde_json::Value> {
+) -> Result<GroupMttkrpReport> {
     let t = &loaded.tensor;
-    if !opts.quiet {
-        println!("tensor   {}", loaded.source);
-        println!(
-            "         {}, {} nonzeros; rank {}",
-            dims_text(t.dims()),
-            thousands(t.nnz() as u64),
-            opts.rank
-        );
-    }
     let prep = Instant::now();
     // Where the shards are built follows `--fcoo-build`, as for one GPU.
     let group_opts = GroupOptions {
         build: opts.gpu.fcoo_build,
         ..opts.group.clone()
     };
+    let mut notes = Vec::new();
     let mut group = kruskal_cpd::decompose::gpu_group(
         ordinals,
         t,
         opts.rank,
         &opts.kernel.to_string(),
         &group_opts,
-        &mut |topic, text| {
-            if !opts.quiet {
-                println!("{topic:<11}{text}");
-            }
-        },
+        &mut |topic, text| notes.push((topic.to_string(), text.to_string())),
     )?;
     let factors = random_factors(t.dims(), opts.rank, 1);
     group.load_factors(&factors)?;
@@ -441,21 +598,6 @@ fn run_group(
                 samples[k].push((slowest, per_gpu, exchange_ms));
             }
         }
-    }
-    if !opts.quiet {
-        println!(
-            "         {gpus} GPU(s), prepared in {prep_s:.2} s; ms per mode, median of {} (slowest GPU)",
-            opts.repeat
-        );
-        println!(
-            "{:>6} {:>11} {:>10} {:>10} {:>11}  MTTKRP ms per GPU{}",
-            "mode",
-            "MTTKRP ms",
-            "h2d ms",
-            "kernel ms",
-            "exchange ms",
-            if opts.verify { "   rel. error" } else { "" }
-        );
     }
     let views: Vec<_> = factors.iter().map(|f| f.view()).collect();
     let mut rows = Vec::new();
@@ -480,40 +622,36 @@ fn run_group(
         } else {
             None
         };
-        if !opts.quiet {
-            let per: Vec<String> = per_gpu.iter().map(|x| format!("{x:.3}")).collect();
-            println!(
-                "{:>6} {:>11.3} {:>10.3} {:>10.3} {:>11.3}  {}{}",
-                mode + 1,
-                ms,
-                h2d,
-                kernel,
-                exchange,
-                per.join(" "),
-                error.map_or(String::new(), |e| format!("   {e:.2e}"))
-            );
-        }
         let volume = group.exchange_volume(mode);
-        rows.push(json!({
-            "mode": mode + 1, "median_ms": ms, "h2d_ms": h2d, "kernel_ms": kernel,
-            "exchange_ms": exchange, "per_gpu_ms": per_gpu, "relative_error": error,
-            "exchange_rows": if volume.read_only { "read" } else { "all" },
-            "exchange_bytes": volume.bytes, "all_gather_bytes": volume.all_gather_bytes,
-        }));
+        rows.push(GroupModeRow {
+            mode: mode + 1,
+            median_ms: ms,
+            h2d_ms: h2d,
+            kernel_ms: kernel,
+            exchange_ms: exchange,
+            per_gpu_ms: per_gpu,
+            relative_error: error,
+            exchange_rows: if volume.read_only { "read" } else { "all" },
+            exchange_bytes: volume.bytes,
+            all_gather_bytes: volume.all_gather_bytes,
+        });
     }
-    if !opts.quiet && modes.len() > 1 {
-        println!("{:>6} {:>11.3}", "all", total_ms);
-    }
-    Ok(json!({
-        "tensor": { "source": loaded.source, "dims": t.dims(), "nnz": t.nnz() },
-        "backend": "gpus", "kernel": "shard", "gpus": ordinals,
-        "gpu": group.gpus()[0].properties().name,
-        "exchange": group.exchange().map(|e| e.name()),
-        "exchange_note": group.exchange_note(),
-        "placement": group.describe(),
-        "rank": opts.rank, "repeat": opts.repeat, "prepare_s": prep_s,
-        "modes": rows, "total_median_ms": total_ms,
-    }))
+    Ok(GroupMttkrpReport {
+        tensor: TensorShape::of(loaded),
+        backend: "gpus",
+        kernel: "shard",
+        gpus: ordinals.to_vec(),
+        gpu: group.gpus()[0].properties().name.clone(),
+        exchange: group.exchange().map(|e| e.name()),
+        exchange_note: group.exchange_note().map(String::from),
+        placement: group.describe(),
+        rank: opts.rank,
+        repeat: opts.repeat,
+        prepare_s: prep_s,
+        modes: rows,
+        total_median_ms: total_ms,
+        notes,
+    })
 }
 
 /// `fcoo, threadlen 8`: the engine and the parameter it uses.
@@ -596,25 +734,32 @@ fn choice_line(choice: &EngineChoice, sms: usize, rank: usize) -> Result<String>
 }
 
 /// The choice as `--json` reports it.
-fn choice_json(choice: &EngineChoice, sms: usize, rank: usize) -> Result<serde_json::Value> {
+fn choice_report(choice: &EngineChoice, sms: usize, rank: usize) -> Result<ChoiceReport> {
     let c = chosen(choice)?;
     let p = c.options.resolve(sms);
     let pipe = c.options.pipeline();
     let (source, reason) = source_and_reason(choice);
-    Ok(json!({
-        "requested": choice.requested.name(), "kernel": c.engine.name(),
-        "description": describe(c.engine, &c.options, sms, rank),
-        "kappa": p.kappa, "threadlen": p.threadlen, "block_bits": p.block_bits,
-        "fiber": p.fiber, "factor_precision": c.options.precision.name(),
-        "rounds": pipe.rounds, "prefetch": pipe.prefetch,
-        "min_blocks": pipe.min_blocks, "group_sums": pipe.group_sums,
-        "source": source, "predicted_ms": c.predicted_ms, "reason": reason,
-        "features_s": choice.features_s.unwrap_or(0.0),
-    }))
+    Ok(ChoiceReport {
+        requested: choice.requested.name(),
+        kernel: c.engine.name(),
+        description: describe(c.engine, &c.options, sms, rank),
+        kappa: p.kappa,
+        threadlen: p.threadlen,
+        block_bits: p.block_bits,
+        fiber: p.fiber,
+        factor_precision: c.options.precision.name(),
+        rounds: pipe.rounds,
+        prefetch: pipe.prefetch,
+        min_blocks: pipe.min_blocks,
+        group_sums: pipe.group_sums,
+        source,
+        predicted_ms: c.predicted_ms,
+        reason,
+        features_s: choice.features_s.unwrap_or(0.0),
+    })
 }
 
-/// Builds one GPU engine and times it; prints a table unless `--json`;
-/// returns the JSON report.
+/// Builds one GPU engine and times it.
 #[allow(clippy::too_many_arguments)]
 fn time_gpu_kernel(
     opts: &MttkrpOptions,
@@ -626,7 +771,7 @@ fn time_gpu_kernel(
     exact: &[Option<Array2<f64>>],
     floor_ms: &[f64],
     bandwidth: Bandwidths,
-) -> Result<serde_json::Value> {
+) -> Result<GpuMttkrpReport> {
     use kruskal_device::DeviceFactors;
     use kruskal_device::build_engine;
     let t = &loaded.tensor;
@@ -642,48 +787,6 @@ fn time_gpu_kernel(
         })?;
     let prep_s = prep.elapsed().as_secs_f64();
     let p = gpu.properties();
-    if !opts.quiet {
-        println!("tensor   {}", loaded.source);
-        println!(
-            "         {}, {} nonzeros; rank {}; {} ({} SMs, copy bandwidth {:.2} TB/s, L2 gathers {:.2} TB/s); {} kernel{}; prepared and uploaded in {:.2} s",
-            dims_text(t.dims()),
-            thousands(t.nnz() as u64),
-            opts.rank,
-            p.name,
-            p.sms,
-            bandwidth.copy / 1e12,
-            bandwidth.l2_gather / 1e12,
-            engine.name(),
-            if opts.gpu.deterministic && engine.name() == "flycoo" {
-                " (deterministic)"
-            } else {
-                ""
-            },
-            prep_s
-        );
-        let parts = engine.preparation();
-        if !parts.is_empty() {
-            let parts: Vec<String> = parts
-                .iter()
-                .map(|(step, s)| format!("{step} {:.1} ms", s * 1e3))
-                .collect();
-            println!("         built on the GPU: {}", parts.join(", "));
-        }
-        println!("         kernel {}", choice_line(choice, p.sms, opts.rank)?);
-        println!(
-            "{:>6} {:>11} {:>11} {:>14} {:>10} {:>9} {:>9} {:>10} {:>8}{}",
-            "mode",
-            "median ms",
-            "min ms",
-            "Mnnz/s",
-            "floor ms",
-            "x floor",
-            "rows/nnz",
-            "L2 fl. ms",
-            "x L2",
-            if opts.verify { "   rel. error" } else { "" }
-        );
-    }
     let l2_ms: Vec<f64> = modes
         .iter()
         .map(|&m| {
@@ -710,62 +813,52 @@ fn time_gpu_kernel(
             }
             None => None,
         };
-        if !opts.quiet {
-            println!(
-                "{:>6} {:>11.3} {:>11.3} {:>14.1} {:>10.3} {:>9.2} {:>9.3} {:>10.3} {:>8.2}{}",
-                mode + 1,
-                ms,
-                min_ms,
-                rate,
-                floor_ms[k],
-                ms / floor_ms[k],
-                engine.gathers_per_nonzero(mode),
-                l2_ms[k],
-                ms / l2_ms[k],
-                error.map_or(String::new(), |e| format!("   {e:.2e}"))
-            );
-        }
-        rows.push(json!({
-            "mode": mode + 1, "median_ms": ms, "min_ms": min_ms, "mnnz_per_s": rate,
-            "floor_ms": floor_ms[k], "times_floor": ms / floor_ms[k], "relative_error": error,
-            "gathers_per_nonzero": engine.gathers_per_nonzero(mode),
-            "l2_floor_ms": l2_ms[k], "times_l2_floor": ms / l2_ms[k],
-        }));
+        rows.push(GpuModeRow {
+            mode: mode + 1,
+            median_ms: ms,
+            min_ms,
+            mnnz_per_s: rate,
+            floor_ms: floor_ms[k],
+            times_floor: ms / floor_ms[k],
+            relative_error: error,
+            gathers_per_nonzero: engine.gathers_per_nonzero(mode),
+            l2_floor_ms: l2_ms[k],
+            times_l2_floor: ms / l2_ms[k],
+        });
     }
     let floor_total: f64 = floor_ms.iter().sum();
     let l2_total: f64 = l2_ms.iter().sum();
-    if !opts.quiet && modes.len() > 1 {
-        println!(
-            "{:>6} {:>11.3} {:>11} {:>14} {:>10.3} {:>9.2} {:>9} {:>10.3} {:>8.2}",
-            "all",
-            total_ms,
-            "",
-            "",
-            floor_total,
-            total_ms / floor_total,
-            "",
-            l2_total,
-            total_ms / l2_total
-        );
-    }
-    Ok(json!({
-        "tensor": { "source": loaded.source, "dims": t.dims(), "nnz": t.nnz() },
-        "backend": "gpu", "kernel": engine.name(), "choice": choice_json(choice, p.sms, opts.rank)?,
-        "deterministic": opts.gpu.deterministic,
-        "gpu": p.name, "copy_bandwidth_bytes_per_s": bandwidth.copy,
-        "l2_gather_bandwidth_bytes_per_s": bandwidth.l2_gather, "rank": opts.rank,
-        "repeat": opts.repeat, "prepare_s": prep_s,
-        "prepare_steps": engine.preparation().iter().map(|(step, s)| json!({"step": step, "s": s})).collect::<Vec<_>>(),
-        "modes": rows,
-        "tolerance": tolerance(if engine.name() == "fcoo" {
+    Ok(GpuMttkrpReport {
+        tensor: TensorShape::of(loaded),
+        backend: "gpu",
+        kernel: engine.name(),
+        choice: choice_report(choice, p.sms, opts.rank)?,
+        deterministic: opts.gpu.deterministic,
+        gpu: p.name.clone(),
+        copy_bandwidth_bytes_per_s: bandwidth.copy,
+        l2_gather_bandwidth_bytes_per_s: bandwidth.l2_gather,
+        rank: opts.rank,
+        repeat: opts.repeat,
+        prepare_s: prep_s,
+        prepare_steps: engine
+            .preparation()
+            .iter()
+            .map(|&(step, s)| LayoutStep { step, s })
+            .collect(),
+        modes: rows,
+        tolerance: tolerance(if engine.name() == "fcoo" {
             built.options.precision
         } else {
             kruskal_device::FactorPrecision::F32
         }),
-        "total_median_ms": total_ms, "floor_ms": floor_total,
-        "times_floor": total_ms / floor_total, "l2_floor_ms": l2_total,
-        "times_l2_floor": total_ms / l2_total,
-    }))
+        total_median_ms: total_ms,
+        floor_ms: floor_total,
+        times_floor: total_ms / floor_total,
+        l2_floor_ms: l2_total,
+        times_l2_floor: total_ms / l2_total,
+        sms: p.sms,
+        choice_line: choice_line(choice, p.sms, opts.rank)?,
+    })
 }
 
 #[cfg(test)]
@@ -825,7 +918,7 @@ mod choice_tests {
             (source, engine, opts.threadlen),
             ("flags", GpuEngine::Fcoo, Some(16))
         );
-        assert_eq!(choice_json(&c, 132, 32).unwrap()["source"], "flags");
+        assert_eq!(choice_report(&c, 132, 32).unwrap().source, "flags");
         assert!(
             choice_line(&c, 132, 32)
                 .unwrap()
@@ -840,10 +933,10 @@ mod choice_tests {
             line.starts_with("auto -> fcoo, threadlen 8, lane teams (fixed default"),
             "{line}"
         );
-        let json = choice_json(&c, 132, 32).unwrap();
-        assert_eq!(json["threadlen"], 8);
-        assert_eq!(json["reason"], "--no-model");
-        assert_eq!(json["features_s"], 0.0);
+        let report = choice_report(&c, 132, 32).unwrap();
+        assert_eq!(report.threadlen, 8);
+        assert_eq!(report.reason.as_deref(), Some("--no-model"));
+        assert_eq!(report.features_s, 0.0);
         // The kernel's options as the line names them; lane teams only at
         // the ranks they exist for.
         let fiber = GpuOptions {
@@ -864,7 +957,7 @@ mod choice_tests {
         );
         assert_eq!(describe(k2, &o2, 132, 7), "fcoo, threadlen 8, bf16 gathers");
         assert_eq!(
-            choice_json(&c2, 132, 32).unwrap()["factor_precision"],
+            choice_report(&c2, 132, 32).unwrap().factor_precision,
             "bf16"
         );
         // With a trained model the source is `model`; untrained, the default.

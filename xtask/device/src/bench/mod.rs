@@ -409,13 +409,13 @@ fn run_matrix(cli: &BenchArgs) -> Result<()> {
                         },
                         kernel: engine.parse()?,
                         verify: spec.verify,
-                        quiet: true,
                         ..MttkrpOptions::default()
                     };
                     flags::mttkrp(&e.flags, &mut opts)?;
                     let reports = kruskal::measure::mttkrp(&opts, &loaded)
                         .with_context(|| format!("{} mttkrp --kernel {engine}", spec.name))?;
                     for r in reports {
+                        let r = serde_json::to_value(&r)?;
                         let m = cx.mttkrp_measurement(spec, &e.backend, engine, &e.tag, r)?;
                         cx.push(m)?;
                     }
