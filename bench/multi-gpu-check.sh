@@ -56,7 +56,7 @@ run_cpd() { # label file args...
 }
 
 if has tests; then
-  for name in ${TESTS:-kruskal_device kruskal_group multi_gpu multi_gpu_fault distributed gpu_backend kruskal}; do
+  for name in ${TESTS:-devices kruskal_device kruskal_group cli multi_gpu multi_gpu_fault distributed gpu_backend kruskal}; do
    for t in gpu-run/tests/$name-*; do
     n=$(basename $t)
     timeout 500 $t --include-ignored --test-threads 1 ${FILTER:-} > $R/test-$n.txt 2>&1
