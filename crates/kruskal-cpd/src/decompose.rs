@@ -483,6 +483,16 @@ pub fn first_gpus(n: usize) -> Result<Vec<usize>> {
     Ok((0..n).collect())
 }
 
+/// The error of an engine for one GPU or the CPU asked of a group of GPUs
+/// (`kernel` as it was asked for).
+pub fn not_for_a_group(kernel: &str) -> CpdError {
+    CpdError::option_value(
+        OptionName::Kernel,
+        kernel,
+        "is for one GPU or the CPU; a group of GPUs runs the shard kernel on every GPU",
+    )
+}
+
 /// Builds a group on `ordinals` for the shard kernel, telling `note` its
 /// plan (placement and exchange). `kernel` is the run's kernel: only
 /// `auto` and `shard` are accepted.
@@ -490,16 +500,12 @@ pub fn gpu_group(
     ordinals: &[usize],
     t: &SparseTensor,
     rank: usize,
-    kernel: &str,
+    kernel: EngineRequest,
     opts: &GroupOptions,
     note: &mut dyn FnMut(&str, &str),
 ) -> Result<GpuGroup> {
-    if !matches!(kernel, "auto" | "shard") {
-        return Err(CpdError::option_value(
-            OptionName::Kernel,
-            kernel,
-            "is for one GPU or the CPU; a group of GPUs runs the shard kernel on every GPU",
-        ));
+    if !matches!(kernel, EngineRequest::Auto | EngineRequest::Shard) {
+        return Err(not_for_a_group(kernel.name()));
     }
     let group = GpuGroup::new(ordinals, t, rank, opts, &mut |line| note("gpus", line))?;
     for line in group.describe() {
@@ -553,7 +559,7 @@ fn group_backend(
         ordinals,
         t,
         rank,
-        opts.kernel.name(),
+        opts.kernel,
         &group_opts,
         &mut |topic, text| {
             let _ = progress(Event::Note { topic, text });

@@ -574,7 +574,10 @@ fn run_group(
         ordinals,
         t,
         opts.rank,
-        &opts.kernel.to_string(),
+        match opts.kernel {
+            MttkrpKernel::One(k) => k,
+            MttkrpKernel::All => return Err(kruskal_cpd::decompose::not_for_a_group("all").into()),
+        },
         &group_opts,
         &mut |topic, text| notes.push((topic.to_string(), text.to_string())),
     )?;
