@@ -4,8 +4,10 @@
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use kruskal_cpd::{BackendChoice, CpdOptions, DecomposeOptions, Event, Init};
-use kruskal_device::{Gpu, GpuEngine, GpuOptions};
+use kruskal_cpd::{
+    BackendChoice, CpdError, CpdOptions, DecomposeOptions, EngineRequest, Event, Init, OptionName,
+};
+use kruskal_device::{Gpu, GpuOptions};
 use ndarray::Array2;
 use numpy::{IntoPyArray, PyReadonlyArray2};
 use pyo3::prelude::*;
@@ -283,6 +285,8 @@ pub fn mttkrp<'py>(
     kernel: &str,
 ) -> PyResult<Bound<'py, numpy::PyArray2<f32>>> {
     let backend: BackendChoice = backend.parse().map_err(|e| cpd_error(e, false))?;
+    // Parsed once, as `cp_als` and the command line parse it.
+    let request: EngineRequest = kernel.parse().map_err(|e| cpd_error(e, false))?;
     let t = tensor.inner.clone();
     let dims = t.dims().to_vec();
     if mode >= dims.len() {
@@ -314,27 +318,33 @@ pub fn mttkrp<'py>(
     }
     let mut out = Array2::<f32>::zeros((dims[mode] as usize, rank));
     let cpu = |out: &mut Array2<f32>| -> PyResult<()> {
-        let kernel: kruskal_cpu::CpuEngine =
-            kernel.parse().map_err(|e: kruskal_cpu::CpuError| {
-                // A GPU engine asked for on the CPU: said as `cp_als` says it.
-                if kernel.parse::<GpuEngine>().is_ok() {
-                    value_error(format!(
-                        "kernel=\"{kernel}\" runs on the GPU only, and this call runs on the CPU \
-                     (on the CPU: auto, sorted, fcoo, flycoo, hicoo, csf)"
-                    ))
-                } else {
-                    library_value_error(&e)
-                }
-            })?;
+        let kernel = request.cpu().ok_or_else(|| {
+            cpd_error(
+                CpdError::option_value(
+                    OptionName::Kernel,
+                    request,
+                    "runs on the GPU only, and this call runs on the CPU (on the CPU: auto, \
+                     sorted, fcoo, flycoo, hicoo, csf)",
+                ),
+                false,
+            )
+        })?;
         let mut engine = kernel.build(&t).map_err(|e| library_value_error(&e))?;
         engine
             .mttkrp(mode, &factors, out)
             .map_err(|e| library_value_error(&e))
     };
     let gpu = |out: &mut Array2<f32>| -> PyResult<()> {
-        let kernel: GpuEngine = kernel
-            .parse()
-            .map_err(|e: String| value_error(python_words(&e)))?;
+        let kernel = request.gpu().ok_or_else(|| {
+            cpd_error(
+                CpdError::option_value(
+                    OptionName::Kernel,
+                    request,
+                    "runs on the CPU only (on the GPU: auto, coo, fcoo, flycoo, hicoo)",
+                ),
+                false,
+            )
+        })?;
         let gpu = Gpu::open(0).map_err(device_error)?;
         let mut engine = kruskal_device::build_engine(kernel, gpu, &t, &GpuOptions::default())
             .map_err(device_error)?;

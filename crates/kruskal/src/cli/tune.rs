@@ -17,13 +17,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
+use kruskal_cpd::engine_choice::{ChoiceRule, GpuRequest};
 use kruskal_device::tune::sweep::{SweepOptions, sweep_tensor};
 use kruskal_tune::data::{held_out_set, training_set};
 use kruskal_tune::train::{evaluate, markdown};
-use kruskal_tune::{
-    CANDIDATES, Config, MARGIN, Measurements, TensorFeatures, TensorRuns, TuneModel, pick,
-    shortlist,
-};
+use kruskal_tune::{Config, MARGIN, Measurements, TensorFeatures, TensorRuns, TuneModel};
 use serde_json::json;
 
 use super::common::InputArgs;
@@ -319,9 +317,25 @@ fn predict(args: PredictArgs) -> Result<()> {
         .sms
         .or(model.trained_on.as_ref().map(|o| o.sms))
         .unwrap_or(1);
-    // What `--kernel auto` runs and what `cpd --kernel auto` times.
-    let chosen = pick(&ranked, Config::DEFAULT, MARGIN).map_or(Config::DEFAULT, |p| p.config);
-    let candidates = shortlist(&ranked, Config::DEFAULT, CANDIDATES);
+    // What `--kernel auto` runs and what `cpd --kernel auto` times, as the
+    // engine choice makes them from these features.
+    let mut computed = Some((features, features_s));
+    let no_flags = kruskal_device::GpuOptions::default();
+    let ask = |rule| GpuRequest {
+        engine: kruskal_device::GpuEngine::Auto,
+        given: &no_flags,
+        no_model: false,
+        rank: args.rank,
+        rule,
+    };
+    let configs = |choice: kruskal_cpd::EngineChoice| -> Vec<Config> {
+        choice.candidates.iter().filter_map(|c| c.config).collect()
+    };
+    let chosen = configs(ask(ChoiceRule::One).choose(t, sms, &mut computed))
+        .first()
+        .copied()
+        .unwrap_or(Config::DEFAULT);
+    let candidates = configs(ask(ChoiceRule::Trial).choose(t, sms, &mut computed));
     if args.json {
         let rows: Vec<_> = ranked
             .iter()
