@@ -24,7 +24,7 @@ use kruskal_formats::SparseTensor;
 use kruskal_group::{GpuGroup, GroupOptions};
 
 use crate::backend::{Backend, CpuBackend};
-use crate::engine_choice::{ChoiceRule, ChoiceSource, EngineChoice, EngineRequest, GpuRequest};
+use crate::engine_choice::{ChoiceRule, EngineChoice, EngineRequest, GpuRequest};
 use crate::error::{CpdError, OptionName, Result};
 use crate::gpu::{GpuBackend, KernelPlan};
 use crate::model::{IterationStats, KruskalModel};
@@ -180,6 +180,13 @@ pub enum Event<'a> {
     /// A choice made while preparing, for the user: `topic` is a short
     /// word (`kernels`, `gpus`, `exchange`; empty for a continuation line).
     Note { topic: &'a str, text: &'a str },
+    /// The GPU engines chosen, for the `kernels` notes
+    /// ([`EngineChoice::notes`], which the front end spells), on a GPU of
+    /// `sms` SMs.
+    Choice {
+        choice: &'a EngineChoice,
+        sms: usize,
+    },
     /// A step that may take a while begins (`Some`) or has ended (`None`).
     Step(Option<&'a str>),
     /// The backend is ready.
@@ -703,12 +710,10 @@ fn make_backend(
         let start = Instant::now();
         let sms = gpu.properties().sms;
         let choice = request.choose(t, sms, &mut features);
-        for line in choice_notes(&choice, sms) {
-            let _ = progress(Event::Note {
-                topic: "kernels",
-                text: &line,
-            });
-        }
+        let _ = progress(Event::Choice {
+            choice: &choice,
+            sms,
+        });
         let candidates = choice.builds();
         record(|t| &mut t.choose_s, start);
         let _ = progress(Event::Step(Some("building the tensor's layout on the GPU")));
@@ -726,58 +731,6 @@ fn make_backend(
             Ok(b) => Ok((Chosen::Gpu(Box::new(b)), None)),
             Err(e) => cpu(cpu_kernel, Some(short_reason(&e))),
         },
-    }
-}
-
-/// What `kruskal cpd` and Python say of the GPU engines chosen (the
-/// `kernels` notes): for `auto` what is timed and why; for an engine named
-/// without its parameter, the model's parameter and why; nothing when the
-/// flags gave it all or no model was asked.
-fn choice_notes(choice: &EngineChoice, sms: usize) -> Vec<String> {
-    let features_s = choice.features_s;
-    match (&choice.source, choice.requested) {
-        (ChoiceSource::Default { why }, kruskal_device::GpuEngine::Auto) => vec![format!(
-            "timing fcoo, flycoo and hicoo at their defaults ({why})"
-        )],
-        (ChoiceSource::Model { .. }, kruskal_device::GpuEngine::Auto) => {
-            let names: Vec<String> = choice
-                .candidates
-                .iter()
-                .filter_map(|c| {
-                    let config = c.config?;
-                    Some(format!(
-                        "{} ({:.2} ms)",
-                        config.flags(sms),
-                        c.predicted_ms.unwrap_or(f64::NAN)
-                    ))
-                })
-                .collect();
-            vec![format!(
-                "the default and the tuning model's best {} others for this tensor (features in {:.2} s): {}",
-                choice.candidates.len().saturating_sub(1),
-                features_s.unwrap_or(0.0),
-                names.join(", ")
-            )]
-        }
-        (_, kernel) => {
-            let (Some(features_s), Some(config)) =
-                (features_s, choice.candidates.first().and_then(|c| c.config))
-            else {
-                return Vec::new();
-            };
-            let why = match &choice.source {
-                ChoiceSource::Model { kept: None } => {
-                    format!("the tuning model's best {} parameter", kernel.name())
-                }
-                ChoiceSource::Model { kept: Some(kept) } => kept.to_string(),
-                ChoiceSource::Default { why } => why.clone(),
-                ChoiceSource::Flags => return Vec::new(),
-            };
-            vec![format!(
-                "{} ({why}; features in {features_s:.2} s)",
-                config.flags(sms)
-            )]
-        }
     }
 }
 
@@ -827,6 +780,7 @@ mod tests {
             &mut |e| {
                 seen.push(match &e {
                     Event::Note { topic, .. } => format!("note {topic}"),
+                    Event::Choice { .. } => "note kernels".into(),
                     Event::Step(_) => "step".into(),
                     Event::Ready { .. } => "ready".into(),
                     Event::Start { index, seed, .. } => format!("start {index} seed {seed}"),

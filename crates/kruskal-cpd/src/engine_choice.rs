@@ -28,7 +28,7 @@ use kruskal_device::{GpuEngine, GpuOptions};
 use kruskal_formats::SparseTensor;
 use kruskal_tune::{Basis, CANDIDATES, Config, MarginKept, TensorFeatures, TuneModel};
 
-use crate::error::CpdError;
+use crate::error::{CpdError, OptionName, Spelling};
 
 /// The GPU engines `--kernel auto` times, at their defaults, when no
 /// tuning model ranks the configurations.
@@ -167,9 +167,29 @@ pub enum ChoiceSource {
     /// The tuning model's ranking; `kept` when the margin rule kept the
     /// default over the model's first choice.
     Model { kept: Option<MarginKept> },
-    /// The fixed defaults, and why (`--no-model`, no trained model, or a
-    /// model that could not rank the configurations).
-    Default { why: String },
+    /// The fixed defaults, and why.
+    Default { why: DefaultReason },
+}
+
+/// Why a choice took the fixed defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DefaultReason {
+    /// The caller asked for them ([`OptionName::NoModel`]).
+    Asked,
+    /// No usable trained model, or a model that could not rank the
+    /// configurations: why.
+    NoModel(String),
+}
+
+impl DefaultReason {
+    /// The reason, with the option that asks for the defaults spelled by
+    /// `spell`.
+    pub fn text(&self, spell: Spelling) -> String {
+        match self {
+            DefaultReason::Asked => spell(OptionName::NoModel, None),
+            DefaultReason::NoModel(why) => why.clone(),
+        }
+    }
 }
 
 /// The GPU engines chosen for a tensor, and where they came from.
@@ -192,6 +212,61 @@ impl EngineChoice {
             .iter()
             .map(|c| (c.engine, c.options.clone()))
             .collect()
+    }
+
+    /// What `kruskal cpd` and Python say of the engines chosen on a GPU of
+    /// `sms` SMs (the `kernels` notes), options spelled by `spell`: for
+    /// `auto`, what is timed and why; for an engine named without its
+    /// parameter, the model's parameter and why; nothing when the options
+    /// gave it all or the model was not asked.
+    pub fn notes(&self, sms: usize, spell: Spelling) -> Vec<String> {
+        let features_s = self.features_s;
+        match (&self.source, self.requested) {
+            (ChoiceSource::Default { why }, GpuEngine::Auto) => vec![format!(
+                "timing fcoo, flycoo and hicoo at their defaults ({})",
+                why.text(spell)
+            )],
+            (ChoiceSource::Model { .. }, GpuEngine::Auto) => {
+                let names: Vec<String> = self
+                    .candidates
+                    .iter()
+                    .filter_map(|c| {
+                        let config = c.config?;
+                        Some(format!(
+                            "{} ({:.2} ms)",
+                            config.spelled(sms, spell),
+                            c.predicted_ms.unwrap_or(f64::NAN)
+                        ))
+                    })
+                    .collect();
+                vec![format!(
+                    "the default and the tuning model's best {} others for this tensor \
+                     (features in {:.2} s): {}",
+                    self.candidates.len().saturating_sub(1),
+                    features_s.unwrap_or(0.0),
+                    names.join(", ")
+                )]
+            }
+            (_, engine) => {
+                let (Some(features_s), Some(config)) =
+                    (features_s, self.candidates.first().and_then(|c| c.config))
+                else {
+                    return Vec::new();
+                };
+                let why = match &self.source {
+                    ChoiceSource::Model { kept: None } => {
+                        format!("the tuning model's best {} parameter", engine.name())
+                    }
+                    ChoiceSource::Model { kept: Some(kept) } => kept.to_string(),
+                    ChoiceSource::Default { why } => why.text(spell),
+                    ChoiceSource::Flags => return Vec::new(),
+                };
+                vec![format!(
+                    "{} ({why}; features in {features_s:.2} s)",
+                    config.spelled(sms, spell)
+                )]
+            }
+        }
     }
 }
 
@@ -239,7 +314,7 @@ impl GpuRequest<'_> {
                 config,
                 predicted_ms,
             };
-        let defaults = |why: String, features_s: Option<f64>| {
+        let defaults = |why: DefaultReason, features_s: Option<f64>| {
             let candidates = match (self.engine, self.rule) {
                 (GpuEngine::Auto, ChoiceRule::Trial) => AUTO_CANDIDATES
                     .iter()
@@ -262,14 +337,12 @@ impl GpuRequest<'_> {
                 features_s: None,
             };
         }
-        let model = if self.no_model {
-            Err("--no-model".to_string())
-        } else {
-            TuneModel::usable()
-        };
-        let model = match model {
+        if self.no_model {
+            return defaults(DefaultReason::Asked, None);
+        }
+        let model = match TuneModel::usable() {
             Ok(model) => model,
-            Err(why) => return defaults(why, None),
+            Err(why) => return defaults(DefaultReason::NoModel(why), None),
         };
         let (features, features_s) = &*features.get_or_insert_with(|| {
             let start = Instant::now();
@@ -280,7 +353,7 @@ impl GpuRequest<'_> {
         if self.engine == GpuEngine::Auto && self.rule == ChoiceRule::Trial {
             let ranked = match model.predict(features, self.rank) {
                 Ok(ranked) => ranked,
-                Err(e) => return defaults(e.to_string(), features_s),
+                Err(e) => return defaults(DefaultReason::NoModel(e.to_string()), features_s),
             };
             let candidates = kruskal_tune::shortlist(&ranked, Config::DEFAULT, CANDIDATES)
                 .into_iter()
@@ -305,7 +378,9 @@ impl GpuRequest<'_> {
         let source = match picked.basis {
             Basis::Model { .. } => ChoiceSource::Model { kept: None },
             Basis::Kept { kept, .. } => ChoiceSource::Model { kept: Some(kept) },
-            Basis::NoRanking(why) => ChoiceSource::Default { why },
+            Basis::NoRanking(why) => ChoiceSource::Default {
+                why: DefaultReason::NoModel(why),
+            },
         };
         EngineChoice {
             requested: self.engine,
@@ -402,7 +477,7 @@ mod tests {
             assert_eq!(
                 c.source,
                 ChoiceSource::Default {
-                    why: "--no-model".into()
+                    why: DefaultReason::Asked
                 }
             );
             assert_eq!(built(&c), vec![(GpuEngine::Hicoo, None)]);

@@ -7,72 +7,7 @@
 
 use std::path::PathBuf;
 
-/// An option of a run, by a name no front end owns. The command line
-/// writes [`OptionName::Rank`] as `--rank`, the Python package as `rank`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum OptionName {
-    Rank,
-    Iters,
-    Tol,
-    Seed,
-    Starts,
-    Init,
-    Backend,
-    Kernel,
-    Gpus,
-    /// Relabeling each mode to the indices that occur in it.
-    Compact,
-    Nonneg,
-    L1,
-    L2,
-    /// The mode an MTTKRP is measured for.
-    Mode,
-    /// How many times a measurement is repeated.
-    Repeat,
-}
-
-impl OptionName {
-    /// The neutral name: lower case, words joined by `_` (every option so
-    /// far is one word).
-    pub fn name(self) -> &'static str {
-        match self {
-            OptionName::Rank => "rank",
-            OptionName::Iters => "iters",
-            OptionName::Tol => "tol",
-            OptionName::Seed => "seed",
-            OptionName::Starts => "starts",
-            OptionName::Init => "init",
-            OptionName::Backend => "backend",
-            OptionName::Kernel => "kernel",
-            OptionName::Gpus => "gpus",
-            OptionName::Compact => "compact",
-            OptionName::Nonneg => "nonneg",
-            OptionName::L1 => "l1",
-            OptionName::L2 => "l2",
-            OptionName::Mode => "mode",
-            OptionName::Repeat => "repeat",
-        }
-    }
-}
-
-impl std::fmt::Display for OptionName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// How a front end writes an option, with the value given where the
-/// message names one (`--gpus 3`, `gpus=3`).
-pub type Spelling<'a> = &'a dyn Fn(OptionName, Option<&str>) -> String;
-
-/// The library's own spelling: the neutral name, then the value
-/// (`kernel coo`).
-pub fn neutral(option: OptionName, value: Option<&str>) -> String {
-    match value {
-        Some(v) => format!("{option} {v}"),
-        None => option.name().to_string(),
-    }
-}
+pub use kruskal_formats::option::{OptionName, Spelling, neutral};
 
 /// The text of an [`CpdError::InvalidOption`]: the option (and value)
 /// spelled, then the reason.
@@ -232,6 +167,7 @@ impl CpdError {
                 message,
                 sparse_modes,
             } => memory_text(message, sparse_modes.as_deref(), spell),
+            CpdError::Format(e) => e.message(spell),
             other => other.to_string(),
         }
     }
@@ -300,6 +236,18 @@ mod tests {
              relabels each mode to the indices that occur"
         );
         assert!(e.to_string().contains(": compact relabels"), "{e}");
+        // A reader's advice, passed on unchanged, is spelled the same way.
+        let e = CpdError::from(kruskal_formats::FormatError::Advised {
+            error: Box::new(kruskal_formats::FormatError::Argument(
+                "the nonzero count of x is not recorded".into(),
+            )),
+            advice: kruskal_formats::Advice::GiveNnz,
+        });
+        assert_eq!(
+            e.message(&flag),
+            "invalid argument: the nonzero count of x is not recorded: give one (--nnz)"
+        );
+        assert!(e.to_string().ends_with("give one (nnz)"), "{e}");
         // An error that names no option reads the same either way.
         let e = CpdError::memory("the run needs 9 GB");
         assert_eq!(e.message(&flag), e.to_string());

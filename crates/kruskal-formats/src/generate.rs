@@ -384,9 +384,10 @@ impl Preset {
             (Some(n), _) => Ok(n),
             (None, Some(n)) => Ok(usize::try_from(n).unwrap_or(usize::MAX)),
             (None, None) => Err(FormatError::Argument(format!(
-                "the nonzero count of {} is not recorded: give one (--nnz)",
+                "the nonzero count of {} is not recorded",
                 self.name
-            ))),
+            ))
+            .advise(crate::Advice::GiveNnz)),
         }
     }
 
@@ -805,11 +806,15 @@ mod tests {
         }
         // A tensor whose count is not recorded needs one.
         let p = preset("delicious-3d").unwrap();
+        let e = PowerLawSpec::like(p, None).unwrap_err();
         assert!(
-            PowerLawSpec::like(p, None)
-                .unwrap_err()
-                .to_string()
-                .contains("--nnz")
+            e.to_string().ends_with("is not recorded: give one (nnz)"),
+            "{e}"
+        );
+        assert!(
+            e.message(&crate::tns::test_util::dashed)
+                .ends_with("is not recorded: give one (--nnz)"),
+            "{e}"
         );
         assert_eq!(p.nnz_or(Some(5)).unwrap(), 5);
     }

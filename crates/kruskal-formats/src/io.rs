@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crate::binary;
 use crate::coo::SparseTensor;
-use crate::error::{FormatError, Result};
+use crate::error::{FormatError, ReadWarning, Result};
 use crate::tns;
 
 /// A progress callback: `progress(bytes_done, bytes_total)`, where
@@ -164,7 +164,7 @@ pub struct ReadReport {
     pub coalesce_s: f64,
     /// One line each: what about the file the user should know (a value
     /// column that looks like an index).
-    pub warnings: Vec<String>,
+    pub warnings: Vec<ReadWarning>,
 }
 
 /// Reads a tensor in any supported format, chosen by the file's content (not

@@ -29,6 +29,7 @@ pub mod hicoo;
 pub mod io;
 pub mod memory;
 mod mode_stats;
+pub mod option;
 mod summed;
 pub mod tns;
 
@@ -37,7 +38,8 @@ pub use binary::{CrcPart, MappedBinary, RangeCounts};
 pub use compact::{Compaction, compact};
 pub use coo::{MAX_MODES, ModeStats, SparseTensor, TensorStats};
 pub use csf::Csf;
-pub use error::{FormatError, Result};
+pub use error::{Advice, FormatError, ReadWarning, Result};
 pub use fcoo::{Fcoo, FcooOp};
 pub use hicoo::Hicoo;
 pub use io::{FileKind, ReadOptions, ReadReport, read_tensor, read_tensor_report, write_tensor};
+pub use option::{OptionName, Spelling};

@@ -168,6 +168,11 @@ pub fn cp_als<'py>(
                     };
                     notes.push((topic, python_words(text)));
                 }
+                Event::Choice { choice, sms } => {
+                    for line in choice.notes(sms, &keyword) {
+                        notes.push(("kernels".into(), python_words(&line)));
+                    }
+                }
                 Event::Ready {
                     backend, fallback, ..
                 } => {

@@ -29,7 +29,9 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 pub fn format_error(e: FormatError) -> PyErr {
-    let text = chain(&e);
+    // A reader's error is whole (no causes), with its advice's option
+    // spelled as a keyword.
+    let text = python_words(&e.message(&keyword));
     match &e {
         FormatError::Io { error, .. } if error.kind() == std::io::ErrorKind::NotFound => {
             PyFileNotFoundError::new_err(text)

@@ -11,7 +11,7 @@ use pyo3::types::PyTuple;
 use rayon::prelude::*;
 
 use crate::errors::{format_error, type_error, value_error};
-use crate::words::python_words;
+use crate::words::{keyword, python_words};
 
 /// A sparse tensor in coordinate form, held by kruskal (indices as
 /// unsigned 32-bit integers per mode, values as float32).
@@ -406,8 +406,8 @@ pub fn read(
     // The reader's warnings (a value column that looks like an index) as
     // Python warnings, which the caller can filter or turn into errors.
     // Each names the file already.
-    for text in report.warnings {
-        crate::cpd::warn(py, &python_words(&text))?;
+    for w in report.warnings {
+        crate::cpd::warn(py, &python_words(&w.message(&keyword)))?;
     }
     Ok(PySparseTensor {
         inner: Arc::new(tensor),

@@ -38,6 +38,19 @@ def test_a_pattern_files_warning_names_the_keyword_and_the_file_once():
     no_command_line(text)
 
 
+def test_a_file_of_0_based_indices_names_the_keyword(tmp_path):
+    path = tmp_path / "zero.tns"
+    path.write_text("1 1 1.0\n0 2 2.0\n")
+    with pytest.raises(ValueError) as e:
+        kruskal.read(path)
+    text = str(e.value)
+    assert "zero.tns:2: index 0 in column 1" in text, text
+    assert text.endswith("use zero_based=True for files whose indices start at 0"), text
+    no_command_line(text)
+    X = kruskal.read(path, zero_based=True)
+    assert X.shape == (2, 3), X.shape
+
+
 def test_a_gpu_kernel_on_the_cpu_names_the_keyword():
     X = tensor()
     with pytest.raises(ValueError) as e:

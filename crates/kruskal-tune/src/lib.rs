@@ -73,6 +73,8 @@ pub mod train;
 use std::fmt;
 use std::str::FromStr;
 
+use kruskal_formats::option::{OptionName, Spelling};
+
 pub use data::{Failure, Measurements, Run, TensorRuns, TensorSpec};
 pub use features::{ModeFeatures, TensorFeatures};
 pub use model::{Prediction, TuneModel};
@@ -210,16 +212,30 @@ impl Config {
         }
     }
 
-    /// The `kruskal mttkrp` flags that select this configuration on a GPU
-    /// of `sms` SMs, e.g. `--kernel fcoo --threadlen 16`.
-    pub fn flags(self, sms: usize) -> String {
-        let param = match self {
-            Config::Coo => String::new(),
-            Config::Hicoo { block_bits } => format!(" --block-bits {block_bits}"),
-            Config::Fcoo { threadlen } => format!(" --threadlen {threadlen}"),
-            Config::Flycoo { .. } => format!(" --kappa {}", self.kappa(sms).unwrap_or(0)),
-        };
-        format!("--kernel {}{param}", self.engine())
+    /// The options that select this configuration on a GPU of `sms` SMs:
+    /// the engine, then its parameter (FLYCOO's as partitions per mode).
+    pub fn option_values(self, sms: usize) -> Vec<(OptionName, Option<String>)> {
+        let mut options = vec![(OptionName::Kernel, Some(self.engine().to_string()))];
+        match self {
+            Config::Coo => {}
+            Config::Hicoo { block_bits } => {
+                options.push((OptionName::BlockBits, Some(block_bits.to_string())));
+            }
+            Config::Fcoo { threadlen } => {
+                options.push((OptionName::Threadlen, Some(threadlen.to_string())));
+            }
+            Config::Flycoo { .. } => {
+                let kappa = self.kappa(sms).unwrap_or(0);
+                options.push((OptionName::Kappa, Some(kappa.to_string())));
+            }
+        }
+        options
+    }
+
+    /// [`Config::option_values`] as a front end spells them: the command
+    /// line's `--kernel fcoo --threadlen 16`, say.
+    pub fn spelled(self, sms: usize, spell: Spelling) -> String {
+        kruskal_formats::option::spell_all(&self.option_values(sms), spell)
     }
 
     /// The model's columns for this configuration: the engine one-hot, then
@@ -525,21 +541,35 @@ mod tests {
         }
     }
 
+    /// An option as the command line spells it.
+    fn dashed(option: OptionName, value: Option<&str>) -> String {
+        let name = option.name().replace('_', "-");
+        match value {
+            Some(v) => format!("--{name} {v}"),
+            None => format!("--{name}"),
+        }
+    }
+
     #[test]
     fn flags_name_the_parameter() {
         let c = Config::Flycoo { kappa_per_sm: 2 };
         assert_eq!(c.engine(), Engine::Flycoo);
         assert_eq!(c.kappa(132), Some(264));
-        assert_eq!(c.flags(132), "--kernel flycoo --kappa 264");
+        let flags = |c: Config| c.spelled(132, &dashed);
+        assert_eq!(flags(c), "--kernel flycoo --kappa 264");
         assert_eq!(
-            Config::Hicoo { block_bits: 6 }.flags(132),
+            flags(Config::Hicoo { block_bits: 6 }),
             "--kernel hicoo --block-bits 6"
         );
         assert_eq!(
-            Config::Fcoo { threadlen: 16 }.flags(1),
+            flags(Config::Fcoo { threadlen: 16 }),
             "--kernel fcoo --threadlen 16"
         );
-        assert_eq!(Config::Coo.flags(132), "--kernel coo");
+        assert_eq!(flags(Config::Coo), "--kernel coo");
+        assert_eq!(
+            Config::Fcoo { threadlen: 8 }.spelled(1, &kruskal_formats::option::neutral),
+            "kernel fcoo threadlen 8"
+        );
         // Every engine's default is in the space, under that engine.
         for e in Engine::ALL {
             assert_eq!(e.default_config().engine(), e);

@@ -322,9 +322,9 @@ pub fn summary_lines(s: &Summary) -> String {
     let pct = |k: usize| 100.0 * k as f64 / s.cases.max(1) as f64;
     format!(
         "{} cases (the model's choice is not the default in {}):\n\
-         - model choice (`--kernel auto`): within 10% of the best in {} ({:.0}%), \
+         - model choice (engine `auto`, one run): within 10% of the best in {} ({:.0}%), \
          mean time over the best {:.3}, worst {:.2}, over the default (geometric mean speedup) {:.3}\n\
-         - best of the {CANDIDATES} candidates (`cpd --kernel auto`): within 10% in {} ({:.0}%), \
+         - best of the {CANDIDATES} candidates (engine `auto` in a decomposition): within 10% in {} ({:.0}%), \
          mean {:.3}, worst {:.2}, over the default {:.3}\n\
          - default `{}`: within 10% in {} ({:.0}%), mean {:.3}\n",
         s.cases,

@@ -699,10 +699,15 @@ fn read_any(path: &Path) -> Result<(SparseTensor, &'static str), String> {
         match read_tensor_report(path, &opts) {
             Ok((t, report)) if report.warnings.is_empty() => return Ok((t, how)),
             Ok((_, report)) => {
-                first_error.get_or_insert(report.warnings.join("; "));
+                let warnings: Vec<String> = report
+                    .warnings
+                    .iter()
+                    .map(|w| w.message(&crate::console::flag))
+                    .collect();
+                first_error.get_or_insert(warnings.join("; "));
             }
             Err(e) => {
-                first_error.get_or_insert(e.to_string());
+                first_error.get_or_insert(e.message(&crate::console::flag));
             }
         }
     }

@@ -120,7 +120,7 @@ pub fn read_file(
     bar.finish_and_clear();
     let (tensor, report) = read?;
     for w in &report.warnings {
-        warn(w);
+        warn(&w.message(&crate::console::flag));
     }
     if report.merged > 0 {
         let (lines, verb) = match report.merged {

@@ -820,7 +820,8 @@ fn tune_predicts_and_judges_with_a_given_model() {
     let o = with_model(&["tune", "eval", measurements.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
-        stdout(&o).contains("model choice (`--kernel auto`): within 10% of the best in 4 (100%)"),
+        stdout(&o)
+            .contains("model choice (engine `auto`, one run): within 10% of the best in 4 (100%)"),
         "{}",
         stdout(&o)
     );

@@ -170,8 +170,8 @@ fn append_batch(
 ) -> Result<()> {
     let Reading { path, total, opts } = reading;
     for block in &mut parsed {
-        if let Some((line, msg)) = block.error.take() {
-            return Err(FormatError::parse(path, *lines_before + line, msg));
+        if let Some((line, e)) = block.error.take() {
+            return Err(e.into_error(path, *lines_before + line));
         }
         *lines_before += block.lines;
         if let Some(stop) = block.stop.take() {

@@ -7,6 +7,7 @@ use std::path::Path;
 use rayon::prelude::*;
 
 use super::{INDEX_LIKE_MAX_MODE_SHARE, INDEX_LIKE_MIN_DISTINCT};
+use crate::error::{Advice, ReadWarning};
 use crate::io::ReadOptions;
 
 /// The parsed nonzeros of one block, or of the whole file.
@@ -167,17 +168,20 @@ pub(super) fn index_like_warning(
     tally: Option<&ValueTally>,
     dims: &[u32],
     opts: &ReadOptions,
-) -> Option<String> {
+) -> Option<ReadWarning> {
     if opts.pattern || !cols.integer_tokens || opts.allow_index_like_values {
         return None;
     }
     let why = tally?.index_like(dims)?;
-    Some(format!(
-        "{}: the last column looks like an index, not a value ({why}); it is read as values of \
-         a {}-mode tensor: if every line is only indices, use --pattern",
-        path.display(),
-        dims.len()
-    ))
+    Some(ReadWarning {
+        text: format!(
+            "{}: the last column looks like an index, not a value ({why}); it is read as values \
+             of a {}-mode tensor",
+            path.display(),
+            dims.len()
+        ),
+        advice: Some(Advice::PatternIfEveryLineIsIndices),
+    })
 }
 
 #[cfg(test)]
@@ -185,18 +189,21 @@ mod tests {
     use super::*;
     use crate::coo::SparseTensor;
     use crate::tns::read_tns_report;
-    use crate::tns::test_util::{file_err, write_file};
+    use crate::tns::test_util::{dashed, file_err, write_file};
 
     #[test]
     fn index_like_values_are_read_as_values_with_a_warning() {
         let dir = tempfile::tempdir().unwrap();
+        // Each warning as the command line spells it.
         let warnings = |name: &str, text: &str| -> (SparseTensor, Vec<String>) {
             let p = write_file(dir.path(), name, text.as_bytes());
             let (t, report) = read_tns_report(&p, &ReadOptions::default()).unwrap();
-            (t, report.warnings)
+            let w = report.warnings.iter().map(|w| w.message(&dashed)).collect();
+            (t, w)
         };
         // 1000 lines whose last column is a scattered index: read as values
-        // of a 1-mode tensor, with one warning that names --pattern.
+        // of a 1-mode tensor, with one warning that names the pattern
+        // option.
         let pattern: String = (0..1000u32)
             .map(|i| format!("{} {}\n", i % 13 + 1, (i * 7919) % 997 + 2))
             .collect();
@@ -214,7 +221,10 @@ mod tests {
         let (t, w) = warnings("tiny.tns", "1 1 1\n2 2 2\n");
         assert_eq!((t.nmodes(), t.values()), (2, &[1.0f32, 2.0][..]));
         assert_eq!(w.len(), 1, "{w:?}");
-        assert!(w[0].contains("--pattern"), "{w:?}");
+        assert!(
+            w[0].ends_with("if every line is only indices, use --pattern"),
+            "{w:?}"
+        );
         // A value written with a decimal point is never an index.
         let (_, w) = warnings("tiny-point.tns", "1 1 1.0\n2 2 2.0\n");
         assert!(w.is_empty(), "{w:?}");

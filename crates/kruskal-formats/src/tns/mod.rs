@@ -72,7 +72,7 @@ mod numbers;
 mod parse;
 mod rounds;
 #[cfg(test)]
-mod test_util;
+pub(crate) mod test_util;
 mod write;
 
 use std::fs::File;
@@ -261,11 +261,16 @@ mod tests {
             ("kg-wikipeople-4mode-novalues.tns.gz", 4, 25820),
         ] {
             let p = data.join(name);
-            // Read as values, with a warning that names --pattern.
+            // Read as values, with a warning whose advice is the pattern
+            // option.
             let (t, report) = read_tns_report(&p, &ReadOptions::default()).unwrap();
             assert_eq!(t.nmodes(), modes - 1, "{name}");
             assert_eq!(report.warnings.len(), 1, "{name}");
-            assert!(report.warnings[0].contains("--pattern"), "{name}");
+            assert_eq!(
+                report.warnings[0].advice,
+                Some(crate::Advice::PatternIfEveryLineIsIndices),
+                "{name}"
+            );
             let pattern = ReadOptions {
                 pattern: true,
                 ..ReadOptions::default()

@@ -7,7 +7,7 @@ use super::columns::Columns;
 use super::feed::Stop;
 use super::numbers::parse_value;
 use crate::coo::MAX_MODES;
-use crate::error::{FormatError, Result};
+use crate::error::{Advice, FormatError, Result};
 use crate::io::ReadOptions;
 /// Parsing parameters fixed by the first data line.
 pub(super) struct Layout<'a> {
@@ -32,9 +32,9 @@ pub(super) fn make_layout<'a>(
         return Err(FormatError::parse(
             path,
             line,
-            "found 1 column, but a line needs at least one index and a value (use --pattern if \
-             the file lists only indices)",
-        ));
+            "found 1 column, but a line needs at least one index and a value",
+        )
+        .advise(Advice::PatternIfIndicesOnly));
     }
     let nmodes = if opts.pattern { ncols } else { ncols - 1 };
     if nmodes > MAX_MODES {
@@ -117,13 +117,36 @@ pub(super) fn first_data_line(b: &[u8]) -> Option<(u64, usize)> {
     None
 }
 
+/// Why a line failed to parse, with advice where an option would help.
+pub(super) struct LineError {
+    msg: String,
+    advice: Option<Advice>,
+}
+
+impl From<String> for LineError {
+    fn from(msg: String) -> Self {
+        LineError { msg, advice: None }
+    }
+}
+
+impl LineError {
+    /// The error of line `line` of `path`.
+    pub(super) fn into_error(self, path: &Path, line: u64) -> FormatError {
+        let e = FormatError::parse(path, line, self.msg);
+        match self.advice {
+            Some(a) => e.advise(a),
+            None => e,
+        }
+    }
+}
+
 /// One parsed block.
 pub(super) struct ParsedBlock {
     pub(super) cols: Columns,
     /// Lines in the block (up to the error, if any).
     pub(super) lines: u64,
     /// The first bad line, numbered from 1 within the block, and why.
-    pub(super) error: Option<(u64, String)>,
+    pub(super) error: Option<(u64, LineError)>,
     /// Set when reading stopped after the block's text.
     pub(super) stop: Option<Stop>,
     /// The block's buffer, until it goes back for reuse.
@@ -143,17 +166,20 @@ pub(super) fn parse_block(b: &[u8], layout: &Layout, mut cols: Columns) -> Parse
     while pos < b.len() {
         line += 1;
         let start = pos;
-        if let Err(msg) = parse_line(b, &mut pos, layout, &mut cols) {
+        if let Err(e) = parse_line(b, &mut pos, layout, &mut cols) {
             let text = &b[start..line_end(b, start)];
             // A wrong column count explains a bad token better than the
             // token itself (a missing value makes an index out of a value).
             let found = count_tokens(text);
-            let msg = match not_text(text) {
-                Some(why) => why.to_string(),
-                None if found != layout.ncols => column_count_message(found, layout),
-                None => msg,
+            let e = match not_text(text) {
+                Some(why) => LineError::from(why.to_string()),
+                None if found != layout.ncols => column_count_message(found, layout).into(),
+                None => e,
             };
-            let msg = with_cr_hint(msg, text);
+            let msg = LineError {
+                msg: with_cr_hint(e.msg, text),
+                advice: e.advice,
+            };
             return ParsedBlock {
                 cols,
                 lines: line,
@@ -228,7 +254,7 @@ fn parse_line(
     pos: &mut usize,
     layout: &Layout,
     cols: &mut Columns,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), LineError> {
     let n = b.len();
     let mut p = *pos;
     while p < n && is_space(b[p]) {
@@ -243,7 +269,7 @@ fn parse_line(
             p += 1;
         }
         if p == n || b[p] == b'\n' {
-            return Err(column_count_message(c, layout));
+            return Err(column_count_message(c, layout).into());
         }
         let start = p;
         if c < layout.nmodes {
@@ -258,7 +284,7 @@ fn parse_line(
                         .iter()
                         .position(|&x| is_delim(x))
                         .unwrap_or(n - start);
-                return Err(bad_index(&b[start..end], c));
+                return Err(bad_index(&b[start..end], c).into());
             }
             let idx = to_index(v, &b[start..p], c, layout)?;
             cols.indices[c].push(idx);
@@ -282,7 +308,7 @@ fn parse_line(
     if p < n && b[p] != b'\n' {
         let end = line_end(b, p);
         let found = count_tokens(&b[*pos..end]);
-        return Err(column_count_message(found, layout));
+        return Err(column_count_message(found, layout).into());
     }
     *pos = (p + 1).min(n);
     Ok(())
@@ -303,37 +329,41 @@ fn bad_index(tok: &[u8], col: usize) -> String {
 
 /// Converts a parsed index to 0-based and checks its range.
 #[inline]
-fn to_index(v: u64, tok: &[u8], col: usize, layout: &Layout) -> std::result::Result<u32, String> {
+fn to_index(
+    v: u64,
+    tok: &[u8],
+    col: usize,
+    layout: &Layout,
+) -> std::result::Result<u32, LineError> {
     let idx = if layout.zero_based {
         v
     } else if v == 0 {
-        return Err(format!(
-            "index 0 in column {}, but indices are 1-based; use --zero-based for files whose \
-             indices start at 0",
-            col + 1
-        ));
+        return Err(LineError {
+            msg: format!("index 0 in column {}, but indices are 1-based", col + 1),
+            advice: Some(Advice::ZeroBased),
+        });
     } else {
         v - 1
     };
     // Every dimension (largest index + 1) must fit in u32.
     if idx >= u64::from(u32::MAX) {
         let largest = u64::from(u32::MAX) - u64::from(layout.zero_based);
-        return Err(format!(
+        return Err(LineError::from(format!(
             "index {} in column {} is too large: indices must fit in 32 bits (at most {largest})",
             show(tok),
             col + 1
-        ));
+        )));
     }
     let idx = idx as u32;
     if let Some(dims) = layout.dims {
         if idx >= dims[col] {
-            return Err(format!(
+            return Err(LineError::from(format!(
                 "index {} in column {} is beyond the given dimension {} of mode {}",
                 show(tok),
                 col + 1,
                 dims[col],
                 col + 1
-            ));
+            )));
         }
     }
     Ok(idx)
@@ -392,8 +422,14 @@ mod tests {
         assert_eq!(t.mode_indices(3), &[0, 1, 2, 0, 0, 1, 0, 1]);
         assert_eq!(one.mode_indices(3), &[0, 1, 2, 0, 0, 1, 0, 1]);
 
-        let err = read(&p).unwrap_err().to_string();
-        assert!(err.contains("--zero-based"), "{err}");
+        let err = read(&p).unwrap_err();
+        assert!(
+            err.to_string()
+                .ends_with("; use zero_based for files whose indices start at 0"),
+            "{err}"
+        );
+        let err = err.message(&crate::tns::test_util::dashed);
+        assert!(err.contains("use --zero-based"), "{err}");
         assert!(
             err.contains(":2: "),
             "line number of the first 0 index: {err}"

@@ -527,7 +527,7 @@ mod tests {
         let (t, report, _) = read_tns_tuned(&p, &ReadOptions::default(), rounds).unwrap();
         assert_eq!(report.warnings.len(), 1, "{:?}", report.warnings);
         assert!(
-            report.warnings[0].contains("300 distinct"),
+            report.warnings[0].text.contains("300 distinct"),
             "{:?}",
             report.warnings
         );

@@ -10,6 +10,7 @@ use super::read_tns;
 use crate::coo::SparseTensor;
 use crate::error::{FormatError, Result};
 use crate::io::ReadOptions;
+use crate::option::OptionName;
 
 pub(super) fn write_file(dir: &Path, name: &str, content: &[u8]) -> PathBuf {
     let p = dir.join(name);
@@ -27,18 +28,33 @@ pub(super) fn read(p: &Path) -> Result<SparseTensor> {
     read_tns(p, &ReadOptions::default())
 }
 
-/// Reads `content` as a .tns and returns the error's line and message.
+/// An option as the command line spells it (`--zero-based`), for the
+/// tests' messages.
+pub(crate) fn dashed(option: OptionName, value: Option<&str>) -> String {
+    let name = option.name().replace('_', "-");
+    match value {
+        Some(v) => format!("--{name} {v}"),
+        None => format!("--{name}"),
+    }
+}
+
+/// Reads `content` as a .tns and returns the error's line and message
+/// (with its advice, options spelled as the command line does).
 pub(super) fn parse_err(content: &str, opts: &ReadOptions) -> (u64, String) {
     let dir = tempfile::tempdir().unwrap();
     let p = write_file(dir.path(), "bad.tns", content.as_bytes());
-    match read_tns(&p, opts).unwrap_err() {
+    let (e, advice) = match read_tns(&p, opts).unwrap_err() {
+        FormatError::Advised { error, advice } => (*error, advice.text(&dashed)),
+        e => (e, String::new()),
+    };
+    match e {
         FormatError::Parse {
             path,
             line,
             message,
         } => {
             assert_eq!(path, p);
-            (line, message)
+            (line, message + &advice)
         }
         other => panic!("expected a parse error, got {other}"),
     }

@@ -6,16 +6,20 @@ use kruskal::cpd::CpdError;
 use kruskal::harness::CheckError;
 use kruskal::measure::MeasureError;
 use kruskal_device::DeviceError;
+use kruskal_formats::FormatError;
 
 /// The error's chain as one line, outermost context first, joined by ": "
 /// (as anyhow's `{:#}` does), with the options the library names written
 /// as the command line's flags.
 pub fn error_line(e: &anyhow::Error) -> String {
     e.chain()
-        .map(|link| match cpd_error(link) {
-            Some(c) => c.message(&kruskal::console::flag),
-            None => link.to_string(),
-        })
+        .map(
+            |link| match (cpd_error(link), link.downcast_ref::<FormatError>()) {
+                (Some(c), _) => c.message(&kruskal::console::flag),
+                (None, Some(f)) => f.message(&kruskal::console::flag),
+                (None, None) => link.to_string(),
+            },
+        )
         .collect::<Vec<_>>()
         .join(": ")
 }

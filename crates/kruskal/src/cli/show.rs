@@ -161,6 +161,13 @@ impl Printer {
                     println!("{topic:<11}{text}");
                 }
             }
+            Event::Choice { choice, sms } => {
+                if !self.quiet {
+                    for line in choice.notes(sms, &flag) {
+                        println!("{:<11}{line}", "kernels");
+                    }
+                }
+            }
             Event::Step(Some(what)) => self.spin = Some(spinner(what)),
             Event::Step(None) => {
                 if let Some(spin) = self.spin.take() {

@@ -25,7 +25,7 @@ use kruskal_tune::{Config, MARGIN, Measurements, TensorFeatures, TensorRuns, Tun
 use serde_json::json;
 
 use super::common::InputArgs;
-use kruskal::console::{dims_text, thousands};
+use kruskal::console::{dims_text, flag, thousands};
 
 #[derive(Args, Debug)]
 pub struct TuneArgs {
@@ -341,7 +341,7 @@ fn predict(args: PredictArgs) -> Result<()> {
             .iter()
             .map(|p| {
                 json!({
-                    "config": p.config.to_string(), "flags": p.config.flags(sms),
+                    "config": p.config.to_string(), "flags": p.config.spelled(sms, &flag),
                     "predicted_ms": p.total_ms, "predicted_mode_ms": p.mode_ms,
                 })
             })
@@ -373,7 +373,7 @@ fn predict(args: PredictArgs) -> Result<()> {
             k + 1,
             p.config.to_string(),
             p.total_ms,
-            p.config.flags(sms),
+            p.config.spelled(sms, &flag),
             modes.join(" / ")
         );
     }

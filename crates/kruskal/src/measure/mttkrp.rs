@@ -715,7 +715,7 @@ fn source_and_reason(choice: &EngineChoice) -> (&'static str, Option<String>) {
     match &choice.source {
         ChoiceSource::Flags => ("flags", None),
         ChoiceSource::Model { kept } => ("model", kept.map(|k| k.to_string())),
-        ChoiceSource::Default { why } => ("default", Some(why.clone())),
+        ChoiceSource::Default { why } => ("default", Some(why.text(&crate::console::flag))),
     }
 }
 
