@@ -167,7 +167,7 @@ impl fmt::Debug for Launch {
 ///
 /// A name shown with a bad value is written `NAME="value"` when it is one
 /// word (a flag, a keyword), `words "value"` otherwise
-/// ([`LaunchError::Invalid`](crate::LaunchError::Invalid)).
+/// ([`LaunchError::Invalid`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OverrideNames {
     /// Also [`Launch::source`] when the rank is given.
