@@ -17,7 +17,9 @@
 //! says otherwise; `KRUSKAL_WORLD_SIZE`, when set beside another family,
 //! must agree with it. The rendezvous address is `KRUSKAL_RENDEZVOUS`, or
 //! else `MASTER_ADDR:MASTER_PORT`. The job token is `KRUSKAL_JOB_TOKEN`.
-//! [`LaunchOverrides`] (command-line flags) win over all of these.
+//! [`LaunchOverrides`] (explicit values, e.g. the command line's flags) win
+//! over all of these; messages about them use the caller's
+//! [`OverrideNames`].
 //!
 //! Parsing is strict: a value that is not a plain decimal number, a rank
 //! not below the world size, a port outside 1..=65535 or half of a pair
@@ -85,7 +87,8 @@ pub struct HostPort {
 
 impl HostPort {
     /// Parses `host:port` or `[ipv6]:port`; `var` names where the text
-    /// came from (a variable or a flag), for the error.
+    /// came from (a variable, a flag or words such as "an explicit
+    /// rendezvous address"), for the error.
     pub fn parse(var: &'static str, text: &str) -> Result<HostPort> {
         let invalid = |problem: &str| LaunchError::Invalid {
             var,
@@ -135,7 +138,8 @@ pub struct Launch {
     pub rendezvous: HostPort,
     /// The job's shared secret (at least [`MIN_TOKEN_CHARS`] characters).
     pub token: String,
-    /// Which variables (or flags) gave the rank, for messages.
+    /// Which variables gave the rank, or the name of the explicit rank
+    /// ([`OverrideNames::rank`]), for messages.
     pub source: &'static str,
 }
 
@@ -156,8 +160,36 @@ impl fmt::Debug for Launch {
     }
 }
 
-/// Explicit values (from `--process-rank`, `--world-size`, `--local-gpu`,
-/// `--rendezvous`, a token option) that win over the environment.
+/// What messages call each explicit value. A front end spells its own
+/// options (the command line passes its flags, `--process-rank` and so
+/// on); the default is neutral words that read in every message ("set
+/// WORLD_SIZE or pass an explicit world size").
+///
+/// A name shown with a bad value is written `NAME="value"` when it is one
+/// word (a flag, a keyword), `words "value"` otherwise
+/// ([`LaunchError::Invalid`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OverrideNames {
+    /// Also [`Launch::source`] when the rank is given.
+    pub rank: &'static str,
+    pub world_size: &'static str,
+    pub local_gpu: &'static str,
+    pub rendezvous: &'static str,
+}
+
+impl Default for OverrideNames {
+    fn default() -> OverrideNames {
+        OverrideNames {
+            rank: "an explicit rank",
+            world_size: "an explicit world size",
+            local_gpu: "an explicit local GPU",
+            rendezvous: "an explicit rendezvous address",
+        }
+    }
+}
+
+/// Explicit values (e.g. from the command line's flags) that win over the
+/// environment, and what messages call them.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct LaunchOverrides {
     pub rank: Option<usize>,
@@ -166,6 +198,9 @@ pub struct LaunchOverrides {
     /// `host:port` or `[ipv6]:port`.
     pub rendezvous: Option<String>,
     pub token: Option<String>,
+    /// How messages name the values above (the token is "the job token
+    /// given by the caller" and never shown).
+    pub names: OverrideNames,
 }
 
 impl fmt::Debug for LaunchOverrides {
@@ -176,6 +211,7 @@ impl fmt::Debug for LaunchOverrides {
             .field("local_gpu", &self.local_gpu)
             .field("rendezvous", &self.rendezvous)
             .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .field("names", &self.names)
             .finish()
     }
 }
@@ -211,16 +247,17 @@ impl Launch {
         let env_number = |var: &'static str| -> Result<Option<usize>> {
             lookup(var).map(|v| number(var, &v)).transpose()
         };
+        let names = &overrides.names;
         let family = FAMILIES.iter().find(|f| lookup(f.rank).is_some());
 
         let (rank, rank_var, source) = match (overrides.rank, family) {
-            (Some(rank), _) => (rank, "--process-rank", "--process-rank"),
+            (Some(rank), _) => (rank, names.rank, names.rank),
             (None, Some(f)) => (env_number(f.rank)?.unwrap_or_default(), f.rank, f.source),
-            (None, None) => return Err(LaunchError::Missing(no_rank(&lookup))),
+            (None, None) => return Err(LaunchError::Missing(no_rank(&lookup, names.rank))),
         };
 
         let (world_size, world_var) = match overrides.world_size {
-            Some(n) => (n, "--world-size"),
+            Some(n) => (n, names.world_size),
             None => {
                 let ours = env_number(KRUSKAL.size)?;
                 let theirs = match family {
@@ -240,7 +277,8 @@ impl Launch {
                         let var = family.map_or(KRUSKAL.size, |f| f.size);
                         return Err(LaunchError::Missing(format!(
                             "the world size is not set: {rank_var} is set but {var} is not; \
-                             set {var} or pass --world-size"
+                             set {var} or pass {}",
+                            names.world_size
                         )));
                     }
                 }
@@ -278,8 +316,8 @@ impl Launch {
                             format!(" (or {var})")
                         };
                         LaunchError::Missing(format!(
-                            "the local GPU is not set: set {}{or_theirs} or pass --local-gpu",
-                            KRUSKAL.local
+                            "the local GPU is not set: set {}{or_theirs} or pass {}",
+                            KRUSKAL.local, names.local_gpu
                         ))
                     })?
                 }
@@ -287,8 +325,8 @@ impl Launch {
         };
 
         let rendezvous = match &overrides.rendezvous {
-            Some(text) => HostPort::parse("--rendezvous", text)?,
-            None => rendezvous_from_env(&lookup)?,
+            Some(text) => HostPort::parse(names.rendezvous, text)?,
+            None => rendezvous_from_env(&lookup, names.rendezvous)?,
         };
 
         let (token, from) = match &overrides.token {
@@ -342,11 +380,13 @@ pub(crate) fn check_token(token: &str, from: &str) -> Result<()> {
     Ok(())
 }
 
-/// The message when no family gives a rank.
-fn no_rank(lookup: &impl Fn(&str) -> Option<String>) -> String {
-    let what = "set KRUSKAL_RANK, KRUSKAL_WORLD_SIZE, KRUSKAL_LOCAL_GPU and \
-                KRUSKAL_RENDEZVOUS (or start the ranks with torchrun, mpirun or srun), or \
-                pass --process-rank";
+/// The message when no family gives a rank; `explicit` names the
+/// explicit rank.
+fn no_rank(lookup: &impl Fn(&str) -> Option<String>, explicit: &str) -> String {
+    let what = format!(
+        "set KRUSKAL_RANK, KRUSKAL_WORLD_SIZE, KRUSKAL_LOCAL_GPU and KRUSKAL_RENDEZVOUS (or \
+         start the ranks with torchrun, mpirun or srun), or pass {explicit}"
+    );
     let stray = [KRUSKAL.size, KRUSKAL.local]
         .into_iter()
         .find(|var| lookup(var).is_some());
@@ -356,7 +396,12 @@ fn no_rank(lookup: &impl Fn(&str) -> Option<String>) -> String {
     }
 }
 
-fn rendezvous_from_env(lookup: &impl Fn(&str) -> Option<String>) -> Result<HostPort> {
+/// The rendezvous address from the variables; `explicit` names the
+/// explicit address, for the message when none is set.
+fn rendezvous_from_env(
+    lookup: &impl Fn(&str) -> Option<String>,
+    explicit: &str,
+) -> Result<HostPort> {
     const VAR: &str = "KRUSKAL_RENDEZVOUS";
     if let Some(text) = lookup(VAR) {
         return HostPort::parse(VAR, &text);
@@ -392,12 +437,11 @@ fn rendezvous_from_env(lookup: &impl Fn(&str) -> Option<String>) -> Result<HostP
              KRUSKAL_RENDEZVOUS=host:port"
                 .into(),
         )),
-        (None, None) => Err(LaunchError::Missing(
+        (None, None) => Err(LaunchError::Missing(format!(
             "the rendezvous address is not set: set KRUSKAL_RENDEZVOUS=host:port (rank 0's \
              host and a free TCP port, the same on every rank), or MASTER_ADDR and \
-             MASTER_PORT, or pass --rendezvous"
-                .into(),
-        )),
+             MASTER_PORT, or pass {explicit}"
+        ))),
     }
 }
 
@@ -456,6 +500,14 @@ mod tests {
 
     const TOKEN: &str = "0123456789abcdef";
 
+    /// How the command line names the explicit values.
+    const FLAGS: OverrideNames = OverrideNames {
+        rank: "--process-rank",
+        world_size: "--world-size",
+        local_gpu: "--local-gpu",
+        rendezvous: "--rendezvous",
+    };
+
     fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
         let map: HashMap<String, String> = pairs
             .iter()
@@ -469,7 +521,11 @@ mod tests {
     }
 
     fn message(pairs: &[(&str, &str)]) -> String {
-        match launch(pairs) {
+        message_with(pairs, &LaunchOverrides::default())
+    }
+
+    fn message_with(pairs: &[(&str, &str)], overrides: &LaunchOverrides) -> String {
+        match Launch::from_lookup_with(env(pairs), overrides) {
             Ok(l) => panic!("expected an error, got {l:?}"),
             Err(e) => e.to_string(),
         }
@@ -613,6 +669,7 @@ mod tests {
             local_gpu: Some(2),
             rendezvous: Some("[::1]:7000".into()),
             token: Some("from-the-overrides".into()),
+            names: FLAGS,
         };
         let l = Launch::from_lookup_with(
             env(&[
@@ -657,6 +714,7 @@ mod tests {
                 local_gpu: Some(0),
                 rendezvous: Some("h:5".into()),
                 token: None,
+                names: FLAGS,
             },
         )
         .unwrap_err();
@@ -676,6 +734,174 @@ mod tests {
             e.to_string()
                 .starts_with("--rendezvous=\"h\": expected host:port")
         );
+        let e = Launch::from_lookup_with(
+            env(&[]),
+            &LaunchOverrides {
+                world_size: Some(0),
+                ..overrides.clone()
+            },
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--world-size=\"0\": the world size must be at least 1"
+        );
+    }
+
+    /// The command line's flags, where it passes them, name what is
+    /// missing or wrong.
+    #[test]
+    fn messages_use_the_callers_names() {
+        let flags = LaunchOverrides {
+            names: FLAGS,
+            ..LaunchOverrides::default()
+        };
+        assert_eq!(
+            message_with(&[], &flags),
+            "this process's rank is not set: set KRUSKAL_RANK, KRUSKAL_WORLD_SIZE, \
+             KRUSKAL_LOCAL_GPU and KRUSKAL_RENDEZVOUS (or start the ranks with torchrun, \
+             mpirun or srun), or pass --process-rank"
+        );
+        assert_eq!(
+            message_with(&[("RANK", "0"), ("LOCAL_RANK", "0")], &flags),
+            "the world size is not set: RANK is set but WORLD_SIZE is not; \
+             set WORLD_SIZE or pass --world-size"
+        );
+        assert_eq!(
+            message_with(
+                &[],
+                &LaunchOverrides {
+                    rank: Some(0),
+                    ..flags.clone()
+                }
+            ),
+            "the world size is not set: --process-rank is set but KRUSKAL_WORLD_SIZE is not; \
+             set KRUSKAL_WORLD_SIZE or pass --world-size"
+        );
+        assert_eq!(
+            message_with(
+                &[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")],
+                &flags
+            ),
+            "the local GPU is not set: set KRUSKAL_LOCAL_GPU (or OMPI_COMM_WORLD_LOCAL_RANK) \
+             or pass --local-gpu"
+        );
+        assert_eq!(
+            message_with(
+                &[("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")],
+                &flags
+            ),
+            "the rendezvous address is not set: set KRUSKAL_RENDEZVOUS=host:port (rank 0's \
+             host and a free TCP port, the same on every rank), or MASTER_ADDR and \
+             MASTER_PORT, or pass --rendezvous"
+        );
+    }
+
+    /// Without names from the caller, messages name no command line's flag
+    /// and still read as sentences.
+    #[test]
+    fn default_names_are_neutral_words() {
+        let given = LaunchOverrides {
+            rank: Some(3),
+            world_size: Some(3),
+            local_gpu: Some(0),
+            rendezvous: Some("h:5".into()),
+            ..LaunchOverrides::default()
+        };
+        let messages = [
+            message(&[]),
+            message(&[("KRUSKAL_LOCAL_GPU", "0")]),
+            message(&[("RANK", "0"), ("LOCAL_RANK", "0")]),
+            message_with(
+                &[],
+                &LaunchOverrides {
+                    rank: Some(0),
+                    ..LaunchOverrides::default()
+                },
+            ),
+            message(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")]),
+            message(&[("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")]),
+            message_with(&[("KRUSKAL_JOB_TOKEN", TOKEN)], &given),
+            message_with(
+                &[],
+                &LaunchOverrides {
+                    world_size: Some(0),
+                    ..given.clone()
+                },
+            ),
+            message_with(
+                &[],
+                &LaunchOverrides {
+                    rank: Some(0),
+                    rendezvous: Some("h".into()),
+                    ..given.clone()
+                },
+            ),
+        ];
+        for m in &messages {
+            let flag = m
+                .as_bytes()
+                .windows(3)
+                .any(|w| w[0] == b'-' && w[1] == b'-' && w[2].is_ascii_alphabetic());
+            assert!(!flag, "{m}");
+        }
+        assert_eq!(
+            messages[0],
+            "this process's rank is not set: set KRUSKAL_RANK, KRUSKAL_WORLD_SIZE, \
+             KRUSKAL_LOCAL_GPU and KRUSKAL_RENDEZVOUS (or start the ranks with torchrun, \
+             mpirun or srun), or pass an explicit rank"
+        );
+        assert_eq!(
+            messages[1],
+            "KRUSKAL_LOCAL_GPU is set but KRUSKAL_RANK is not: set KRUSKAL_RANK, \
+             KRUSKAL_WORLD_SIZE, KRUSKAL_LOCAL_GPU and KRUSKAL_RENDEZVOUS (or start the ranks \
+             with torchrun, mpirun or srun), or pass an explicit rank"
+        );
+        assert_eq!(
+            messages[2],
+            "the world size is not set: RANK is set but WORLD_SIZE is not; \
+             set WORLD_SIZE or pass an explicit world size"
+        );
+        assert_eq!(
+            messages[3],
+            "the world size is not set: an explicit rank is set but KRUSKAL_WORLD_SIZE is \
+             not; set KRUSKAL_WORLD_SIZE or pass an explicit world size"
+        );
+        assert_eq!(
+            messages[4],
+            "the local GPU is not set: set KRUSKAL_LOCAL_GPU (or OMPI_COMM_WORLD_LOCAL_RANK) \
+             or pass an explicit local GPU"
+        );
+        assert!(
+            messages[5].ends_with(
+                "or MASTER_ADDR and MASTER_PORT, or pass an explicit rendezvous address"
+            ),
+            "{}",
+            messages[5]
+        );
+        assert_eq!(
+            messages[6],
+            "rank 3 (an explicit rank) is not below the world size 3 (an explicit world \
+             size); ranks run from 0 to 2"
+        );
+        assert_eq!(
+            messages[7],
+            "an explicit world size \"0\": the world size must be at least 1"
+        );
+        assert_eq!(
+            messages[8],
+            "an explicit rendezvous address \"h\": expected host:port, e.g. node01:29500"
+        );
+        // The explicit rank's name is where the rank came from.
+        let l = Launch::from_lookup_with(
+            env(&[("KRUSKAL_JOB_TOKEN", TOKEN)]),
+            &LaunchOverrides {
+                rank: Some(0),
+                ..given
+            },
+        )
+        .unwrap();
+        assert_eq!(l.source, "an explicit rank");
     }
 
     #[test]
@@ -749,6 +975,7 @@ mod tests {
                 local_gpu: Some(0),
                 rendezvous: Some("h:1".into()),
                 token: Some("short".into()),
+                names: OverrideNames::default(),
             },
         )
         .unwrap_err();
@@ -893,16 +1120,16 @@ mod tests {
             "{e}"
         );
         let e = message(&[("RANK", "0"), ("LOCAL_RANK", "0")]);
-        assert_eq!(
-            e,
-            "the world size is not set: RANK is set but WORLD_SIZE is not; \
-             set WORLD_SIZE or pass --world-size"
+        assert!(
+            e.starts_with("the world size is not set: RANK is set but WORLD_SIZE is not"),
+            "{e}"
         );
         let e = message(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")]);
-        assert_eq!(
-            e,
-            "the local GPU is not set: set KRUSKAL_LOCAL_GPU (or OMPI_COMM_WORLD_LOCAL_RANK) \
-             or pass --local-gpu"
+        assert!(
+            e.starts_with(
+                "the local GPU is not set: set KRUSKAL_LOCAL_GPU (or OMPI_COMM_WORLD_LOCAL_RANK)"
+            ),
+            "{e}"
         );
         let e = message(&[
             ("SLURM_PROCID", "0"),

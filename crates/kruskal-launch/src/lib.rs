@@ -11,7 +11,8 @@
 //!   rank, the world size, its local GPU, the rendezvous address and the
 //!   job token, read from the variables a launcher sets (kruskal's own,
 //!   torchrun's, OpenMPI's, Slurm's), with explicit values
-//!   ([`LaunchOverrides`], from command-line flags) on top.
+//!   ([`LaunchOverrides`], e.g. from command-line flags) on top, named in
+//!   messages as the caller spells them ([`OverrideNames`]).
 //! - [`rendezvous`]: [`Rendezvous`], rank 0 listens on the rendezvous port,
 //!   every other rank connects and proves it holds the job token; once all
 //!   have, rank 0 sends each of them the same opaque payload (the NCCL
@@ -169,7 +170,7 @@ mod testkit;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use env::{HostPort, Launch, LaunchOverrides, MIN_TOKEN_CHARS};
+pub use env::{HostPort, Launch, LaunchOverrides, MIN_TOKEN_CHARS, OverrideNames};
 pub use membership::{Lost, Membership};
 pub use rendezvous::{Rendezvous, RendezvousOptions};
 pub use wire::MAX_PAYLOAD_BYTES;
@@ -181,8 +182,10 @@ pub type LogFn = Arc<dyn Fn(&str) + Send + Sync>;
 /// Everything that can go wrong launching or running several processes.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
-    /// A variable or flag whose value cannot be used.
-    #[error("{var}={value:?}: {problem}")]
+    /// A variable or explicit value that cannot be used. `var` is a
+    /// variable's name or an [`OverrideNames`] entry: one word is shown
+    /// as `var="value"`, words as `words "value"`.
+    #[error("{}: {problem}", named_value(var, value))]
     Invalid {
         var: &'static str,
         value: String,
@@ -244,6 +247,16 @@ pub(crate) fn secs(d: Duration) -> String {
         format!("{} s", d.as_secs())
     } else {
         format!("{:.1} s", d.as_secs_f64())
+    }
+}
+
+/// `KRUSKAL_RANK="x"` or `--world-size="0"` (one word, a variable or a
+/// flag), `an explicit world size "0"` (words).
+fn named_value(var: &str, value: &str) -> String {
+    if var.contains(char::is_whitespace) {
+        format!("{var} {value:?}")
+    } else {
+        format!("{var}={value:?}")
     }
 }
 

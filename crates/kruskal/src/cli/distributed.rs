@@ -26,7 +26,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use kruskal_cpd::DistributedDecomposition;
 use kruskal_cpd::distributed::{Job, Transport, check_file};
-use kruskal_launch::{Launch, LaunchOverrides, Rendezvous, RendezvousOptions};
+use kruskal_launch::{Launch, LaunchOverrides, OverrideNames, Rendezvous, RendezvousOptions};
 use serde_json::json;
 
 use super::cpd::{CpdArgs, decompose_options, print_breakdown, print_summary};
@@ -35,6 +35,14 @@ use super::cpd::{CpdArgs, decompose_options, print_breakdown, print_summary};
 /// own run to stop before it ends itself (a call NCCL cannot abort, such
 /// as joining the communicator, would otherwise wait for ever).
 const WATCHDOG_S: u64 = 20;
+
+/// The launch flags below, as the launch's messages name them.
+const LAUNCH_FLAGS: OverrideNames = OverrideNames {
+    rank: "--process-rank",
+    world_size: "--world-size",
+    local_gpu: "--local-gpu",
+    rendezvous: "--rendezvous",
+};
 
 /// One process of several (`kruskal cpd --distributed`).
 #[derive(Args, Clone, Debug, Default)]
@@ -78,6 +86,7 @@ pub fn run(args: &CpdArgs) -> Result<()> {
         local_gpu: d.local_gpu,
         rendezvous: d.rendezvous.clone(),
         token: None,
+        names: LAUNCH_FLAGS,
     })?;
     let me = launch.rank;
     let Some(path) = args.input.file.as_deref() else {
