@@ -729,14 +729,14 @@ fn make_backend(
         BackendChoice::Auto if constrained => cpu(cpu_kernel, Some(ADMM_ON_CPU.into())),
         BackendChoice::Auto => match gpu_run() {
             Ok(b) => Ok((Chosen::Gpu(Box::new(b)), None)),
-            Err(e) => cpu(cpu_kernel, Some(short_reason(&e))),
+            Err(e) => cpu(cpu_kernel, Some(fallback_reason(&e))),
         },
     }
 }
 
 /// Why the GPU was not used, in a few words (the full list of library
 /// names tried is for `--backend gpu`'s error).
-fn short_reason(e: &CpdError) -> String {
+fn fallback_reason(e: &CpdError) -> String {
     if let CpdError::Device(DeviceError::MissingLibrary { library, .. }) = e {
         return format!("no CUDA {library} library was found");
     }
@@ -1057,13 +1057,13 @@ mod tests {
             count: 0,
         });
         assert_eq!(
-            short_reason(&e),
+            fallback_reason(&e),
             "no CUDA GPU 0 (the driver reports 0 device(s))"
         );
         let e = CpdError::from(DeviceError::MissingLibrary {
             library: "driver",
             tried: vec!["libcuda.so.1".into()],
         });
-        assert_eq!(short_reason(&e), "no CUDA driver library was found");
+        assert_eq!(fallback_reason(&e), "no CUDA driver library was found");
     }
 }

@@ -22,9 +22,10 @@ pyo3::create_exception!(
     "The GPU could not be used or failed (no CUDA driver or GPU, out of memory, a kernel error)."
 );
 
-/// The message with its causes, one line, as the command line prints it,
-/// then in Python's words.
-fn chain(e: &dyn std::error::Error) -> String {
+/// A library error's message in Python's words: its own text and its
+/// causes, each said once (`kruskal_device::error_line` joins them as the
+/// command line does), modes counted from 0.
+fn library_text(e: &dyn std::error::Error) -> String {
     python_words(&kruskal_device::error_line(e))
 }
 
@@ -43,7 +44,7 @@ pub fn format_error(e: FormatError) -> PyErr {
 }
 
 pub fn device_error(e: DeviceError) -> PyErr {
-    GpuError::new_err(chain(&e))
+    GpuError::new_err(library_text(&e))
 }
 
 /// `on_gpu`: the run was on a GPU, so a failure of the run itself (a
@@ -80,7 +81,7 @@ pub fn value_error(text: impl Into<String>) -> PyErr {
 
 /// A `ValueError` with a message of the library's.
 pub fn library_value_error(e: &dyn std::error::Error) -> PyErr {
-    PyValueError::new_err(chain(e))
+    PyValueError::new_err(library_text(e))
 }
 
 /// A `TypeError`: an argument of the wrong kind of object.
