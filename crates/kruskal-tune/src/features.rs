@@ -583,7 +583,7 @@ impl TensorFeatures {
     ///
     /// 1. **Grouping by slice.** A mode whose indices are already in
     ///    order (mode 0 of a tensor in coordinate order) is grouped as it
-    ///    is. Otherwise one parallel counting sort over chunks of nonzeros
+    ///    is, where the dense counters below are used. Otherwise one parallel counting sort over chunks of nonzeros
     ///    cuts the `(i_mode << 32) | i_fiber` keys into at most 256 ranges
     ///    of `width` slices (a power of two), and each range is grouped by
     ///    slice by a counting sort of its own (`width` counters) on the
