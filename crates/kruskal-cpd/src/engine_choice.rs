@@ -8,9 +8,10 @@
 //! - [`GpuRequest::choose`]: the GPU engines and launch parameters to build
 //!   for a tensor ([`EngineChoice`]), and where they came from
 //!   ([`ChoiceSource`]): the flags, the tuning model (`kruskal_tune`'s rules
-//!   on its ranking), or the fixed defaults and why. [`crate::decompose`]
-//!   asks for the candidates its first iteration times
-//!   ([`ChoiceRule::Trial`]); `kruskal mttkrp` for the one configuration it
+//!   on its ranking), the fixed trial, or the fixed defaults and why.
+//!   [`crate::decompose`] asks for the candidates its first iteration
+//!   times ([`ChoiceRule::Trial`]: for `auto`, `kruskal_tune::TRIAL`,
+//!   which needs no features); `kruskal mttkrp` for the one configuration it
 //!   measures ([`ChoiceRule::One`]). Callers describe the choice; they do
 //!   not make it.
 //!
@@ -167,6 +168,9 @@ pub enum ChoiceSource {
     /// The tuning model's ranking; `kept` when the margin rule kept the
     /// default over the model's first choice.
     Model { kept: Option<MarginKept> },
+    /// The fixed trial of `kruskal_tune::TRIAL` (`auto` timed on a
+    /// decomposition's first iteration): no features, no ranking.
+    Trial,
     /// The fixed defaults, and why.
     Default { why: DefaultReason },
 }
@@ -222,6 +226,18 @@ impl EngineChoice {
     pub fn notes(&self, sms: usize, spell: Spelling) -> Vec<String> {
         let features_s = self.features_s;
         match (&self.source, self.requested) {
+            (ChoiceSource::Trial, _) => {
+                let names: Vec<String> = self
+                    .candidates
+                    .iter()
+                    .filter_map(|c| Some(c.config?.spelled(sms, spell)))
+                    .collect();
+                vec![format!(
+                    "timing {}: the configurations nearest the best over the tuning \
+                     measurements",
+                    names.join(", ")
+                )]
+            }
             (ChoiceSource::Default { why }, GpuEngine::Auto) => vec![format!(
                 "timing fcoo, flycoo and hicoo at their defaults ({})",
                 why.text(spell)
@@ -259,7 +275,7 @@ impl EngineChoice {
                     }
                     ChoiceSource::Model { kept: Some(kept) } => kept.to_string(),
                     ChoiceSource::Default { why } => why.text(spell),
-                    ChoiceSource::Flags => return Vec::new(),
+                    ChoiceSource::Flags | ChoiceSource::Trial => return Vec::new(),
                 };
                 vec![format!(
                     "{} ({why}; features in {features_s:.2} s)",
@@ -288,13 +304,27 @@ impl GpuRequest<'_> {
     /// Whether [`GpuRequest::choose`] will read the tensor's features (a
     /// caller may compute them beforehand, beside other work).
     pub fn wants_features(&self) -> bool {
-        !self.no_model && !self.given.sets_parameter_of(self.engine) && TuneModel::usable().is_ok()
+        !self.no_model
+            && !self.given.sets_parameter_of(self.engine)
+            && !self.fixed_trial()
+            && TuneModel::usable().is_ok()
+    }
+
+    /// Whether the choice is the fixed trial ([`kruskal_tune::TRIAL`]):
+    /// `auto` timed on a decomposition's first iteration, with no F-COO
+    /// parameter given (the trial's candidates differ by it).
+    fn fixed_trial(&self) -> bool {
+        self.engine == GpuEngine::Auto
+            && self.rule == ChoiceRule::Trial
+            && self.given.threadlen.is_none()
     }
 
     /// The engines to build for `t` on a GPU of `sms` SMs: flags given win;
-    /// a parameter not given (and the engine, for `auto`) comes from the
-    /// tuning model unless `--no-model`; without a trained model, the fixed
-    /// defaults. `features` holds the tensor's features and their seconds
+    /// `--no-model` gives the fixed defaults; `auto` timed on a
+    /// decomposition's first iteration gives the fixed trial
+    /// ([`kruskal_tune::TRIAL`], no features); otherwise a parameter not
+    /// given (and the engine, for `auto`) comes from the tuning model, or,
+    /// without a trained model, from the fixed defaults. `features` holds the tensor's features and their seconds
     /// once computed; they are computed here (once) only when the model is
     /// asked.
     pub fn choose(
@@ -339,6 +369,17 @@ impl GpuRequest<'_> {
         }
         if self.no_model {
             return defaults(DefaultReason::Asked, None);
+        }
+        if self.fixed_trial() {
+            return EngineChoice {
+                requested: self.engine,
+                candidates: kruskal_tune::TRIAL
+                    .iter()
+                    .map(|&c| one(c.kernel(), Some(c), None))
+                    .collect(),
+                source: ChoiceSource::Trial,
+                features_s: None,
+            };
         }
         let model = match TuneModel::usable() {
             Ok(model) => model,
@@ -519,13 +560,37 @@ mod tests {
         if let ChoiceSource::Model { .. } = c.source {
             assert!(k.predicted_ms.is_some());
         }
-        // A trial: the default first, then the model's best others.
-        let c = ask(
-            GpuEngine::Auto,
-            &GpuOptions::default(),
-            false,
-            ChoiceRule::Trial,
+        // A trial of `auto`: the fixed trial, the default first, without
+        // features; with a threadlen given (which the trial's candidates
+        // differ by), the default and the model's best others.
+        let request = GpuRequest {
+            engine: GpuEngine::Auto,
+            given: &GpuOptions::default(),
+            no_model: false,
+            rank: 16,
+            rule: ChoiceRule::Trial,
+        };
+        assert!(!request.wants_features());
+        let c = request.choose(&tensor(), 132, &mut None);
+        let configs: Vec<_> = c.candidates.iter().map(|k| k.config).collect();
+        assert_eq!(configs, kruskal_tune::TRIAL.map(Some).to_vec());
+        assert_eq!(c.candidates[0].config, Some(Config::DEFAULT));
+        assert_eq!(
+            (c.source.clone(), c.features_s),
+            (ChoiceSource::Trial, None)
         );
+        let dashed = |o: OptionName, v: Option<&str>| format!("--{} {}", o.name(), v.unwrap_or(""));
+        let notes = c.notes(132, &dashed);
+        assert!(
+            notes[0]
+                .starts_with("timing --kernel fcoo --threadlen 8, --kernel fcoo --threadlen 16,"),
+            "{notes:?}"
+        );
+        let threadlen = GpuOptions {
+            threadlen: Some(16),
+            ..GpuOptions::default()
+        };
+        let c = ask(GpuEngine::Auto, &threadlen, false, ChoiceRule::Trial);
         assert_eq!(c.candidates.len(), CANDIDATES);
         assert_eq!(c.candidates[0].config, Some(Config::DEFAULT));
         assert!(c.candidates.iter().all(|k| k.predicted_ms.is_some()));

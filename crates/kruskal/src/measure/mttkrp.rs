@@ -714,6 +714,7 @@ fn chosen(choice: &EngineChoice) -> Result<&GpuCandidate> {
 fn source_and_reason(choice: &EngineChoice) -> (&'static str, Option<String>) {
     match &choice.source {
         ChoiceSource::Flags => ("flags", None),
+        ChoiceSource::Trial => ("trial", None),
         ChoiceSource::Model { kept } => ("model", kept.map(|k| k.to_string())),
         ChoiceSource::Default { why } => ("default", Some(why.text(&crate::console::flag))),
     }
