@@ -59,6 +59,12 @@ pub struct IterationTotals {
     /// kernels and, on a GPU with `--kernel auto`, tries the candidates).
     pub first_mttkrp_s: f64,
     pub first_other_s: f64,
+    /// Before the first iteration: the initial factors drawn (or checked),
+    /// handed to the backend (uploaded, on a GPU) and their Grams.
+    pub setup_s: f64,
+    /// After the last iteration: the factors taken back from the backend
+    /// (downloaded, on a GPU), normalized, ordered and checked.
+    pub finish_s: f64,
 }
 
 impl IterationTotals {

@@ -41,14 +41,35 @@ impl DeviceFactors {
             ));
         }
         let dims: Vec<u32> = factors.iter().map(|f| f.nrows() as u32).collect();
-        let mut host = Vec::with_capacity(dims.iter().map(|&d| d as usize).sum::<usize>() * rank);
+        // Each mode's rows go straight into their place in one device
+        // buffer: at tens of millions of rows a host copy of all the
+        // factors, made only to be uploaded, costs seconds.
+        let total: usize = factors.iter().map(|f| f.len()).sum();
+        let mut data = gpu.alloc_zeros::<f32>("the factor matrices", total)?;
+        let mut first = 0;
         for f in factors {
-            match f.as_slice() {
-                Some(s) => host.extend_from_slice(s),
-                None => host.extend(f.iter().copied()),
+            let len = f.len();
+            let copied: Vec<f32>;
+            let rows = match f.as_slice() {
+                Some(rows) => rows,
+                None => {
+                    copied = f.iter().copied().collect();
+                    &copied
+                }
+            };
+            if len > 0 {
+                gpu.stream()
+                    .memcpy_htod(rows, &mut data.slice_mut(first..first + len))
+                    .map_err(driver("uploading the factor matrices"))?;
             }
+            first += len;
         }
-        Self::upload_rows(gpu, &dims, rank, &host)
+        Ok(DeviceFactors {
+            row_offset: gpu.upload("the factor offsets", &row_offsets(&dims))?,
+            dims,
+            rank,
+            data,
+        })
     }
 
     /// Uploads factors given as one buffer: the rows of every mode in mode
@@ -62,19 +83,11 @@ impl DeviceFactors {
                 rows.len()
             )));
         }
-        let offsets: Vec<u64> = dims
-            .iter()
-            .scan(0u64, |first, &d| {
-                let this = *first;
-                *first += u64::from(d);
-                Some(this)
-            })
-            .collect();
         Ok(DeviceFactors {
             dims: dims.to_vec(),
             rank,
             data: gpu.upload("the factor matrices", rows)?,
-            row_offset: gpu.upload("the factor offsets", &offsets)?,
+            row_offset: gpu.upload("the factor offsets", &row_offsets(dims))?,
         })
     }
 
@@ -125,6 +138,17 @@ impl DeviceFactors {
         }
         Ok(out)
     }
+}
+
+/// The first row of each mode in the factors' one buffer.
+fn row_offsets(dims: &[u32]) -> Vec<u64> {
+    dims.iter()
+        .scan(0u64, |first, &d| {
+            let this = *first;
+            *first += u64::from(d);
+            Some(this)
+        })
+        .collect()
 }
 
 /// Checks an MTTKRP's operands: factors for a tensor of `dims`, an existing

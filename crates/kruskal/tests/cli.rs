@@ -26,24 +26,49 @@ fn demo_reaches_the_planted_fit() {
     assert_eq!(v["fit"].as_f64().unwrap(), best);
     // The wall time in parts: the run's own steps as reported above, and
     // the parts with the rest add up to the whole.
+    // Several starts: all of them as one part.
     let wall = &v["wall"];
     assert_eq!(wall["iterations_s"], v["cpd_s"], "{wall}");
+    assert_eq!(
+        (wall["setup_s"].as_f64(), wall["finish_s"].as_f64()),
+        (Some(0.0), Some(0.0))
+    );
     assert_eq!(wall["preparation_s"], v["prepare_s"], "{wall}");
     let parts = [
         "start",
         "load",
         "preparation",
+        "setup",
         "iterations",
+        "finish",
         "model_written",
         "teardown",
         "other",
     ];
-    let sum: f64 = parts
-        .iter()
-        .map(|p| wall[format!("{p}_s")].as_f64().unwrap())
-        .sum();
+    let sum_of = |wall: &serde_json::Value| -> f64 {
+        parts
+            .iter()
+            .map(|p| wall[format!("{p}_s")].as_f64().unwrap())
+            .sum()
+    };
     let total = wall["total_s"].as_f64().unwrap();
-    assert!(total > 0.0 && (sum - total).abs() < 1e-6, "{wall}");
+    assert!(total > 0.0 && (sum_of(wall) - total).abs() < 1e-6, "{wall}");
+    // One start: its factors' setup and finish apart from its iterations,
+    // the three making the decomposition's time.
+    let o = kruskal(&[
+        "cpd", "--like", "nips", "--nnz", "30k", "--rank", "4", "--iters", "3", "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let wall = &v["wall"];
+    let part = |p: &str| wall[format!("{p}_s")].as_f64().unwrap();
+    assert!(part("setup") > 0.0 && part("finish") > 0.0, "{wall}");
+    let cpd_s = v["cpd_s"].as_f64().unwrap();
+    assert!(
+        (part("setup") + part("iterations") + part("finish") - cpd_s).abs() < 1e-9,
+        "{wall}"
+    );
+    assert!((sum_of(wall) - part("total")).abs() < 1e-6, "{wall}");
 }
 
 #[test]

@@ -288,6 +288,14 @@ pub fn run(args: CpdArgs) -> Result<()> {
     // The wall time's parts; the teardown (the backend's device memory and
     // threads, the tensor and its page lock) is timed before the report.
     let (load_s, prepare_s, cpd_s) = (loaded.load_s, done.prep_s, done.cpd_s);
+    // One start: its factors' setup (drawn, handed to the backend) and
+    // finish (taken back, arranged) apart from its iterations; several:
+    // all starts as one part.
+    let (setup_s, finish_s) = if done.starts == 1 {
+        (model.totals.setup_s, model.totals.finish_s)
+    } else {
+        (0.0, 0.0)
+    };
     let (interrupted, fit) = (model.interrupted, model.fit());
     let teardown = |done: Decomposition, loaded: Loaded| {
         let start = Instant::now();
@@ -299,7 +307,9 @@ pub fn run(args: CpdArgs) -> Result<()> {
         kruskal::wall::WallParts::now(&[
             ("load", load_s),
             ("preparation", prepare_s),
-            ("iterations", cpd_s),
+            ("setup", setup_s),
+            ("iterations", (cpd_s - setup_s - finish_s).max(0.0)),
+            ("finish", finish_s),
             ("model written", write_s),
             ("teardown", teardown_s),
         ])
