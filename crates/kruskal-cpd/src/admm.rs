@@ -321,6 +321,10 @@ struct AdmmUpdate<'a> {
 }
 
 impl Update for AdmmUpdate<'_> {
+    fn keeps_initial(&self) -> bool {
+        true
+    }
+
     fn begin(&mut self, initial: &[Array2<f32>]) {
         self.h = initial
             .iter()

@@ -91,7 +91,7 @@ impl CpdOptions {
 
 /// Random numbers drawn from one stream when initializing factors: fixed
 /// so the factors do not depend on the thread count.
-const RANDOM_BLOCK: usize = 1 << 16;
+pub(crate) const RANDOM_BLOCK: usize = 1 << 16;
 
 /// Seeded uniform random factors in [0, 1), `dims[m] x rank` each. Drawn in
 /// parallel, in fixed blocks with one ChaCha stream per (mode, block): the
@@ -203,7 +203,14 @@ pub(crate) struct ModeUpdate {
 /// The factor update of one alternating method: ALS's exact solve or
 /// AO-ADMM's constrained one. [`drive`] runs everything else.
 pub(crate) trait Update {
-    /// Called once with the initial factors, before they are loaded.
+    /// Whether the update keeps its own copy of the initial factors
+    /// (`begin`); without it, seeded factors are drawn where the backend
+    /// holds them ([`Backend::load_random`]) and never pass the host.
+    fn keeps_initial(&self) -> bool {
+        false
+    }
+    /// Called once with the initial factors, before they are loaded, when
+    /// `keeps_initial` or the factors are given.
     fn begin(&mut self, _initial: &[Array2<f32>]) {}
     /// Updates factor `mode` from the backend's MTTKRP of that mode (the
     /// last `mttkrp(mode)`) and the Grams of every mode; `iter` counts from 0.
@@ -272,20 +279,25 @@ pub(crate) fn drive(
     let dims = backend.dims().to_vec();
     let nmodes = dims.len();
     let rank = opts.rank;
-    let initial = match &opts.init {
-        Init::Random { seed } => random_factors(&dims, rank, *seed),
-        Init::Given(factors) => {
-            let given_rank = check_factor_shapes(&dims, factors)?;
-            if given_rank != rank {
-                return Err(CpdError::Shape(format!(
-                    "initial factors have rank {given_rank}, the run asks for rank {rank}"
-                )));
-            }
-            factors.clone()
+    match &opts.init {
+        Init::Random { seed } if !update.keeps_initial() => backend.load_random(rank, *seed)?,
+        init => {
+            let initial = match init {
+                Init::Random { seed } => random_factors(&dims, rank, *seed),
+                Init::Given(factors) => {
+                    let given_rank = check_factor_shapes(&dims, factors)?;
+                    if given_rank != rank {
+                        return Err(CpdError::Shape(format!(
+                            "initial factors have rank {given_rank}, the run asks for rank {rank}"
+                        )));
+                    }
+                    factors.clone()
+                }
+            };
+            update.begin(&initial);
+            backend.load_factors(initial)?;
         }
-    };
-    update.begin(&initial);
-    backend.load_factors(initial)?;
+    }
     let mut grams = (0..nmodes)
         .map(|m| backend.gram(m))
         .collect::<Result<Vec<_>>>()?;
@@ -389,12 +401,11 @@ pub(crate) fn drive(
     }
 
     let finish = Instant::now();
-    let factors = backend.take_factors()?;
     // A non-negative mode's columns keep their signs (they are >= 0).
     let keep_sign: Vec<bool> = (0..nmodes)
         .map(|m| opts.constraints.as_ref().is_some_and(|c| c.nonneg.holds(m)))
         .collect();
-    let (lambda, factors) = arrange_keeping_signs(lambda, factors, &keep_sign);
+    let (lambda, factors) = backend.take_arranged(lambda, &keep_sign)?;
     // A model that is not finite is an error, never a result.
     if let Some(r) = lambda.iter().position(|l| !l.is_finite()) {
         return Err(CpdError::Backend(format!(
@@ -468,19 +479,87 @@ pub fn arrange(lambda: Vec<f64>, factors: Vec<Array2<f32>>) -> (Vec<f64>, Vec<Ar
     arrange_keeping_signs(lambda, factors, &keep)
 }
 
+/// How a model's columns are arranged ([`arrange`]): what each column of
+/// each mode is multiplied by, the order of the components, and the new
+/// weights. Planned from each mode's column statistics alone, so a
+/// backend that holds the factors elsewhere (a GPU) computes those and
+/// applies the arrangement while the factors come to the host.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Arrangement {
+    /// The weights, in the new order.
+    pub lambda: Vec<f64>,
+    /// `scale[m][r]`: what column r of mode m (old numbering) is
+    /// multiplied by.
+    pub scale: Vec<Vec<f32>>,
+    /// `order[k]`: the old component that becomes component k.
+    pub order: Vec<usize>,
+}
+
+impl Arrangement {
+    /// The arrangement of factors whose mode m has column sums of squares
+    /// `stats[m].0` and entries of largest magnitude `stats[m].1` (the
+    /// first such entry in row order), with weights `lambda`. The modes
+    /// marked in `keep_sign` are never flipped.
+    pub fn plan(mut lambda: Vec<f64>, stats: &[(Vec<f64>, Vec<f32>)], keep_sign: &[bool]) -> Self {
+        let rank = lambda.len();
+        let nmodes = stats.len();
+        // The mode that takes the product of the flips.
+        let absorber = (0..nmodes).rev().find(|&m| !keep_sign[m]);
+        let mut scale = vec![vec![1f32; rank]; nmodes];
+        let mut sign = vec![1f32; rank];
+        for (m, (sumsq, big)) in stats.iter().enumerate() {
+            for r in 0..rank {
+                let norm = sumsq[r].sqrt();
+                lambda[r] *= norm;
+                let mut s = if norm > 0.0 { (1.0 / norm) as f32 } else { 1.0 };
+                if !keep_sign[m] && absorber.is_some_and(|a| m < a) && big[r] < 0.0 {
+                    s = -s;
+                    sign[r] = -sign[r];
+                }
+                scale[m][r] = s;
+            }
+        }
+        if let Some(a) = absorber {
+            scale[a].iter_mut().zip(&sign).for_each(|(s, &g)| *s *= g);
+        }
+        let mut order: Vec<usize> = (0..rank).collect();
+        order.sort_by(|&a, &b| lambda[b].total_cmp(&lambda[a]));
+        let lambda = order.iter().map(|&r| lambda[r]).collect();
+        Arrangement {
+            lambda,
+            scale,
+            order,
+        }
+    }
+
+    /// Mode `mode`'s scales in the new order: `dst[k] = src[order[k]] *
+    /// scales[k]` arranges a row.
+    pub fn scales(&self, mode: usize) -> Vec<f32> {
+        self.order.iter().map(|&r| self.scale[mode][r]).collect()
+    }
+
+    /// Writes the arranged rows of `src` (whole rows of mode `mode`, old
+    /// numbering) into `dst`; `scales` is [`Self::scales`] of the mode.
+    pub fn rows(&self, scales: &[f32], src: &[f32], dst: &mut [f32]) {
+        let rank = self.order.len();
+        for (row, out) in src.chunks_exact(rank).zip(dst.chunks_exact_mut(rank)) {
+            for ((d, &r), &s) in out.iter_mut().zip(&self.order).zip(scales) {
+                *d = row[r] * s;
+            }
+        }
+    }
+}
+
 /// [`arrange`], where the modes marked in `keep_sign` (the non-negative
 /// ones of a constrained run) are never flipped: the signs are fixed among
 /// the other modes, and the last of those takes the product of the flips.
 /// With one unmarked mode or none, nothing is flipped.
 pub(crate) fn arrange_keeping_signs(
-    mut lambda: Vec<f64>,
+    lambda: Vec<f64>,
     factors: Vec<Array2<f32>>,
     keep_sign: &[bool],
 ) -> (Vec<f64>, Vec<Array2<f32>>) {
     let rank = lambda.len();
-    let nmodes = factors.len();
-    // The mode that takes the product of the flips.
-    let absorber = (0..nmodes).rev().find(|&m| !keep_sign[m]);
     let mut factors: Vec<Array2<f32>> = factors
         .into_iter()
         .map(|f| {
@@ -493,42 +572,21 @@ pub(crate) fn arrange_keeping_signs(
             }
         })
         .collect();
-    // scale[m][r]: what column r of mode m is multiplied by.
-    let mut scale = vec![vec![1f32; rank]; nmodes];
-    let mut sign = vec![1f32; rank];
-    for (m, f) in factors.iter().enumerate() {
-        let (sumsq, big) = column_stats(f.as_slice().expect("standard layout"), rank);
-        for r in 0..rank {
-            let norm = sumsq[r].sqrt();
-            lambda[r] *= norm;
-            let mut s = if norm > 0.0 { (1.0 / norm) as f32 } else { 1.0 };
-            if !keep_sign[m] && absorber.is_some_and(|a| m < a) && big[r] < 0.0 {
-                s = -s;
-                sign[r] = -sign[r];
-            }
-            scale[m][r] = s;
-        }
-    }
-    if let Some(a) = absorber {
-        scale[a].iter_mut().zip(&sign).for_each(|(s, &g)| *s *= g);
-    }
-    let mut order: Vec<usize> = (0..rank).collect();
-    order.sort_by(|&a, &b| lambda[b].total_cmp(&lambda[a]));
-    for (f, scale) in factors.iter_mut().zip(&scale) {
+    let stats: Vec<(Vec<f64>, Vec<f32>)> = factors
+        .iter()
+        .map(|f| column_stats(f.as_slice().expect("standard layout"), rank))
+        .collect();
+    let plan = Arrangement::plan(lambda, &stats, keep_sign);
+    for (m, f) in factors.iter_mut().enumerate() {
+        let scales = plan.scales(m);
         let data = f.as_slice_mut().expect("standard layout");
         data.par_chunks_mut(RANDOM_BLOCK.max(rank) / rank * rank)
             .for_each(|block| {
-                let mut old = vec![0f32; rank];
-                for row in block.chunks_exact_mut(rank) {
-                    old.copy_from_slice(row);
-                    for (dst, &r) in row.iter_mut().zip(&order) {
-                        *dst = old[r] * scale[r];
-                    }
-                }
+                let old = block.to_vec();
+                plan.rows(&scales, &old, block);
             });
     }
-    let lambda = order.iter().map(|&r| lambda[r]).collect();
-    (lambda, factors)
+    (plan.lambda, factors)
 }
 
 #[cfg(test)]
@@ -805,5 +863,63 @@ mod tests {
         let (_, two) = arrange_keeping_signs(vec![1.0], g, &[false, false, true]);
         assert!(two[0][[0, 0]] > 0.0 && two[1][[0, 0]] > 0.0);
         assert!(two[2].iter().all(|&x| x >= 0.0));
+    }
+
+    #[test]
+    fn the_device_draw_mirrors_the_host_draw() {
+        // `kruskal_device::random` is what the GPU's uniform_fill computes;
+        // here it must give random_factors bit for bit: short modes, a
+        // mode of two blocks (the second one short), seeds at the ends.
+        use kruskal_device::random::{chacha_key, mode_stream, uniform_host};
+        let dims = [5u32, 3000, 17, 1];
+        for (rank, seed) in [(33, 0u64), (1, 7), (16, u64::MAX)] {
+            let host = random_factors(&dims, rank, seed);
+            for (m, f) in host.iter().enumerate() {
+                let mirror = uniform_host(&chacha_key(seed), mode_stream(m), RANDOM_BLOCK, f.len());
+                let same = f
+                    .as_slice()
+                    .unwrap()
+                    .iter()
+                    .zip(&mirror)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same && mirror.len() == f.len(),
+                    "rank {rank} seed {seed} mode {m}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_planned_arrangement_applied_to_rows_is_arrange() {
+        // What a GPU does (statistics, plan, rows arranged as copied) gives
+        // what arrange does in place, ties of magnitude included (the
+        // first entry in row order decides the sign).
+        let mut f = random_factors(&[300, 40, 9], 6, 3);
+        for x in f.iter_mut().flat_map(|f| f.iter_mut()) {
+            *x -= 0.5;
+        }
+        f[1][[2, 4]] = -2.0;
+        f[1][[7, 4]] = 2.0;
+        f[0].column_mut(5).fill(0.0);
+        let lambda: Vec<f64> = (0..6).map(|r| 1.0 + 0.37 * r as f64).collect();
+        for keep in [[false; 3], [false, false, true], [true, false, false]] {
+            let (want_lambda, want) = arrange_keeping_signs(lambda.clone(), f.clone(), &keep);
+            let stats: Vec<_> = f
+                .iter()
+                .map(|m| column_stats(m.as_slice().unwrap(), 6))
+                .collect();
+            let plan = Arrangement::plan(lambda.clone(), &stats, &keep);
+            assert_eq!(plan.lambda, want_lambda);
+            for (m, src) in f.iter().enumerate() {
+                let mut dst = vec![0f32; src.len()];
+                plan.rows(&plan.scales(m), src.as_slice().unwrap(), &mut dst);
+                assert_eq!(dst, want[m].as_slice().unwrap(), "mode {m} keep {keep:?}");
+            }
+            // The tie in mode 2's column 5: -2 comes first, so a free mode
+            // 2 (before the absorbing mode) is flipped.
+            let k = plan.order.iter().position(|&r| r == 4).unwrap();
+            assert_eq!(want[1][[2, k]] > 0.0, !keep[1] && !keep[2], "keep {keep:?}");
+        }
     }
 }

@@ -56,9 +56,32 @@ pub trait Backend {
     fn scale_and_gram(&mut self, mode: usize, divisors: &[f64]) -> Result<Array2<f64>>;
     /// `sum_i M(i, r) A_mode(i, r)` for every r.
     fn inner_products(&mut self, mode: usize) -> Result<Vec<f64>>;
+    /// Loads seeded uniform factors in [0, 1): [`crate::random_factors`]
+    /// of `dims()`, `rank` and `seed`. The default draws them on the host
+    /// and calls `load_factors`; a GPU draws the same numbers itself.
+    fn load_random(&mut self, rank: usize, seed: u64) -> Result<()> {
+        let factors = crate::random_factors(self.dims(), rank, seed);
+        self.load_factors(factors)
+    }
     /// Hands the factors back (the backend needs `load_factors` again
     /// before further use).
     fn take_factors(&mut self) -> Result<Vec<Array2<f32>>>;
+    /// Hands the factors back arranged with weights `lambda`, as
+    /// [`crate::arrange`] does, never flipping the modes marked in
+    /// `keep_sign`; returns the new weights and the factors. The default
+    /// arranges on the host after `take_factors`; a GPU computes the
+    /// column statistics on the device and arranges the rows as they
+    /// arrive.
+    fn take_arranged(
+        &mut self,
+        lambda: Vec<f64>,
+        keep_sign: &[bool],
+    ) -> Result<(Vec<f64>, Vec<Array2<f32>>)> {
+        let factors = self.take_factors()?;
+        Ok(crate::als::arrange_keeping_signs(
+            lambda, factors, keep_sign,
+        ))
+    }
     /// The output of the last `mttkrp(mode)`, copied to the host
     /// (`dims[mode] x rank`), for updates computed on the host (AO-ADMM).
     /// The default is an error: the GPU backends do not provide it yet.

@@ -22,6 +22,7 @@ use kruskal_formats::SparseTensor;
 use ndarray::Array2;
 use serde::Serialize;
 
+use crate::als::Arrangement;
 use crate::backend::{Backend, ColumnNorms};
 use crate::error::{CpdError, Result};
 
@@ -407,12 +408,22 @@ impl Backend for GpuBackend {
         check_rank(rank)?;
         self.factors = None;
         self.factors = Some(DeviceFactors::upload(&self.gpu, &factors)?);
-        if self.dense.as_ref().is_none_or(|d| d.rank() != rank) {
-            self.dense = None;
-            self.dense = Some(DenseKernels::new(self.gpu.clone(), rank)?);
-        }
-        self.inner = vec![None; self.dims.len()];
-        Ok(())
+        self.ready_dense(rank)
+    }
+
+    /// Draws the factors on the device: the host's [`crate::random_factors`]
+    /// bit for bit, without the host's draw and the upload.
+    fn load_random(&mut self, rank: usize, seed: u64) -> Result<()> {
+        check_rank(rank)?;
+        self.factors = None;
+        self.factors = Some(DeviceFactors::random(
+            &self.gpu,
+            &self.dims,
+            rank,
+            seed,
+            crate::als::RANDOM_BLOCK,
+        )?);
+        self.ready_dense(rank)
     }
 
     fn gram(&mut self, mode: usize) -> Result<Array2<f64>> {
@@ -499,6 +510,46 @@ impl Backend for GpuBackend {
     fn take_factors(&mut self) -> Result<Vec<Array2<f32>>> {
         let factors = self.factors.take().ok_or(CpdError::NoFactors)?;
         factors.download(&self.gpu).map_err(CpdError::from)
+    }
+
+    /// The column statistics on the device, then one download that
+    /// arranges the rows as they arrive: the host makes no pass of its own
+    /// over the factors.
+    fn take_arranged(
+        &mut self,
+        lambda: Vec<f64>,
+        keep_sign: &[bool],
+    ) -> Result<(Vec<f64>, Vec<Array2<f32>>)> {
+        self.rank()?;
+        let factors = self.factors.take().ok_or(CpdError::NoFactors)?;
+        let dense = self.dense.as_mut().expect("made with the factors");
+        let stats = (0..self.dims.len())
+            .map(|m| {
+                let s = dense.column_extremes(&factors.mode(m), self.dims[m] as usize)?;
+                Ok((s.sumsq, s.largest))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let plan = Arrangement::plan(lambda, &stats, keep_sign);
+        let scales: Vec<Vec<f32>> = (0..self.dims.len()).map(|m| plan.scales(m)).collect();
+        let arranged = factors
+            .download_with(&self.gpu, |mode, src, dst| {
+                plan.rows(&scales[mode], src, dst)
+            })
+            .map_err(CpdError::from)?;
+        Ok((plan.lambda, arranged))
+    }
+}
+
+impl GpuBackend {
+    /// The dense kernels for `rank` (kept when the rank is the same) and
+    /// no inner products: the tail of loading factors.
+    fn ready_dense(&mut self, rank: usize) -> Result<()> {
+        if self.dense.as_ref().is_none_or(|d| d.rank() != rank) {
+            self.dense = None;
+            self.dense = Some(DenseKernels::new(self.gpu.clone(), rank)?);
+        }
+        self.inner = vec![None; self.dims.len()];
+        Ok(())
     }
 }
 

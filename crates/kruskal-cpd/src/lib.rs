@@ -37,7 +37,7 @@ pub mod warnings;
 
 pub use admm::{AdmmOptions, NonNeg, cpd_admm, cpd_admm_with};
 pub(crate) use als::check_factor_shapes;
-pub use als::{CpdOptions, Init, arrange, cpd_als, cpd_als_with, random_factors};
+pub use als::{Arrangement, CpdOptions, Init, arrange, cpd_als, cpd_als_with, random_factors};
 pub use apr::{AprInit, AprIteration, AprModel, AprOptions, cp_apr};
 pub use backend::{Backend, ColumnNorms, CpuBackend};
 pub use decompose::{

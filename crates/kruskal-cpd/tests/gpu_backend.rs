@@ -135,3 +135,87 @@ fn values_at_the_ends_of_f32_run_on_the_gpu() {
         }
     }
 }
+
+/// Seeded factors drawn on the GPU are the host's draw bit for bit, and
+/// the arrangement made on the way down (column statistics on the device,
+/// rows arranged as they arrive through the staging buffers) is the CPU
+/// backend's arrangement of the same factors: the same order and signs,
+/// weights within 1e-12 and entries within 1e-6.
+#[test]
+fn gpu_random_starts_and_arrangements_match_the_host() {
+    use kruskal_cpd::{Backend, random_factors};
+    use kruskal_formats::SparseTensor;
+    let Some(gpu) =
+        kruskal_device::testing::gpu_or_skip("gpu_random_starts_and_arrangements_match_the_host")
+    else {
+        return;
+    };
+    // Mode 1 alone holds more floats than a staging buffer (4M) at rank
+    // 32, so the download goes in several pieces.
+    let dims = vec![150_001u32, 7, 20_003];
+    let t = SparseTensor::new(
+        dims.clone(),
+        vec![vec![0, 150_000, 3], vec![0, 6, 2], vec![0, 20_002, 5]],
+        vec![1.0, 2.0, 3.0],
+    )
+    .unwrap();
+    let candidates = [(GpuEngine::Fcoo, GpuOptions::default())];
+    for (rank, seed) in [(32, 0u64), (7, 42), (1, u64::MAX), (100, 5)] {
+        let mut g = GpuBackend::new(gpu.clone(), &t, &candidates).unwrap();
+        g.load_random(rank, seed).unwrap();
+        let drawn = g.take_factors().unwrap();
+        let host = random_factors(&dims, rank, seed);
+        for (m, (a, b)) in drawn.iter().zip(&host).enumerate() {
+            let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same && a.dim() == b.dim(),
+                "rank {rank} seed {seed} mode {}",
+                m + 1
+            );
+        }
+    }
+    for rank in [32, 5, 100] {
+        let mut f = random_factors(&dims, rank, 9);
+        for x in f.iter_mut().flat_map(|f| f.iter_mut()) {
+            *x -= 0.5;
+        }
+        // A zero column; ties of magnitude with opposite signs (the first
+        // entry in row order decides); a largest entry in the last piece.
+        f[0].column_mut(rank - 1).fill(0.0);
+        f[1][[1, 0]] = -2.0;
+        f[1][[5, 0]] = 2.0;
+        f[2][[10, rank / 2]] = 3.0;
+        f[2][[20_000, rank / 2]] = -3.0;
+        f[0][[149_999, 1]] = -9.0;
+        let lambda: Vec<f64> = (0..rank).map(|r| 1.0 + 0.37 * r as f64).collect();
+        for keep in [
+            [false; 3],
+            [true, false, false],
+            [false, false, true],
+            [true; 3],
+        ] {
+            let what = format!("rank {rank} keep {keep:?}");
+            let mut c = CpuBackend::new(&t);
+            c.load_factors(f.clone()).unwrap();
+            let (lc, fc) = c.take_arranged(lambda.clone(), &keep).unwrap();
+            let mut g = GpuBackend::new(gpu.clone(), &t, &candidates).unwrap();
+            g.load_factors(f.clone()).unwrap();
+            let (lg, fg) = g.take_arranged(lambda.clone(), &keep).unwrap();
+            for (a, b) in lc.iter().zip(&lg) {
+                assert!(
+                    (a - b).abs() <= 1e-12 * a.abs(),
+                    "{what}: weights {a} and {b}"
+                );
+            }
+            for (m, (a, b)) in fc.iter().zip(&fg).enumerate() {
+                assert_eq!(a.dim(), b.dim(), "{what}");
+                let worst = a
+                    .iter()
+                    .zip(b)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0f32, f32::max);
+                assert!(worst <= 1e-6, "{what}: mode {} differs by {worst}", m + 1);
+            }
+        }
+    }
+}

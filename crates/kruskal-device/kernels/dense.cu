@@ -338,3 +338,130 @@ extern "C" __global__ void copy_rows(
 #endif
     }
 }
+
+// ---------------------------------------------------------------------------
+// cpd_column_stats: per column j of a rows x RANK factor, the sum of squares
+// (f64) and the entry of largest magnitude with its row, the first such row
+// on a tie: what the final arrangement of a model (unit columns, components
+// by weight, signs) needs, read on the device so the host receives the
+// factors once, already arranged.
+//
+// Thread mapping: SLOTS row slots of RANK threads, as in cpd_update; slot s
+// of block b takes rows b * SLOTS + s, then + gridDim.x * SLOTS, ... in
+// increasing order, so a thread keeps its lowest row of the largest
+// magnitude (a later entry replaces it only when strictly larger). Thread j
+// of slot 0 combines the slots of column j in slot order: a larger
+// magnitude wins, an equal one only from a lower row. NaN never wins (its
+// comparisons are false) but makes the sum NaN. A column of zeros keeps
+// value 0 and row ~0.
+//
+// partials: gridDim.x rows of 3 * RANK doubles: [sumsq | value | row].
+// ---------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(THREADS) cpd_column_stats(
+    const float* __restrict__ a, u64 rows, double* __restrict__ partials)
+{
+    __shared__ double s_sum[UPDATE_THREADS];
+    __shared__ float s_big[UPDATE_THREADS];
+    __shared__ u64 s_row[UPDATE_THREADS];
+    const int t = threadIdx.x;
+    const int slot = t / RANK, j = t % RANK;
+    double sum = 0.0;
+    float big = 0.f;
+    u64 at = ~0ull;
+    if (t < UPDATE_THREADS) {
+        for (u64 r = blockIdx.x * (u64)SLOTS + slot; r < rows; r += gridDim.x * (u64)SLOTS) {
+            const float x = a[r * RANK + j];
+            sum += (double)x * (double)x;
+            if (fabsf(x) > fabsf(big)) {
+                big = x;
+                at = r;
+            }
+        }
+        s_sum[t] = sum;
+        s_big[t] = big;
+        s_row[t] = at;
+    }
+    __syncthreads();
+    if (t < RANK) {
+        for (int s = 1; s < SLOTS; ++s) {
+            const int o = s * RANK + t;
+            sum += s_sum[o];
+            const float x = s_big[o];
+            const u64 r = s_row[o];
+            if (fabsf(x) > fabsf(big) || (fabsf(x) == fabsf(big) && r < at)) {
+                big = x;
+                at = r;
+            }
+        }
+        double* p = partials + (u64)blockIdx.x * 3 * RANK;
+        p[t] = sum;
+        p[RANK + t] = (double)big;
+        p[2 * RANK + t] = (double)at;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// uniform_fill: out[e] for e < n, uniform floats in [0, 1) equal bit for bit
+// to the host's seeded draw of initial factors (kruskal-cpd's
+// random_factors): the entries come in blocks of `block` (a multiple of
+// 16), block k from the ChaCha8 keystream of key k0..k7 and 64-bit nonce
+// stream | k, block counter from 0, words in order; a word w gives
+// (w >> 8) * 2^-24.
+//
+// Thread mapping: grid-stride over groups of 16 entries; a group is one
+// ChaCha block (16 words), so every thread runs the 8 rounds once per
+// group and writes 64 contiguous bytes.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ u32 rotl32(u32 x, int n) { return (x << n) | (x >> (32 - n)); }
+
+#define CHACHA_QR(a, b, c, d)        \
+    a += b; d ^= a; d = rotl32(d, 16); \
+    c += d; b ^= c; b = rotl32(b, 12); \
+    a += b; d ^= a; d = rotl32(d, 8);  \
+    c += d; b ^= c; b = rotl32(b, 7);
+
+extern "C" __global__ void uniform_fill(
+    float* __restrict__ out,
+    u64 n,
+    u64 block,
+    u64 stream,
+    u32 k0, u32 k1, u32 k2, u32 k3, u32 k4, u32 k5, u32 k6, u32 k7)
+{
+    const u64 groups = (n + 15) / 16;
+    for (u64 g = blockIdx.x * (u64)blockDim.x + threadIdx.x; g < groups; g += gridDim.x * (u64)blockDim.x) {
+        const u64 e0 = g * 16;
+        const u64 nonce = stream | (e0 / block);
+        const u64 counter = (e0 % block) / 16;
+        u32 in[16] = {0x61707865u, 0x3320646eu, 0x79622d32u, 0x6b206574u,
+                      k0, k1, k2, k3, k4, k5, k6, k7,
+                      (u32)counter, (u32)(counter >> 32), (u32)nonce, (u32)(nonce >> 32)};
+        u32 x[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) x[i] = in[i];
+#pragma unroll
+        for (int round = 0; round < 4; ++round) {
+            CHACHA_QR(x[0], x[4], x[8], x[12]);
+            CHACHA_QR(x[1], x[5], x[9], x[13]);
+            CHACHA_QR(x[2], x[6], x[10], x[14]);
+            CHACHA_QR(x[3], x[7], x[11], x[15]);
+            CHACHA_QR(x[0], x[5], x[10], x[15]);
+            CHACHA_QR(x[1], x[6], x[11], x[12]);
+            CHACHA_QR(x[2], x[7], x[8], x[13]);
+            CHACHA_QR(x[3], x[4], x[9], x[14]);
+        }
+        const float scale = 1.f / 16777216.f;
+        if (e0 + 16 <= n && (reinterpret_cast<u64>(out + e0) & 15) == 0) {
+            float4* dst = reinterpret_cast<float4*>(out + e0);
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+                dst[q] = make_float4((float)((x[4 * q] + in[4 * q]) >> 8) * scale,
+                                     (float)((x[4 * q + 1] + in[4 * q + 1]) >> 8) * scale,
+                                     (float)((x[4 * q + 2] + in[4 * q + 2]) >> 8) * scale,
+                                     (float)((x[4 * q + 3] + in[4 * q + 3]) >> 8) * scale);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 16; ++i)
+                if (e0 + i < n) out[e0 + i] = (float)((x[i] + in[i]) >> 8) * scale;
+        }
+    }
+}

@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
 
 use crate::kernels::Kernel;
 use crate::{DeviceError, Gpu, Result, driver, grid_stride};
@@ -76,6 +76,15 @@ pub struct UpdateStats {
     pub max_abs: Vec<f64>,
     /// `sum_i M(i, r) A(i, r)`.
     pub inner: Vec<f64>,
+}
+
+/// Each column's sum of squares and its entry of largest magnitude, the
+/// first such row's on a tie (0 for a column of zeros), f32 values as
+/// stored: what arranging a model's columns needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ColumnExtremes {
+    pub sumsq: Vec<f64>,
+    pub largest: Vec<f32>,
 }
 
 /// The dense kernels of one rank on one GPU, with their small buffers.
@@ -237,6 +246,57 @@ impl DenseKernels {
             max_abs: all[r..2 * r].to_vec(),
             inner: all[2 * r..].to_vec(),
         })
+    }
+
+    /// The column statistics of `a` (`rows x rank`): kernel
+    /// `cpd_column_stats`, then the blocks' partials combined on the host
+    /// in block order. Synchronizes the stream.
+    pub fn column_extremes(&mut self, a: &CudaView<f32>, rows: usize) -> Result<ColumnExtremes> {
+        let r = self.rank;
+        self.check("the factor", a.len(), rows)?;
+        let stream = self.gpu.stream().clone();
+        let f = self.gpu.kernels().function(
+            self.gpu.context(),
+            Kernel::CpdColumnStats,
+            &self.defines(),
+        )?;
+        let slots = (THREADS as usize / r).max(1);
+        let blocks = self.blocks(rows, slots, self.wave[0]);
+        let rows_u = rows as u64;
+        let mut launch = stream.launch_builder(&f);
+        launch.arg(a).arg(&rows_u).arg(&mut self.partials);
+        // SAFETY: `a` holds rows x rank floats (checked) and the kernel
+        // reads rows below `rows` only; block b writes partial row b <
+        // blocks <= wave[0] of 3 x rank doubles, and `partials` holds that
+        // many rows of at least 3 x rank doubles.
+        unsafe {
+            launch.launch(LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(driver("launching cpd_column_stats"))?;
+        let parts = stream
+            .clone_dtoh(&self.partials.slice(..blocks as usize * 3 * r))
+            .map_err(driver("downloading the column statistics"))?;
+        let mut out = ColumnExtremes {
+            sumsq: vec![0.0; r],
+            largest: vec![0.0; r],
+        };
+        let mut at = vec![f64::INFINITY; r];
+        for part in parts.chunks_exact(3 * r) {
+            for j in 0..r {
+                out.sumsq[j] += part[j];
+                let (x, row) = (part[r + j] as f32, part[2 * r + j]);
+                let big = out.largest[j].abs();
+                if x.abs() > big || (x.abs() == big && row < at[j]) {
+                    out.largest[j] = x;
+                    at[j] = row;
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Scales column j of `a` (`rows x rank`) by `inv[j]` when given, and

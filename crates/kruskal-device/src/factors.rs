@@ -1,10 +1,14 @@
 //! The factor matrices on the device, which every engine reads and the
 //! dense steps update, and the check of an MTTKRP's operands.
 
-use cudarc::driver::{CudaSlice, CudaViewMut};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, PushKernelArg};
 use ndarray::Array2;
+use rayon::prelude::*;
 
-use crate::{DeviceError, Gpu, Result, driver};
+use crate::gpu::STAGE_WORDS;
+use crate::kernels::Kernel;
+use crate::random::{chacha_key, mode_stream};
+use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 
 /// Every factor matrix on the device: rows of all modes concatenated in one
 /// buffer (`rank` floats each), and each mode's first row.
@@ -72,6 +76,51 @@ impl DeviceFactors {
         })
     }
 
+    /// Seeded uniform factors in [0, 1), `dims[m] x rank` each, drawn on
+    /// the device in blocks of `block` floats (a multiple of 16): equal bit
+    /// for bit to the host's draw of the same seed and blocks (see
+    /// [`crate::random`]), without a host copy or an upload.
+    pub fn random(gpu: &Gpu, dims: &[u32], rank: usize, seed: u64, block: usize) -> Result<Self> {
+        crate::dense::check_rank(rank)?;
+        if block == 0 || block % 16 != 0 {
+            return Err(DeviceError::Shape(format!(
+                "random blocks of {block} floats (a positive multiple of 16 is needed)"
+            )));
+        }
+        let total: usize = dims.iter().map(|&d| d as usize * rank).sum();
+        let mut data = gpu.alloc_zeros::<f32>("the factor matrices", total)?;
+        let f =
+            gpu.kernels()
+                .function(gpu.context(), Kernel::UniformFill, &[("RANK", rank as i64)])?;
+        let key = chacha_key(seed);
+        let block_u = block as u64;
+        let mut first = 0;
+        for (mode, &d) in dims.iter().enumerate() {
+            let n = d as usize * rank;
+            if n > 0 {
+                let stream_u = mode_stream(mode);
+                let n_u = n as u64;
+                let mut out = data.slice_mut(first..first + n);
+                let mut launch = gpu.stream().launch_builder(&f);
+                launch.arg(&mut out).arg(&n_u).arg(&block_u).arg(&stream_u);
+                for k in &key {
+                    launch.arg(k);
+                }
+                // SAFETY: `out` holds n floats and the kernel writes entries
+                // below n only; the other arguments are plain values.
+                unsafe { launch.launch(grid_stride(n.div_ceil(16) as u64, 256)) }
+                    .map_err(driver("launching uniform_fill"))?;
+            }
+            first += n;
+        }
+        Ok(DeviceFactors {
+            row_offset: gpu.upload("the factor offsets", &row_offsets(dims))?,
+            dims: dims.to_vec(),
+            rank,
+            data,
+        })
+    }
+
     /// Uploads factors given as one buffer: the rows of every mode in mode
     /// order (`sum(dims) x rank` floats, row-major), as [`Self::upload`]
     /// concatenates them. Saves a copy of large factors.
@@ -109,6 +158,13 @@ impl DeviceFactors {
         self.dims[..mode].iter().map(|&d| d as usize).sum()
     }
 
+    /// Mode `mode`'s factor, `dims[mode] x rank` floats, to be read.
+    pub fn mode(&self, mode: usize) -> CudaView<'_, f32> {
+        let first = self.first_row(mode) * self.rank;
+        self.data
+            .slice(first..first + self.dims[mode] as usize * self.rank)
+    }
+
     /// Mode `mode`'s factor, `dims[mode] x rank` floats, for the dense
     /// kernels to update in place.
     pub fn mode_mut(&mut self, mode: usize) -> CudaViewMut<'_, f32> {
@@ -123,20 +179,54 @@ impl DeviceFactors {
 
     /// Every factor, downloaded (synchronizes the stream).
     pub fn download(&self, gpu: &Gpu) -> Result<Vec<Array2<f32>>> {
-        let mut out = Vec::with_capacity(self.dims.len());
+        self.download_with(gpu, |_, src, dst| dst.copy_from_slice(src))
+    }
+
+    /// Every factor, downloaded through [`Gpu::download_through_staging`],
+    /// with `map(mode, rows, out)` writing each piece's rows into the
+    /// result (`rows` and `out` hold the same whole rows, `rank` floats
+    /// each): an arrangement of the columns costs no pass of its own.
+    /// `map` runs on the host's threads, on pieces of a few thousand rows.
+    /// Synchronizes the stream.
+    pub fn download_with<F>(&self, gpu: &Gpu, map: F) -> Result<Vec<Array2<f32>>>
+    where
+        F: Fn(usize, &[f32], &mut [f32]) + Sync,
+    {
+        let rank = self.rank;
+        let mut out: Vec<Vec<f32>> = self
+            .dims
+            .iter()
+            .map(|&d| vec![0f32; d as usize * rank])
+            .collect();
+        // (mode, first float in the mode) of each piece, and the piece as
+        // a range of the one buffer.
+        let piece = (STAGE_WORDS / rank).max(1) * rank;
+        let mut owner = Vec::new();
+        let mut pieces = Vec::new();
         for (mode, &d) in self.dims.iter().enumerate() {
-            let first = self.first_row(mode) * self.rank;
-            let len = d as usize * self.rank;
-            let rows = gpu
-                .stream()
-                .clone_dtoh(&self.data.slice(first..first + len))
-                .map_err(driver("downloading the factor matrices"))?;
-            out.push(
-                Array2::from_shape_vec((d as usize, self.rank), rows)
-                    .map_err(|e| DeviceError::Shape(e.to_string()))?,
-            );
+            let first = self.first_row(mode) * rank;
+            let len = d as usize * rank;
+            for at in (0..len).step_by(piece) {
+                owner.push((mode, at));
+                pieces.push((first + at, piece.min(len - at)));
+            }
         }
-        Ok(out)
+        // Pieces of the copy on the host's threads: whole rows.
+        let part = ((1 << 14) / rank).max(1) * rank;
+        gpu.download_through_staging("the factor matrices", &self.data, &pieces, &mut |i, src| {
+            let (mode, at) = owner[i];
+            let dst = &mut out[mode][at..at + src.len()];
+            src.par_chunks(part)
+                .zip(dst.par_chunks_mut(part))
+                .for_each(|(s, d)| map(mode, s, d));
+        })?;
+        out.into_iter()
+            .zip(&self.dims)
+            .map(|(rows, &d)| {
+                Array2::from_shape_vec((d as usize, rank), rows)
+                    .map_err(|e| DeviceError::Shape(e.to_string()))
+            })
+            .collect()
     }
 }
 

@@ -468,6 +468,13 @@ impl Gpu {
         .map_err(driver(format!("copying {what}")))
     }
 
+    /// An event that marks a staged copy's completion (no timing).
+    fn copy_event(&self) -> Result<CudaEvent> {
+        self.ctx
+            .new_event(None)
+            .map_err(driver("creating an event"))
+    }
+
     /// Device copies of `parts` through two pinned staging buffers in turn:
     /// the host's threads fill one while the other is copied.
     pub(crate) fn upload_through_staging(
@@ -487,13 +494,8 @@ impl Gpu {
             unsafe { self.ctx.alloc_pinned::<u32>(STAGE_WORDS) }
                 .map_err(driver("allocating a staging buffer"))
         };
-        let event = || {
-            self.ctx
-                .new_event(None)
-                .map_err(driver("creating an event"))
-        };
         let mut staging = [pinned()?, pinned()?];
-        let copied = [event()?, event()?];
+        let copied = [self.copy_event()?, self.copy_event()?];
         let mut turn = 0usize;
         for (part, dst) in parts.iter().zip(&mut out) {
             for (c, chunk) in part.chunks(STAGE_WORDS).enumerate() {
@@ -533,6 +535,108 @@ impl Gpu {
             .synchronize()
             .map_err(driver(format!("copying {what}")))?;
         Ok(out)
+    }
+
+    /// Copies `src` to the host piece by piece and hands each piece to
+    /// `sink` (its index in `pieces` and its floats), in order. `pieces`
+    /// are `(first float, floats)` ranges of `src`, each at most
+    /// [`STAGE_WORDS`] floats. Above [`STAGE_WORDS`] floats in all, the
+    /// copies go through two page-locked staging buffers in turn, so the
+    /// bus copies one piece while `sink` (the host's threads) takes the
+    /// other: a plain copy of gigabytes into fresh pageable memory runs at
+    /// a fraction of the bus's speed and leaves the host's copy after it.
+    pub fn download_through_staging(
+        &self,
+        what: &str,
+        src: &CudaSlice<f32>,
+        pieces: &[(usize, usize)],
+        sink: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<()> {
+        if let Some(&(first, len)) = pieces
+            .iter()
+            .find(|&&(first, len)| len > STAGE_WORDS || first + len > src.len())
+        {
+            return Err(DeviceError::Shape(format!(
+                "a piece of {len} floats from float {first} of {} (at most {STAGE_WORDS} a piece)",
+                src.len()
+            )));
+        }
+        let total: usize = pieces.iter().map(|p| p.1).sum();
+        if total <= STAGE_WORDS {
+            let host = self
+                .stream
+                .clone_dtoh(src)
+                .map_err(driver(format!("downloading {what}")))?;
+            for (i, &(first, len)) in pieces.iter().enumerate() {
+                sink(i, &host[first..first + len]);
+            }
+            return Ok(());
+        }
+        let pinned = || -> Result<cudarc::driver::PinnedHostSlice<f32>> {
+            // SAFETY: page-locked host memory of STAGE_WORDS floats, only
+            // reached through the slices below after the copies into it
+            // have completed; cudarc frees it on drop. Not write-combined:
+            // the host reads it.
+            unsafe { self.ctx.alloc_pinned_with_flags::<f32>(STAGE_WORDS, 0) }
+                .map_err(driver("allocating a staging buffer"))
+        };
+        let mut staging = [pinned()?, pinned()?];
+        let copied = [self.copy_event()?, self.copy_event()?];
+        let [a, b] = &mut staging;
+        let bufs = [
+            a.as_mut_slice()
+                .map_err(driver("reaching a staging buffer"))?,
+            b.as_mut_slice()
+                .map_err(driver("reaching a staging buffer"))?,
+        ];
+        let (base, guard) = cudarc::driver::DevicePtr::device_ptr(src, &self.stream);
+        let stream = self.stream.cu_stream();
+        let issue = |i: usize, buf: &mut [f32]| -> Result<()> {
+            let (first, len) = pieces[i];
+            // SAFETY: floats [first, first + len) lie inside `src` (checked
+            // above), which outlives the copies (the stream is synchronized
+            // before this returns); `buf[..len]` is page-locked memory not
+            // touched again until `copied` of its turn has completed.
+            unsafe {
+                cudarc::driver::result::memcpy_dtoh_async(
+                    &mut buf[..len],
+                    base + (4 * first) as u64,
+                    stream,
+                )
+            }
+            .map_err(driver(format!("downloading {what}")))?;
+            copied[i % 2]
+                .record(&self.stream)
+                .map_err(driver("recording an event"))
+        };
+        let mut result = issue(0, bufs[0]);
+        for i in 0..pieces.len() {
+            if result.is_err() {
+                break;
+            }
+            // The other buffer's piece (i - 1) was handed over in the last
+            // turn: it may take the next copy while this piece is read.
+            if i + 1 < pieces.len() {
+                result = issue(i + 1, bufs[(i + 1) % 2]);
+                if result.is_err() {
+                    break;
+                }
+            }
+            result = copied[i % 2]
+                .synchronize()
+                .map_err(driver(format!("downloading {what}")));
+            if result.is_ok() {
+                sink(i, &bufs[i % 2][..pieces[i].1]);
+            }
+        }
+        // Copies still in flight write the staging buffers: wait for them
+        // before the buffers can drop, on every path.
+        let synced = self
+            .stream
+            .synchronize()
+            .map_err(driver(format!("downloading {what}")));
+        drop(guard);
+        result.and(synced)
     }
 
     /// Device-to-device copy bandwidth in bytes per second (bytes read plus

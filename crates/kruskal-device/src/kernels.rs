@@ -115,6 +115,8 @@ pub enum Kernel {
     CpdScale,
     CpdReduce,
     CopyRows,
+    CpdColumnStats,
+    UniformFill,
     L2Gather,
     FcooKeys32,
     FcooKeys64,
@@ -140,7 +142,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every entry function of every source.
-    pub const ALL: [Kernel; 38] = [
+    pub const ALL: [Kernel; 40] = [
         Kernel::MttkrpCooAtomic,
         Kernel::StoreF32,
         Kernel::MttkrpFcoo,
@@ -158,6 +160,8 @@ impl Kernel {
         Kernel::CpdScale,
         Kernel::CpdReduce,
         Kernel::CopyRows,
+        Kernel::CpdColumnStats,
+        Kernel::UniformFill,
         Kernel::L2Gather,
         Kernel::FcooKeys32,
         Kernel::FcooKeys64,
@@ -202,6 +206,8 @@ impl Kernel {
             Kernel::CpdScale => (KernelSource::Dense, "cpd_scale"),
             Kernel::CpdReduce => (KernelSource::Dense, "cpd_reduce"),
             Kernel::CopyRows => (KernelSource::Dense, "copy_rows"),
+            Kernel::CpdColumnStats => (KernelSource::Dense, "cpd_column_stats"),
+            Kernel::UniformFill => (KernelSource::Dense, "uniform_fill"),
             Kernel::L2Gather => (KernelSource::Probe, "l2_gather"),
             Kernel::FcooKeys32 => (KernelSource::FcooBuild, "fcoo_keys32"),
             Kernel::FcooKeys64 => (KernelSource::FcooBuild, "fcoo_keys64"),

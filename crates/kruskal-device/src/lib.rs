@@ -96,6 +96,7 @@ pub mod gpu;
 pub mod kernels;
 pub mod options;
 pub mod probe;
+pub mod random;
 #[doc(hidden)]
 pub mod testing;
 pub mod tune;
