@@ -23,9 +23,10 @@
 // start flag is set) is stored as f32 straight into its row: no atomics.
 // The warp's first segment, when the warp's start flag says it began in an
 // earlier warp, and its last, when it runs on past the warp, go to the
-// warp's two f64 slots in shared memory. After a barrier warp 0 adds the
-// slots in warp order (pieces of one segment are adjacent: deterministic)
-// and stores each such segment, unless it crosses an edge of the thread
+// warp's two f64 slots in shared memory. After a barrier the warps add the
+// slots of each segment in warp order (pieces of one segment are adjacent:
+// deterministic; one warp per segment) and store the segment, unless it
+// crosses an edge of the thread
 // block: then its sum goes to edge_sums[slot] with one f64 atomicAdd per
 // column (slots numbered on the host, one per crossing segment), and
 // fcoo_store_edges writes those rows afterwards. The output is zeroed
@@ -85,6 +86,9 @@
 
 #ifndef WARPS
 #error "WARPS must be defined (-DWARPS=...)"
+#endif
+#if 2 * WARPS > 32
+#error "the block epilogue gives each warp slot a lane: WARPS must be at most 16"
 #endif
 
 #define NPROD (NMODES - 1)
@@ -529,46 +533,52 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, MINB) mttkrp_fcoo(
     }
     __syncthreads();
 
-    // Warp 0 adds the slots in order: equal neighbouring segment numbers
-    // are one segment split between warps.
-    if (warp == 0) {
-        const u32 head_slot = edge_slot[2 * blockIdx.x];
-        const u32 tail_slot = edge_slot[2 * blockIdx.x + 1];
-        const u32 head_seg = block_seg[blockIdx.x];
-        const u32 tail_seg = block_seg[blockIdx.x + 1];
-        u32 cur = NONE;
+    // The slots' segments, one slot per lane. A run is the slots of one
+    // segment (a segment split between warps fills neighbouring slots;
+    // empty slots between them are skipped). Every warp finds the runs'
+    // first slots the same way and takes runs warp, warp + WARPS, ...; a
+    // run is added in slot order, so the sums are those of one warp
+    // walking every slot, and no warp idles while one walks 2 * WARPS.
+    const u32 seg_l = lane < 2 * WARPS ? slot_seg[lane] : NONE;
+    const u32 valid = __ballot_sync(FULL, seg_l != NONE);
+    const u32 before = valid & ((1u << lane) - 1u);
+    const int prev = before ? 31 - __clz(before) : 0;
+    const u32 prev_seg = __shfl_sync(FULL, seg_l, prev);
+    const u32 heads = __ballot_sync(FULL, seg_l != NONE && (before == 0 || prev_seg != seg_l));
+    const u32 head_slot = edge_slot[2 * blockIdx.x];
+    const u32 tail_slot = edge_slot[2 * blockIdx.x + 1];
+    const u32 head_seg = block_seg[blockIdx.x];
+    const u32 tail_seg = block_seg[blockIdx.x + 1];
+    int run = 0;
+    for (u32 h = heads; h != 0; h &= h - 1, ++run) {
+        if (run % WARPS != (int)warp) continue;
+        const int s0 = __ffs(h) - 1;
+        const u32 rest = h & (h - 1);
+        const int s1 = rest ? __ffs(rest) - 1 : 2 * WARPS;
+        const u32 cur = slot_seg[s0];
         double sum[TILE_CPL];
 #pragma unroll
         for (int c = 0; c < TILE_CPL; ++c) sum[c] = 0.0;
-        for (int s = 0; s <= 2 * WARPS; ++s) {
-            const u32 seg = s < 2 * WARPS ? slot_seg[s] : NONE;
-            if (s < 2 * WARPS && seg == NONE) continue;
-            if (seg != cur) {
-                if (cur != NONE) {
-                    // Crossing a block edge: the head or tail slot; else
-                    // the block holds the whole segment.
-                    const u32 slot = (head_slot != NONE && cur == head_seg) ? head_slot
-                        : (tail_slot != NONE && cur == tail_seg)            ? tail_slot
-                                                                            : NONE;
-                    if (slot != NONE) {
-                        double* d = edge_sums + (u64)slot * RANK + col0;
-#pragma unroll
-                        for (int c = 0; c < TILE_CPL; ++c)
-                            if (col0 + c * WARP < RANK) atomicAdd(d + c * WARP, sum[c]);
-                    } else {
-                        float* o = out + (u64)seg_rows[cur] * RANK + col0;
-#pragma unroll
-                        for (int c = 0; c < TILE_CPL; ++c)
-                            if (col0 + c * WARP < RANK) o[c * WARP] = (float)sum[c];
-                    }
-                }
-                cur = seg;
-#pragma unroll
-                for (int c = 0; c < TILE_CPL; ++c) sum[c] = 0.0;
-            }
-            if (s == 2 * WARPS) break;
+        for (int s = s0; s < s1; ++s) {
+            if (slot_seg[s] != cur) continue;
 #pragma unroll
             for (int c = 0; c < TILE_CPL; ++c) sum[c] += slot_sum[s][lane + c * WARP];
+        }
+        // Crossing a block edge: the head or tail slot; else the block
+        // holds the whole segment.
+        const u32 slot = (head_slot != NONE && cur == head_seg) ? head_slot
+            : (tail_slot != NONE && cur == tail_seg)            ? tail_slot
+                                                                : NONE;
+        if (slot != NONE) {
+            double* d = edge_sums + (u64)slot * RANK + col0;
+#pragma unroll
+            for (int c = 0; c < TILE_CPL; ++c)
+                if (col0 + c * WARP < RANK) atomicAdd(d + c * WARP, sum[c]);
+        } else {
+            float* o = out + (u64)seg_rows[cur] * RANK + col0;
+#pragma unroll
+            for (int c = 0; c < TILE_CPL; ++c)
+                if (col0 + c * WARP < RANK) o[c * WARP] = (float)sum[c];
         }
     }
 }
