@@ -29,8 +29,10 @@
 // crosses an edge of the thread
 // block: then its sum goes to edge_sums[slot] with one f64 atomicAdd per
 // column (slots numbered on the host, one per crossing segment), and
-// fcoo_store_edges writes those rows afterwards. The output is zeroed
-// first, so rows without nonzeros are 0.
+// fcoo_store_edges writes those rows afterwards (and zeroes the sums it
+// read, so the next call finds them zero). Every segment's row is written
+// whole, so the output is zeroed first only where some row of the mode
+// holds no nonzero (those rows are 0).
 // Reads per nonzero: NMODES - 1 indices and the value (4 B each), 1/8 B of
 // bit flags, and NMODES - 1 factor row segments of TILE floats. Writes: one
 // output row (TILE floats) per segment.
@@ -586,10 +588,12 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS, MINB) mttkrp_fcoo(
 // Stores the f64 sums of the segments crossing thread-block edges as f32
 // rows (grid-stride, one element per thread): slot s is output row rows[s].
 extern "C" __global__ void fcoo_store_edges(
-    const double* __restrict__ sums, const u32* __restrict__ rows, float* __restrict__ out, u64 n)
+    double* __restrict__ sums, const u32* __restrict__ rows, float* __restrict__ out, u64 n)
 {
-    for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (u64)blockDim.x)
+    for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (u64)blockDim.x) {
         out[(u64)rows[e / RANK] * RANK + e % RANK] = (float)sums[e];
+        sums[e] = 0.0;
+    }
 }
 
 #if HALF

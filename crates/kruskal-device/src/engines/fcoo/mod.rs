@@ -140,6 +140,8 @@ impl BlockPlan {
 /// One mode's F-COO and plan on the device.
 struct ModeTables {
     nnz: usize,
+    /// Segments: the rows that hold a nonzero.
+    segments: usize,
     blocks: usize,
     slots: usize,
     /// With fiber reuse: the fiber mode's product number and the fibers
@@ -182,6 +184,7 @@ impl ModeTables {
         let seg_rows = f.segment_idx().first().map_or(&[][..], Vec::as_slice);
         Ok(ModeTables {
             nnz: f.nnz(),
+            segments: seg_rows.len(),
             blocks: plan.blocks(),
             slots: plan.slots(),
             fiber,
@@ -214,6 +217,7 @@ impl ModeTables {
             + plan.bytes();
         let tables = ModeTables {
             nnz: sorted.nnz,
+            segments: sorted.segments,
             blocks: plan.blocks(),
             slots: plan.slots(),
             fiber: None,
@@ -245,6 +249,8 @@ pub struct FcooGpu {
     resident_bytes: usize,
     /// f64 sums of edge slots, sized for the largest call so far.
     edge_sums: Option<CudaSlice<f64>>,
+    /// Whether `edge_sums` holds zeros (the edge store leaves it so).
+    sums_zero: bool,
     /// The steps of the device build and their seconds (empty when built
     /// on the host).
     preparation: Vec<(&'static str, f64)>,
@@ -419,6 +425,7 @@ impl FcooGpu {
             modes,
             resident_bytes,
             edge_sums: None,
+            sums_zero: true,
             preparation: Vec::new(),
         }
     }
@@ -661,9 +668,13 @@ impl FcooGpu {
             .kernels()
             .function(ctx, Kernel::FcooStoreEdges, defines)?;
         let stream = self.gpu.stream().clone();
-        stream
-            .memset_zeros(out)
-            .map_err(driver("zeroing the output"))?;
+        // Every segment's row is written whole (by the kernel or the edge
+        // store): only a mode with rows that hold no nonzero needs zeros.
+        if self.modes[mode].segments < self.dims[mode] as usize {
+            stream
+                .memset_zeros(out)
+                .map_err(driver("zeroing the output"))?;
+        }
         if self.modes[mode].nnz == 0 {
             return Ok(());
         }
@@ -685,12 +696,18 @@ impl FcooGpu {
         if self.edge_sums.as_ref().is_none_or(|s| s.len() < len.max(1)) {
             self.edge_sums = None;
             self.edge_sums = Some(self.gpu.alloc_zeros::<f64>("the F-COO edge sums", len)?);
+            self.sums_zero = true;
         }
         let all_sums = self.edge_sums.as_mut().expect("allocated above");
         let mut sums = all_sums.slice_mut(..len.max(1));
-        stream
-            .memset_zeros(&mut sums)
-            .map_err(driver("zeroing the F-COO edge sums"))?;
+        // The edge store zeroes the sums it reads; they are zeroed here
+        // only after a call that did not reach it.
+        if !self.sums_zero {
+            stream
+                .memset_zeros(&mut sums)
+                .map_err(driver("zeroing the F-COO edge sums"))?;
+            self.sums_zero = true;
+        }
 
         let nnz = t.nnz as u64;
         let threadlen = self.threadlen as u32;
@@ -737,6 +754,9 @@ impl FcooGpu {
         // fiber_p is a product number below N - 1 (Fcoo::fiber_product) and
         // the extra read of a fiber index (nonzero g + n of the warp's
         // range) happens only below the range's end, so below nnz.
+        // The kernel adds into the sums of the edge slots (none when len
+        // is 0): they are zero again once the edge store has run.
+        self.sums_zero = len == 0;
         unsafe {
             launch.launch(LaunchConfig {
                 grid_dim: (blocks, tiles, 1),
@@ -754,11 +774,13 @@ impl FcooGpu {
                 .arg(&t.edge_rows)
                 .arg(&mut *out)
                 .arg(&n_sums);
-            // SAFETY: sums holds slots x rank doubles, edge_rows `slots` rows,
-            // each an output row below dims[mode] (segment rows of the Fcoo),
-            // so out[row * rank + col] lies inside `out`.
+            // SAFETY: sums holds slots x rank doubles (thread e reads and
+            // zeroes sums[e] alone), edge_rows `slots` rows, each an output
+            // row below dims[mode] (segment rows of the Fcoo), so
+            // out[row * rank + col] lies inside `out`.
             unsafe { launch.launch(grid_stride(n_sums, 256)) }
                 .map_err(driver("launching fcoo_store_edges"))?;
+            self.sums_zero = true;
         }
         Ok(())
     }
