@@ -69,7 +69,7 @@ pub const DEFAULT_MAX_INNER_ITERS: usize = 50;
 pub const DEFAULT_EPS: f64 = 1e-2;
 
 /// Rows handled by one task of the ADMM's row-wise passes.
-const ROWS_PER_TASK: usize = 1024;
+pub(crate) const ROWS_PER_TASK: usize = 1024;
 
 /// Which modes' factors are kept non-negative.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -645,13 +645,11 @@ fn make_backend(
                     ),
                 ));
             };
-            let need = crate::memory::cpu_need(
-                t.dims(),
-                t.nnz(),
-                rank,
-                rayon::current_num_threads(),
-                opts.starts,
-            );
+            let threads = rayon::current_num_threads();
+            let mut need = crate::memory::cpu_need(t.dims(), t.nnz(), rank, threads, opts.starts);
+            if constrained {
+                need = need.and(crate::memory::admm_need(t.dims(), rank, threads));
+            }
             if let Some(refusal) = crate::memory::host_refusal(&need, t, opts.can_compact) {
                 return Err(refusal);
             }

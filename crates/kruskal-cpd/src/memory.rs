@@ -102,6 +102,41 @@ pub fn cpu_need(
     }
 }
 
+/// What constrained CP (AO-ADMM, [`crate::admm`]) allocates on the CPU
+/// beyond [`cpu_need`]: H and U of every mode in f64, kept between
+/// iterations; for the mode being updated, its MTTKRP copied to the host
+/// and widened to f64 beside the f32 rounding of its new factor; and each
+/// thread's two f64 blocks of [`crate::admm`]'s rows per task.
+pub fn admm_need(dims: &[u32], rank: usize, threads: usize) -> MemoryNeed {
+    let rank = rank as u64;
+    let largest = dims.iter().map(|&d| u64::from(d)).max().unwrap_or(0);
+    let per_task = crate::admm::ROWS_PER_TASK as u64;
+    MemoryNeed {
+        parts: vec![
+            (
+                "ADMM H and U",
+                rows(dims).saturating_mul(rank).saturating_mul(16),
+            ),
+            (
+                "ADMM MTTKRP and factor of one mode",
+                largest.saturating_mul(rank).saturating_mul(16),
+            ),
+            (
+                "ADMM row blocks",
+                (threads.max(1) as u64 * per_task * 16).saturating_mul(rank),
+            ),
+        ],
+    }
+}
+
+impl MemoryNeed {
+    /// This estimate with `other`'s parts after its own.
+    pub fn and(mut self, other: MemoryNeed) -> MemoryNeed {
+        self.parts.extend(other.parts);
+        self
+    }
+}
+
 /// What the single-GPU backend allocates on the device: two FLYCOO copies
 /// of the tensor (the largest of its candidate formats), the factors and
 /// one MTTKRP output per mode. This is the estimate `--backend auto`
@@ -345,6 +380,25 @@ mod tests {
         let wide = apr_need(&[3_000_000_000, 2, 3], 3, 10);
         let cpu = cpu_need(&[3_000_000_000, 2, 3], 3, 10, 1, 1);
         assert_eq!(wide.parts[0].1, 2 * cpu.parts[0].1);
+    }
+
+    #[test]
+    fn admm_counts_h_and_u_one_modes_copies_and_the_row_blocks() {
+        // 4 x 3 x 2 (9 rows), rank 2, 3 threads.
+        let need = admm_need(&[4, 3, 2], 2, 3);
+        assert_eq!(need.parts[0], ("ADMM H and U", 9 * 2 * 16));
+        assert_eq!(
+            need.parts[1],
+            ("ADMM MTTKRP and factor of one mode", 4 * 2 * 16)
+        );
+        assert_eq!(need.parts[2], ("ADMM row blocks", 3 * 1024 * 2 * 16));
+        // Beside ALS's need: a 3-line file with index 3e9 at rank 10 needs
+        // four more factors' worth in H and U alone.
+        let dims = [3_000_000_000, 2, 3];
+        let als = cpu_need(&dims, 3, 10, 1, 1);
+        let both = als.clone().and(admm_need(&dims, 10, 1));
+        assert_eq!(both.parts.len(), als.parts.len() + 3);
+        assert!(both.total() - als.total() >= 4 * als.parts[0].1);
     }
 
     #[test]

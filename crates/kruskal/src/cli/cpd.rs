@@ -225,7 +225,13 @@ pub fn run(args: CpdArgs) -> Result<()> {
         let rank = args.rank.unwrap_or(DEMO_RANK);
         let starts = args.starts.unwrap_or(1);
         preflight::check_memory_ahead(&args.input, |dims, nnz| {
-            kruskal_cpd::memory::cpu_need(dims, nnz, rank, rayon::current_num_threads(), starts)
+            let threads = rayon::current_num_threads();
+            let need = kruskal_cpd::memory::cpu_need(dims, nnz, rank, threads, starts);
+            if constrained {
+                need.and(kruskal_cpd::memory::admm_need(dims, rank, threads))
+            } else {
+                need
+            }
         })?;
     }
     // The driver takes a few tenths of a second to open a GPU: start it

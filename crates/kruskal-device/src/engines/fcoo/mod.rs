@@ -734,6 +734,9 @@ impl FcooGpu {
             .arg(&threadlen)
             .arg(&mode_i)
             .arg(&fiber_p);
+        // The kernel adds into the sums of the edge slots (none when len
+        // is 0): they are zero again once the edge store has run.
+        self.sums_zero = len == 0;
         // SAFETY: block b reads nonzeros [b * block_nnz, (b + 1) * block_nnz)
         // clipped to nnz, with blocks = ceil(nnz / block_nnz) for this
         // threadlen: prod_idx holds (N - 1) x nnz indices and vals nnz
@@ -754,9 +757,6 @@ impl FcooGpu {
         // fiber_p is a product number below N - 1 (Fcoo::fiber_product) and
         // the extra read of a fiber index (nonzero g + n of the warp's
         // range) happens only below the range's end, so below nnz.
-        // The kernel adds into the sums of the edge slots (none when len
-        // is 0): they are zero again once the edge store has run.
-        self.sums_zero = len == 0;
         unsafe {
             launch.launch(LaunchConfig {
                 grid_dim: (blocks, tiles, 1),
