@@ -582,8 +582,12 @@ pub(crate) fn arrange_keeping_signs(
         let data = f.as_slice_mut().expect("standard layout");
         data.par_chunks_mut(RANDOM_BLOCK.max(rank) / rank * rank)
             .for_each(|block| {
-                let old = block.to_vec();
-                plan.rows(&scales, &old, block);
+                // Each row through a copy of itself: no block-sized buffer.
+                let mut old = vec![0f32; rank];
+                for row in block.chunks_exact_mut(rank) {
+                    old.copy_from_slice(row);
+                    plan.rows(&scales, &old, row);
+                }
             });
     }
     (plan.lambda, factors)
