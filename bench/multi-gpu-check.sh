@@ -14,9 +14,10 @@ set -u
 N=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib
 mkdir -p /tmp/nccl && ln -sf $N/libnccl.so.2 /tmp/nccl/libnccl.so
 export LD_LIBRARY_PATH=/tmp/nccl:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
-export KRUSKAL_CACHE_DIR=/tmp/kc KRUSKAL_BIN=${K:-gpu-run/kruskal} KRUSKAL_TEST_DATA=data
-PY=/opt/torch/.venv/bin/python
 K=${K:-gpu-run/kruskal}
+# Absolute paths: some CLI tests run the program from a temporary folder.
+export KRUSKAL_CACHE_DIR=/tmp/kc KRUSKAL_BIN=$(realpath $K) KRUSKAL_TEST_DATA=$(realpath data)
+PY=/opt/torch/.venv/bin/python
 R=${1:?an output folder}; shift; mkdir -p $R
 PARTS=${*:-tests nell1 full t3u dist}
 has() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
