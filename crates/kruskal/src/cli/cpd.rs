@@ -89,17 +89,16 @@ pub struct CpdArgs {
     pub multi: MultiGpuArgs,
     #[command(flatten)]
     pub distributed: super::distributed::DistributedArgs,
-    /// Keep the factors non-negative (constrained CP by AO-ADMM, on the
-    /// CPU): in every mode, or in MODES, a comma list numbered from 1
+    /// Keep the factors non-negative (constrained CP by AO-ADMM, on one GPU
+    /// or the CPU): in every mode, or in MODES, a comma list numbered from 1
     /// (`--nonneg 1,3`). Put the FILE before a bare --nonneg.
     #[arg(long, value_name = "MODES", num_args = 0..=1, default_missing_value = "all",
           value_parser = parse_nonneg)]
     pub nonneg: Option<NonNeg>,
-    /// L1 penalty weight W on every factor (W ||A||_1; AO-ADMM, on the CPU).
+    /// L1 penalty weight W on every factor (W ||A||_1; AO-ADMM).
     #[arg(long, value_name = "W", allow_negative_numbers = true, value_parser = parse_weight)]
     pub l1: Option<f64>,
-    /// L2 penalty weight W on every factor (W ||A||_F^2; AO-ADMM, on the
-    /// CPU).
+    /// L2 penalty weight W on every factor (W ||A||_F^2; AO-ADMM).
     #[arg(long, value_name = "W", allow_negative_numbers = true, value_parser = parse_weight)]
     pub l2: Option<f64>,
     /// Worker threads (default: one per core).
@@ -193,14 +192,10 @@ pub fn run(args: CpdArgs) -> Result<()> {
     set_threads(args.threads)?;
     args.multi.check_used(args.distributed.distributed)?;
     let constrained = args.constraints().is_some();
-    if constrained
-        && (args.distributed.distributed
-            || args.multi.gpus.is_some()
-            || args.backend == BackendArg::Gpu)
-    {
+    if constrained && (args.distributed.distributed || args.multi.gpus.is_some()) {
         bail!(
-            "--nonneg, --l1 and --l2 (AO-ADMM) run on the CPU only: they cannot be combined with \
-             --backend gpu, --gpus or --distributed"
+            "--nonneg, --l1 and --l2 (AO-ADMM) run on one GPU or the CPU: they cannot be \
+             combined with --gpus or --distributed"
         );
     }
     if args.distributed.distributed {
@@ -217,7 +212,6 @@ pub fn run(args: CpdArgs) -> Result<()> {
     }
     let on_cpu = args.multi.gpus.is_none()
         && (args.backend == BackendArg::Cpu
-            || constrained
             || (args.backend == BackendArg::Auto && preflight::no_gpu_here()));
     args.gpu.check(on_cpu)?;
     // (`--compact` shrinks the dimensions first; checked after it.)
@@ -327,6 +321,10 @@ pub fn run(args: CpdArgs) -> Result<()> {
         }
         value["method"] = serde_json::json!(if constrained { "ao-admm" } else { "als" });
         value["constraints"] = serde_json::json!(args.constraints().map(|c| c.describe()));
+        value["admm_inner"] = serde_json::json!(
+            args.constraints()
+                .map(|c| done.backend.admm_inner(c.inner).describe())
+        );
         value["wall"] = wall(teardown(done, loaded)).json();
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
@@ -339,9 +337,10 @@ pub fn run(args: CpdArgs) -> Result<()> {
         if let Some(c) = args.constraints() {
             let inner: usize = model.iterations.iter().map(|s| s.inner_iters).sum();
             println!(
-                "method     AO-ADMM, {}; {inner} inner iterations in the last {}",
+                "method     AO-ADMM, {}; {inner} inner iterations in the last {} (inner loop: {})",
                 c.describe(),
-                count_of(model.iterations.len() as u64, "iteration")
+                count_of(model.iterations.len() as u64, "iteration"),
+                done.backend.admm_inner(c.inner).describe()
             );
         }
         print_summary(model, done.cpd_s, done.starts, fms, args.out.as_ref());
