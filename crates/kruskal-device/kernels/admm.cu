@@ -36,6 +36,15 @@
 #if RANK <= 32
 #define W_REGISTERS 1
 #endif
+// Two thread blocks per SM up to rank 32 (at most 128 registers a thread;
+// ptxas for sm_90 spills 16 bytes at 32): their barriers and residual sums
+// overlap each other's arithmetic. Above, the rows' registers need more
+// (two blocks spilled 200 bytes at rank 48; one spills none up to 128).
+#if RANK <= 32
+#define MIN_BLOCKS 2
+#else
+#define MIN_BLOCKS 1
+#endif
 
 // The proximal step of the mode's penalty at rho: the soft threshold by
 // `threshold` (l1 / rho; on a non-negative mode, the shift and the clamp
@@ -86,7 +95,8 @@ __device__ __forceinline__ void admm_block_sum4(double (&v)[4], double* red)
 // K, H and U are read once and H and U written once per row block. Per
 // inner iteration the right-hand side K + rho (H + U) is staged in shared
 // memory (f64) and read as double2 broadcasts against column j of W (in
-// registers up to rank 32, through the read-only cache above); the
+// registers up to rank 32, through the read-only cache above; each entry
+// of W once per iteration for all the thread's rows); the
 // residuals are summed over the thread block (admm_block_sum4), so every
 // thread takes the same decision to stop.
 //
@@ -95,7 +105,7 @@ __device__ __forceinline__ void admm_block_sum4(double (&v)[4], double* red)
 // rounding, its largest magnitude; then the most inner iterations a row
 // block of this thread block ran.
 // ---------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(THREADS) admm_blocks(
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) admm_blocks(
     const float* __restrict__ k,
     const double* __restrict__ w,
     double* __restrict__ h,
@@ -160,21 +170,39 @@ extern "C" __global__ void __launch_bounds__(THREADS) admm_blocks(
             __syncthreads();
             double res[4] = {0.0, 0.0, 0.0, 0.0};  // primal, dual, |H|^2, |U|^2
             if (active) {
+                // Ht's column j for the thread's rows: each four entries of
+                // W's column loaded once for all of them. A slot's rows
+                // past the block (when BLOCK_ROWS is not a multiple of
+                // RPT) read row 0 and are not used.
+                double acc[RPT];
+#pragma unroll
+                for (int q = 0; q < RPT; ++q) acc[q] = 0.0;
+#if defined(W_REGISTERS)
+#pragma unroll
+#else
+#pragma unroll 2  // fully unrolled, W's cached loads took 212 registers at 64
+#endif
+                for (int c = 0; c < KP; c += 4) {
+                    const double w0 = W_AT(c), w1 = W_AT(c + 1), w2 = W_AT(c + 2), w3 = W_AT(c + 3);
+#pragma unroll
+                    for (int q = 0; q < RPT; ++q) {
+                        const int r = slot * RPT + q;
+                        const double* row = rhs + (r < BLOCK_ROWS ? r : 0) * KP + c;
+                        const double2 lo = *reinterpret_cast<const double2*>(row);
+                        const double2 hi = *reinterpret_cast<const double2*>(row + 2);
+                        double s = acc[q];
+                        s = fma(lo.x, w0, s);
+                        s = fma(lo.y, w1, s);
+                        s = fma(hi.x, w2, s);
+                        s = fma(hi.y, w3, s);
+                        acc[q] = s;
+                    }
+                }
 #pragma unroll
                 for (int q = 0; q < RPT; ++q) {
                     const int r = slot * RPT + q;
                     if (r >= nrows) continue;
-                    const double* row = rhs + r * KP;
-                    double ht = 0.0;
-#pragma unroll
-                    for (int c = 0; c < KP; c += 4) {
-                        const double2 lo = *reinterpret_cast<const double2*>(row + c);
-                        const double2 hi = *reinterpret_cast<const double2*>(row + c + 2);
-                        ht = fma(lo.x, W_AT(c), ht);
-                        ht = fma(lo.y, W_AT(c + 1), ht);
-                        ht = fma(hi.x, W_AT(c + 2), ht);
-                        ht = fma(hi.y, W_AT(c + 3), ht);
-                    }
+                    const double ht = acc[q];
                     const double fresh = admm_prox(ht - uv[q], nonneg, threshold, shrink);
                     uv[q] += fresh - ht;
                     res[0] += (fresh - ht) * (fresh - ht);
