@@ -1356,6 +1356,10 @@ fn nonneg_l1_and_l2_run_ao_admm_with_non_negative_factors() {
     assert_eq!(v["constraints"], "non-negative (all modes)", "{v}");
     assert_eq!(v["backend"], "cpu", "{v}");
     assert_eq!(v["admm_inner"], "all rows together", "{v}");
+    // The GPU's blocked inner loop, asked of the CPU.
+    let (b, _) = common::cpd_json(&file, "4", &["--l1", "0.1", "--admm-blocks"]);
+    assert_eq!(b["admm_inner"], "blocks of 32 rows", "{b}");
+    assert!(common::fits(&b).iter().all(|&f| f > 0.0 && f < 1.0), "{b}");
     let fits = common::fits(&v);
     assert!(fits.iter().all(|&f| f > 0.0 && f < 1.0), "{fits:?}");
     let inner = v["iterations"][0]["inner_iters"].as_u64().unwrap();
@@ -1415,6 +1419,7 @@ fn bad_constraint_flags_are_one_line_errors() {
         (vec!["--l2", "nan"], "not a finite weight >= 0"),
         (vec!["--l2", "inf"], "not a finite weight >= 0"),
         (vec!["--nonneg", "--gpus", "2"], "run on one GPU or the CPU"),
+        (vec!["--admm-blocks"], "give it with --nonneg, --l1 or --l2"),
     ] {
         let mut all = vec!["cpd", f, "--iters", "2"];
         all.extend(&args);

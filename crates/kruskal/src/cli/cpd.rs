@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use kruskal_cpd::{
     AdmmOptions, Chosen, CpdOptions, DecomposeOptions, Decomposition, EngineRequest, GroupBackend,
-    Init, KernelPlan, KruskalModel, NonNeg, factor_match_score, load_factors,
+    Init, InnerStop, KernelPlan, KruskalModel, NonNeg, factor_match_score, load_factors,
 };
 use kruskal_formats::generate::{PlantedSpec, planted};
 use ndarray::Array2;
@@ -101,6 +101,11 @@ pub struct CpdArgs {
     /// L2 penalty weight W on every factor (W ||A||_F^2; AO-ADMM).
     #[arg(long, value_name = "W", allow_negative_numbers = true, value_parser = parse_weight)]
     pub l2: Option<f64>,
+    /// With --nonneg, --l1 or --l2 on the CPU: run AO-ADMM's inner loop in
+    /// blocks of 32 rows that each stop on their own, as a GPU always does
+    /// (default on the CPU: all rows stop together).
+    #[arg(long)]
+    pub admm_blocks: bool,
     /// Worker threads (default: one per core).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = parse_threads)]
     pub threads: usize,
@@ -157,6 +162,11 @@ impl CpdArgs {
             nonneg: self.nonneg.clone().unwrap_or(NonNeg::None),
             l1: self.l1.unwrap_or(0.0),
             l2: self.l2.unwrap_or(0.0),
+            inner: if self.admm_blocks {
+                InnerStop::RowBlocks
+            } else {
+                InnerStop::AllRows
+            },
             ..AdmmOptions::default()
         })
     }
@@ -192,6 +202,9 @@ pub fn run(args: CpdArgs) -> Result<()> {
     set_threads(args.threads)?;
     args.multi.check_used(args.distributed.distributed)?;
     let constrained = args.constraints().is_some();
+    if args.admm_blocks && !constrained {
+        bail!("--admm-blocks is for AO-ADMM: give it with --nonneg, --l1 or --l2");
+    }
     if constrained && (args.distributed.distributed || args.multi.gpus.is_some()) {
         bail!(
             "--nonneg, --l1 and --l2 (AO-ADMM) run on one GPU or the CPU: they cannot be \
