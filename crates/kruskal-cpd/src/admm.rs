@@ -12,20 +12,32 @@
 //! non-negative modes)`.
 //!
 //! For each outer iteration and each mode n (H = `A_n`, U its scaled dual,
-//! both `I_n x R` in f64 on the host, warm-started from the previous outer
-//! iteration):
-//! 1. `K = MTTKRP(X, n)` (the backend's, copied to the host),
-//!    `G = hadamard(A_w^T A_w for w != n)`;
+//! both `I_n x R` in f64, kept for every mode and warm-started from the
+//! previous outer iteration; on the host, or on the device where the
+//! backend runs the inner loop itself, [`Backend::runs_admm`]):
+//! 1. `K = MTTKRP(X, n)` (the backend's; copied to the host for the host's
+//!    loop), `G = hadamard(A_w^T A_w for w != n)`;
 //! 2. `rho = trace(G) / R`, and `W = (G + rho I)^{-1}` by one Cholesky
-//!    (`dense::solve_matrix`);
+//!    (`dense::solve_matrix`), on the host (R x R);
 //! 3. up to `max_inner_iters` times: `Ht = (K + rho (H + U)) W`,
 //!    `H_prev = H`, `H = prox(Ht - U)`, `U += H - Ht`; stop when the primal
 //!    residual `||H - Ht||^2 / ||H||^2` and the dual residual
-//!    `||H - H_prev||^2 / ||U||^2` are both at most `eps`;
+//!    `||H - H_prev||^2 / ||U||^2` are both at most `eps`, summed over the
+//!    rows that stop together ([`InnerStop`]): all the mode's rows (the
+//!    CPU's default), or each block of [`BLOCK_ROWS`] rows on its own (the
+//!    paper's blocked variant: most blocks stop after a few iterations);
 //! 4. the columns of H are normalized into lambda as ALS does (2-norms on
-//!    the first iteration, `max(1, max |a|)` afterwards; U is divided by
-//!    the same weights, so it stays H's dual), and H is handed to the
-//!    backend as the new f32 factor.
+//!    the first iteration, `max(1, max |a|)` afterwards, from the f32
+//!    rounding of H; U is divided by the same weights, so it stays H's
+//!    dual), and the f32 rounding of H becomes the new factor.
+//!
+//! On one GPU (`GpuBackend`) the whole of step 3 is one kernel launch per
+//! mode (`kruskal_device::admm`, `kernels/admm.cu`): always row blocks, a
+//! thread block keeping its rows of K, H and U in registers across the
+//! inner iterations; only W goes up and the column statistics come back.
+//! Step 4 divides H and U on the device and writes the factor there. The
+//! CPU's [`InnerStop::RowBlocks`] runs the same blocks to the same rule,
+//! which the GPU tests compare against.
 //!
 //! The proximal step `prox(v) = argmin_h r(h) + (rho / 2) (h - v)^2`, per
 //! entry, for the objective above:
@@ -39,19 +51,22 @@
 //! objective mode by mode, not the objective of the final scaled model.
 //!
 //! The fit is ALS's: `1 - ||X - M|| / ||X||` from the Grams, lambda and the
-//! last mode's MTTKRP. The rows are independent in step 3; they are
-//! updated in blocks in parallel and the residuals summed in block order,
-//! so the result does not depend on the thread count. The ADMM runs to
-//! the same stopping rule for all rows (the paper's blocked variant, where
-//! each block of rows stops on its own, is not implemented).
+//! last mode's MTTKRP. The rows are independent in step 3; on the CPU they
+//! are updated in blocks in parallel and the residuals summed in block
+//! order (or each row block alone), so the result does not depend on the
+//! thread count. With row blocks, an iteration's `inner_iters` counts the
+//! block that ran most.
 //!
 //! Memory beyond ALS's: H, U and K in f64, `3 * dims[n] * R * 8` bytes per
-//! mode (H and U kept for every mode).
+//! mode on the host (H and U kept for every mode); on one GPU, H and U of
+//! every mode on the device (`memory::admm_gpu_need`) and nothing sized by
+//! the rows on the host.
 
 use std::ops::ControlFlow;
 
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
+use kruskal_device::admm::InnerParams;
 use ndarray::Array2;
 use rayon::prelude::*;
 
@@ -71,6 +86,35 @@ pub const DEFAULT_EPS: f64 = 1e-2;
 /// Rows handled by one task of the ADMM's row-wise passes.
 pub(crate) const ROWS_PER_TASK: usize = 1024;
 
+/// Rows of one block of the blocked inner loop ([`InnerStop::RowBlocks`]),
+/// the GPU's block too (`kruskal_device::admm::BLOCK_ROWS`).
+pub use kruskal_device::admm::BLOCK_ROWS;
+
+// A task holds whole blocks, so the blocks do not depend on the tasks.
+const _: () = assert!(ROWS_PER_TASK % BLOCK_ROWS == 0);
+
+/// Which rows share the inner loop's stopping rule.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum InnerStop {
+    /// Every row of the mode runs until the whole factor's residuals meet
+    /// `eps` (the default on the CPU).
+    #[default]
+    AllRows,
+    /// Each block of [`BLOCK_ROWS`] rows runs until its own residuals meet
+    /// `eps` (the paper's blocked variant); a one-GPU run always runs this.
+    RowBlocks,
+}
+
+impl InnerStop {
+    /// A few words for output: "all rows together", "blocks of 32 rows".
+    pub fn describe(self) -> String {
+        match self {
+            InnerStop::AllRows => "all rows together".into(),
+            InnerStop::RowBlocks => format!("blocks of {BLOCK_ROWS} rows"),
+        }
+    }
+}
+
 /// Which modes' factors are kept non-negative.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NonNeg {
@@ -81,7 +125,8 @@ pub enum NonNeg {
 }
 
 impl NonNeg {
-    pub(crate) fn holds(&self, mode: usize) -> bool {
+    /// Whether `mode` (from 0) is kept non-negative.
+    pub fn holds(&self, mode: usize) -> bool {
         match self {
             NonNeg::None => false,
             NonNeg::All => true,
@@ -101,6 +146,8 @@ pub struct AdmmOptions {
     pub l2: f64,
     pub max_inner_iters: usize,
     pub eps: f64,
+    /// Which rows stop together on the CPU (a GPU always runs row blocks).
+    pub inner: InnerStop,
 }
 
 impl Default for AdmmOptions {
@@ -112,6 +159,7 @@ impl Default for AdmmOptions {
             l2: 0.0,
             max_inner_iters: DEFAULT_MAX_INNER_ITERS,
             eps: DEFAULT_EPS,
+            inner: InnerStop::AllRows,
         }
     }
 }
@@ -236,6 +284,11 @@ struct Residuals {
 }
 
 impl Residuals {
+    /// The stopping rule: both relative residuals at most `eps`.
+    fn converged(self, eps: f64) -> bool {
+        self.primal <= eps * self.h && self.dual <= eps * self.u
+    }
+
     fn add(self, o: Residuals) -> Residuals {
         Residuals {
             primal: self.primal + o.primal,
@@ -246,10 +299,54 @@ impl Residuals {
     }
 }
 
+/// One inner iteration on a set of rows (row-major `rows x rank` slices
+/// of K, H and U): `Ht = (K + rho (H + U)) W`, `H = prox(Ht - U)`,
+/// `U += H - Ht`, with the residual sums of these rows in row order.
+/// `rhs` and `ht` are scratch of the same length.
+///
+/// Cost: `rows * rank^2` multiply-adds and a few passes over the rows.
+#[allow(clippy::too_many_arguments)]
+fn inner_step(
+    k: &[f64],
+    h: &mut [f64],
+    u: &mut [f64],
+    w: MatRef<'_, f64>,
+    rho: f64,
+    prox: Prox,
+    rhs: &mut [f64],
+    ht: &mut [f64],
+) -> Residuals {
+    let rank = w.nrows();
+    let rows = k.len() / rank;
+    for (r, (&k, (&h, &u))) in rhs.iter_mut().zip(k.iter().zip(h.iter().zip(u.iter()))) {
+        *r = k + rho * (h + u);
+    }
+    matmul(
+        MatMut::from_row_major_slice_mut(ht, rows, rank),
+        Accum::Replace,
+        MatRef::from_row_major_slice(rhs, rows, rank),
+        w,
+        1.0,
+        Par::Seq,
+    );
+    let mut r = Residuals::default();
+    for ((h, u), &ht) in h.iter_mut().zip(u.iter_mut()).zip(ht.iter()) {
+        let new = prox.apply(ht - *u);
+        *u += new - ht;
+        r.primal += (new - ht) * (new - ht);
+        r.dual += (new - *h) * (new - *h);
+        r.h += new * new;
+        r.u += *u * *u;
+        *h = new;
+    }
+    r
+}
+
 /// One mode's ADMM for `min 0.5 ||K - H G||` terms plus `prox`'s penalty:
 /// runs up to `max_inner` iterations on `h` and `u` (row-major
 /// `rows x rank`), from `k` (the MTTKRP, the same shape) and `w =
-/// (G + rho I)^{-1}`. Returns the iterations run.
+/// (G + rho I)^{-1}`, under the stopping rule `stop` says. Returns the
+/// iterations run (with row blocks, those of the block that ran most).
 ///
 /// Cost per iteration: `rows * rank^2` multiply-adds and a few passes over
 /// `rows * rank` values.
@@ -264,48 +361,58 @@ fn admm_rows(
     prox: Prox,
     max_inner: usize,
     eps: f64,
+    stop: InnerStop,
 ) -> usize {
     let w = MatRef::from_row_major_slice(w, rank, rank);
     let chunk = ROWS_PER_TASK * rank;
+    if stop == InnerStop::RowBlocks {
+        // Each block of BLOCK_ROWS rows runs to its own rule: the blocks
+        // are independent, so neither the thread count nor the tasks'
+        // split changes any block's iterations.
+        let block = BLOCK_ROWS * rank;
+        return h
+            .par_chunks_mut(chunk)
+            .zip(u.par_chunks_mut(chunk))
+            .zip(k.par_chunks(chunk))
+            .map(|((h, u), k)| {
+                let mut rhs = vec![0f64; block.min(k.len())];
+                let mut ht = rhs.clone();
+                let mut most = 0;
+                for ((h, u), k) in h
+                    .chunks_mut(block)
+                    .zip(u.chunks_mut(block))
+                    .zip(k.chunks(block))
+                {
+                    let (rhs, ht) = (&mut rhs[..k.len()], &mut ht[..k.len()]);
+                    let mut it = 1;
+                    while !inner_step(k, h, u, w, rho, prox, rhs, ht).converged(eps)
+                        && it < max_inner
+                    {
+                        it += 1;
+                    }
+                    most = most.max(it);
+                }
+                most
+            })
+            .max()
+            .unwrap_or(0);
+    }
     for it in 1..=max_inner {
         let r = h
             .par_chunks_mut(chunk)
             .zip(u.par_chunks_mut(chunk))
             .zip(k.par_chunks(chunk))
             .map(|((h, u), k)| {
-                let rows = k.len() / rank;
-                let rhs: Vec<f64> = k
-                    .iter()
-                    .zip(h.iter().zip(u.iter()))
-                    .map(|(&k, (&h, &u))| k + rho * (h + u))
-                    .collect();
-                let mut ht = vec![0f64; rows * rank];
-                matmul(
-                    MatMut::from_row_major_slice_mut(&mut ht, rows, rank),
-                    Accum::Replace,
-                    MatRef::from_row_major_slice(&rhs, rows, rank),
-                    w,
-                    1.0,
-                    Par::Seq,
-                );
-                let mut r = Residuals::default();
-                for ((h, u), &ht) in h.iter_mut().zip(u.iter_mut()).zip(&ht) {
-                    let new = prox.apply(ht - *u);
-                    *u += new - ht;
-                    r.primal += (new - ht) * (new - ht);
-                    r.dual += (new - *h) * (new - *h);
-                    r.h += new * new;
-                    r.u += *u * *u;
-                    *h = new;
-                }
-                r
+                let mut rhs = vec![0f64; k.len()];
+                let mut ht = vec![0f64; k.len()];
+                inner_step(k, h, u, w, rho, prox, &mut rhs, &mut ht)
             })
             // Partials summed in block order: the stopping decision must
             // not depend on how rayon split the work.
             .collect::<Vec<_>>()
             .into_iter()
             .fold(Residuals::default(), Residuals::add);
-        if r.primal <= eps * r.h && r.dual <= eps * r.u {
+        if r.converged(eps) {
             return it;
         }
     }
@@ -315,17 +422,25 @@ fn admm_rows(
 /// AO-ADMM's update of one mode; keeps H and U of every mode.
 struct AdmmUpdate<'a> {
     opts: &'a AdmmOptions,
+    /// The backend runs the inner loop and keeps H and U
+    /// ([`Backend::runs_admm`]); `h` and `u` stay empty.
+    on_backend: bool,
     /// Per mode, H and U (row-major, `dims[m] x rank`).
     h: Vec<Vec<f64>>,
     u: Vec<Vec<f64>>,
 }
 
 impl Update for AdmmUpdate<'_> {
+    /// On the host, H starts from the initial factors; a backend that runs
+    /// the inner loop starts H from the factors it holds.
     fn keeps_initial(&self) -> bool {
-        true
+        !self.on_backend
     }
 
     fn begin(&mut self, initial: &[Array2<f32>]) {
+        if self.on_backend {
+            return;
+        }
         self.h = initial
             .iter()
             .map(|f| f.iter().map(|&x| f64::from(x)).collect())
@@ -341,9 +456,6 @@ impl Update for AdmmUpdate<'_> {
         grams: &[Array2<f64>],
     ) -> Result<ModeUpdate> {
         let rank = grams[mode].nrows();
-        let k32 = backend.mttkrp_output(mode)?;
-        let k: Vec<f64> = k32.iter().map(|&x| f64::from(x)).collect();
-        drop(k32);
         let mut g = hadamard_except(grams, Some(mode));
         let trace: f64 = (0..rank).map(|r| g[[r, r]]).sum();
         // All-zero other factors give G = 0: any rho > 0 keeps the system
@@ -357,14 +469,37 @@ impl Update for AdmmUpdate<'_> {
             g[[r, r]] += rho;
         }
         let (w, kind) = solve_matrix(&g);
-        let w = w.as_standard_layout().into_owned();
-        let w = w.as_slice().expect("standard layout");
         let prox = Prox::new(
             self.opts.nonneg.holds(mode),
             self.opts.l1,
             self.opts.l2,
             rho,
         );
+        if self.on_backend {
+            let params = InnerParams {
+                rho,
+                nonneg: prox.nonneg,
+                threshold: prox.threshold,
+                shrink: prox.shrink,
+                max_inner: u32::try_from(self.opts.max_inner_iters).unwrap_or(u32::MAX),
+                eps: self.opts.eps,
+            };
+            let stats = backend.admm_inner(mode, &w, &params)?;
+            let two: Vec<f64> = stats.sumsq.into_iter().map(f64::sqrt).collect();
+            let (lambda, divisors) = column_weights(iter, two, &stats.max_abs);
+            let gram = backend.admm_scale(mode, &divisors)?;
+            return Ok(ModeUpdate {
+                lambda,
+                gram,
+                inner_iters: stats.iters,
+                pseudo_inverse: kind == SolveKind::PseudoInverse,
+            });
+        }
+        let k32 = backend.mttkrp_output(mode)?;
+        let k: Vec<f64> = k32.iter().map(|&x| f64::from(x)).collect();
+        drop(k32);
+        let w = w.as_standard_layout().into_owned();
+        let w = w.as_slice().expect("standard layout");
         let (h, u) = (&mut self.h[mode], &mut self.u[mode]);
         let inner_iters = admm_rows(
             &k,
@@ -376,6 +511,7 @@ impl Update for AdmmUpdate<'_> {
             prox,
             self.opts.max_inner_iters,
             self.opts.eps,
+            self.opts.inner,
         );
         // The weights are those of the f32 factor, as ALS's are.
         let (two, max_abs) = {
@@ -436,6 +572,7 @@ pub fn cpd_admm_with(
     admm.check(backend.dims().len())?;
     let mut update = AdmmUpdate {
         opts: admm,
+        on_backend: backend.runs_admm(),
         h: Vec::new(),
         u: Vec::new(),
     };
@@ -632,6 +769,89 @@ mod tests {
         }
     }
 
+    fn blocked(admm: AdmmOptions) -> AdmmOptions {
+        AdmmOptions {
+            inner: InnerStop::RowBlocks,
+            ..admm
+        }
+    }
+
+    #[test]
+    fn row_blocks_keep_nonneg_modes_nonnegative_and_converge() {
+        // Mixed signs: ALS would give negative entries.
+        let p = noisy(11);
+        let vals: Vec<f32> = p
+            .tensor
+            .values()
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| if i % 4 == 0 { -v } else { v })
+            .collect();
+        let t = kruskal_formats::SparseTensor::new(
+            p.tensor.dims().to_vec(),
+            p.tensor.indices().to_vec(),
+            vals,
+        )
+        .unwrap();
+        let admm = blocked(AdmmOptions {
+            nonneg: NonNeg::Modes(vec![0, 1]),
+            l1: 0.05,
+            ..AdmmOptions::default()
+        });
+        let model = cpd_admm(&mut CpuBackend::new(&t), &options(4, 15, 0.0), &admm).unwrap();
+        assert!(model.factors[0].iter().all(|&x| x >= 0.0));
+        assert!(model.factors[1].iter().all(|&x| x >= 0.0));
+        assert!(model.factors[2].iter().any(|&x| x < 0.0));
+        assert!(model.iterations.iter().all(|s| s.inner_iters >= 1));
+
+        // On the planted non-negative tensor the blocked run finds the
+        // planted factors as the global rule does.
+        let p = noisy(3);
+        let model = cpd_admm(
+            &mut CpuBackend::new(&p.tensor),
+            &options(4, 200, 1e-8),
+            &blocked(AdmmOptions::nonneg()),
+        )
+        .unwrap();
+        let fms = factor_match_score(&model.lambda, &model.factors, &p.lambda, &p.factors);
+        eprintln!(
+            "blocked non-negative: factor match {fms}, fit {}",
+            model.fit()
+        );
+        assert!(fms >= 0.99, "factor match {fms}, fit {}", model.fit());
+        assert!(model.converged);
+    }
+
+    #[test]
+    fn one_block_per_mode_is_the_global_rule_and_more_blocks_stop_apart() {
+        // Every mode within one block: the two rules are the same loop.
+        let small = planted(&PlantedSpec {
+            dims: vec![BLOCK_ROWS as u32, 20, 9],
+            rank: 3,
+            nnz: 2_000,
+            noise: 0.1,
+            seed: 4,
+        })
+        .unwrap();
+        let opts = options(3, 6, 0.0);
+        let run = |t: &kruskal_formats::SparseTensor, admm: &AdmmOptions| {
+            cpd_admm(&mut CpuBackend::new(t), &opts, admm).unwrap()
+        };
+        let global = run(&small.tensor, &AdmmOptions::nonneg());
+        let blocks = run(&small.tensor, &blocked(AdmmOptions::nonneg()));
+        assert_eq!(global.factors, blocks.factors);
+        assert_eq!(global.lambda, blocks.lambda);
+        // Many blocks: the slowest block runs at least as long as the
+        // global loop would stop at for it alone, and the results differ.
+        let p = noisy(6);
+        let global = run(&p.tensor, &AdmmOptions::nonneg());
+        let blocks = run(&p.tensor, &blocked(AdmmOptions::nonneg()));
+        assert_ne!(global.factors, blocks.factors);
+        for (g, b) in global.iterations.iter().zip(&blocks.iterations) {
+            assert!((g.fit - b.fit).abs() < 0.05, "fits {} {}", g.fit, b.fit);
+        }
+    }
+
     #[test]
     fn results_do_not_depend_on_the_thread_count() {
         let p = planted(&PlantedSpec {
@@ -643,25 +863,35 @@ mod tests {
         })
         .unwrap();
         let opts = options(3, 4, 0.0);
-        let run_on = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            pool.install(|| {
-                cpd_admm(
-                    &mut CpuBackend::new(&p.tensor),
-                    &opts,
-                    &AdmmOptions {
-                        l1: 0.01,
-                        ..AdmmOptions::nonneg()
-                    },
-                )
-                .unwrap()
-            })
-        };
-        let (a, b) = (run_on(1), run_on(3));
-        assert_eq!(a.factors, b.factors);
-        assert_eq!(a.lambda, b.lambda);
+        for inner in [InnerStop::AllRows, InnerStop::RowBlocks] {
+            let run_on = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                pool.install(|| {
+                    cpd_admm(
+                        &mut CpuBackend::new(&p.tensor),
+                        &opts,
+                        &AdmmOptions {
+                            l1: 0.01,
+                            inner,
+                            ..AdmmOptions::nonneg()
+                        },
+                    )
+                    .unwrap()
+                })
+            };
+            let (a, b) = (run_on(1), run_on(3));
+            assert_eq!(a.factors, b.factors, "{inner:?}");
+            assert_eq!(a.lambda, b.lambda, "{inner:?}");
+            let iters = |m: &KruskalModel| {
+                m.iterations
+                    .iter()
+                    .map(|s| s.inner_iters)
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(iters(&a), iters(&b), "{inner:?}");
+        }
     }
 }

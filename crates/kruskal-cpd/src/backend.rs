@@ -9,6 +9,7 @@
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 use kruskal_cpu::{CpuEngine, CpuMttkrp, MttkrpEngine};
+use kruskal_device::admm::{InnerParams, InnerStats};
 use kruskal_formats::SparseTensor;
 use ndarray::Array2;
 use rayon::prelude::*;
@@ -88,6 +89,45 @@ pub trait Backend {
     fn mttkrp_output(&mut self, mode: usize) -> Result<Array2<f32>> {
         Err(CpdError::Backend(format!(
             "the {} backend cannot copy the mode-{} MTTKRP to the host",
+            self.describe(),
+            mode + 1
+        )))
+    }
+    /// Whether AO-ADMM's inner loop runs in the backend
+    /// ([`Backend::admm_inner`], [`Backend::admm_scale`]), which then keeps
+    /// each mode's H and U itself; otherwise the update runs on the host
+    /// through [`Backend::mttkrp_output`] and [`Backend::set_factor`].
+    fn runs_admm(&self) -> bool {
+        false
+    }
+    /// AO-ADMM's inner loop of `mode` in blocks of
+    /// [`crate::admm::BLOCK_ROWS`] rows, each to its own stopping rule, from
+    /// the last `mttkrp(mode)` and `w = (G + rho I)^{-1}` (rank x rank);
+    /// H starts from the current factor at the mode's first call (U from
+    /// 0) and is kept between calls. Returns the column statistics of the
+    /// f32 rounding of the new H. The default is an error: only backends
+    /// that [`Backend::runs_admm`] provide it.
+    fn admm_inner(
+        &mut self,
+        mode: usize,
+        w: &Array2<f64>,
+        params: &InnerParams,
+    ) -> Result<InnerStats> {
+        let _ = (w, params);
+        Err(CpdError::Backend(format!(
+            "the {} backend does not run the ADMM of mode {}",
+            self.describe(),
+            mode + 1
+        )))
+    }
+    /// Divides column r of `mode`'s H and U by `divisors[r]` and makes the
+    /// f32 rounding of the scaled H the factor; returns its Gram. Follows
+    /// [`Backend::admm_inner`] of the same mode; the default is an error,
+    /// as for it.
+    fn admm_scale(&mut self, mode: usize, divisors: &[f64]) -> Result<Array2<f64>> {
+        let _ = divisors;
+        Err(CpdError::Backend(format!(
+            "the {} backend does not run the ADMM of mode {}",
             self.describe(),
             mode + 1
         )))

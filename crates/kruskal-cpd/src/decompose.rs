@@ -30,7 +30,7 @@ use crate::gpu::{GpuBackend, KernelPlan};
 use crate::model::{IterationStats, KruskalModel};
 use crate::multi::GroupBackend;
 use crate::scale::ValueScale;
-use crate::{CpdOptions, Init, cpd_als_with};
+use crate::{CpdOptions, Init, InnerStop, cpd_als_with};
 
 /// Where the decomposition runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,7 +116,8 @@ impl DecomposeOptions {
     /// Refuses options that cannot work, whatever the tensor and the
     /// machine: a rank or a number of starts of 0, a tolerance that is
     /// negative or not finite, several starts from given factors, an
-    /// unknown kernel (a [`CpdError::Invalid`]: the value names no option), a group of GPUs on the CPU, constraints on a GPU,
+    /// unknown kernel (a [`CpdError::Invalid`]: the value names no
+    /// option), a group of GPUs on the CPU, constraints on a group of GPUs,
     /// and constraint weights that are negative or not finite. What
     /// depends on the tensor (its modes) or the machine (its GPUs) is
     /// checked where it is known.
@@ -133,17 +134,8 @@ impl DecomposeOptions {
         if self.gpus.as_ref().is_some_and(Vec::is_empty) {
             return Err(CpdError::option(OptionName::Gpus, "must be at least 1"));
         }
-        if self.cpd.constraints.is_some() {
-            if self.gpus.is_some() {
-                return Err(CpdError::option(OptionName::Gpus, CONSTRAINED_ON_GPU));
-            }
-            if self.backend == BackendChoice::Gpu {
-                return Err(CpdError::option_value(
-                    OptionName::Backend,
-                    "gpu",
-                    CONSTRAINED_ON_GPU,
-                ));
-            }
+        if self.cpd.constraints.is_some() && self.gpus.is_some() {
+            return Err(CpdError::option(OptionName::Gpus, CONSTRAINED_ON_GROUP));
         }
         if self.gpus.is_some() && self.backend == BackendChoice::Cpu {
             return Err(CpdError::option(
@@ -155,9 +147,10 @@ impl DecomposeOptions {
     }
 }
 
-/// Why constraints refuse a GPU (see [`ADMM_ON_CPU`]).
-const CONSTRAINED_ON_GPU: &str = "cannot be combined with constrained CP (non-negative or \
-     penalized factors; AO-ADMM), which runs on the CPU only";
+/// Why constraints refuse a group of GPUs: AO-ADMM runs on one GPU
+/// ([`GpuBackend`] keeps H and U) or on the CPU.
+const CONSTRAINED_ON_GROUP: &str = "cannot be combined with constrained CP (non-negative or \
+     penalized factors; AO-ADMM), which runs on one GPU or the CPU";
 
 /// Refuses 0 starts, and several from given initial factors (each start
 /// after the first draws its own).
@@ -472,6 +465,22 @@ impl Chosen {
             Chosen::Cpu(_) | Chosen::Group(_) => None,
         }
     }
+
+    /// The inner loop a constrained run that asked for `asked` runs on
+    /// this backend: row blocks where the backend runs it itself (one
+    /// GPU), else what was asked.
+    pub fn admm_inner(&self, asked: InnerStop) -> InnerStop {
+        let on_backend = match self {
+            Chosen::Cpu(b) => b.runs_admm(),
+            Chosen::Gpu(b) => b.runs_admm(),
+            Chosen::Group(b) => b.runs_admm(),
+        };
+        if on_backend {
+            InnerStop::RowBlocks
+        } else {
+            asked
+        }
+    }
 }
 
 /// The first `n` GPUs of this machine, for a group.
@@ -575,11 +584,6 @@ fn group_backend(
     Ok(Chosen::Group(Box::new(GroupBackend::new(group, t))))
 }
 
-/// Why a constrained run (AO-ADMM) is on the CPU: the GPU backends do not
-/// yet hand the MTTKRP to the host or take a factor from it.
-const ADMM_ON_CPU: &str =
-    "constrained CP (non-negative or penalized factors; AO-ADMM) runs on the CPU only";
-
 /// Builds the backend `opts.backend` and `opts.kernel` ask for. With
 /// `auto`, a GPU that cannot be used (none, no memory for the run, a rank
 /// beyond the GPU kernels, a CPU-only kernel) gives the CPU backend and the
@@ -667,6 +671,9 @@ fn make_backend(
             ));
         };
         kruskal_device::dense::check_rank(rank)?;
+        if constrained {
+            kruskal_device::admm::check_rank(rank)?;
+        }
         let request = GpuRequest {
             engine: kernel,
             given: &opts.gpu,
@@ -697,7 +704,10 @@ fn make_backend(
             (gpu, features)
         });
         let gpu = gpu?;
-        let need = crate::memory::gpu_need(t.dims(), t.nnz(), rank);
+        let mut need = crate::memory::gpu_need(t.dims(), t.nnz(), rank);
+        if constrained {
+            need = need.and(crate::memory::admm_gpu_need(t.dims(), rank));
+        }
         let free = gpu.free_bytes()?;
         if need.total() > free as u64 {
             return Err(CpdError::Gpu(format!(
@@ -724,7 +734,6 @@ fn make_backend(
     match opts.backend {
         BackendChoice::Cpu => cpu(cpu_kernel, None),
         BackendChoice::Gpu => Ok((Chosen::Gpu(Box::new(gpu_run()?)), None)),
-        BackendChoice::Auto if constrained => cpu(cpu_kernel, Some(ADMM_ON_CPU.into())),
         BackendChoice::Auto => match gpu_run() {
             Ok(b) => Ok((Chosen::Gpu(Box::new(b)), None)),
             Err(e) => cpu(cpu_kernel, Some(fallback_reason(&e))),
@@ -1008,18 +1017,27 @@ mod tests {
     }
 
     #[test]
-    fn constrained_runs_are_on_the_cpu_and_say_why() {
+    fn constrained_runs_go_where_unconstrained_ones_do_and_refuse_a_group() {
         let t = planted_tensor();
         let mut opts = cpu_options(3);
-        opts.backend = BackendChoice::Auto;
         opts.cpd.max_iters = 5;
         opts.cpd.constraints = Some(crate::AdmmOptions::nonneg());
-        let (done, _) = run(&t, &opts, &AtomicBool::new(false), |_| {
-            ControlFlow::Continue(())
-        });
-        let done = done.unwrap();
+        let go = |o: &DecomposeOptions| {
+            run(
+                &t,
+                o,
+                &AtomicBool::new(false),
+                |_| ControlFlow::Continue(()),
+            )
+            .0
+        };
+        let done = go(&opts).unwrap();
         assert_eq!(done.backend.name(), "cpu");
-        assert!(done.fallback.unwrap().contains("CPU only"));
+        assert!(done.fallback.is_none());
+        assert_eq!(
+            done.backend.admm_inner(InnerStop::AllRows),
+            InnerStop::AllRows
+        );
         assert!(
             done.model
                 .factors
@@ -1027,23 +1045,36 @@ mod tests {
                 .all(|f| f.iter().all(|&x| x >= 0.0))
         );
         assert!(done.model.iterations.iter().all(|s| s.inner_iters > 0));
-        for gpu in [true, false] {
-            let mut o = opts.clone();
-            if gpu {
-                o.backend = BackendChoice::Gpu;
-            } else {
-                o.gpus = Some(vec![0, 1]);
-            }
-            let (done, _) = run(&t, &o, &AtomicBool::new(false), |_| {
-                ControlFlow::Continue(())
-            });
-            let err = done.err().unwrap();
-            assert!(
-                matches!(&err, CpdError::InvalidOption { option, .. }
-                    if *option == if gpu { OptionName::Backend } else { OptionName::Gpus }),
-                "{err}"
+        // Auto: the GPU where one is usable, as for ALS, else the CPU with
+        // the same reason ALS would give.
+        opts.backend = BackendChoice::Auto;
+        let done = go(&opts).unwrap();
+        let gpu = Gpu::count().is_ok_and(|n| n > 0);
+        assert_eq!(done.backend.name(), if gpu { "gpu" } else { "cpu" });
+        if gpu {
+            assert_eq!(
+                done.backend.admm_inner(InnerStop::AllRows),
+                InnerStop::RowBlocks
             );
-            assert!(err.to_string().contains("CPU only"), "{err}");
+        } else {
+            assert!(done.fallback.unwrap().contains("CUDA"));
+        }
+        // A group of GPUs refuses, before any work.
+        let mut o = opts.clone();
+        o.gpus = Some(vec![0, 1]);
+        let err = go(&o).err().unwrap();
+        assert!(
+            matches!(&err, CpdError::InvalidOption { option, .. } if *option == OptionName::Gpus),
+            "{err}"
+        );
+        assert!(err.to_string().contains("one GPU or the CPU"), "{err}");
+        // One GPU is asked for: without one it is the GPU's error, not the
+        // constraints'.
+        if !gpu {
+            let mut o = opts.clone();
+            o.backend = BackendChoice::Gpu;
+            let err = go(&o).err().unwrap();
+            assert!(!matches!(err, CpdError::InvalidOption { .. }), "{err}");
         }
     }
 

@@ -162,7 +162,7 @@ pub fn decompose_distributed(
     if opts.cpd.constraints.is_some() {
         return Err(CpdError::option(
             crate::OptionName::Nonneg,
-            "constrained CP runs on the CPU only, not across processes",
+            "constrained CP runs on one GPU or the CPU, not across processes",
         ));
     }
     let (me, world) = (job.rank, job.world);

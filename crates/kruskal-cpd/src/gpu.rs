@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, DriverError};
 use kruskal_device::DeviceFactors;
+use kruskal_device::admm::{AdmmKernels, InnerParams, InnerStats};
 use kruskal_device::dense::{DenseKernels, check_rank};
 use kruskal_device::engines::flycoo::element_stride;
 use kruskal_device::{DeviceError, Gpu, GpuEngine, GpuMttkrp, GpuOptions, build_engines};
@@ -87,6 +88,17 @@ pub struct GpuBackend {
     outputs: Vec<Option<CudaSlice<f32>>>,
     /// Per mode, the fit's inner product as the last update left it.
     inner: Vec<Option<InnerSums>>,
+    /// AO-ADMM's H and U, once a constrained run's first inner loop ran.
+    admm: Option<DeviceAdmm>,
+}
+
+/// AO-ADMM on the device: the kernels, and H and U (f64, `dims[m] x
+/// rank`) of every mode, made at the mode's first inner loop and kept
+/// until the factors are loaded again or handed back.
+struct DeviceAdmm {
+    kernels: AdmmKernels,
+    h: Vec<Option<CudaSlice<f64>>>,
+    u: Vec<Option<CudaSlice<f64>>>,
 }
 
 /// `sum_i M(i, r) A(i, r)` from a mode's update, and the column scales
@@ -186,6 +198,7 @@ impl GpuBackend {
             dense: None,
             outputs: (0..n).map(|_| None).collect(),
             inner: vec![None; n],
+            admm: None,
         })
     }
 
@@ -507,7 +520,88 @@ impl Backend for GpuBackend {
         InnerSums::of(&self.inner, mode)
     }
 
+    /// The inner loop runs on the device ([`AdmmKernels`]), one launch per
+    /// mode, in row blocks that stop on their own: H and U stay there.
+    fn runs_admm(&self) -> bool {
+        true
+    }
+
+    fn admm_inner(
+        &mut self,
+        mode: usize,
+        w: &Array2<f64>,
+        params: &InnerParams,
+    ) -> Result<InnerStats> {
+        let rows = self.dims[mode] as usize;
+        let rank = self.rank()?;
+        let n = self.dims.len();
+        let k = self.outputs[mode]
+            .as_ref()
+            .ok_or_else(|| CpdError::Backend(format!("no MTTKRP computed for mode {mode}")))?;
+        if self.admm.as_ref().is_none_or(|a| a.kernels.rank() != rank) {
+            self.admm = None;
+            self.admm = Some(DeviceAdmm {
+                kernels: AdmmKernels::new(self.gpu.clone(), rank)?,
+                h: (0..n).map(|_| None).collect(),
+                u: (0..n).map(|_| None).collect(),
+            });
+        }
+        let admm = self.admm.as_mut().expect("made above");
+        let factors = self.factors.as_ref().expect("checked by rank()");
+        if admm.h[mode].is_none() {
+            let mut h = self.gpu.alloc_zeros("ADMM's H", rows * rank)?;
+            admm.kernels.widen(&factors.mode(mode), &mut h, rows)?;
+            admm.u[mode] = Some(self.gpu.alloc_zeros("ADMM's U", rows * rank)?);
+            admm.h[mode] = Some(h);
+        }
+        let (h, u) = match (admm.h[mode].as_mut(), admm.u[mode].as_mut()) {
+            (Some(h), Some(u)) => (h, u),
+            _ => unreachable!("made together above"),
+        };
+        let w = w.as_standard_layout();
+        let stats = admm.kernels.inner_loop(
+            k,
+            w.as_slice().expect("standard layout"),
+            h,
+            u,
+            rows,
+            params,
+        )?;
+        self.inner[mode] = Some(InnerSums::new(stats.inner.clone()));
+        Ok(stats)
+    }
+
+    fn admm_scale(&mut self, mode: usize, divisors: &[f64]) -> Result<Array2<f64>> {
+        let rows = self.dims[mode] as usize;
+        let rank = self.rank()?;
+        let (admm, factors) = (self.admm.as_mut(), self.factors.as_mut());
+        let (Some(admm), Some(factors)) = (admm, factors) else {
+            return Err(CpdError::Backend(format!(
+                "the ADMM scaling of mode {} needs its inner loop first",
+                mode + 1
+            )));
+        };
+        let (Some(h), Some(u)) = (admm.h[mode].as_mut(), admm.u[mode].as_mut()) else {
+            return Err(CpdError::Backend(format!(
+                "the ADMM scaling of mode {} needs its inner loop first",
+                mode + 1
+            )));
+        };
+        admm.kernels
+            .scale(h, u, &mut factors.mode_mut(mode), divisors, rows)?;
+        // The inner products as the ALS path keeps them: the update's sums
+        // times the f32 scales.
+        let inv: Vec<f32> = divisors.iter().map(|&d| (1.0 / d) as f32).collect();
+        if let Some(inner) = &mut self.inner[mode] {
+            inner.scale(&inv);
+        }
+        let dense = self.dense.as_mut().expect("made with the factors");
+        let g = dense.scale_gram(&mut factors.mode_mut(mode), None, rows)?;
+        square(g, rank)
+    }
+
     fn take_factors(&mut self) -> Result<Vec<Array2<f32>>> {
+        self.admm = None;
         let factors = self.factors.take().ok_or(CpdError::NoFactors)?;
         factors.download(&self.gpu).map_err(CpdError::from)
     }
@@ -521,6 +615,7 @@ impl Backend for GpuBackend {
         keep_sign: &[bool],
     ) -> Result<(Vec<f64>, Vec<Array2<f32>>)> {
         self.rank()?;
+        self.admm = None;
         let factors = self.factors.take().ok_or(CpdError::NoFactors)?;
         let dense = self.dense.as_mut().expect("made with the factors");
         let stats = (0..self.dims.len())
@@ -549,6 +644,8 @@ impl GpuBackend {
             self.dense = Some(DenseKernels::new(self.gpu.clone(), rank)?);
         }
         self.inner = vec![None; self.dims.len()];
+        // A new start: H and U start again from the new factors.
+        self.admm = None;
         Ok(())
     }
 }

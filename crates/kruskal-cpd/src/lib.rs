@@ -1,7 +1,8 @@
 //! CP decomposition by alternating least squares (CPD-ALS) for sparse
 //! tensors, over a [`Backend`] trait so the same driver runs on the CPU
 //! ([`CpuBackend`]), one GPU ([`GpuBackend`]) or several ([`GroupBackend`]);
-//! in [`admm`], non-negative and L1/L2-regularized CP by AO-ADMM (CPU);
+//! in [`admm`], non-negative and L1/L2-regularized CP by AO-ADMM (CPU or
+//! one GPU);
 //! in [`apr`], the Poisson CP of count tensors (CP-APR) on the CPU; and,
 //! in [`distributed`], one process's part of a run over several processes.
 //!
@@ -35,7 +36,7 @@ pub mod scale;
 pub mod score;
 pub mod warnings;
 
-pub use admm::{AdmmOptions, NonNeg, cpd_admm, cpd_admm_with};
+pub use admm::{AdmmOptions, InnerStop, NonNeg, cpd_admm, cpd_admm_with};
 pub(crate) use als::check_factor_shapes;
 pub use als::{Arrangement, CpdOptions, Init, arrange, cpd_als, cpd_als_with, random_factors};
 pub use apr::{AprInit, AprIteration, AprModel, AprOptions, cp_apr};

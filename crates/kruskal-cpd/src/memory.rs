@@ -129,6 +129,19 @@ pub fn admm_need(dims: &[u32], rank: usize, threads: usize) -> MemoryNeed {
     }
 }
 
+/// What constrained CP (AO-ADMM) allocates on one GPU beyond
+/// [`gpu_need`]: H and U of every mode in f64, kept on the device between
+/// iterations (the inner loop's other buffers are a few R x R matrices and
+/// per-block sums, under a megabyte).
+pub fn admm_gpu_need(dims: &[u32], rank: usize) -> MemoryNeed {
+    MemoryNeed {
+        parts: vec![(
+            "ADMM H and U",
+            rows(dims).saturating_mul(rank as u64).saturating_mul(16),
+        )],
+    }
+}
+
 impl MemoryNeed {
     /// This estimate with `other`'s parts after its own.
     pub fn and(mut self, other: MemoryNeed) -> MemoryNeed {
@@ -399,6 +412,12 @@ mod tests {
         let both = als.clone().and(admm_need(&dims, 10, 1));
         assert_eq!(both.parts.len(), als.parts.len() + 3);
         assert!(both.total() - als.total() >= 4 * als.parts[0].1);
+        // On one GPU: H and U of every mode, beside the GPU's own need,
+        // which holds one factor's worth per mode: four more.
+        let gpu = gpu_need(&[4, 3, 2], 100, 2);
+        let with = gpu.clone().and(admm_gpu_need(&[4, 3, 2], 2));
+        assert_eq!(with.parts.last(), Some(&("ADMM H and U", 9 * 2 * 16)));
+        assert_eq!(with.total() - gpu.total(), 4 * gpu.parts[1].1);
     }
 
     #[test]

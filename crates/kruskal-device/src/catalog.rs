@@ -93,6 +93,11 @@ pub const SOURCES: &[SourceVariants] = &[
         variants: &[&[]],
     },
     SourceVariants {
+        source: KernelSource::Admm,
+        per_mode: false,
+        variants: &[&[("BLOCK_ROWS", crate::admm::BLOCK_ROWS as i64)]],
+    },
+    SourceVariants {
         source: KernelSource::Probe,
         per_mode: false,
         variants: &[&[]],
@@ -116,6 +121,10 @@ const TEAM_RANKS_TOO: [i64; 7] = [1, 7, 16, 32, 64, 100, 128];
 /// W read through the cache above 64, the Gram split over blockIdx.y above
 /// 88, the largest rank 256).
 pub const CHECK_DENSE_RANKS: [i64; 10] = [1, 2, 3, 7, 16, 32, 64, 100, 128, 256];
+/// Ranks AO-ADMM's kernels (`admm.cu`) are checked with: the dense ranks
+/// up to its largest, [`crate::admm::MAX_RANK`] (W in registers up to 32,
+/// read through the cache above).
+pub const CHECK_ADMM_RANKS: [i64; 9] = [1, 2, 3, 7, 16, 32, 64, 100, 128];
 
 /// One compilation: a source file and its complete defines.
 #[derive(Clone, Debug)]
@@ -131,10 +140,10 @@ pub fn catalog() -> Vec<Specialization> {
     for src in SOURCES {
         if !src.per_mode {
             // The F-COO build does not use the rank: one compilation.
-            let ranks: &[i64] = if src.source == KernelSource::FcooBuild {
-                &[BUILD_RANK]
-            } else {
-                &CHECK_DENSE_RANKS
+            let ranks: &[i64] = match src.source {
+                KernelSource::FcooBuild => &[BUILD_RANK],
+                KernelSource::Admm => &CHECK_ADMM_RANKS,
+                _ => &CHECK_DENSE_RANKS,
             };
             for &r in ranks {
                 for variant in src.variants {

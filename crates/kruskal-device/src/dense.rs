@@ -56,6 +56,50 @@ fn defines(rank: usize) -> Vec<(&'static str, i64)> {
     vec![("RANK", rank as i64)]
 }
 
+/// `cpd_reduce` of the first `parts` rows of `partials` (`width` doubles
+/// each; columns `max.0..max.1` by maximum, the others summed, parts in
+/// order) into `reduced`, downloaded. `reduced` holds at least `width`
+/// doubles. Synchronizes the stream (the download).
+pub(crate) fn reduce_partials(
+    gpu: &Gpu,
+    rank: usize,
+    partials: &CudaSlice<f64>,
+    parts: u32,
+    width: usize,
+    max: (usize, usize),
+    reduced: &mut CudaSlice<f64>,
+) -> Result<Vec<f64>> {
+    if partials.len() < parts as usize * width || reduced.len() < width {
+        return Err(DeviceError::Shape(format!(
+            "{parts} partial rows of {width} doubles into {} and {}",
+            partials.len(),
+            reduced.len()
+        )));
+    }
+    let f = gpu
+        .kernels()
+        .function(gpu.context(), Kernel::CpdReduce, &defines(rank))?;
+    let stream = gpu.stream().clone();
+    let (width_u, lo, hi) = (width as u32, max.0 as u32, max.1 as u32);
+    let mut launch = stream.launch_builder(&f);
+    launch
+        .arg(partials)
+        .arg(&parts)
+        .arg(&width_u)
+        .arg(&lo)
+        .arg(&hi)
+        .arg(&mut *reduced);
+    // SAFETY: `partials` holds at least `parts` rows of `width` doubles,
+    // and `reduced` at least `width` (checked above).
+    unsafe { launch.launch(grid_stride(width as u64, 8)) }
+        .map_err(driver("launching cpd_reduce"))?;
+    let mut all = stream
+        .clone_dtoh(&*reduced)
+        .map_err(driver("downloading the CPD sums"))?;
+    all.truncate(width);
+    Ok(all)
+}
+
 /// Errors unless the dense kernels take `rank`.
 pub fn check_rank(rank: usize) -> Result<()> {
     if rank == 0 || rank > MAX_RANK {
@@ -162,30 +206,15 @@ impl DenseKernels {
     /// Sums the first `parts` partial rows (`width` wide; columns
     /// `max_lo..max_hi` by maximum) and downloads the result.
     fn reduce(&mut self, parts: u32, width: usize, max: (usize, usize)) -> Result<Vec<f64>> {
-        let f =
-            self.gpu
-                .kernels()
-                .function(self.gpu.context(), Kernel::CpdReduce, &self.defines())?;
-        let stream = self.gpu.stream().clone();
-        let (width_u, lo, hi) = (width as u32, max.0 as u32, max.1 as u32);
-        let mut launch = stream.launch_builder(&f);
-        launch
-            .arg(&self.partials)
-            .arg(&parts)
-            .arg(&width_u)
-            .arg(&lo)
-            .arg(&hi)
-            .arg(&mut self.reduced);
-        // SAFETY: `partials` holds at least `parts` rows of at least
-        // `width` doubles (parts is at most a wave of either kernel), and
-        // `reduced` at least `width`.
-        unsafe { launch.launch(grid_stride(width as u64, 8)) }
-            .map_err(driver("launching cpd_reduce"))?;
-        let mut all = stream
-            .clone_dtoh(&self.reduced)
-            .map_err(driver("downloading the CPD sums"))?;
-        all.truncate(width);
-        Ok(all)
+        reduce_partials(
+            &self.gpu,
+            self.rank,
+            &self.partials,
+            parts,
+            width,
+            max,
+            &mut self.reduced,
+        )
     }
 
     /// `a = m w` (`m`, `a`: `rows x rank`; `w`: rank x rank, row-major,

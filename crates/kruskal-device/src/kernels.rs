@@ -43,6 +43,8 @@ pub enum KernelSource {
     Shard,
     /// `dense.cu`: the dense steps of CPD-ALS.
     Dense,
+    /// `admm.cu`: AO-ADMM's blocked inner loop.
+    Admm,
     /// `probe.cu`: the L2 gather micro-benchmark.
     Probe,
     /// `fcoo_build.cu`: the F-COO layout built on the device, and a GPU
@@ -52,13 +54,14 @@ pub enum KernelSource {
 
 impl KernelSource {
     /// Every source file, in the order of [`SOURCES`](crate::catalog::SOURCES).
-    pub const ALL: [KernelSource; 8] = [
+    pub const ALL: [KernelSource; 9] = [
         KernelSource::Coo,
         KernelSource::Fcoo,
         KernelSource::Hicoo,
         KernelSource::Flycoo,
         KernelSource::Shard,
         KernelSource::Dense,
+        KernelSource::Admm,
         KernelSource::Probe,
         KernelSource::FcooBuild,
     ];
@@ -73,6 +76,7 @@ impl KernelSource {
             KernelSource::Flycoo => "mttkrp_flycoo.cu",
             KernelSource::Shard => "mttkrp_shard.cu",
             KernelSource::Dense => "dense.cu",
+            KernelSource::Admm => "admm.cu",
             KernelSource::Probe => "probe.cu",
             KernelSource::FcooBuild => "fcoo_build.cu",
         }
@@ -88,6 +92,7 @@ impl KernelSource {
             KernelSource::Flycoo => include_str!("../kernels/mttkrp_flycoo.cu"),
             KernelSource::Shard => include_str!("../kernels/mttkrp_shard.cu"),
             KernelSource::Dense => include_str!("../kernels/dense.cu"),
+            KernelSource::Admm => include_str!("../kernels/admm.cu"),
             KernelSource::Probe => include_str!("../kernels/probe.cu"),
             KernelSource::FcooBuild => include_str!("../kernels/fcoo_build.cu"),
         }
@@ -117,6 +122,9 @@ pub enum Kernel {
     CopyRows,
     CpdColumnStats,
     UniformFill,
+    AdmmBlocks,
+    AdmmScale,
+    AdmmWiden,
     L2Gather,
     FcooKeys32,
     FcooKeys64,
@@ -142,7 +150,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every entry function of every source.
-    pub const ALL: [Kernel; 40] = [
+    pub const ALL: [Kernel; 43] = [
         Kernel::MttkrpCooAtomic,
         Kernel::StoreF32,
         Kernel::MttkrpFcoo,
@@ -162,6 +170,9 @@ impl Kernel {
         Kernel::CopyRows,
         Kernel::CpdColumnStats,
         Kernel::UniformFill,
+        Kernel::AdmmBlocks,
+        Kernel::AdmmScale,
+        Kernel::AdmmWiden,
         Kernel::L2Gather,
         Kernel::FcooKeys32,
         Kernel::FcooKeys64,
@@ -208,6 +219,9 @@ impl Kernel {
             Kernel::CopyRows => (KernelSource::Dense, "copy_rows"),
             Kernel::CpdColumnStats => (KernelSource::Dense, "cpd_column_stats"),
             Kernel::UniformFill => (KernelSource::Dense, "uniform_fill"),
+            Kernel::AdmmBlocks => (KernelSource::Admm, "admm_blocks"),
+            Kernel::AdmmScale => (KernelSource::Admm, "admm_scale"),
+            Kernel::AdmmWiden => (KernelSource::Admm, "admm_widen"),
             Kernel::L2Gather => (KernelSource::Probe, "l2_gather"),
             Kernel::FcooKeys32 => (KernelSource::FcooBuild, "fcoo_keys32"),
             Kernel::FcooKeys64 => (KernelSource::FcooBuild, "fcoo_keys64"),

@@ -87,6 +87,7 @@ macro_rules! forward_gpu_mttkrp {
     };
 }
 
+pub mod admm;
 pub mod catalog;
 pub mod dense;
 pub mod engine;

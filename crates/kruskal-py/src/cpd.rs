@@ -65,6 +65,9 @@ struct Finished {
     prepare: kruskal_cpd::PrepareTimes,
     /// The GPU layout build's steps, with seconds (empty elsewhere).
     layout_steps: Vec<(&'static str, f64)>,
+    /// A constrained run's method and inner loop, as `kruskal cpd`'s
+    /// `method` line gives them.
+    method: Option<String>,
     cpd_s: f64,
     summaries: Vec<kruskal_cpd::StartSummary>,
 }
@@ -111,20 +114,11 @@ pub fn cp_als<'py>(
         None => Init::Random { seed },
         Some(factors) => Init::Given(owned_factors(&factors)),
     };
-    let gpus = match gpus {
-        // gpus="all": every GPU of the machine, as many used as pay.
-        _ if pick_gpus => {
-            let n = kruskal_device::Gpu::count().map_err(|e| cpd_error(e.into(), true))?;
-            Some(kruskal_cpd::decompose::first_gpus(n).map_err(|e| cpd_error(e, true))?)
-        }
-        // No GPU at all: refused by `DecomposeOptions::validate`.
-        0 => Some(Vec::new()),
-        // One GPU is the single-GPU backend (all engines, kernel auto);
-        // a group only from two on.
-        1 => None,
-        n => Some(kruskal_cpd::decompose::first_gpus(n).map_err(|e| cpd_error(e, true))?),
-    };
-    let opts = DecomposeOptions {
+    // A group (gpus >= 2 or "all") is checked by `validate` before the
+    // GPUs are counted, so an option that cannot work says so first; two
+    // ordinals stand for it until then.
+    let group = pick_gpus || gpus >= 2;
+    let mut opts = DecomposeOptions {
         cpd: CpdOptions {
             rank,
             max_iters: iters,
@@ -138,7 +132,14 @@ pub fn cp_als<'py>(
         kernel: kernel.parse().map_err(|e| cpd_error(e, false))?,
         gpu: GpuOptions::default(),
         no_model: false,
-        gpus,
+        gpus: match gpus {
+            // No GPU at all: refused by `DecomposeOptions::validate`.
+            0 if !pick_gpus => Some(Vec::new()),
+            _ if group => Some(vec![0, 1]),
+            // One GPU is the single-GPU backend (all engines, kernel
+            // auto); a group only from two on.
+            _ => None,
+        },
         pick_gpus,
         group: Default::default(),
         // `cp_als` has no keyword that relabels modes.
@@ -146,6 +147,15 @@ pub fn cp_als<'py>(
     };
     // Refused before any warning (`decompose` checks the same).
     opts.validate().map_err(|e| cpd_error(e, false))?;
+    if group {
+        opts.gpus = Some(if pick_gpus {
+            // gpus="all": every GPU of the machine, as many used as pay.
+            let n = kruskal_device::Gpu::count().map_err(|e| cpd_error(e.into(), true))?;
+            kruskal_cpd::decompose::first_gpus(n).map_err(|e| cpd_error(e, true))?
+        } else {
+            kruskal_cpd::decompose::first_gpus(gpus).map_err(|e| cpd_error(e, true))?
+        });
+    }
     let t = tensor.inner.clone();
     // What `kruskal cpd` warns of (a rank above a dimension, no iteration,
     // an all-zero tensor), as Python warnings.
@@ -224,6 +234,13 @@ pub fn cp_als<'py>(
                 kruskal_cpd::Chosen::Gpu(b) => b.layout_steps().to_vec(),
                 _ => Vec::new(),
             },
+            method: opts.cpd.constraints.as_ref().map(|c| {
+                format!(
+                    "AO-ADMM, {} (inner loop: {})",
+                    c.describe(),
+                    d.backend.admm_inner(c.inner).describe()
+                )
+            }),
             model: d.model,
             fallback: d.fallback,
             prep_s: d.prep_s,
@@ -238,6 +255,9 @@ pub fn cp_als<'py>(
         return Err(e);
     }
     let done = done.map_err(|e| cpd_error(e, on_gpu))?;
+    if let Some(method) = &done.method {
+        notes.push(("method".into(), python_words(method)));
+    }
     let model = done.model;
     let out = model_dict(py, model.lambda.clone(), model.factors)?;
     let iterations = PyList::empty(py);

@@ -91,9 +91,25 @@ def test_bad_constraints_are_refused_in_python_words(kwargs, words):
         kruskal.cp_als(X, 2, progress=False, **kwargs)
 
 
-def test_constrained_runs_refuse_the_gpu_in_python_words():
+def test_constrained_runs_refuse_a_group_of_gpus_in_python_words():
     X = kruskal.SparseTensor(*random_sparse((5, 4, 3), 20, seed=1))
-    with pytest.raises(ValueError, match=r"backend=\"gpu\" cannot be combined with constrained CP") as raised:
-        kruskal.cp_als(X, 2, nonneg=True, backend="gpu", progress=False)
+    with pytest.raises(ValueError, match="cannot be combined with constrained CP") as raised:
+        kruskal.cp_als(X, 2, nonneg=True, gpus=2, progress=False)
     text = str(raised.value)
     assert "--" not in text, text
+    assert "one GPU or the CPU" in text, text
+
+
+@pytest.mark.skipif(bool(kruskal.devices()), reason="checks the error without a GPU")
+def test_constrained_runs_on_the_gpu_need_one():
+    X = kruskal.SparseTensor(*random_sparse((5, 4, 3), 20, seed=1))
+    with pytest.raises(kruskal.GpuError, match="CUDA"):
+        kruskal.cp_als(X, 2, nonneg=True, backend="gpu", progress=False)
+
+
+@pytest.mark.skipif(not kruskal.devices(), reason="needs a GPU")
+def test_constrained_runs_on_the_gpu():
+    X = kruskal.SparseTensor(*random_sparse((30, 20, 10), 600, seed=3))
+    model = kruskal.cp_als(X, 3, nonneg=True, backend="gpu", iters=20, tol=0, progress=False)
+    assert all((f >= 0).all() for f in model.factors)
+    assert np.isfinite(model.fit)

@@ -1354,6 +1354,12 @@ fn nonneg_l1_and_l2_run_ao_admm_with_non_negative_factors() {
     assert!(stderr(&o).is_empty(), "{}", stderr(&o));
     assert_eq!(v["method"], "ao-admm", "{v}");
     assert_eq!(v["constraints"], "non-negative (all modes)", "{v}");
+    assert_eq!(v["backend"], "cpu", "{v}");
+    assert_eq!(v["admm_inner"], "all rows together", "{v}");
+    // The GPU's blocked inner loop, asked of the CPU.
+    let (b, _) = common::cpd_json(&file, "4", &["--l1", "0.1", "--admm-blocks"]);
+    assert_eq!(b["admm_inner"], "blocks of 32 rows", "{b}");
+    assert!(common::fits(&b).iter().all(|&f| f > 0.0 && f < 1.0), "{b}");
     let fits = common::fits(&v);
     assert!(fits.iter().all(|&f| f > 0.0 && f < 1.0), "{fits:?}");
     let inner = v["iterations"][0]["inner_iters"].as_u64().unwrap();
@@ -1370,7 +1376,9 @@ fn nonneg_l1_and_l2_run_ao_admm_with_non_negative_factors() {
     let (als, _) = common::cpd_json(&file, "4", &[]);
     assert_eq!(als["method"], "als");
     assert!(als["constraints"].is_null());
-    // Chosen modes and penalties; the auto backend says why it is the CPU.
+    assert!(als["admm_inner"].is_null());
+    // Chosen modes and penalties, with --backend auto: where an ALS run
+    // would go (a GPU runs the inner loop in row blocks).
     let o = kruskal(&[
         "cpd",
         file.to_str().unwrap(),
@@ -1391,7 +1399,12 @@ fn nonneg_l1_and_l2_run_ao_admm_with_non_negative_factors() {
         text.contains("method     AO-ADMM, non-negative (modes 1, 3), l1 0.5, l2 0.25"),
         "{text}"
     );
-    assert!(text.contains("runs on the CPU only"), "{text}");
+    let (backend, inner) = if has_gpu() {
+        ("backend    gpu", "(inner loop: blocks of 32 rows)")
+    } else {
+        ("backend    cpu", "(inner loop: all rows together)")
+    };
+    assert!(text.contains(backend) && text.contains(inner), "{text}");
 }
 
 #[test]
@@ -1405,8 +1418,8 @@ fn bad_constraint_flags_are_one_line_errors() {
         (vec!["--l1", "-1"], "not a finite weight >= 0"),
         (vec!["--l2", "nan"], "not a finite weight >= 0"),
         (vec!["--l2", "inf"], "not a finite weight >= 0"),
-        (vec!["--l1", "0.1", "--backend", "gpu"], "CPU only"),
-        (vec!["--nonneg", "--gpus", "2"], "CPU only"),
+        (vec!["--nonneg", "--gpus", "2"], "run on one GPU or the CPU"),
+        (vec!["--admm-blocks"], "give it with --nonneg, --l1 or --l2"),
     ] {
         let mut all = vec!["cpd", f, "--iters", "2"];
         all.extend(&args);

@@ -330,9 +330,11 @@ def cp_als(
         Keep every factor non-negative (``True``), or only those of the
         listed modes (numbered from 0) (``--nonneg``). Any of ``nonneg``,
         ``l1``, ``l2`` makes the run constrained CP by AO-ADMM (each factor
-        found by ADMM steps instead of ALS's exact solve), on the CPU only:
-        ``backend="auto"`` runs there (``info["fallback"]`` says so),
-        ``backend="gpu"`` and ``gpus >= 2`` refuse it.
+        found by ADMM steps instead of ALS's exact solve), on one GPU or
+        the CPU, where an unconstrained run would go (a GPU runs the inner
+        loop in blocks of 32 rows, each stopping on its own; the
+        ``"method"`` note of ``info["notes"]`` says which ran);
+        ``gpus >= 2`` refuses it.
     l1 : float, optional
         Weight of the penalty ``l1 * ||A||_1`` on every factor (``--l1``).
     l2 : float, optional

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use kruskal_cpd::{
     AdmmOptions, Chosen, CpdOptions, DecomposeOptions, Decomposition, EngineRequest, GroupBackend,
-    Init, KernelPlan, KruskalModel, NonNeg, factor_match_score, load_factors,
+    Init, InnerStop, KernelPlan, KruskalModel, NonNeg, factor_match_score, load_factors,
 };
 use kruskal_formats::generate::{PlantedSpec, planted};
 use ndarray::Array2;
@@ -89,19 +89,23 @@ pub struct CpdArgs {
     pub multi: MultiGpuArgs,
     #[command(flatten)]
     pub distributed: super::distributed::DistributedArgs,
-    /// Keep the factors non-negative (constrained CP by AO-ADMM, on the
-    /// CPU): in every mode, or in MODES, a comma list numbered from 1
+    /// Keep the factors non-negative (constrained CP by AO-ADMM, on one GPU
+    /// or the CPU): in every mode, or in MODES, a comma list numbered from 1
     /// (`--nonneg 1,3`). Put the FILE before a bare --nonneg.
     #[arg(long, value_name = "MODES", num_args = 0..=1, default_missing_value = "all",
           value_parser = parse_nonneg)]
     pub nonneg: Option<NonNeg>,
-    /// L1 penalty weight W on every factor (W ||A||_1; AO-ADMM, on the CPU).
+    /// L1 penalty weight W on every factor (W ||A||_1; AO-ADMM).
     #[arg(long, value_name = "W", allow_negative_numbers = true, value_parser = parse_weight)]
     pub l1: Option<f64>,
-    /// L2 penalty weight W on every factor (W ||A||_F^2; AO-ADMM, on the
-    /// CPU).
+    /// L2 penalty weight W on every factor (W ||A||_F^2; AO-ADMM).
     #[arg(long, value_name = "W", allow_negative_numbers = true, value_parser = parse_weight)]
     pub l2: Option<f64>,
+    /// With --nonneg, --l1 or --l2 on the CPU: run AO-ADMM's inner loop in
+    /// blocks of 32 rows that each stop on their own, as a GPU always does
+    /// (default on the CPU: all rows stop together).
+    #[arg(long)]
+    pub admm_blocks: bool,
     /// Worker threads (default: one per core).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = parse_threads)]
     pub threads: usize,
@@ -158,6 +162,11 @@ impl CpdArgs {
             nonneg: self.nonneg.clone().unwrap_or(NonNeg::None),
             l1: self.l1.unwrap_or(0.0),
             l2: self.l2.unwrap_or(0.0),
+            inner: if self.admm_blocks {
+                InnerStop::RowBlocks
+            } else {
+                InnerStop::AllRows
+            },
             ..AdmmOptions::default()
         })
     }
@@ -193,14 +202,13 @@ pub fn run(args: CpdArgs) -> Result<()> {
     set_threads(args.threads)?;
     args.multi.check_used(args.distributed.distributed)?;
     let constrained = args.constraints().is_some();
-    if constrained
-        && (args.distributed.distributed
-            || args.multi.gpus.is_some()
-            || args.backend == BackendArg::Gpu)
-    {
+    if args.admm_blocks && !constrained {
+        bail!("--admm-blocks is for AO-ADMM: give it with --nonneg, --l1 or --l2");
+    }
+    if constrained && (args.distributed.distributed || args.multi.gpus.is_some()) {
         bail!(
-            "--nonneg, --l1 and --l2 (AO-ADMM) run on the CPU only: they cannot be combined with \
-             --backend gpu, --gpus or --distributed"
+            "--nonneg, --l1 and --l2 (AO-ADMM) run on one GPU or the CPU: they cannot be \
+             combined with --gpus or --distributed"
         );
     }
     if args.distributed.distributed {
@@ -217,7 +225,6 @@ pub fn run(args: CpdArgs) -> Result<()> {
     }
     let on_cpu = args.multi.gpus.is_none()
         && (args.backend == BackendArg::Cpu
-            || constrained
             || (args.backend == BackendArg::Auto && preflight::no_gpu_here()));
     args.gpu.check(on_cpu)?;
     // (`--compact` shrinks the dimensions first; checked after it.)
@@ -327,6 +334,10 @@ pub fn run(args: CpdArgs) -> Result<()> {
         }
         value["method"] = serde_json::json!(if constrained { "ao-admm" } else { "als" });
         value["constraints"] = serde_json::json!(args.constraints().map(|c| c.describe()));
+        value["admm_inner"] = serde_json::json!(
+            args.constraints()
+                .map(|c| done.backend.admm_inner(c.inner).describe())
+        );
         value["wall"] = wall(teardown(done, loaded)).json();
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
@@ -339,9 +350,10 @@ pub fn run(args: CpdArgs) -> Result<()> {
         if let Some(c) = args.constraints() {
             let inner: usize = model.iterations.iter().map(|s| s.inner_iters).sum();
             println!(
-                "method     AO-ADMM, {}; {inner} inner iterations in the last {}",
+                "method     AO-ADMM, {}; {inner} inner iterations in the last {} (inner loop: {})",
                 c.describe(),
-                count_of(model.iterations.len() as u64, "iteration")
+                count_of(model.iterations.len() as u64, "iteration"),
+                done.backend.admm_inner(c.inner).describe()
             );
         }
         print_summary(model, done.cpd_s, done.starts, fms, args.out.as_ref());

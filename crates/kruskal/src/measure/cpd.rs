@@ -118,7 +118,8 @@ pub struct LayoutStep {
 }
 
 /// What `kruskal cpd --json` reports of a decomposition (the command adds
-/// what only it knows: `compact`, `method`, `constraints`, `wall`).
+/// what only it knows: `compact`, `method`, `constraints`, `admm_inner`,
+/// `wall`).
 #[derive(Clone, Debug, Serialize)]
 pub struct CpdReport {
     pub tensor: TensorReport,

@@ -1,0 +1,277 @@
+// AO-ADMM's inner loop of one mode on the GPU, in blocks of BLOCK_ROWS rows
+// that each run to their own stopping rule, and the column scaling that
+// follows it.
+//
+// Compiled with -DRANK and -DBLOCK_ROWS (kruskal_device::admm::BLOCK_ROWS;
+// the CPU's blocked variant uses the same). Matrices are row-major, RANK
+// columns: K the mode's MTTKRP (f32), H the factor and U its scaled dual
+// (f64, kept on the device between outer iterations), W = (G + rho I)^-1
+// (f64, R x R). Every operation of the inner loop is f64, as on the CPU.
+//
+// Per block of rows, up to max_inner times:
+//   Ht = (K + rho (H + U)) W,  H_prev = H,  H = prox(Ht - U),  U += H - Ht,
+// stopping once ||H - Ht||^2 <= eps ||H||^2 and ||H - H_prev||^2 <= eps
+// ||U||^2 over the block's rows. The rows of different blocks never meet,
+// so a block's result does not depend on the launch shape.
+//
+// Determinism: a thread block walks row blocks blockIdx.x, blockIdx.x +
+// gridDim.x, ...; every sum runs in a fixed order, and cpd_reduce (dense.cu)
+// adds the thread blocks' partials in block order.
+
+#define RANK_ONLY
+#include "common.cuh"
+
+#ifndef BLOCK_ROWS
+#error "BLOCK_ROWS must be defined (-DBLOCK_ROWS=...)"
+#endif
+
+#define THREADS 256
+#define WARPS (THREADS / WARP)
+// Rank columns padded to a multiple of 4, so staged rows load as double2 pairs.
+#define KP ((RANK + 3) / 4 * 4)
+// THREADS / RANK row slots of RANK threads; RPT rows per slot.
+#define SLOTS (THREADS / RANK > 0 ? THREADS / RANK : 1)
+#define USED (SLOTS * RANK)
+#define RPT ((BLOCK_ROWS + SLOTS - 1) / SLOTS)
+#if RANK <= 32
+#define W_REGISTERS 1
+#endif
+// Two thread blocks per SM up to rank 32 (at most 128 registers a thread;
+// ptxas for sm_90 spills 16 bytes at 32): their barriers and residual sums
+// overlap each other's arithmetic. Above, the rows' registers need more
+// (two blocks spilled 200 bytes at rank 48; one spills none up to 128).
+#if RANK <= 32
+#define MIN_BLOCKS 2
+#else
+#define MIN_BLOCKS 1
+#endif
+
+// The proximal step of the mode's penalty at rho: the soft threshold by
+// `threshold` (l1 / rho; on a non-negative mode, the shift and the clamp
+// at 0), times `shrink` (1 / (1 + 2 l2 / rho)).
+__device__ __forceinline__ double admm_prox(double v, int nonneg, double threshold, double shrink)
+{
+    double t;
+    if (nonneg) {
+        t = fmax(v - threshold, 0.0);
+    } else if (v > threshold) {
+        t = v - threshold;
+    } else if (v < -threshold) {
+        t = v + threshold;
+    } else {
+        t = 0.0;
+    }
+    return t * shrink;
+}
+
+// The sums of v[0..4] over the thread block, in every thread: each warp by
+// a butterfly of shuffles (every lane ends with the warp's sum), then the
+// warps in order. One __syncthreads; `red` (WARPS * 4 doubles) may be
+// written again only after the next __syncthreads.
+__device__ __forceinline__ void admm_block_sum4(double (&v)[4], double* red)
+{
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int off = WARP / 2; off > 0; off /= 2) v[i] += __shfl_xor_sync(0xffffffffu, v[i], off);
+        if (lane == 0) red[warp * 4 + i] = v[i];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        double s = 0.0;
+        for (int w = 0; w < WARPS; ++w) s += red[w * 4 + i];
+        v[i] = s;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// admm_blocks: the whole inner loop of every row block of one mode.
+//
+// Thread mapping: SLOTS row slots of RANK threads; thread (slot, j) owns
+// column j of rows slot * RPT .. slot * RPT + RPT - 1 of the row block and
+// keeps their K (f32), H and U (f64) in registers for the whole inner loop:
+// K, H and U are read once and H and U written once per row block. Per
+// inner iteration the right-hand side K + rho (H + U) is staged in shared
+// memory (f64) and read as double2 broadcasts against column j of W (in
+// registers up to rank 32, through the read-only cache above; each entry
+// of W once per iteration for all the thread's rows); the
+// residuals are summed over the thread block (admm_block_sum4), so every
+// thread takes the same decision to stop.
+//
+// partials: gridDim.x rows of 3 * RANK + 1 doubles: per column the sum of
+// squares of the f32 rounding of the new H, the sum of K(i, j) times that
+// rounding, its largest magnitude; then the most inner iterations a row
+// block of this thread block ran.
+// ---------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) admm_blocks(
+    const float* __restrict__ k,
+    const double* __restrict__ w,
+    double* __restrict__ h,
+    double* __restrict__ u,
+    u64 rows,
+    double rho,
+    double threshold,
+    double shrink,
+    int nonneg,
+    u32 max_inner,
+    double eps,
+    double* __restrict__ partials)
+{
+    __shared__ __align__(16) double rhs[BLOCK_ROWS * KP];
+    __shared__ double red[WARPS * 4];
+    __shared__ double fin[THREADS];
+    const int t = threadIdx.x;
+    const bool active = t < USED;
+    const int slot = t / RANK;
+    const int j = t % RANK;
+#if defined(W_REGISTERS)
+    double wcol[KP];
+#pragma unroll
+    for (int q = 0; q < KP; ++q) wcol[q] = (active && q < RANK) ? w[q * RANK + j] : 0.0;
+#define W_AT(q) wcol[q]
+#else
+#define W_AT(q) ((q) < RANK ? __ldg(w + (q) * RANK + j) : 0.0)
+#endif
+    // The padding columns stay 0 (only columns below RANK are written), so
+    // they add nothing, not even a NaN of uninitialized memory.
+    for (int e = t; e < BLOCK_ROWS * KP; e += THREADS) rhs[e] = 0.0;
+    __syncthreads();
+
+    double sumsq = 0.0, inner = 0.0;
+    float maxabs = 0.f;
+    u32 most = 0;
+    const u64 blocks = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS;
+    for (u64 b = blockIdx.x; b < blocks; b += gridDim.x) {
+        const u64 row0 = b * BLOCK_ROWS;
+        const int nrows = (int)min((u64)BLOCK_ROWS, rows - row0);
+        float kv[RPT];
+        double hv[RPT], uv[RPT];
+#pragma unroll
+        for (int q = 0; q < RPT; ++q) {
+            const int r = slot * RPT + q;
+            const bool mine = active && r < nrows;
+            const u64 e = (row0 + r) * RANK + j;
+            kv[q] = mine ? k[e] : 0.f;
+            hv[q] = mine ? h[e] : 0.0;
+            uv[q] = mine ? u[e] : 0.0;
+        }
+        u32 it = 0;
+        while (true) {
+            ++it;
+            // Every thread has read the previous right-hand side (the
+            // residual sum's barrier came after), so it can be replaced.
+#pragma unroll
+            for (int q = 0; q < RPT; ++q) {
+                const int r = slot * RPT + q;
+                if (active && r < BLOCK_ROWS) rhs[r * KP + j] = (double)kv[q] + rho * (hv[q] + uv[q]);
+            }
+            __syncthreads();
+            double res[4] = {0.0, 0.0, 0.0, 0.0};  // primal, dual, |H|^2, |U|^2
+            if (active) {
+                // Ht's column j for the thread's rows: each four entries of
+                // W's column loaded once for all of them. A slot's rows
+                // past the block (when BLOCK_ROWS is not a multiple of
+                // RPT) read row 0 and are not used.
+                double acc[RPT];
+#pragma unroll
+                for (int q = 0; q < RPT; ++q) acc[q] = 0.0;
+#if defined(W_REGISTERS)
+#pragma unroll
+#else
+#pragma unroll 2  // fully unrolled, W's cached loads took 212 registers at 64
+#endif
+                for (int c = 0; c < KP; c += 4) {
+                    const double w0 = W_AT(c), w1 = W_AT(c + 1), w2 = W_AT(c + 2), w3 = W_AT(c + 3);
+#pragma unroll
+                    for (int q = 0; q < RPT; ++q) {
+                        const int r = slot * RPT + q;
+                        const double* row = rhs + (r < BLOCK_ROWS ? r : 0) * KP + c;
+                        const double2 lo = *reinterpret_cast<const double2*>(row);
+                        const double2 hi = *reinterpret_cast<const double2*>(row + 2);
+                        double s = acc[q];
+                        s = fma(lo.x, w0, s);
+                        s = fma(lo.y, w1, s);
+                        s = fma(hi.x, w2, s);
+                        s = fma(hi.y, w3, s);
+                        acc[q] = s;
+                    }
+                }
+#pragma unroll
+                for (int q = 0; q < RPT; ++q) {
+                    const int r = slot * RPT + q;
+                    if (r >= nrows) continue;
+                    const double ht = acc[q];
+                    const double fresh = admm_prox(ht - uv[q], nonneg, threshold, shrink);
+                    uv[q] += fresh - ht;
+                    res[0] += (fresh - ht) * (fresh - ht);
+                    res[1] += (fresh - hv[q]) * (fresh - hv[q]);
+                    res[2] += fresh * fresh;
+                    res[3] += uv[q] * uv[q];
+                    hv[q] = fresh;
+                }
+            }
+            admm_block_sum4(res, red);
+            if ((res[0] <= eps * res[2] && res[1] <= eps * res[3]) || it >= max_inner) break;
+        }
+        most = max(most, it);
+#pragma unroll
+        for (int q = 0; q < RPT; ++q) {
+            const int r = slot * RPT + q;
+            if (!active || r >= nrows) continue;
+            const u64 e = (row0 + r) * RANK + j;
+            h[e] = hv[q];
+            u[e] = uv[q];
+            // The statistics of the factor as stored (f32), as the CPU's.
+            const float x = (float)hv[q];
+            sumsq += (double)x * (double)x;
+            inner += (double)kv[q] * (double)x;
+            maxabs = fmaxf(maxabs, fabsf(x));
+        }
+    }
+#undef W_AT
+    // Combine the slots of each column in slot order, one statistic at a time.
+    double* out = partials + (u64)blockIdx.x * (3 * RANK + 1);
+    for (int stat = 0; stat < 3; ++stat) {
+        __syncthreads();
+        if (active) fin[t] = stat == 0 ? sumsq : stat == 1 ? inner : (double)maxabs;
+        __syncthreads();
+        if (t < RANK) {
+            double s = fin[t];
+            for (int sl = 1; sl < SLOTS; ++sl) {
+                const double x = fin[sl * RANK + t];
+                s = stat == 2 ? fmax(s, x) : s + x;
+            }
+            out[stat * RANK + t] = s;
+        }
+    }
+    if (t == 0) out[3 * RANK] = (double)most;
+}
+
+// admm_scale: column j of H and U times inv[j] (f64, in place), and the
+// factor A = the f32 rounding of the scaled H: the normalization that
+// follows the inner loop. Grid-stride, one entry per thread.
+extern "C" __global__ void admm_scale(
+    double* __restrict__ h,
+    double* __restrict__ u,
+    float* __restrict__ a,
+    const double* __restrict__ inv,
+    u64 n)
+{
+    for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (u64)blockDim.x) {
+        const double s = inv[e % RANK];
+        const double x = h[e] * s;
+        h[e] = x;
+        u[e] *= s;
+        a[e] = (float)x;
+    }
+}
+
+// admm_widen: H = the f64 of the factor A (the warm start of a mode's first
+// inner loop). Grid-stride, one entry per thread.
+extern "C" __global__ void admm_widen(const float* __restrict__ a, double* __restrict__ h, u64 n)
+{
+    for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (u64)blockDim.x)
+        h[e] = (double)a[e];
+}

@@ -1,0 +1,481 @@
+//! AO-ADMM's inner loop on the device (`kernels/admm.cu`): for one mode,
+//! the ADMM iterations of the factor H and its scaled dual U run in row
+//! blocks of [`BLOCK_ROWS`] rows, each block to its own stopping rule (the
+//! blocked variant of Smith, Beri and Karypis, ICPP 2017). One launch runs
+//! every block's whole inner loop: a thread block reads its rows of the
+//! MTTKRP, H and U once, keeps them in registers across the inner
+//! iterations, and writes H and U once.
+//!
+//! The CPU runs the same variant when asked
+//! (`kruskal_cpd::InnerStop::RowBlocks`), with the same block size, so the
+//! two can be compared.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, LaunchConfig, PushKernelArg};
+
+use crate::kernels::Kernel;
+use crate::{DeviceError, Gpu, Result, driver, grid_stride};
+
+/// Rows of one ADMM block: the unit that stops on its own, on the GPU and
+/// in the CPU's blocked variant alike.
+pub const BLOCK_ROWS: usize = 32;
+
+/// The largest rank the inner loop takes: a row block's right-hand side
+/// is staged in shared memory (`BLOCK_ROWS x rank` doubles, 32 KiB at 128).
+pub const MAX_RANK: usize = 128;
+
+/// Threads per block of `admm_blocks` (`THREADS` in `admm.cu`).
+const THREADS: u32 = 256;
+
+/// Waves of thread blocks one launch of `admm_blocks` takes at most: the
+/// row blocks stop after different numbers of iterations, and several
+/// row blocks per thread block even out what each thread block runs.
+const WAVES: usize = 4;
+
+/// The defines of `admm.cu` at `rank`.
+fn defines(rank: usize) -> Vec<(&'static str, i64)> {
+    vec![("RANK", rank as i64), ("BLOCK_ROWS", BLOCK_ROWS as i64)]
+}
+
+/// Errors unless the inner loop takes `rank`.
+pub fn check_rank(rank: usize) -> Result<()> {
+    if rank == 0 || rank > MAX_RANK {
+        return Err(DeviceError::Shape(format!(
+            "constrained CP (AO-ADMM) on the GPU takes ranks 1 to {MAX_RANK}, not {rank}"
+        )));
+    }
+    Ok(())
+}
+
+/// One mode's inner loop: its proximal step at `rho` and its stopping
+/// rule (see `kruskal_cpd::admm`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct InnerParams {
+    pub rho: f64,
+    /// The mode is kept non-negative.
+    pub nonneg: bool,
+    /// `l1 / rho`.
+    pub threshold: f64,
+    /// `1 / (1 + 2 l2 / rho)`.
+    pub shrink: f64,
+    /// Inner iterations at most (at least 1).
+    pub max_inner: u32,
+    /// Bound on both relative residuals.
+    pub eps: f64,
+}
+
+/// What the inner loop leaves, per column of the f32 rounding of the new
+/// H (each of length `rank`), and how long it ran.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InnerStats {
+    /// Sum of squares.
+    pub sumsq: Vec<f64>,
+    /// `sum_i K(i, r) H(i, r)`.
+    pub inner: Vec<f64>,
+    /// Largest magnitude.
+    pub max_abs: Vec<f64>,
+    /// Inner iterations of the row block that ran most.
+    pub iters: usize,
+}
+
+/// AO-ADMM's kernels of one rank on one GPU, with their small buffers.
+pub struct AdmmKernels {
+    gpu: Arc<Gpu>,
+    rank: usize,
+    /// `W`, rank x rank.
+    w: CudaSlice<f64>,
+    /// Column scales.
+    inv: CudaSlice<f64>,
+    /// Per thread block `3 * rank + 1` partials.
+    partials: CudaSlice<f64>,
+    reduced: CudaSlice<f64>,
+    /// Thread blocks of one launch at most.
+    grid: usize,
+}
+
+impl AdmmKernels {
+    /// Compiles the kernels for `rank` (1 to [`MAX_RANK`]) and allocates
+    /// their buffers.
+    pub fn new(gpu: Arc<Gpu>, rank: usize) -> Result<Self> {
+        check_rank(rank)?;
+        let f = gpu
+            .kernels()
+            .function(gpu.context(), Kernel::AdmmBlocks, &defines(rank))?;
+        let per_sm = f
+            .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
+            .map_err(driver("reading the occupancy of admm_blocks"))?;
+        let grid = WAVES * gpu.properties().sms.max(1) * (per_sm as usize).max(1);
+        let width = 3 * rank + 1;
+        Ok(AdmmKernels {
+            w: gpu.alloc_zeros("the ADMM solve matrix", rank * rank)?,
+            inv: gpu.alloc_zeros("the ADMM column scales", rank)?,
+            partials: gpu.alloc_zeros("the ADMM partial sums", grid * width)?,
+            reduced: gpu.alloc_zeros("the ADMM sums", width)?,
+            gpu,
+            rank,
+            grid,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn check(&self, what: &str, len: usize, rows: usize) -> Result<()> {
+        if len != rows * self.rank {
+            return Err(DeviceError::Shape(format!(
+                "{what} holds {len} values, {rows} rows of rank {} need {}",
+                self.rank,
+                rows * self.rank
+            )));
+        }
+        Ok(())
+    }
+
+    /// `h` = the f64 of the factor `a` (`rows x rank`): a mode's H before
+    /// its first inner loop.
+    pub fn widen(&self, a: &CudaView<f32>, h: &mut CudaSlice<f64>, rows: usize) -> Result<()> {
+        self.check("the factor", a.len(), rows)?;
+        self.check("H", h.len(), rows)?;
+        let f = self.function(Kernel::AdmmWiden)?;
+        let n = (rows * self.rank) as u64;
+        let stream = self.gpu.stream().clone();
+        let mut launch = stream.launch_builder(&f);
+        launch.arg(a).arg(h).arg(&n);
+        // SAFETY: `a` and `h` hold n values (checked); the kernel touches
+        // entries below n only.
+        unsafe { launch.launch(grid_stride(n, 256)) }.map_err(driver("launching admm_widen"))?;
+        Ok(())
+    }
+
+    fn function(&self, kernel: Kernel) -> Result<cudarc::driver::CudaFunction> {
+        self.gpu
+            .kernels()
+            .function(self.gpu.context(), kernel, &defines(self.rank))
+    }
+
+    /// The inner loop of one mode on `h` and `u` (`rows x rank`, f64, in
+    /// place) from its MTTKRP `k` (at least `rows x rank`; the first
+    /// `rows` rows are read) and `w = (G + rho I)^{-1}` (rank x rank,
+    /// row-major): every block of [`BLOCK_ROWS`] rows to its own stopping
+    /// rule. Returns the new H's column statistics. Synchronizes the
+    /// stream.
+    ///
+    /// Cost per inner iteration of a row block: `BLOCK_ROWS * rank^2` f64
+    /// multiply-adds; K, H and U are read once and H and U written once.
+    pub fn inner_loop(
+        &mut self,
+        k: &CudaSlice<f32>,
+        w: &[f64],
+        h: &mut CudaSlice<f64>,
+        u: &mut CudaSlice<f64>,
+        rows: usize,
+        params: &InnerParams,
+    ) -> Result<InnerStats> {
+        let r = self.rank;
+        if k.len() < rows * r {
+            self.check("the MTTKRP output", k.len(), rows)?;
+        }
+        self.check("H", h.len(), rows)?;
+        self.check("U", u.len(), rows)?;
+        if w.len() != r * r {
+            return Err(DeviceError::Shape(format!(
+                "W has {} entries, rank {r} needs {}",
+                w.len(),
+                r * r
+            )));
+        }
+        if params.max_inner == 0 {
+            return Err(DeviceError::Shape(
+                "the inner loop needs at least one iteration".into(),
+            ));
+        }
+        let stream = self.gpu.stream().clone();
+        stream
+            .memcpy_htod(w, &mut self.w)
+            .map_err(driver("uploading W"))?;
+        let f = self.function(Kernel::AdmmBlocks)?;
+        let blocks = rows.div_ceil(BLOCK_ROWS).clamp(1, self.grid) as u32;
+        let rows_u = rows as u64;
+        let nonneg = i32::from(params.nonneg);
+        let mut launch = stream.launch_builder(&f);
+        launch
+            .arg(k)
+            .arg(&self.w)
+            .arg(&mut *h)
+            .arg(&mut *u)
+            .arg(&rows_u)
+            .arg(&params.rho)
+            .arg(&params.threshold)
+            .arg(&params.shrink)
+            .arg(&nonneg)
+            .arg(&params.max_inner)
+            .arg(&params.eps)
+            .arg(&mut self.partials);
+        // SAFETY: `k` holds at least rows x rank floats and `h`, `u` rows x
+        // rank doubles (checked); the kernel touches rows below `rows`
+        // only; `w` holds rank^2 doubles; thread block b writes partial
+        // row b < blocks <= grid of 3 x rank + 1 doubles, and `partials`
+        // holds grid such rows.
+        unsafe {
+            launch.launch(LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(driver("launching admm_blocks"))?;
+        let all = crate::dense::reduce_partials(
+            &self.gpu,
+            r,
+            &self.partials,
+            blocks,
+            3 * r + 1,
+            (2 * r, 3 * r + 1),
+            &mut self.reduced,
+        )?;
+        Ok(InnerStats {
+            sumsq: all[..r].to_vec(),
+            inner: all[r..2 * r].to_vec(),
+            max_abs: all[2 * r..3 * r].to_vec(),
+            iters: all[3 * r] as usize,
+        })
+    }
+
+    /// Divides column r of `h` and `u` by `divisors[r]` (f64, in place) and
+    /// writes the f32 rounding of the scaled H into the factor `a` (all
+    /// `rows x rank`). Queued on the stream.
+    pub fn scale(
+        &mut self,
+        h: &mut CudaSlice<f64>,
+        u: &mut CudaSlice<f64>,
+        a: &mut CudaViewMut<f32>,
+        divisors: &[f64],
+        rows: usize,
+    ) -> Result<()> {
+        let r = self.rank;
+        self.check("H", h.len(), rows)?;
+        self.check("U", u.len(), rows)?;
+        self.check("the factor", a.len(), rows)?;
+        if divisors.len() != r {
+            return Err(DeviceError::Shape(format!(
+                "{} column divisors for rank {r}",
+                divisors.len()
+            )));
+        }
+        let inv: Vec<f64> = divisors.iter().map(|d| 1.0 / d).collect();
+        let stream = self.gpu.stream().clone();
+        stream
+            .memcpy_htod(&inv, &mut self.inv)
+            .map_err(driver("uploading the ADMM column scales"))?;
+        let f = self.function(Kernel::AdmmScale)?;
+        let n = (rows * r) as u64;
+        let mut launch = stream.launch_builder(&f);
+        launch
+            .arg(&mut *h)
+            .arg(&mut *u)
+            .arg(&mut *a)
+            .arg(&self.inv)
+            .arg(&n);
+        // SAFETY: `h`, `u` and `a` hold n values (checked) and `inv` rank
+        // doubles; the kernel reads inv[e % RANK] and touches entries below
+        // n only.
+        unsafe { launch.launch(grid_stride(n, 256)) }.map_err(driver("launching admm_scale"))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::factors;
+
+    /// The inner loop of `admm.cu` on the host, in f64: every block of
+    /// [`BLOCK_ROWS`] rows to its own rule. Returns the most iterations.
+    fn host_inner(
+        k: &[f32],
+        w: &[f64],
+        h: &mut [f64],
+        u: &mut [f64],
+        rank: usize,
+        p: &InnerParams,
+    ) -> usize {
+        let prox = |v: f64| {
+            let t = if p.nonneg {
+                (v - p.threshold).max(0.0)
+            } else if v > p.threshold {
+                v - p.threshold
+            } else if v < -p.threshold {
+                v + p.threshold
+            } else {
+                0.0
+            };
+            t * p.shrink
+        };
+        let block = BLOCK_ROWS * rank;
+        let mut most = 0;
+        for ((k, h), u) in k
+            .chunks(block)
+            .zip(h.chunks_mut(block))
+            .zip(u.chunks_mut(block))
+        {
+            let rows = k.len() / rank;
+            let mut it = 0;
+            loop {
+                it += 1;
+                let rhs: Vec<f64> = (0..k.len())
+                    .map(|e| f64::from(k[e]) + p.rho * (h[e] + u[e]))
+                    .collect();
+                let mut sums = [0f64; 4];
+                for r in 0..rows {
+                    for j in 0..rank {
+                        let ht: f64 = (0..rank).map(|c| rhs[r * rank + c] * w[c * rank + j]).sum();
+                        let e = r * rank + j;
+                        let fresh = prox(ht - u[e]);
+                        u[e] += fresh - ht;
+                        sums[0] += (fresh - ht).powi(2);
+                        sums[1] += (fresh - h[e]).powi(2);
+                        sums[2] += fresh * fresh;
+                        sums[3] += u[e] * u[e];
+                        h[e] = fresh;
+                    }
+                }
+                let done = sums[0] <= p.eps * sums[2] && sums[1] <= p.eps * sums[3];
+                if done || it >= p.max_inner as usize {
+                    break;
+                }
+            }
+            most = most.max(it);
+        }
+        most
+    }
+
+    fn close(got: &[f64], want: &[f64], tol: f64, what: &str) {
+        let scale = want.iter().fold(0f64, |s, x| s.max(x.abs())).max(1e-300);
+        for (e, (x, y)) in got.iter().zip(want).enumerate() {
+            assert!(x.is_finite(), "{what}[{e}] = {x}");
+            assert!((x - y).abs() <= tol * scale, "{what}[{e}]: {x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn the_inner_loop_equals_the_f64_host_loop() {
+        let Some(gpu) = crate::testing::gpu_or_skip("the_inner_loop_equals_the_f64_host_loop")
+        else {
+            return;
+        };
+        for rank in [1usize, 3, 7, 16, 32, 33, 64, 100, 128] {
+            let mut kernels = AdmmKernels::new(gpu.clone(), rank).unwrap();
+            // Row counts around a block, and (at small ranks) more row
+            // blocks than one launch has thread blocks.
+            let mut row_counts = vec![1usize, 31, 32, 33, 1000];
+            if rank <= 16 {
+                row_counts.push(100_001);
+            }
+            for rows in row_counts {
+                let seed = (rank * 131 + rows) as u64;
+                let k = factors(&[rows as u32], rank, seed).remove(0);
+                let k: Vec<f32> = k.iter().map(|&x| 4.0 * x).collect();
+                let h0: Vec<f64> = factors(&[rows as u32], rank, seed + 1)[0]
+                    .iter()
+                    .map(|&x| f64::from(x) + 0.5)
+                    .collect();
+                // Not the inverse of a G + rho I: any W under which the
+                // loop stays bounded checks the arithmetic.
+                let rho = 1.5;
+                let w: Vec<f64> = (0..rank * rank)
+                    .map(|e| {
+                        let (i, j) = (e / rank, e % rank);
+                        if i == j {
+                            0.4
+                        } else {
+                            0.1 / rank as f64 * (((i + j) % 5) as f64 - 2.0)
+                        }
+                    })
+                    .collect();
+                for (nonneg, threshold, shrink, max_inner) in [
+                    (true, 0.0, 1.0, 1u32),
+                    (true, 0.05, 0.9, 50),
+                    (false, 0.02, 0.8, 50),
+                    (false, 0.0, 1.0, 7),
+                ] {
+                    let p = InnerParams {
+                        rho,
+                        nonneg,
+                        threshold,
+                        shrink,
+                        max_inner,
+                        eps: 1e-4,
+                    };
+                    let what = format!("rank {rank}, {rows} rows, {p:?}");
+                    let d_k = gpu.upload("k", &k).unwrap();
+                    let a: Vec<f32> = h0.iter().map(|&x| x as f32).collect();
+                    let d_a = gpu.upload("a", &a).unwrap();
+                    let mut d_h = gpu.alloc_zeros::<f64>("h", rows * rank).unwrap();
+                    kernels.widen(&d_a.slice(..), &mut d_h, rows).unwrap();
+                    // H starts from the widened factor, on both sides.
+                    let mut h = a.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+                    let mut u_host = vec![0f64; rows * rank];
+                    let most = host_inner(&k, &w, &mut h, &mut u_host, rank, &p);
+                    let mut d_u = gpu.alloc_zeros::<f64>("u", rows * rank).unwrap();
+                    let stats = kernels
+                        .inner_loop(&d_k, &w, &mut d_h, &mut d_u, rows, &p)
+                        .unwrap();
+                    assert_eq!(stats.iters, most, "{what}: iterations");
+                    let got_h = gpu.stream().clone_dtoh(&d_h).unwrap();
+                    let got_u = gpu.stream().clone_dtoh(&d_u).unwrap();
+                    close(&got_h, &h, 1e-11, &format!("{what}: H"));
+                    close(&got_u, &u_host, 1e-11, &format!("{what}: U"));
+                    if nonneg {
+                        assert!(got_h.iter().all(|&x| x >= 0.0), "{what}: H < 0");
+                    }
+                    // The statistics of the f32 rounding of H.
+                    let hr = &h;
+                    let col = |j: usize| (0..rows).map(move |r| hr[r * rank + j] as f32);
+                    let sumsq: Vec<f64> = (0..rank)
+                        .map(|j| col(j).map(|x| f64::from(x).powi(2)).sum())
+                        .collect();
+                    let max_abs: Vec<f64> = (0..rank)
+                        .map(|j| col(j).fold(0f64, |s, x| s.max(f64::from(x.abs()))))
+                        .collect();
+                    let inner: Vec<f64> = (0..rank)
+                        .map(|j| {
+                            (0..rows)
+                                .map(|r| {
+                                    f64::from(k[r * rank + j]) * f64::from(h[r * rank + j] as f32)
+                                })
+                                .sum()
+                        })
+                        .collect();
+                    close(&stats.sumsq, &sumsq, 1e-6, &format!("{what}: sumsq"));
+                    close(&stats.max_abs, &max_abs, 1e-6, &format!("{what}: max"));
+                    close(&stats.inner, &inner, 1e-6, &format!("{what}: inner"));
+                    // The scaling: H and U divided in f64, the factor their
+                    // f32 rounding.
+                    let divisors: Vec<f64> = (0..rank).map(|j| 1.0 + j as f64 / 3.0).collect();
+                    let mut d_f = gpu.alloc_zeros::<f32>("a", rows * rank).unwrap();
+                    kernels
+                        .scale(&mut d_h, &mut d_u, &mut d_f.slice_mut(..), &divisors, rows)
+                        .unwrap();
+                    let scaled = gpu.stream().clone_dtoh(&d_h).unwrap();
+                    let f = gpu.stream().clone_dtoh(&d_f).unwrap();
+                    for (e, (&x, &y)) in got_h.iter().zip(&scaled).enumerate() {
+                        let want = x * (1.0 / divisors[e % rank]);
+                        assert_eq!(y, want, "{what}: scaled H[{e}]");
+                        assert_eq!(f[e], want as f32, "{what}: factor[{e}]");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn ranks_beyond_the_inner_loop_are_refused() {
+        assert!(check_rank(1).is_ok() && check_rank(MAX_RANK).is_ok());
+        for bad in [0, MAX_RANK + 1] {
+            let e = check_rank(bad).unwrap_err().to_string();
+            assert!(e.contains("ranks 1 to 128"), "{e}");
+        }
+    }
+}
