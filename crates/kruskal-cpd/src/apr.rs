@@ -36,6 +36,9 @@
 //! result does not depend on the thread count. Memory: per mode, the
 //! sorted copy (`nnz * (8 + 4 (N-1))` bytes and a row pointer), plus `Pi`
 //! (`nnz * R * 8` bytes) and `Phi` (`dims[n] * R * 8` bytes per mode).
+//!
+//! The driver (`run_steps`) is written over the steps (`AprSteps`):
+//! [`cp_apr`] runs it with the CPU's, [`crate::apr_gpu`] with one GPU's.
 
 use std::ops::ControlFlow;
 use std::time::Instant;
