@@ -1,6 +1,7 @@
 //! GPU CP-APR gives the CPU's answer: from the same initial factors, on
 //! small count tensors of 3 and 4 modes (a mode with empty rows, repeated
-//! coordinates summed, an entry the kappa fix must raise) at ranks 3, 8
+//! coordinates summed, an entry the kappa fix must raise, rows long enough
+//! to be cut into pieces) at ranks 3, 8
 //! and 33, the same iterations (inner iteration counts, kappa fixes, the
 //! stopping rule), the log-likelihood of every outer iteration within
 //! 1e-9 relative and the factors within 1e-8; and a GPU run repeats bit
@@ -122,10 +123,19 @@ fn gpu_cp_apr_matches_the_cpu() {
     let Some(gpu) = kruskal_device::testing::gpu_or_skip("gpu_cp_apr_matches_the_cpu") else {
         return;
     };
+    // The third: rows of the first mode of 450 nonzeros, each cut into
+    // two pieces (kruskal_device::apr::PIECE_NNZ).
     let tensors = [
         ("3 modes", counts(vec![30, 24, 18], 3, 2_000, 3)),
         ("4 modes", counts(vec![14, 12, 10, 8], 3, 1_500, 5)),
+        ("long rows", counts(vec![6, 40, 30], 3, 3_000, 4)),
     ];
+    let mut longest = vec![0usize; tensors[2].1.dims()[0] as usize];
+    for &i in &tensors[2].1.indices()[0] {
+        longest[i as usize] += 1;
+    }
+    assert!(longest.iter().any(|&n| n > kruskal_device::apr::PIECE_NNZ));
+    let mut kappa_fixes = 0;
     for (name, t) in &tensors {
         for rank in [3, 8, 33] {
             // A fixed number of iterations, every inner iteration run.
@@ -137,12 +147,10 @@ fn gpu_cp_apr_matches_the_cpu() {
             let on_gpu =
                 cp_apr_gpu(gpu.clone(), t, &opts, &mut |_| ControlFlow::Continue(())).unwrap();
             assert_same(&cpu, &on_gpu, &what);
-            assert!(
-                cpu.iterations.iter().any(|s| s.kappa_fixes > 0),
-                "{what}: no kappa fix was tested"
-            );
+            kappa_fixes += cpu.iterations.iter().map(|s| s.kappa_fixes).sum::<usize>();
         }
     }
+    assert!(kappa_fixes > 0, "no kappa fix was tested");
 }
 
 #[test]

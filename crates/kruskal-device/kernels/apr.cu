@@ -14,10 +14,11 @@
 //   pi       nnz x RANK: row j is the product of the other modes' factor
 //            rows at nonzero j's indices, in ascending mode order.
 //
-// Determinism: every sum runs in a fixed order for a given size (a row's
-// nonzeros in stored order, lanes combined by a fixed butterfly, blocks'
-// partials added in block order by apr_sum_partials); the KKT violation is
-// a maximum, which no order changes. So a run is bit-identical run to run.
+// Determinism: every sum runs in a fixed order for a given size (a piece's
+// nonzeros in stored order, a row's pieces in order, lanes combined by a
+// fixed butterfly, blocks' partials added in block order by
+// apr_sum_partials); the KKT violation is a maximum, which no order
+// changes. So a run is bit-identical run to run.
 
 #define RANK_ONLY
 #include "common.cuh"
@@ -78,34 +79,35 @@ extern "C" __global__ void __launch_bounds__(THREADS) apr_pi(
 }
 
 // ---------------------------------------------------------------------------
-// apr_phi: Phi of one mode for the current factor A (rows x RANK), and the
-// KKT violation max |min(A, 1 - Phi)|.
+// apr_phi: the pieces' sums of Phi of one mode, for the current factor A
+// (rows x RANK).
 //
-// Row i of Phi: sum over its nonzeros j, in stored order, of
-// (x_j / max(<a_i, pi_j>, eps)) pi_j; an empty row is zero.
+// A row's nonzeros are cut into pieces of at most the host's `PIECE_NNZ`
+// consecutive nonzeros, so a row holding a large share of the
+// nonzeros is spread over many warps: piece k covers sorted nonzeros
+// piece_begin[k] .. piece_begin[k + 1] of row piece_row[k], and its sum,
+// over those nonzeros in stored order, of (x_j / max(<a_i, pi_j>, eps)) pi_j
+// goes to row k of `sums` (npieces x RANK); apr_phi_rows adds a row's
+// pieces in order.
 //
-// Thread mapping: a warp per row (grid-stride over rows); lane l holds
-// columns l, l + 32, ... of a_i and of the row's sum in registers. Per
+// Thread mapping: a warp per piece (grid-stride over pieces); lane l holds
+// columns l, l + 32, ... of a_i and of the piece's sum in registers. Per
 // nonzero: reads its value and its row of Pi (coalesced), one warp sum for
-// the model's value. Writes the row of Phi once. The violation: a maximum
-// per warp, then per block in shared memory, then one atomicMax per block
-// on the bits of a non-negative double (ordered as its bits), into
-// `kkt_bits`, which the caller zeroes first.
+// the model's value.
 // ---------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(THREADS) apr_phi(
-    double* __restrict__ phi,
-    u64* __restrict__ kkt_bits,
+    double* __restrict__ sums,
     const double* __restrict__ a,
     const double* __restrict__ pi,
     const double* __restrict__ values,
-    const u64* __restrict__ row_ptr,
-    u64 rows,
+    const u64* __restrict__ piece_begin,
+    const u32* __restrict__ piece_row,
+    u64 npieces,
     double eps)
 {
-    __shared__ double s_max[WARPS];
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    double worst = 0.0;
-    for (u64 i = blockIdx.x * (u64)WARPS + warp; i < rows; i += gridDim.x * (u64)WARPS) {
+    for (u64 k = blockIdx.x * (u64)WARPS + warp; k < npieces; k += gridDim.x * (u64)WARPS) {
+        const u64 i = piece_row[k];
         double ai[COLS_PER_LANE], sum[COLS_PER_LANE];
 #pragma unroll
         for (int q = 0; q < COLS_PER_LANE; ++q) {
@@ -113,8 +115,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) apr_phi(
             ai[q] = c < RANK ? a[i * RANK + c] : 0.0;
             sum[q] = 0.0;
         }
-        const u64 end = row_ptr[i + 1];
-        for (u64 j = row_ptr[i]; j < end; ++j) {
+        const u64 end = piece_begin[k + 1];
+        for (u64 j = piece_begin[k]; j < end; ++j) {
             double p[COLS_PER_LANE];
             double dot = 0.0;
 #pragma unroll
@@ -131,18 +133,50 @@ extern "C" __global__ void __launch_bounds__(THREADS) apr_phi(
 #pragma unroll
         for (int q = 0; q < COLS_PER_LANE; ++q) {
             const int c = lane + q * WARP;
-            if (c < RANK) {
-                phi[i * RANK + c] = sum[q];
-                worst = fmax(worst, fabs(fmin(ai[q], 1.0 - sum[q])));
-            }
+            if (c < RANK) sums[k * RANK + c] = sum[q];
         }
     }
-    worst = warp_max(worst);
-    if (lane == 0) s_max[warp] = worst;
+}
+
+// ---------------------------------------------------------------------------
+// apr_phi_rows: Phi of one mode from its pieces' sums, and the KKT
+// violation max |min(A, 1 - Phi)|.
+//
+// Phi(i, c) is the sum of column c of row i's pieces (piece_ptr[i] ..
+// piece_ptr[i + 1], consecutive rows of `sums`) in piece order; an empty
+// row has no piece and is zero.
+//
+// Thread mapping: grid-stride over the rows x RANK entries, one per
+// thread. The violation: a maximum per thread, then per block in shared
+// memory, then one atomicMax per block on the bits of a non-negative
+// double (ordered as its bits), into `kkt_bits`, which the caller zeroes
+// first.
+// ---------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(THREADS) apr_phi_rows(
+    double* __restrict__ phi,
+    u64* __restrict__ kkt_bits,
+    const double* __restrict__ a,
+    const double* __restrict__ sums,
+    const u64* __restrict__ piece_ptr,
+    u64 rows)
+{
+    __shared__ double s_max[THREADS];
+    double worst = 0.0;
+    const u64 n = rows * RANK;
+    for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (u64)blockDim.x) {
+        const u64 i = e / RANK;
+        const int c = (int)(e % RANK);
+        double f = 0.0;
+        const u64 end = piece_ptr[i + 1];
+        for (u64 k = piece_ptr[i]; k < end; ++k) f += sums[k * RANK + c];
+        phi[e] = f;
+        worst = fmax(worst, fabs(fmin(a[e], 1.0 - f)));
+    }
+    s_max[threadIdx.x] = worst;
     __syncthreads();
     if (threadIdx.x == 0) {
         double m = s_max[0];
-        for (int w = 1; w < WARPS; ++w) m = fmax(m, s_max[w]);
+        for (int t = 1; t < THREADS; ++t) m = fmax(m, s_max[t]);
         atomicMax(kkt_bits, (u64)__double_as_longlong(m));
     }
 }
@@ -250,12 +284,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) apr_scale(
 
 // ---------------------------------------------------------------------------
 // apr_log_likelihood: per block, the sum of x log(m) over the nonzeros of
-// its rows of one sorted copy (that of mode `mode`; m = sum_c lambda[c]
-// times the product of every mode's factor entry in column c, this mode's
-// first, then the others ascending); terms with x = 0 count as 0.
+// its pieces of one sorted copy (that of mode 1, as apr_phi cuts it; m =
+// sum_c lambda[c] times the product of every mode's factor entry in column
+// c, this mode's first, then the others ascending); terms with x = 0 count
+// as 0.
 //
-// Thread mapping: a warp per row (grid-stride over rows); lanes over the
-// columns, one warp sum per nonzero; lane 0 adds the row's terms in stored
+// Thread mapping: a warp per piece (grid-stride over pieces); lanes over
+// the columns, one warp sum per nonzero; lane 0 adds its pieces' terms in
 // order, the block adds its warps in warp order and writes partials
 // [blockIdx.x]. Reads each nonzero's indices and N factor rows.
 // ---------------------------------------------------------------------------
@@ -264,8 +299,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) apr_log_likelihood(
     const double* __restrict__ a,
     const double* __restrict__ lambda,
     const double* __restrict__ values,
-    const u64* __restrict__ row_ptr,
-    u64 rows,
+    const u64* __restrict__ piece_begin,
+    const u32* __restrict__ piece_row,
+    u64 npieces,
     const u32* __restrict__ other,
     u64 nnz,
     u32 nother,
@@ -275,9 +311,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) apr_log_likelihood(
     __shared__ double s_sum[WARPS];
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     double total = 0.0;
-    for (u64 i = blockIdx.x * (u64)WARPS + warp; i < rows; i += gridDim.x * (u64)WARPS) {
-        const u64 end = row_ptr[i + 1];
-        for (u64 j = row_ptr[i]; j < end; ++j) {
+    for (u64 k = blockIdx.x * (u64)WARPS + warp; k < npieces; k += gridDim.x * (u64)WARPS) {
+        const u64 i = piece_row[k];
+        const u64 end = piece_begin[k + 1];
+        for (u64 j = piece_begin[k]; j < end; ++j) {
             const double x = values[j];
             if (x == 0.0) continue;
             double m = 0.0;

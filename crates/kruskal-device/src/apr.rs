@@ -34,6 +34,61 @@ const ROW_BLOCKS: usize = 4096;
 /// Blocks of the column sums at most.
 const COLUMN_BLOCKS: usize = 1024;
 
+/// Nonzeros of a piece at most: `Phi` and the log-likelihood give each
+/// piece of a row, not each row, to a warp, so a row holding a large share
+/// of the nonzeros is spread over many warps.
+pub const PIECE_NNZ: usize = 256;
+
+/// A sorted copy's rows cut into pieces of at most [`PIECE_NNZ`]
+/// consecutive nonzeros (an empty row has none).
+#[derive(Debug, PartialEq)]
+pub struct Pieces {
+    /// `npieces + 1` entries: piece k is nonzeros `begin[k]..begin[k + 1]`.
+    pub begin: Vec<u64>,
+    /// The row of each piece.
+    pub row: Vec<u32>,
+    /// `rows + 1` entries: row i's pieces are `ptr[i]..ptr[i + 1]`.
+    pub ptr: Vec<u64>,
+}
+
+impl Pieces {
+    /// The pieces of the rows of `row_ptr` (nondecreasing, from 0), at most
+    /// `most` nonzeros each. Cost: O(rows + pieces).
+    pub fn new(row_ptr: &[u64], most: usize) -> Self {
+        let most = most.max(1) as u64;
+        let rows = row_ptr.len().saturating_sub(1);
+        let mut begin = Vec::new();
+        let mut row = Vec::new();
+        let mut ptr = Vec::with_capacity(rows + 1);
+        ptr.push(0);
+        for (i, w) in row_ptr.windows(2).enumerate() {
+            let mut at = w[0];
+            while at < w[1] {
+                begin.push(at);
+                row.push(i as u32);
+                at = (at + most).min(w[1]);
+            }
+            ptr.push(begin.len() as u64);
+        }
+        begin.push(row_ptr.last().copied().unwrap_or(0));
+        Pieces { begin, row, ptr }
+    }
+
+    pub fn len(&self) -> usize {
+        self.row.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.row.is_empty()
+    }
+}
+
+/// Pieces of a mode of `rows` rows at most: one per nonempty row and one
+/// per [`PIECE_NNZ`] nonzeros beyond.
+fn pieces_bound(rows: u64, nnz: u64) -> u64 {
+    rows.min(nnz).saturating_add(nnz / PIECE_NNZ as u64)
+}
+
 /// Errors unless the kernels take `rank`.
 pub fn check_rank(rank: usize) -> Result<()> {
     if rank == 0 || rank > MAX_RANK {
@@ -57,7 +112,11 @@ pub struct SortedCopy<'a> {
 
 /// A sorted copy on the device.
 struct DeviceCopy {
-    row_ptr: CudaSlice<u64>,
+    /// [`Pieces`]: `begin`, `row`, `ptr` and their count.
+    piece_begin: CudaSlice<u64>,
+    piece_row: CudaSlice<u32>,
+    piece_ptr: CudaSlice<u64>,
+    npieces: usize,
     values: CudaSlice<f64>,
     other: CudaSlice<u32>,
     /// Where each other mode's factor starts in the factor buffer.
@@ -66,8 +125,11 @@ struct DeviceCopy {
 
 /// What [`AprGpu::new`] and the sorted copies take on the device, by part
 /// (bytes): the copies (`nnz * (8 + 4 (N-1))` and a row pointer of 8 bytes
-/// per index, per mode), `Pi` (`nnz * R * 8`), the factors and `Phi`
-/// (`rows * R * 8` each), the partial sums.
+/// per index, per mode), their pieces (12 bytes each, at most one per
+/// nonempty row and one per [`PIECE_NNZ`] nonzeros beyond), `Pi`
+/// (`nnz * R * 8`), the factors and `Phi` (`rows * R * 8` each), the
+/// pieces' sums of `Phi` (`R * 8` per piece of the mode with the most)
+/// and the partial sums.
 pub fn device_bytes(dims: &[u32], nnz: usize, rank: usize) -> Vec<(&'static str, u64)> {
     let nmodes = dims.len() as u64;
     let (nnz, r) = (nnz as u64, rank as u64);
@@ -76,14 +138,29 @@ pub fn device_bytes(dims: &[u32], nnz: usize, rank: usize) -> Vec<(&'static str,
         .saturating_mul(8 + 4 * nmodes.saturating_sub(1))
         .saturating_mul(nmodes)
         .saturating_add(rows.saturating_add(nmodes).saturating_mul(8));
+    let pieces: u64 = dims
+        .iter()
+        .map(|&d| pieces_bound(u64::from(d), nnz).saturating_add(1))
+        .fold(0, u64::saturating_add);
+    let most = max_pieces(dims, nnz);
     let matrix = rows.saturating_mul(r).saturating_mul(8);
     vec![
         ("sorted copies", copies),
+        ("pieces", pieces.saturating_mul(12)),
         ("Pi", nnz.saturating_mul(r).saturating_mul(8)),
         ("factors", matrix),
         ("Phi", matrix),
+        ("pieces' sums", most.saturating_mul(r).saturating_mul(8)),
         ("partial sums", partials_len(rank) as u64 * 8),
     ]
+}
+
+/// Pieces of the mode with the most, at most.
+fn max_pieces(dims: &[u32], nnz: u64) -> u64 {
+    dims.iter()
+        .map(|&d| pieces_bound(u64::from(d), nnz))
+        .max()
+        .unwrap_or(0)
 }
 
 fn partials_len(rank: usize) -> usize {
@@ -130,6 +207,8 @@ pub struct AprGpu {
     factors: CudaSlice<f64>,
     phi: CudaSlice<f64>,
     pi: CudaSlice<f64>,
+    /// The pieces' sums of `Phi` (pieces x rank).
+    piece_sums: CudaSlice<f64>,
     lambda: CudaSlice<f64>,
     inv: CudaSlice<f64>,
     partials: CudaSlice<f64>,
@@ -160,6 +239,12 @@ impl AprGpu {
             factors: gpu.alloc_zeros("the CP-APR factors", at)?,
             phi: gpu.alloc_zeros("CP-APR's Phi", at)?,
             pi: gpu.alloc_zeros("CP-APR's Pi", nnz * rank)?,
+            piece_sums: gpu.alloc_zeros(
+                "CP-APR's pieces of Phi",
+                usize::try_from(max_pieces(dims, nnz as u64))
+                    .unwrap_or(usize::MAX)
+                    .saturating_mul(rank),
+            )?,
             lambda: gpu.alloc_zeros("the CP-APR weights", rank)?,
             inv: gpu.alloc_zeros("the CP-APR column scales", rank)?,
             partials: gpu.alloc_zeros("the CP-APR partial sums", partials_len(rank))?,
@@ -231,8 +316,18 @@ impl AprGpu {
             .filter(|&m| m != mode)
             .map(|m| self.starts[m] as u64)
             .collect();
+        let pieces = Pieces::new(copy.row_ptr, PIECE_NNZ);
+        if pieces.len() * self.rank > self.piece_sums.len() {
+            return Err(DeviceError::Shape(format!(
+                "{} pieces of mode {mode} exceed the bound",
+                pieces.len()
+            )));
+        }
         self.copies[mode] = Some(DeviceCopy {
-            row_ptr: self.gpu.upload("a CP-APR row pointer", copy.row_ptr)?,
+            piece_begin: self.gpu.upload("CP-APR's pieces", &pieces.begin)?,
+            piece_row: self.gpu.upload("CP-APR's pieces", &pieces.row)?,
+            piece_ptr: self.gpu.upload("CP-APR's pieces", &pieces.ptr)?,
+            npieces: pieces.len(),
             values: self
                 .gpu
                 .upload("a CP-APR sorted copy's values", copy.values)?,
@@ -395,7 +490,8 @@ impl AprGpu {
 
     /// `Phi` of mode `mode` for the current `A_mode` and `Pi` (which must be
     /// this mode's: [`AprGpu::form_pi`]), and the KKT violation
-    /// `max |min(A, 1 - Phi)|` (downloaded: synchronizes).
+    /// `max |min(A, 1 - Phi)|` (downloaded: synchronizes). Two kernels:
+    /// the pieces' sums, then each row's.
     pub fn phi(&mut self, mode: usize, eps_div_zero: f64) -> Result<f64> {
         let stream = self.gpu.stream().clone();
         stream
@@ -405,27 +501,46 @@ impl AprGpu {
         if rows == 0 {
             return Ok(0.0);
         }
-        let f = self.function(Kernel::AprPhi)?;
+        let pieces_f = self.function(Kernel::AprPhi)?;
+        let rows_f = self.function(Kernel::AprPhiRows)?;
         let copy = copy_of(&self.copies, mode)?;
         let range = self.starts[mode]..self.starts[mode + 1];
-        let mut phi = self.phi.slice_mut(range.clone());
-        let a = self.factors.slice(range);
+        let a = self.factors.slice(range.clone());
+        if copy.npieces > 0 {
+            let npieces = copy.npieces as u64;
+            let mut launch = stream.launch_builder(&pieces_f);
+            launch
+                .arg(&mut self.piece_sums)
+                .arg(&a)
+                .arg(&self.pi)
+                .arg(&copy.values)
+                .arg(&copy.piece_begin)
+                .arg(&copy.piece_row)
+                .arg(&npieces)
+                .arg(&eps_div_zero);
+            // SAFETY: `piece_sums` holds at least npieces x rank doubles
+            // (checked at upload); the pieces cover nonzeros below nnz
+            // (built from a row pointer checked to run from 0 to nnz), where
+            // `values` and `pi` (nnz x rank) are in bounds, and name rows
+            // below rows, inside `a` (rows x rank).
+            unsafe { launch.launch(blocks(row_blocks(copy.npieces))) }
+                .map_err(driver("launching apr_phi"))?;
+        }
+        let mut phi = self.phi.slice_mut(range);
         let rows_u = rows as u64;
-        let mut launch = stream.launch_builder(&f);
+        let mut launch = stream.launch_builder(&rows_f);
         launch
             .arg(&mut phi)
             .arg(&mut self.kkt)
             .arg(&a)
-            .arg(&self.pi)
-            .arg(&copy.values)
-            .arg(&copy.row_ptr)
-            .arg(&rows_u)
-            .arg(&eps_div_zero);
-        // SAFETY: `phi` and `a` hold rows x rank doubles; `row_ptr` holds
-        // rows + 1 nondecreasing entries from 0 to nnz (checked at upload),
-        // so every nonzero read is below nnz, where `values` and `pi` (nnz
-        // x rank) are in bounds; `kkt` is one u64.
-        unsafe { launch.launch(blocks(row_blocks(rows))) }.map_err(driver("launching apr_phi"))?;
+            .arg(&self.piece_sums)
+            .arg(&copy.piece_ptr)
+            .arg(&rows_u);
+        // SAFETY: `phi` and `a` hold rows x rank doubles; `piece_ptr` holds
+        // rows + 1 nondecreasing entries up to npieces, so the pieces' sums
+        // read are inside `piece_sums`; `kkt` is one u64.
+        unsafe { launch.launch(grid_stride(rows_u * self.rank as u64, 256)) }
+            .map_err(driver("launching apr_phi_rows"))?;
         let bits = stream
             .clone_dtoh(&self.kkt)
             .map_err(driver("downloading the KKT violation"))?;
@@ -527,14 +642,14 @@ impl AprGpu {
         stream
             .memcpy_htod(lambda, &mut self.lambda)
             .map_err(driver("uploading the CP-APR weights"))?;
-        if rows == 0 || self.nnz == 0 {
-            return Ok(0.0);
-        }
-        let parts = row_blocks(rows);
         let f = self.function(Kernel::AprLogLikelihood)?;
         let copy = copy_of(&self.copies, 0)?;
+        if rows == 0 || copy.npieces == 0 {
+            return Ok(0.0);
+        }
+        let parts = row_blocks(copy.npieces);
         let a = self.factors.slice(self.starts[0]..self.starts[1]);
-        let (rows_u, nnz) = (rows as u64, self.nnz as u64);
+        let (npieces, nnz) = (copy.npieces as u64, self.nnz as u64);
         let nother = (self.dims.len() - 1) as u32;
         let mut launch = stream.launch_builder(&f);
         launch
@@ -542,15 +657,17 @@ impl AprGpu {
             .arg(&a)
             .arg(&self.lambda)
             .arg(&copy.values)
-            .arg(&copy.row_ptr)
-            .arg(&rows_u)
+            .arg(&copy.piece_begin)
+            .arg(&copy.piece_row)
+            .arg(&npieces)
             .arg(&copy.other)
             .arg(&nnz)
             .arg(&nother)
             .arg(&self.factors)
             .arg(&copy.offsets);
         // SAFETY: block b writes partials[b], b < parts <= ROW_BLOCKS; the
-        // row pointer is checked (0 to nnz, nondecreasing) and the other
+        // pieces cover nonzeros below nnz and rows below rows (built from a
+        // row pointer checked to run from 0 to nnz) and the other
         // modes' indices are below their dimensions (checked at upload), so
         // every factor read is inside its mode's range; `a` holds rows x
         // rank doubles and `lambda` rank.
@@ -570,12 +687,37 @@ mod tests {
         let parts = device_bytes(&[4, 3, 2], 10, 2);
         let get = |name: &str| parts.iter().find(|p| p.0 == name).unwrap().1;
         assert_eq!(get("sorted copies"), 480 + 96);
+        // At most one piece per row (10 nonzeros), and one more entry each.
+        assert_eq!(get("pieces"), (5 + 4 + 3) * 12);
+        assert_eq!(get("pieces' sums"), 4 * 2 * 8);
         assert_eq!(get("Pi"), 160);
         assert_eq!(get("factors"), 144);
         assert_eq!(get("Phi"), 144);
         // Large shapes saturate instead of wrapping.
         let huge = device_bytes(&[u32::MAX; 3], usize::MAX, MAX_RANK);
         assert!(huge.iter().all(|p| p.1 > 0));
+    }
+
+    #[test]
+    fn rows_are_cut_into_pieces_in_order() {
+        // Rows of 0, 5, 0, 2 and 7 nonzeros, pieces of at most 3.
+        let p = Pieces::new(&[0, 0, 5, 5, 7, 14], 3);
+        assert_eq!(p.begin, [0, 3, 5, 7, 10, 13, 14]);
+        assert_eq!(p.row, [1, 1, 3, 4, 4, 4]);
+        assert_eq!(p.ptr, [0, 0, 2, 2, 3, 6]);
+        assert_eq!(p.len(), 6);
+        // The bound holds for any split of the nonzeros into rows.
+        for row_ptr in [vec![0u64, 0, 5, 5, 7, 14], vec![0, 14], vec![0; 6]] {
+            let rows = row_ptr.len() as u64 - 1;
+            let nnz = *row_ptr.last().unwrap();
+            let p = Pieces::new(&row_ptr, PIECE_NNZ);
+            assert!(p.len() as u64 <= pieces_bound(rows, nnz));
+        }
+        let hot: Vec<u64> = vec![0, 1, 1000 * PIECE_NNZ as u64 + 1];
+        let p = Pieces::new(&hot, PIECE_NNZ);
+        assert_eq!(p.len(), 1 + 1000);
+        assert!(p.len() as u64 <= pieces_bound(2, *hot.last().unwrap()));
+        assert!(Pieces::new(&[0], PIECE_NNZ).is_empty());
     }
 
     #[test]
@@ -606,9 +748,11 @@ mod tests {
             return;
         };
         // 4 modes, repeated rows, an empty row (index 5 of mode 0 never
-        // occurs), rank 33 (two columns per lane for one lane).
+        // occurs), a row of mode 0 cut into three pieces (row 2: six of
+        // every seven nonzeros), rank 33 (two columns per lane for one
+        // lane).
         let dims = [7u32, 5, 4, 3];
-        let nnz = 60;
+        let nnz = 700;
         let mut x = 12345u64;
         let mut next = |m: u64| {
             x ^= x << 13;
@@ -621,9 +765,14 @@ mod tests {
             .enumerate()
             .map(|(m, &d)| {
                 (0..nnz)
-                    .map(|_| {
+                    .enumerate()
+                    .map(|(k, _)| {
                         let i = next(u64::from(d)) as u32;
-                        if m == 0 && i == 5 { 6 } else { i }
+                        match (m, i) {
+                            (0, _) if k % 7 != 0 => 2,
+                            (0, 5) => 6,
+                            _ => i,
+                        }
                     })
                     .collect()
             })

@@ -145,6 +145,7 @@ pub enum Kernel {
     ShardMark,
     AprPi,
     AprPhi,
+    AprPhiRows,
     AprUpdate,
     AprKappaFold,
     AprColumnSums,
@@ -155,7 +156,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every entry function of every source.
-    pub const ALL: [Kernel; 48] = [
+    pub const ALL: [Kernel; 49] = [
         Kernel::MttkrpCooAtomic,
         Kernel::StoreF32,
         Kernel::MttkrpFcoo,
@@ -198,6 +199,7 @@ impl Kernel {
         Kernel::ShardMark,
         Kernel::AprPi,
         Kernel::AprPhi,
+        Kernel::AprPhiRows,
         Kernel::AprUpdate,
         Kernel::AprKappaFold,
         Kernel::AprColumnSums,
@@ -252,6 +254,7 @@ impl Kernel {
             Kernel::ShardMark => (KernelSource::FcooBuild, "shard_mark"),
             Kernel::AprPi => (KernelSource::Apr, "apr_pi"),
             Kernel::AprPhi => (KernelSource::Apr, "apr_phi"),
+            Kernel::AprPhiRows => (KernelSource::Apr, "apr_phi_rows"),
             Kernel::AprUpdate => (KernelSource::Apr, "apr_update"),
             Kernel::AprKappaFold => (KernelSource::Apr, "apr_kappa_fold"),
             Kernel::AprColumnSums => (KernelSource::Apr, "apr_column_sums"),
