@@ -36,6 +36,9 @@
 //! result does not depend on the thread count. Memory: per mode, the
 //! sorted copy (`nnz * (8 + 4 (N-1))` bytes and a row pointer), plus `Pi`
 //! (`nnz * R * 8` bytes) and `Phi` (`dims[n] * R * 8` bytes per mode).
+//!
+//! The driver (`run_steps`) is written over the steps (`AprSteps`):
+//! [`cp_apr`] runs it with the CPU's, [`crate::apr_gpu`] with one GPU's.
 
 use std::ops::ControlFlow;
 use std::time::Instant;
@@ -186,18 +189,18 @@ pub struct AprModel {
 }
 
 /// Each mode's copy of the nonzeros, sorted by that mode's index.
-struct ModeRows {
+pub(crate) struct ModeRows {
     /// Nonzeros of row `i` are `row_ptr[i]..row_ptr[i + 1]`.
-    row_ptr: Vec<usize>,
-    values: Vec<f64>,
+    pub(crate) row_ptr: Vec<usize>,
+    pub(crate) values: Vec<f64>,
     /// The other modes, ascending.
     other_modes: Vec<usize>,
     /// `other[k][j]`: the index in mode `other_modes[k]` of sorted nonzero j.
-    other: Vec<Vec<u32>>,
+    pub(crate) other: Vec<Vec<u32>>,
 }
 
 impl ModeRows {
-    fn new(tensor: &SparseTensor, mode: usize) -> Self {
+    pub(crate) fn new(tensor: &SparseTensor, mode: usize) -> Self {
         let idx = tensor.mode_indices(mode);
         let rows = tensor.dims()[mode] as usize;
         // A counting sort: stable, so a row's nonzeros keep the tensor's
@@ -330,7 +333,7 @@ fn initial(tensor: &SparseTensor, opts: &AprOptions) -> Result<(Vec<Array2<f64>>
 /// Scales each column of `a` to unit 1-norm, multiplying `lambda[r]` by
 /// the norm (a zero column stays zero and its weight becomes 0), as
 /// pyttb's `ktensor.normalize(normtype=1, mode=n)`.
-fn normalize_mode(a: &mut Array2<f64>, lambda: &mut [f64]) {
+pub(crate) fn normalize_mode(a: &mut Array2<f64>, lambda: &mut [f64]) {
     for (r, l) in lambda.iter_mut().enumerate() {
         let mut col = a.column_mut(r);
         let norm: f64 = col.iter().map(|x| x.abs()).sum();
@@ -447,9 +450,10 @@ pub fn log_likelihood(tensor: &SparseTensor, lambda: &[f64], factors: &[Array2<f
     sums.iter().sum::<f64>() - total
 }
 
-/// Runs CP-APR on `tensor` (counts: finite, non-negative values).
-/// `on_iteration` hears every outer iteration; `Break` stops the run
-/// (the model so far is returned, `interrupted` set).
+/// Runs CP-APR on `tensor` (counts: finite, non-negative values) on the
+/// CPU. `on_iteration` hears every outer iteration; `Break` stops the run
+/// (the model so far is returned, `interrupted` set). One GPU:
+/// [`crate::apr_gpu::cp_apr_gpu`]; either: [`crate::apr_gpu::cp_apr_on`].
 ///
 /// Cost per outer iteration: for each mode, one pass over the nonzeros
 /// for `Pi` (`nnz * R * (N-1)` products) and one per inner iteration for
@@ -459,14 +463,162 @@ pub fn cp_apr(
     opts: &AprOptions,
     on_iteration: &mut dyn FnMut(&AprIteration) -> ControlFlow<()>,
 ) -> Result<AprModel> {
-    opts.check()?;
-    check_counts(tensor)?;
+    check_run(tensor, opts)?;
     // Refused with the numbers before anything sized by a dimension or the
     // nonzeros is made (a 3-line file may name index 3e9).
     let need = crate::memory::apr_need(tensor.dims(), tensor.nnz(), opts.rank);
     if let Some(refusal) = crate::memory::host_refusal(&need, tensor, false) {
         return Err(CpdError::memory(format!("CP-APR: {refusal}")));
     }
+    run_steps(
+        tensor,
+        opts,
+        |factors| Ok(CpuSteps::new(tensor, factors, opts.rank)),
+        on_iteration,
+    )
+}
+
+/// The checks every backend makes first: the options, and that the
+/// tensor holds counts.
+pub(crate) fn check_run(tensor: &SparseTensor, opts: &AprOptions) -> Result<()> {
+    opts.check()?;
+    check_counts(tensor)
+}
+
+/// The steps of an outer iteration, where they run: on the CPU
+/// ([`CpuSteps`]) or on one GPU (`apr_gpu`). Each acts on mode `n`'s
+/// factor `A_n`, its `Phi_n` and the `Pi` last formed.
+pub(crate) trait AprSteps {
+    /// With `kappa = Some((kappa_tol, kappa))`, the inadmissible-zero fix
+    /// of `A_n` from the `Phi_n` of the previous outer iteration (whether
+    /// an entry was raised comes back); then lambda folded into `A_n`.
+    fn kappa_fold(&mut self, n: usize, kappa: Option<(f64, f64)>, lambda: &[f64]) -> Result<bool>;
+    /// `Pi` of mode `n` from the current factors.
+    fn form_pi(&mut self, n: usize) -> Result<()>;
+    /// `Phi_n` and the KKT violation `max |min(A_n, 1 - Phi_n)|`.
+    fn phi(&mut self, n: usize, eps_div_zero: f64) -> Result<f64>;
+    /// `A_n *= Phi_n`.
+    fn update(&mut self, n: usize) -> Result<()>;
+    /// `A_n`'s columns scaled to unit 1-norm, the norms into `lambda`
+    /// ([`normalize_mode`]).
+    fn normalize(&mut self, n: usize, lambda: &mut [f64]) -> Result<()>;
+    /// The log-likelihood of `(lambda, factors)` ([`log_likelihood`]).
+    fn log_likelihood(&mut self, lambda: &[f64]) -> Result<f64>;
+    /// The factors, on the host.
+    fn factors(&mut self) -> Result<Vec<Array2<f64>>>;
+}
+
+/// The steps on the CPU: the factors, each mode's sorted copy, `Phi` and
+/// `Pi` in host memory.
+struct CpuSteps<'t> {
+    tensor: &'t SparseTensor,
+    rank: usize,
+    factors: Vec<Array2<f64>>,
+    layouts: Vec<ModeRows>,
+    phi: Vec<Vec<f64>>,
+    pi: Vec<f64>,
+}
+
+impl<'t> CpuSteps<'t> {
+    fn new(tensor: &'t SparseTensor, factors: Vec<Array2<f64>>, rank: usize) -> Self {
+        let layouts = (0..tensor.nmodes())
+            .map(|m| ModeRows::new(tensor, m))
+            .collect();
+        let phi = factors.iter().map(|a| vec![0.0; a.len()]).collect();
+        CpuSteps {
+            tensor,
+            rank,
+            factors,
+            layouts,
+            phi,
+            pi: Vec::new(),
+        }
+    }
+
+    fn factor(&mut self, n: usize) -> Result<&mut [f64]> {
+        self.factors[n]
+            .as_slice_mut()
+            .ok_or_else(|| CpdError::Backend("factor not in standard layout".into()))
+    }
+}
+
+impl AprSteps for CpuSteps<'_> {
+    fn kappa_fold(&mut self, n: usize, kappa: Option<(f64, f64)>, lambda: &[f64]) -> Result<bool> {
+        let rank = self.rank;
+        let phi = std::mem::take(&mut self.phi[n]);
+        let a = self.factor(n)?;
+        let mut fixed = false;
+        if let Some((kappa_tol, kappa)) = kappa {
+            for (x, &f) in a.iter_mut().zip(&phi) {
+                if f > 0.0 && *x < kappa_tol {
+                    *x += kappa;
+                    fixed = true;
+                }
+            }
+        }
+        for row in a.chunks_mut(rank) {
+            for (x, l) in row.iter_mut().zip(lambda) {
+                *x *= l;
+            }
+        }
+        self.phi[n] = phi;
+        Ok(fixed)
+    }
+
+    fn form_pi(&mut self, n: usize) -> Result<()> {
+        compute_pi(&self.layouts[n], &self.factors, self.rank, &mut self.pi);
+        Ok(())
+    }
+
+    fn phi(&mut self, n: usize, eps_div_zero: f64) -> Result<f64> {
+        let a = self.factors[n]
+            .as_slice()
+            .ok_or_else(|| CpdError::Backend("factor not in standard layout".into()))?;
+        Ok(compute_phi(
+            &self.layouts[n],
+            &self.pi,
+            a,
+            self.rank,
+            eps_div_zero,
+            &mut self.phi[n],
+        ))
+    }
+
+    fn update(&mut self, n: usize) -> Result<()> {
+        let phi = std::mem::take(&mut self.phi[n]);
+        self.factor(n)?
+            .par_iter_mut()
+            .zip(phi.par_iter())
+            .with_min_len(1 << 12)
+            .for_each(|(x, &f)| *x *= f);
+        self.phi[n] = phi;
+        Ok(())
+    }
+
+    fn normalize(&mut self, n: usize, lambda: &mut [f64]) -> Result<()> {
+        normalize_mode(&mut self.factors[n], lambda);
+        Ok(())
+    }
+
+    fn log_likelihood(&mut self, lambda: &[f64]) -> Result<f64> {
+        Ok(log_likelihood(self.tensor, lambda, &self.factors))
+    }
+
+    fn factors(&mut self) -> Result<Vec<Array2<f64>>> {
+        Ok(std::mem::take(&mut self.factors))
+    }
+}
+
+/// The run itself, the same on every backend: the initial factors
+/// (normalized on the host) handed to `make`, which returns the steps;
+/// the outer and inner iterations and their stopping rules; the factors
+/// back on the host, normalized and sorted.
+pub(crate) fn run_steps<S: AprSteps>(
+    tensor: &SparseTensor,
+    opts: &AprOptions,
+    make: impl FnOnce(Vec<Array2<f64>>) -> Result<S>,
+    on_iteration: &mut dyn FnMut(&AprIteration) -> ControlFlow<()>,
+) -> Result<AprModel> {
     let (mut factors, mut lambda) = initial(tensor, opts)?;
     let rank = opts.rank;
     let nmodes = tensor.nmodes();
@@ -475,9 +627,7 @@ pub fn cp_apr(
     for a in factors.iter_mut() {
         normalize_mode(a, &mut lambda);
     }
-    let layouts: Vec<ModeRows> = (0..nmodes).map(|m| ModeRows::new(tensor, m)).collect();
-    let mut phi: Vec<Vec<f64>> = factors.iter().map(|a| vec![0.0; a.len()]).collect();
-    let mut pi = Vec::new();
+    let mut steps = make(factors)?;
     let mut kkt_modes = vec![0.0f64; nmodes];
     let mut iterations = Vec::new();
     let (mut converged, mut timed_out, mut interrupted) = (false, false, false);
@@ -486,49 +636,26 @@ pub fn cp_apr(
         let mut all_met = true;
         let mut inner_iters = 0;
         let mut kappa_fixes = 0;
-        for n in 0..nmodes {
-            let a = factors[n]
-                .as_slice_mut()
-                .ok_or_else(|| CpdError::Backend("factor not in standard layout".into()))?;
-            if iteration > 0 {
-                let mut fixed = false;
-                for (x, &f) in a.iter_mut().zip(&phi[n]) {
-                    if f > 0.0 && *x < opts.kappa_tol {
-                        *x += opts.kappa;
-                        fixed = true;
-                    }
-                }
-                kappa_fixes += usize::from(fixed);
-            }
-            // Fold lambda into A_n.
-            for row in a.chunks_mut(rank) {
-                for (x, l) in row.iter_mut().zip(&lambda) {
-                    *x *= l;
-                }
-            }
+        for (n, kkt) in kkt_modes.iter_mut().enumerate() {
+            let kappa = (iteration > 0).then_some((opts.kappa_tol, opts.kappa));
+            let fixed = steps.kappa_fold(n, kappa, &lambda)?;
+            kappa_fixes += usize::from(fixed);
             lambda.fill(1.0);
-            compute_pi(&layouts[n], &factors, rank, &mut pi);
-            let a = factors[n]
-                .as_slice_mut()
-                .ok_or_else(|| CpdError::Backend("factor not in standard layout".into()))?;
+            steps.form_pi(n)?;
             for _ in 0..opts.max_inner_iters {
                 inner_iters += 1;
-                kkt_modes[n] =
-                    compute_phi(&layouts[n], &pi, a, rank, opts.eps_div_zero, &mut phi[n]);
-                if kkt_modes[n] < opts.tol {
+                *kkt = steps.phi(n, opts.eps_div_zero)?;
+                if *kkt < opts.tol {
                     break;
                 }
                 all_met = false;
-                a.par_iter_mut()
-                    .zip(phi[n].par_iter())
-                    .with_min_len(1 << 12)
-                    .for_each(|(x, &f)| *x *= f);
+                steps.update(n)?;
             }
-            normalize_mode(&mut factors[n], &mut lambda);
+            steps.normalize(n, &mut lambda)?;
         }
         let stats = AprIteration {
             iteration: iteration + 1,
-            log_likelihood: log_likelihood(tensor, &lambda, &factors),
+            log_likelihood: steps.log_likelihood(&lambda)?,
             kkt_violation: kkt_modes.iter().copied().fold(0.0, f64::max),
             inner_iters,
             kappa_fixes,
@@ -553,6 +680,8 @@ pub fn cp_apr(
 
     // The final normalization, then the components by weight, largest
     // first.
+    let mut factors = steps.factors()?;
+    drop(steps);
     for a in factors.iter_mut() {
         normalize_mode(a, &mut lambda);
     }

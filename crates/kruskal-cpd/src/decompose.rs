@@ -743,7 +743,7 @@ fn make_backend(
 
 /// Why the GPU was not used, in a few words (the full list of library
 /// names tried is for `--backend gpu`'s error).
-fn fallback_reason(e: &CpdError) -> String {
+pub(crate) fn fallback_reason(e: &CpdError) -> String {
     if let CpdError::Device(DeviceError::MissingLibrary { library, .. }) = e {
         return format!("no CUDA {library} library was found");
     }

@@ -3,7 +3,8 @@
 //! ([`CpuBackend`]), one GPU ([`GpuBackend`]) or several ([`GroupBackend`]);
 //! in [`admm`], non-negative and L1/L2-regularized CP by AO-ADMM (CPU or
 //! one GPU);
-//! in [`apr`], the Poisson CP of count tensors (CP-APR) on the CPU; and,
+//! in [`apr`], the Poisson CP of count tensors (CP-APR) on the CPU, and in
+//! [`apr_gpu`] on one GPU; and,
 //! in [`distributed`], one process's part of a run over several processes.
 //!
 //! ```
@@ -21,6 +22,7 @@
 pub mod admm;
 pub mod als;
 pub mod apr;
+pub mod apr_gpu;
 pub mod backend;
 pub mod decompose;
 pub mod dense;
@@ -40,6 +42,7 @@ pub use admm::{AdmmOptions, InnerStop, NonNeg, cpd_admm, cpd_admm_with};
 pub(crate) use als::check_factor_shapes;
 pub use als::{Arrangement, CpdOptions, Init, arrange, cpd_als, cpd_als_with, random_factors};
 pub use apr::{AprInit, AprIteration, AprModel, AprOptions, cp_apr};
+pub use apr_gpu::{AprRun, cp_apr_gpu, cp_apr_on};
 pub use backend::{Backend, ColumnNorms, CpuBackend};
 pub use decompose::{
     BackendChoice, Chosen, DecomposeOptions, Decomposition, Event, PrepareTimes, StartSummary,

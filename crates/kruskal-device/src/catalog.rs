@@ -107,6 +107,11 @@ pub const SOURCES: &[SourceVariants] = &[
         per_mode: false,
         variants: &[&[]],
     },
+    SourceVariants {
+        source: KernelSource::Apr,
+        per_mode: false,
+        variants: &[&[]],
+    },
 ];
 
 /// Mode counts and ranks every kernel is checked with (`cargo xtask
@@ -116,7 +121,7 @@ pub const CHECK_RANKS: [i64; 6] = [1, 7, 16, 32, 64, 100];
 /// [`CHECK_RANKS`] and 128, the largest rank of fcoo's lane teams (which
 /// are compiled for the ranks [`crate::engines::fcoo::teams_fit`] accepts only).
 const TEAM_RANKS_TOO: [i64; 7] = [1, 7, 16, 32, 64, 100, 128];
-/// Ranks the mode-independent kernels (`dense.cu`) are checked with: the
+/// Ranks the mode-independent kernels (`dense.cu`, `apr.cu`) are checked with: the
 /// MTTKRP ranks plus the edges of their launch shapes (2 and 3 columns,
 /// W read through the cache above 64, the Gram split over blockIdx.y above
 /// 88, the largest rank 256).

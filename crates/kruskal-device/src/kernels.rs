@@ -50,11 +50,13 @@ pub enum KernelSource {
     /// `fcoo_build.cu`: the F-COO layout built on the device, and a GPU
     /// group's shards.
     FcooBuild,
+    /// `apr.cu`: the steps of CP-APR (Poisson CP), in f64.
+    Apr,
 }
 
 impl KernelSource {
     /// Every source file, in the order of [`SOURCES`](crate::catalog::SOURCES).
-    pub const ALL: [KernelSource; 9] = [
+    pub const ALL: [KernelSource; 10] = [
         KernelSource::Coo,
         KernelSource::Fcoo,
         KernelSource::Hicoo,
@@ -64,6 +66,7 @@ impl KernelSource {
         KernelSource::Admm,
         KernelSource::Probe,
         KernelSource::FcooBuild,
+        KernelSource::Apr,
     ];
 
     /// The file's name in `kernels/` (also NVRTC's name of the program and
@@ -79,6 +82,7 @@ impl KernelSource {
             KernelSource::Admm => "admm.cu",
             KernelSource::Probe => "probe.cu",
             KernelSource::FcooBuild => "fcoo_build.cu",
+            KernelSource::Apr => "apr.cu",
         }
     }
 
@@ -95,6 +99,7 @@ impl KernelSource {
             KernelSource::Admm => include_str!("../kernels/admm.cu"),
             KernelSource::Probe => include_str!("../kernels/probe.cu"),
             KernelSource::FcooBuild => include_str!("../kernels/fcoo_build.cu"),
+            KernelSource::Apr => include_str!("../kernels/apr.cu"),
         }
     }
 }
@@ -146,11 +151,20 @@ pub enum Kernel {
     ShardSelect,
     ShardElements,
     ShardMark,
+    AprPi,
+    AprPhi,
+    AprPhiRows,
+    AprUpdate,
+    AprKappaFold,
+    AprColumnSums,
+    AprSumPartials,
+    AprScale,
+    AprLogLikelihood,
 }
 
 impl Kernel {
     /// Every entry function of every source.
-    pub const ALL: [Kernel; 43] = [
+    pub const ALL: [Kernel; 52] = [
         Kernel::MttkrpCooAtomic,
         Kernel::StoreF32,
         Kernel::MttkrpFcoo,
@@ -194,6 +208,15 @@ impl Kernel {
         Kernel::ShardSelect,
         Kernel::ShardElements,
         Kernel::ShardMark,
+        Kernel::AprPi,
+        Kernel::AprPhi,
+        Kernel::AprPhiRows,
+        Kernel::AprUpdate,
+        Kernel::AprKappaFold,
+        Kernel::AprColumnSums,
+        Kernel::AprSumPartials,
+        Kernel::AprScale,
+        Kernel::AprLogLikelihood,
     ];
 
     /// The source file that defines the function, and the function's name
@@ -243,6 +266,15 @@ impl Kernel {
             Kernel::ShardSelect => (KernelSource::FcooBuild, "shard_select"),
             Kernel::ShardElements => (KernelSource::FcooBuild, "shard_elements"),
             Kernel::ShardMark => (KernelSource::FcooBuild, "shard_mark"),
+            Kernel::AprPi => (KernelSource::Apr, "apr_pi"),
+            Kernel::AprPhi => (KernelSource::Apr, "apr_phi"),
+            Kernel::AprPhiRows => (KernelSource::Apr, "apr_phi_rows"),
+            Kernel::AprUpdate => (KernelSource::Apr, "apr_update"),
+            Kernel::AprKappaFold => (KernelSource::Apr, "apr_kappa_fold"),
+            Kernel::AprColumnSums => (KernelSource::Apr, "apr_column_sums"),
+            Kernel::AprSumPartials => (KernelSource::Apr, "apr_sum_partials"),
+            Kernel::AprScale => (KernelSource::Apr, "apr_scale"),
+            Kernel::AprLogLikelihood => (KernelSource::Apr, "apr_log_likelihood"),
         }
     }
 

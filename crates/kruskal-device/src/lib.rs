@@ -21,6 +21,9 @@
 //!   dynamic remap in the same pass).
 //! - [`dense`]: the dense steps of CPD-ALS (factor update with column
 //!   statistics, scaling, Gram matrix), f64 sums in a fixed order.
+//! - [`apr`]: the steps of CP-APR (Poisson CP) in f64 (`Pi`, `Phi` with
+//!   the KKT violation, the multiplicative update, the kappa fix, column
+//!   1-norms, the log-likelihood); the driver is `kruskal_cpd::apr_gpu`.
 //! - Several GPUs (one host's, or one per process of a job) run as a group
 //!   in the `kruskal-group` crate, above this one: the engines' layouts,
 //!   kernels and dense steps are this crate's, the scheduling of several
@@ -88,6 +91,7 @@ macro_rules! forward_gpu_mttkrp {
 }
 
 pub mod admm;
+pub mod apr;
 pub mod catalog;
 pub mod dense;
 pub mod engine;

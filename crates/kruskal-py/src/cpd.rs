@@ -422,7 +422,7 @@ pub fn devices(py: Python<'_>) -> PyResult<(Vec<Bound<'_, PyDict>>, Option<Strin
 
 /// What the Python layer's `cp_apr` passes down; see its docstring.
 #[pyfunction]
-#[pyo3(signature = (tensor, rank, *, iters, inner_iters, tol, kappa, kappa_tol, eps_div_zero, time_limit, init, weights, seed, callback))]
+#[pyo3(signature = (tensor, rank, *, iters, inner_iters, tol, kappa, kappa_tol, eps_div_zero, time_limit, init, weights, seed, callback, backend))]
 #[allow(clippy::too_many_arguments)]
 pub fn cp_apr<'py>(
     py: Python<'py>,
@@ -439,8 +439,10 @@ pub fn cp_apr<'py>(
     weights: Option<Vec<f64>>,
     seed: u64,
     callback: Option<Py<PyAny>>,
+    backend: &str,
 ) -> PyResult<Bound<'py, PyDict>> {
-    use kruskal_cpd::apr::{AprInit, AprOptions, cp_apr, non_integer_values};
+    use kruskal_cpd::apr::{AprInit, AprOptions, non_integer_values};
+    let choice: kruskal_cpd::BackendChoice = backend.parse().map_err(|e| cpd_error(e, false))?;
     let init = match init {
         None => AprInit::Random { seed },
         Some(factors) => AprInit::Given {
@@ -465,7 +467,7 @@ pub fn cp_apr<'py>(
     let t = tensor.inner.clone();
     let mut raised: Option<PyErr> = None;
     let done = py.detach(|| {
-        cp_apr(&t, &opts, &mut |s| {
+        kruskal_cpd::cp_apr_on(&t, &opts, choice, &mut |s| {
             // Back into Python once per outer iteration: Ctrl-C and the
             // callback are heard there.
             let keep_going = Python::attach(|py| -> PyResult<bool> {
@@ -491,8 +493,13 @@ pub fn cp_apr<'py>(
     if let Some(e) = raised {
         return Err(e);
     }
-    let (model, non_integer) = done.map_err(|e| cpd_error(e, false))?;
+    let (run, non_integer) =
+        done.map_err(|e| cpd_error(e, choice == kruskal_cpd::BackendChoice::Gpu))?;
+    let model = run.model;
     let out = model_dict(py, model.lambda.clone(), model.factors)?;
+    out.set_item("backend", run.backend)?;
+    out.set_item("device", run.device)?;
+    out.set_item("fallback", run.fallback)?;
     let iterations = PyList::empty(py);
     for s in &model.iterations {
         let d = PyDict::new(py);

@@ -158,3 +158,24 @@ def test_refuses_what_is_not_counts():
         kruskal.cp_apr(X, 1, algorithm="pdnr")
     with pytest.raises(ValueError, match="rank"):
         kruskal.cp_apr(X, 0)
+
+
+def test_backend_choice_and_the_gpu_gives_the_cpus_answer():
+    subs, vals, shape = random_sparse((30, 25, 20), 400, seed=8)
+    X = kruskal.SparseTensor(subs, np.ceil(vals), shape)
+    factors = initial(shape, 3)
+    cpu = kruskal.cp_apr(X, 3, init=factors, maxiters=4, stoptol=0.0, backend="cpu")
+    assert cpu.backend == "cpu" and cpu.info["fallback"] is None
+    auto = kruskal.cp_apr(X, 3, init=factors, maxiters=4, stoptol=0.0)
+    if auto.backend == "gpu":
+        assert auto.info["describe"].startswith("gpu (")
+        np.testing.assert_allclose(auto.log_likelihoods, cpu.log_likelihoods, rtol=1e-9)
+        for a, b in zip(auto.factors, cpu.factors):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-8)
+    else:
+        assert "CUDA" in auto.info["fallback"]
+        np.testing.assert_array_equal(auto.log_likelihoods, cpu.log_likelihoods)
+        with pytest.raises(kruskal.GpuError):
+            kruskal.cp_apr(X, 3, init=factors, maxiters=1, backend="gpu")
+    with pytest.raises(ValueError, match="unknown backend"):
+        kruskal.cp_apr(X, 3, maxiters=1, backend="tpu")

@@ -1326,6 +1326,50 @@ fn cp_apr_reports_every_iteration_and_writes_its_model() {
 }
 
 #[test]
+fn cp_apr_says_where_it_ran_and_the_gpu_gives_the_cpus_answer() {
+    let file = data("splatt-med.tns.gz");
+    let lls = |v: &serde_json::Value| -> Vec<f64> {
+        v["iterations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["log_likelihood"].as_f64().unwrap())
+            .collect()
+    };
+    let cpu = cp_apr_json(&file, &["--iters", "3", "--backend", "cpu"]);
+    assert_eq!(cpu["backend"], "cpu", "{cpu}");
+    assert!(
+        cpu["fallback"].is_null() && cpu["device"].is_null(),
+        "{cpu}"
+    );
+    assert!(cpu["seconds_per_iteration_after_first"].as_f64().unwrap() > 0.0);
+    let auto = cp_apr_json(&file, &["--iters", "3"]);
+    if has_gpu() {
+        assert_eq!(auto["backend"], "gpu", "{auto}");
+        assert!(auto["device"].is_string(), "{auto}");
+        let gpu = cp_apr_json(&file, &["--iters", "3", "--backend", "gpu"]);
+        for (a, b) in lls(&cpu).iter().zip(lls(&gpu)) {
+            assert!((a - b).abs() <= 1e-9 * a.abs(), "CPU {a} vs GPU {b}");
+        }
+        assert_eq!(lls(&gpu).len(), 3);
+    } else {
+        assert_eq!(auto["backend"], "cpu", "{auto}");
+        let why = auto["fallback"].as_str().unwrap();
+        assert!(why.contains("CUDA"), "{why}");
+        assert_eq!(lls(&auto), lls(&cpu));
+        let o = kruskal(&[
+            "cp-apr",
+            file.to_str().unwrap(),
+            "--rank",
+            "3",
+            "--backend",
+            "gpu",
+        ]);
+        assert_clean_failure(&o, "CUDA");
+    }
+}
+
+#[test]
 fn cp_apr_refuses_negative_values() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("neg.tns");

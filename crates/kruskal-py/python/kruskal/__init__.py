@@ -443,14 +443,15 @@ def cp_apr(
     *,
     seed: int = 1,
     callback: Optional[Callable[[int, float, float], Optional[bool]]] = None,
+    backend: str = "auto",
 ) -> KruskalModel:
     """Poisson CP of a count tensor by CP-APR, as ``kruskal cp-apr``.
 
     Follows pyttb's ``cp_apr(algorithm="mu")`` step by step (the
     multiplicative updates of Chi and Kolda, the kappa fix of inadmissible
     zeros, the KKT stopping test, the final normalization and sort): from
-    the same initial factors both give the same log-likelihoods. Runs on
-    the CPU, in float64, on all cores.
+    the same initial factors both give the same log-likelihoods. Runs in
+    float64 on one GPU or on the CPU's cores (``backend``).
 
     The arguments from ``algorithm`` to ``kappatol`` are pyttb's, with its
     names and defaults.
@@ -487,6 +488,11 @@ def cp_apr(
     callback : callable, optional
         ``callback(iteration, log_likelihood, kkt_violation)`` after every
         outer iteration; returning False stops the run.
+    backend : {"auto", "cpu", "gpu"}, default "auto"
+        ``"auto"``: the first GPU when one is usable, takes the rank (1 to
+        256) and has the memory, else the CPU (``info["fallback"]`` says
+        why); ``"gpu"`` raises ``GpuError`` when the GPU cannot run it.
+        Both give the same model up to rounding.
 
     Returns
     -------
@@ -495,15 +501,19 @@ def cp_apr(
         (``to_pyttb()`` gives the ``pyttb.ktensor``); ``log_likelihood``,
         ``log_likelihoods``, and per outer iteration in ``iterations``:
         ``iteration``, ``log_likelihood``, ``kkt_violation``,
-        ``inner_iters``, ``kappa_fixes``, ``elapsed_s``. ``info`` holds
+        ``inner_iters``, ``kappa_fixes``, ``elapsed_s``. ``backend`` is
+        where it ran (``"gpu"`` or ``"cpu"``). ``info`` holds
         ``log_likelihood``, ``timed_out``, ``non_integer_values`` (values
-        that are not whole numbers: accepted, as pyttb does).
+        that are not whole numbers: accepted, as pyttb does), ``describe``,
+        ``fallback`` (why ``backend="auto"`` did not use the GPU, or None).
 
     Raises
     ------
     ValueError
         Bad arguments, negative or non-finite values, negative initial
         factors or factors of the wrong shape.
+    GpuError
+        ``backend="gpu"`` and the GPU cannot be used or fails.
     """
     if algorithm != "mu":
         raise ValueError(f"algorithm must be 'mu' (the only one kruskal has), not {algorithm!r}")
@@ -540,11 +550,12 @@ def cp_apr(
         eps_div_zero=float(epsDivZero), time_limit=stop if np.isfinite(stop) else None,
         init=given, weights=weights, seed=int(seed),
         callback=(lambda i, ll, kkt: callback(i, ll, kkt) is not False)
-        if callback is not None else None)
-    info = {k: out[k] for k in ("log_likelihood", "timed_out", "non_integer_values")}
-    info["describe"] = "cpu (CP-APR, multiplicative updates)"
+        if callback is not None else None, backend=str(backend))
+    info = {k: out[k] for k in ("log_likelihood", "timed_out", "non_integer_values", "fallback")}
+    where = out["backend"] if out["device"] is None else f"gpu ({out['device']})"
+    info["describe"] = f"{where} (CP-APR, multiplicative updates)"
     return KruskalModel(out["weights"], list(out["factors"]), out["iterations"],
-                        out["converged"], out["interrupted"], "cpu", info)
+                        out["converged"], out["interrupted"], out["backend"], info)
 
 
 def mttkrp(X: Any, factors: Sequence[np.ndarray], mode: int, *, backend: str = "auto",

@@ -1,6 +1,6 @@
 //! `kruskal cp-apr`: the Poisson CP decomposition of a count tensor
 //! (CP-APR with multiplicative updates, as pyttb's `cp_apr(algorithm="mu")`),
-//! on the CPU.
+//! on the CPU or one GPU (`--backend`).
 
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -10,10 +10,11 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use kruskal_cpd::apr::{self, AprInit, AprModel, AprOptions};
-use kruskal_cpd::{IterationTotals, KruskalModel, load_factors};
+use kruskal_cpd::{AprRun, BackendChoice, IterationTotals, KruskalModel, cp_apr_on, load_factors};
 use serde_json::json;
 
 use super::common::{InputArgs, parse_rank, parse_seed, parse_threads, set_threads};
+use super::cpd::BackendArg;
 use super::{cleanup, preflight};
 
 #[derive(Args, Debug)]
@@ -60,6 +61,11 @@ pub struct CpAprArgs {
     /// into DIR.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Where to run: auto (the GPU when one is usable, takes the rank and
+    /// has the memory, else the CPU; the output says which ran and why),
+    /// cpu, or gpu (the first CUDA GPU; an error when it cannot run).
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    pub backend: BackendArg,
     /// Worker threads (default: one per core).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = parse_threads)]
     pub threads: usize,
@@ -105,6 +111,9 @@ pub fn run(args: CpAprArgs) -> Result<()> {
     if args.input.file.is_none() && args.input.like.is_none() {
         bail!("give a tensor FILE (or --like NAME)");
     }
+    if args.backend == BackendArg::Gpu {
+        preflight::check_gpu_present()?;
+    }
     let loaded = args.input.load()?;
     let tensor = &loaded.tensor;
     let opts = options(&args, tensor.nmodes())?;
@@ -129,13 +138,25 @@ pub fn run(args: CpAprArgs) -> Result<()> {
     }
     let start = Instant::now();
     let quiet = args.json;
-    let model = apr::cp_apr(tensor, &opts, &mut |s| {
+    let choice = match args.backend {
+        BackendArg::Auto => BackendChoice::Auto,
+        BackendArg::Cpu => BackendChoice::Cpu,
+        BackendArg::Gpu => BackendChoice::Gpu,
+    };
+    let mut last_s = 0.0;
+    let run = cp_apr_on(tensor, &opts, choice, &mut |s| {
         if !quiet {
             println!(
-                "iter {:>5}  log-likelihood {:.10e}  KKT violation {:.3e}  inner {:>3}  kappa fixes {}",
-                s.iteration, s.log_likelihood, s.kkt_violation, s.inner_iters, s.kappa_fixes
+                "iter {:>5}  log-likelihood {:.10e}  KKT violation {:.3e}  inner {:>3}  kappa fixes {}  {:.4} s",
+                s.iteration,
+                s.log_likelihood,
+                s.kkt_violation,
+                s.inner_iters,
+                s.kappa_fixes,
+                s.elapsed_s - last_s
             );
         }
+        last_s = s.elapsed_s;
         if stop.load(Ordering::SeqCst) {
             ControlFlow::Break(())
         } else {
@@ -143,8 +164,18 @@ pub fn run(args: CpAprArgs) -> Result<()> {
         }
     })?;
     let apr_s = start.elapsed().as_secs_f64();
+    let model = &run.model;
+    let ran_on = ran_on(&run);
+    // Iterations after the first (which also builds the sorted copies
+    // and, on a GPU, uploads them): the steady time per outer iteration.
+    let steady_s = match model.iterations.as_slice() {
+        [first, .., last] => {
+            Some((last.elapsed_s - first.elapsed_s) / (model.iterations.len() - 1) as f64)
+        }
+        _ => None,
+    };
     if let Some(dir) = &args.out {
-        let saved = as_saved(&model);
+        let saved = as_saved(model);
         let track = cleanup::TrackStaging;
         let staged = saved
             .stage(dir, &track)
@@ -173,6 +204,9 @@ pub fn run(args: CpAprArgs) -> Result<()> {
             "nnz": tensor.nnz(),
             "load_s": loaded.load_s,
             "threads": rayon::current_num_threads(),
+            "backend": run.backend,
+            "device": run.device,
+            "fallback": run.fallback,
             "rank": opts.rank,
             "options": {
                 "iters": opts.max_iters,
@@ -190,11 +224,13 @@ pub fn run(args: CpAprArgs) -> Result<()> {
             "stopped": how,
             "converged": model.converged,
             "cp_apr_s": apr_s,
+            "seconds_per_iteration_after_first": steady_s,
             "lambda": model.lambda,
             "out": args.out,
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
+        println!("backend    {ran_on}");
         let its = model.iterations.len();
         println!(
             "final      log-likelihood {:.10e} after {its} iterations ({how})",
@@ -202,8 +238,11 @@ pub fn run(args: CpAprArgs) -> Result<()> {
         );
         let inner: usize = model.iterations.iter().map(|s| s.inner_iters).sum();
         println!(
-            "time       {apr_s:.3} s, {:.4} s per iteration, {inner} inner iterations",
-            apr_s / its.max(1) as f64
+            "time       {apr_s:.3} s, {:.4} s per iteration, {inner} inner iterations{}",
+            apr_s / its.max(1) as f64,
+            steady_s.map_or_else(String::new, |s| format!(
+                ", {s:.4} s per iteration after the first"
+            ))
         );
         let shown: Vec<String> = model
             .lambda
@@ -228,6 +267,16 @@ pub fn run(args: CpAprArgs) -> Result<()> {
         std::process::exit(130);
     }
     Ok(())
+}
+
+/// Where the run went, in words: `gpu (NAME)`, `cpu`, or `cpu (the GPU
+/// was not used: WHY)`.
+fn ran_on(run: &AprRun) -> String {
+    match (&run.device, &run.fallback) {
+        (Some(name), _) => format!("{} ({name})", run.backend),
+        (None, Some(why)) => format!("{} (the GPU was not used: {why})", run.backend),
+        (None, None) => run.backend.to_string(),
+    }
 }
 
 /// The model in the files `kruskal cpd` writes (f32 factors, f64 weights).

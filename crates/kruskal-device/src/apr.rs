@@ -1,0 +1,853 @@
+//! The steps of CP-APR (Poisson CP by multiplicative updates) on one GPU
+//! (`kernels/apr.cu`), in f64: `Pi` of a mode, `Phi` with the KKT
+//! violation, the multiplicative update, the kappa fix with lambda folded
+//! in, column 1-norms and scaling, and the log-likelihood's sum over the
+//! nonzeros. The driver (the outer and inner iterations, the stopping
+//! rules) is `kruskal_cpd::apr_gpu`, which builds each mode's sorted copy
+//! of the nonzeros on the host and hands it to [`AprGpu::upload_copy`].
+//!
+//! Per inner iteration only the KKT violation (8 bytes) comes back; per
+//! mode, the kappa flag and the R column norms; per outer iteration, the
+//! log-likelihood. Every sum runs in a fixed order, so a run is
+//! bit-identical run to run on one GPU.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use ndarray::Array2;
+
+use crate::kernels::Kernel;
+use crate::{DeviceError, Gpu, Result, driver, grid_stride};
+
+/// The largest rank the kernels take (the column sums give each column a
+/// thread of a 256-thread block).
+pub const MAX_RANK: usize = 256;
+
+/// Threads per block (`THREADS` in `apr.cu`); a warp per row.
+const THREADS: u32 = 256;
+const WARPS_PER_BLOCK: usize = THREADS as usize / 32;
+
+/// Blocks of the warp-per-row kernels at most: enough warps to fill any
+/// GPU, and few enough partial sums of the log-likelihood to add in one
+/// thread. Fixed, so sums come out the same on every GPU.
+const ROW_BLOCKS: usize = 4096;
+/// Blocks of the column sums at most.
+const COLUMN_BLOCKS: usize = 1024;
+
+/// Nonzeros of a piece at most: `Phi` and the log-likelihood give each
+/// piece of a row, not each row, to a warp, so a row holding a large share
+/// of the nonzeros is spread over many warps.
+pub const PIECE_NNZ: usize = 256;
+
+/// A sorted copy's rows cut into pieces of at most [`PIECE_NNZ`]
+/// consecutive nonzeros (an empty row has none).
+#[derive(Debug, PartialEq)]
+pub struct Pieces {
+    /// `npieces + 1` entries: piece k is nonzeros `begin[k]..begin[k + 1]`.
+    pub begin: Vec<u64>,
+    /// The row of each piece.
+    pub row: Vec<u32>,
+    /// `rows + 1` entries: row i's pieces are `ptr[i]..ptr[i + 1]`.
+    pub ptr: Vec<u64>,
+}
+
+impl Pieces {
+    /// The pieces of the rows of `row_ptr` (nondecreasing, from 0), at most
+    /// `most` nonzeros each. Cost: O(rows + pieces).
+    pub fn new(row_ptr: &[u64], most: usize) -> Self {
+        let most = most.max(1) as u64;
+        let rows = row_ptr.len().saturating_sub(1);
+        let mut begin = Vec::new();
+        let mut row = Vec::new();
+        let mut ptr = Vec::with_capacity(rows + 1);
+        ptr.push(0);
+        for (i, w) in row_ptr.windows(2).enumerate() {
+            let mut at = w[0];
+            while at < w[1] {
+                begin.push(at);
+                row.push(i as u32);
+                at = (at + most).min(w[1]);
+            }
+            ptr.push(begin.len() as u64);
+        }
+        begin.push(row_ptr.last().copied().unwrap_or(0));
+        Pieces { begin, row, ptr }
+    }
+
+    pub fn len(&self) -> usize {
+        self.row.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.row.is_empty()
+    }
+}
+
+/// Pieces of a mode of `rows` rows at most: one per nonempty row and one
+/// per [`PIECE_NNZ`] nonzeros beyond.
+fn pieces_bound(rows: u64, nnz: u64) -> u64 {
+    rows.min(nnz).saturating_add(nnz / PIECE_NNZ as u64)
+}
+
+/// Errors unless the kernels take `rank`.
+pub fn check_rank(rank: usize) -> Result<()> {
+    if rank == 0 || rank > MAX_RANK {
+        return Err(DeviceError::Shape(format!(
+            "GPU CP-APR takes ranks 1 to {MAX_RANK}, not {rank}"
+        )));
+    }
+    Ok(())
+}
+
+/// One mode's copy of the nonzeros, sorted by that mode's index.
+pub struct SortedCopy<'a> {
+    /// `dims[mode] + 1` entries: row i's nonzeros are `row_ptr[i]..row_ptr[i + 1]`.
+    pub row_ptr: &'a [u64],
+    /// `nnz` counts.
+    pub values: &'a [f64],
+    /// The other modes' indices, ascending mode order, mode-major:
+    /// `(nmodes - 1) * nnz` entries.
+    pub other: &'a [u32],
+}
+
+/// A sorted copy on the device.
+struct DeviceCopy {
+    /// [`Pieces`]: `begin`, `row`, `ptr` and their count.
+    piece_begin: CudaSlice<u64>,
+    piece_row: CudaSlice<u32>,
+    piece_ptr: CudaSlice<u64>,
+    npieces: usize,
+    values: CudaSlice<f64>,
+    other: CudaSlice<u32>,
+    /// Where each other mode's factor starts in the factor buffer.
+    offsets: CudaSlice<u64>,
+}
+
+/// What [`AprGpu::new`] and the sorted copies take on the device, by part
+/// (bytes): the copies (`nnz * (8 + 4 (N-1))` and a row pointer of 8 bytes
+/// per index, per mode), their pieces (12 bytes each, at most one per
+/// nonempty row and one per [`PIECE_NNZ`] nonzeros beyond), `Pi`
+/// (`nnz * R * 8`), the factors and `Phi` (`rows * R * 8` each), the
+/// pieces' sums of `Phi` (`R * 8` per piece of the mode with the most)
+/// and the partial sums.
+pub fn device_bytes(dims: &[u32], nnz: usize, rank: usize) -> Vec<(&'static str, u64)> {
+    let nmodes = dims.len() as u64;
+    let (nnz, r) = (nnz as u64, rank as u64);
+    let rows: u64 = dims.iter().map(|&d| u64::from(d)).sum();
+    let copies = nnz
+        .saturating_mul(8 + 4 * nmodes.saturating_sub(1))
+        .saturating_mul(nmodes)
+        .saturating_add(rows.saturating_add(nmodes).saturating_mul(8));
+    let pieces: u64 = dims
+        .iter()
+        .map(|&d| pieces_bound(u64::from(d), nnz).saturating_add(1))
+        .fold(0, u64::saturating_add);
+    let most = max_pieces(dims, nnz);
+    let matrix = rows.saturating_mul(r).saturating_mul(8);
+    vec![
+        ("sorted copies", copies),
+        ("pieces", pieces.saturating_mul(12)),
+        ("Pi", nnz.saturating_mul(r).saturating_mul(8)),
+        ("factors", matrix),
+        ("Phi", matrix),
+        ("pieces' sums", most.saturating_mul(r).saturating_mul(8)),
+        ("partial sums", partials_len(rank) as u64 * 8),
+    ]
+}
+
+/// Pieces of the mode with the most, at most.
+fn max_pieces(dims: &[u32], nnz: u64) -> u64 {
+    dims.iter()
+        .map(|&d| pieces_bound(u64::from(d), nnz))
+        .max()
+        .unwrap_or(0)
+}
+
+fn partials_len(rank: usize) -> usize {
+    ROW_BLOCKS.max(COLUMN_BLOCKS * rank)
+}
+
+/// Blocks of a warp-per-row kernel over `rows`.
+fn row_blocks(rows: usize) -> u32 {
+    rows.div_ceil(WARPS_PER_BLOCK).clamp(1, ROW_BLOCKS) as u32
+}
+
+/// Blocks of the column sums over `rows` (`SLOTS` rows per block pass).
+fn column_blocks(rows: usize, rank: usize) -> u32 {
+    let slots = (THREADS as usize / rank).max(1);
+    rows.div_ceil(slots).clamp(1, COLUMN_BLOCKS) as u32
+}
+
+/// Mode `mode`'s sorted copy (a function of the field alone, so the other
+/// buffers can be borrowed mutably beside it).
+fn copy_of(copies: &[Option<DeviceCopy>], mode: usize) -> Result<&DeviceCopy> {
+    copies
+        .get(mode)
+        .and_then(Option::as_ref)
+        .ok_or_else(|| DeviceError::Shape(format!("no sorted copy of mode {mode} uploaded")))
+}
+
+fn blocks(n: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// CP-APR's arrays on one GPU and the launches of its steps.
+pub struct AprGpu {
+    gpu: Arc<Gpu>,
+    rank: usize,
+    dims: Vec<u32>,
+    nnz: usize,
+    /// Element offset of each mode's factor (and Phi) in the buffers.
+    starts: Vec<usize>,
+    copies: Vec<Option<DeviceCopy>>,
+    factors: CudaSlice<f64>,
+    phi: CudaSlice<f64>,
+    pi: CudaSlice<f64>,
+    /// The pieces' sums of `Phi` (pieces x rank).
+    piece_sums: CudaSlice<f64>,
+    lambda: CudaSlice<f64>,
+    inv: CudaSlice<f64>,
+    partials: CudaSlice<f64>,
+    sums: CudaSlice<f64>,
+    kkt: CudaSlice<u64>,
+    fixed: CudaSlice<u32>,
+}
+
+impl AprGpu {
+    /// Allocates the factors, `Phi`, `Pi` and the small buffers for a
+    /// tensor of `dims` with `nnz` nonzeros at `rank`, after checking that
+    /// these and the sorted copies ([`device_bytes`]) fit in free memory.
+    pub fn new(gpu: Arc<Gpu>, dims: &[u32], nnz: usize, rank: usize) -> Result<Self> {
+        check_rank(rank)?;
+        let need: u64 = device_bytes(dims, nnz, rank).iter().map(|p| p.1).sum();
+        gpu.ensure_free(
+            "CP-APR's sorted copies, Pi, factors and Phi",
+            usize::try_from(need).unwrap_or(usize::MAX),
+        )?;
+        let mut starts = Vec::with_capacity(dims.len() + 1);
+        let mut at = 0usize;
+        for &d in dims {
+            starts.push(at);
+            at += d as usize * rank;
+        }
+        starts.push(at);
+        Ok(AprGpu {
+            factors: gpu.alloc_zeros("the CP-APR factors", at)?,
+            phi: gpu.alloc_zeros("CP-APR's Phi", at)?,
+            pi: gpu.alloc_zeros("CP-APR's Pi", nnz * rank)?,
+            piece_sums: gpu.alloc_zeros(
+                "CP-APR's pieces of Phi",
+                usize::try_from(max_pieces(dims, nnz as u64))
+                    .unwrap_or(usize::MAX)
+                    .saturating_mul(rank),
+            )?,
+            lambda: gpu.alloc_zeros("the CP-APR weights", rank)?,
+            inv: gpu.alloc_zeros("the CP-APR column scales", rank)?,
+            partials: gpu.alloc_zeros("the CP-APR partial sums", partials_len(rank))?,
+            sums: gpu.alloc_zeros("the CP-APR sums", rank)?,
+            kkt: gpu.alloc_zeros("the KKT violation", 1)?,
+            fixed: gpu.alloc_zeros("the kappa flag", 1)?,
+            copies: (0..dims.len()).map(|_| None).collect(),
+            gpu,
+            rank,
+            dims: dims.to_vec(),
+            nnz,
+            starts,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn rows(&self, mode: usize) -> usize {
+        self.dims[mode] as usize
+    }
+
+    fn len(&self, mode: usize) -> usize {
+        self.starts[mode + 1] - self.starts[mode]
+    }
+
+    fn defines(&self) -> Vec<(&'static str, i64)> {
+        vec![("RANK", self.rank as i64)]
+    }
+
+    fn function(&self, kernel: Kernel) -> Result<cudarc::driver::CudaFunction> {
+        self.gpu
+            .kernels()
+            .function(self.gpu.context(), kernel, &self.defines())
+    }
+
+    /// Uploads mode `mode`'s sorted copy (checked against the shapes).
+    pub fn upload_copy(&mut self, mode: usize, copy: &SortedCopy) -> Result<()> {
+        let nmodes = self.dims.len();
+        if mode >= nmodes {
+            return Err(DeviceError::Shape(format!(
+                "mode {mode} of a {nmodes}-mode tensor"
+            )));
+        }
+        let rows = self.rows(mode);
+        let nnz = self.nnz;
+        if copy.row_ptr.len() != rows + 1
+            || copy.values.len() != nnz
+            || copy.other.len() != (nmodes - 1) * nnz
+            || copy.row_ptr.first() != Some(&0)
+            || copy.row_ptr.last() != Some(&(nnz as u64))
+            || copy.row_ptr.windows(2).any(|w| w[0] > w[1])
+        {
+            return Err(DeviceError::Shape(format!(
+                "the sorted copy of mode {mode} does not fit {rows} rows and {nnz} nonzeros"
+            )));
+        }
+        for (k, idx) in copy.other.chunks(nnz.max(1)).enumerate() {
+            let m = if k < mode { k } else { k + 1 };
+            if let Some(bad) = idx.iter().find(|&&i| i >= self.dims[m]) {
+                return Err(DeviceError::Shape(format!(
+                    "index {bad} of mode {m} in the sorted copy of mode {mode} is past {}",
+                    self.dims[m]
+                )));
+            }
+        }
+        let offsets: Vec<u64> = (0..nmodes)
+            .filter(|&m| m != mode)
+            .map(|m| self.starts[m] as u64)
+            .collect();
+        let pieces = Pieces::new(copy.row_ptr, PIECE_NNZ);
+        if pieces.len() * self.rank > self.piece_sums.len() {
+            return Err(DeviceError::Shape(format!(
+                "{} pieces of mode {mode} exceed the bound",
+                pieces.len()
+            )));
+        }
+        self.copies[mode] = Some(DeviceCopy {
+            piece_begin: self.gpu.upload("CP-APR's pieces", &pieces.begin)?,
+            piece_row: self.gpu.upload("CP-APR's pieces", &pieces.row)?,
+            piece_ptr: self.gpu.upload("CP-APR's pieces", &pieces.ptr)?,
+            npieces: pieces.len(),
+            values: self
+                .gpu
+                .upload("a CP-APR sorted copy's values", copy.values)?,
+            other: self
+                .gpu
+                .upload("a CP-APR sorted copy's indices", copy.other)?,
+            offsets: self.gpu.upload("the CP-APR factor offsets", &offsets)?,
+        });
+        Ok(())
+    }
+
+    /// Uploads the factors (one `dims[m] x rank` matrix per mode).
+    pub fn set_factors(&mut self, factors: &[Array2<f64>]) -> Result<()> {
+        if factors.len() != self.dims.len() {
+            return Err(DeviceError::Shape(format!(
+                "{} factors for {} modes",
+                factors.len(),
+                self.dims.len()
+            )));
+        }
+        let stream = self.gpu.stream().clone();
+        for (m, f) in factors.iter().enumerate() {
+            if f.dim() != (self.rows(m), self.rank) {
+                return Err(DeviceError::Shape(format!(
+                    "factor {m} is {:?}, expected {} x {}",
+                    f.dim(),
+                    self.rows(m),
+                    self.rank
+                )));
+            }
+            let host = f.as_standard_layout();
+            let host = host.as_slice().unwrap_or(&[]);
+            if host.is_empty() {
+                continue;
+            }
+            let mut dst = self.factors.slice_mut(self.starts[m]..self.starts[m + 1]);
+            stream
+                .memcpy_htod(host, &mut dst)
+                .map_err(driver("uploading a CP-APR factor"))?;
+        }
+        Ok(())
+    }
+
+    fn download(&self, what: &str, buf: &CudaSlice<f64>, mode: usize) -> Result<Array2<f64>> {
+        let (rows, r) = (self.rows(mode), self.rank);
+        let host = if rows * r == 0 {
+            Vec::new()
+        } else {
+            self.gpu
+                .stream()
+                .clone_dtoh(&buf.slice(self.starts[mode]..self.starts[mode + 1]))
+                .map_err(driver(format!("downloading {what}")))?
+        };
+        Array2::from_shape_vec((rows, r), host).map_err(|e| DeviceError::Shape(e.to_string()))
+    }
+
+    /// The factors, one `dims[m] x rank` matrix per mode.
+    pub fn factors(&self) -> Result<Vec<Array2<f64>>> {
+        (0..self.dims.len())
+            .map(|m| self.download("the CP-APR factors", &self.factors, m))
+            .collect()
+    }
+
+    /// Mode `mode`'s `Phi` as last computed (`dims[mode] x rank`).
+    pub fn phi_host(&self, mode: usize) -> Result<Array2<f64>> {
+        self.download("CP-APR's Phi", &self.phi, mode)
+    }
+
+    /// With `kappa = Some((kappa_tol, kappa))`, raises the entries of
+    /// `A_mode` below `kappa_tol` whose `Phi` is positive by `kappa`; then
+    /// multiplies column r by `lambda[r]`. Returns whether an entry was
+    /// raised (synchronizes only when `kappa` is given).
+    pub fn kappa_fold(
+        &mut self,
+        mode: usize,
+        kappa: Option<(f64, f64)>,
+        lambda: &[f64],
+    ) -> Result<bool> {
+        self.check_weights(lambda)?;
+        let stream = self.gpu.stream().clone();
+        stream
+            .memcpy_htod(lambda, &mut self.lambda)
+            .map_err(driver("uploading the CP-APR weights"))?;
+        stream
+            .memset_zeros(&mut self.fixed)
+            .map_err(driver("clearing the kappa flag"))?;
+        let n = self.len(mode) as u64;
+        if n == 0 {
+            return Ok(false);
+        }
+        let (fix, (tol, kappa_add)) = match kappa {
+            Some(k) => (1u32, k),
+            None => (0u32, (0.0, 0.0)),
+        };
+        let f = self.function(Kernel::AprKappaFold)?;
+        let range = self.starts[mode]..self.starts[mode + 1];
+        let mut a = self.factors.slice_mut(range.clone());
+        let phi = self.phi.slice(range);
+        let mut launch = stream.launch_builder(&f);
+        launch
+            .arg(&mut a)
+            .arg(&phi)
+            .arg(&self.lambda)
+            .arg(&n)
+            .arg(&fix)
+            .arg(&tol)
+            .arg(&kappa_add)
+            .arg(&mut self.fixed);
+        // SAFETY: `a` and `phi` hold n doubles (one mode's range of
+        // buffers of the same layout); `lambda` holds rank doubles and the
+        // kernel reads lambda[e % RANK]; `fixed` is one u32.
+        unsafe { launch.launch(grid_stride(n, 256)) }
+            .map_err(driver("launching apr_kappa_fold"))?;
+        if fix == 0 {
+            return Ok(false);
+        }
+        let flag = stream
+            .clone_dtoh(&self.fixed)
+            .map_err(driver("downloading the kappa flag"))?;
+        Ok(flag.first().is_some_and(|&x| x != 0))
+    }
+
+    fn check_weights(&self, v: &[f64]) -> Result<()> {
+        if v.len() != self.rank {
+            return Err(DeviceError::Shape(format!(
+                "{} weights for rank {}",
+                v.len(),
+                self.rank
+            )));
+        }
+        Ok(())
+    }
+
+    /// `Pi` of mode `mode` from the current factors.
+    pub fn form_pi(&mut self, mode: usize) -> Result<()> {
+        let n = (self.nnz * self.rank) as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.function(Kernel::AprPi)?;
+        let copy = copy_of(&self.copies, mode)?;
+        let nnz = self.nnz as u64;
+        let nother = (self.dims.len() - 1) as u32;
+        let stream = self.gpu.stream().clone();
+        let mut launch = stream.launch_builder(&f);
+        launch
+            .arg(&mut self.pi)
+            .arg(&copy.other)
+            .arg(&nnz)
+            .arg(&nother)
+            .arg(&self.factors)
+            .arg(&copy.offsets);
+        // SAFETY: `pi` holds nnz x rank doubles; `other` holds nother x nnz
+        // indices, each below its mode's dimension (checked at upload), so
+        // offsets[k] + index x rank + c stays inside mode k's factor in
+        // `factors`; `offsets` holds nother entries.
+        unsafe { launch.launch(grid_stride(n, 256)) }.map_err(driver("launching apr_pi"))?;
+        Ok(())
+    }
+
+    /// `Phi` of mode `mode` for the current `A_mode` and `Pi` (which must be
+    /// this mode's: [`AprGpu::form_pi`]), and the KKT violation
+    /// `max |min(A, 1 - Phi)|` (downloaded: synchronizes). Two kernels:
+    /// the pieces' sums, then each row's.
+    pub fn phi(&mut self, mode: usize, eps_div_zero: f64) -> Result<f64> {
+        let stream = self.gpu.stream().clone();
+        stream
+            .memset_zeros(&mut self.kkt)
+            .map_err(driver("clearing the KKT violation"))?;
+        let rows = self.rows(mode);
+        if rows == 0 {
+            return Ok(0.0);
+        }
+        let pieces_f = self.function(Kernel::AprPhi)?;
+        let rows_f = self.function(Kernel::AprPhiRows)?;
+        let copy = copy_of(&self.copies, mode)?;
+        let range = self.starts[mode]..self.starts[mode + 1];
+        let a = self.factors.slice(range.clone());
+        if copy.npieces > 0 {
+            let npieces = copy.npieces as u64;
+            let mut launch = stream.launch_builder(&pieces_f);
+            launch
+                .arg(&mut self.piece_sums)
+                .arg(&a)
+                .arg(&self.pi)
+                .arg(&copy.values)
+                .arg(&copy.piece_begin)
+                .arg(&copy.piece_row)
+                .arg(&npieces)
+                .arg(&eps_div_zero);
+            // SAFETY: `piece_sums` holds at least npieces x rank doubles
+            // (checked at upload); the pieces cover nonzeros below nnz
+            // (built from a row pointer checked to run from 0 to nnz), where
+            // `values` and `pi` (nnz x rank) are in bounds, and name rows
+            // below rows, inside `a` (rows x rank).
+            unsafe { launch.launch(blocks(row_blocks(copy.npieces))) }
+                .map_err(driver("launching apr_phi"))?;
+        }
+        let mut phi = self.phi.slice_mut(range);
+        let rows_u = rows as u64;
+        let mut launch = stream.launch_builder(&rows_f);
+        launch
+            .arg(&mut phi)
+            .arg(&mut self.kkt)
+            .arg(&a)
+            .arg(&self.piece_sums)
+            .arg(&copy.piece_ptr)
+            .arg(&rows_u);
+        // SAFETY: `phi` and `a` hold rows x rank doubles; `piece_ptr` holds
+        // rows + 1 nondecreasing entries up to npieces, so the pieces' sums
+        // read are inside `piece_sums`; `kkt` is one u64.
+        unsafe { launch.launch(grid_stride(rows_u * self.rank as u64, 256)) }
+            .map_err(driver("launching apr_phi_rows"))?;
+        let bits = stream
+            .clone_dtoh(&self.kkt)
+            .map_err(driver("downloading the KKT violation"))?;
+        Ok(f64::from_bits(bits.first().copied().unwrap_or(0)))
+    }
+
+    /// The multiplicative update `A_mode *= Phi_mode`.
+    pub fn update(&mut self, mode: usize) -> Result<()> {
+        let n = self.len(mode) as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.function(Kernel::AprUpdate)?;
+        let range = self.starts[mode]..self.starts[mode + 1];
+        let mut a = self.factors.slice_mut(range.clone());
+        let phi = self.phi.slice(range);
+        let stream = self.gpu.stream().clone();
+        let mut launch = stream.launch_builder(&f);
+        launch.arg(&mut a).arg(&phi).arg(&n);
+        // SAFETY: `a` and `phi` hold n doubles each.
+        unsafe { launch.launch(grid_stride(n, 256)) }.map_err(driver("launching apr_update"))?;
+        Ok(())
+    }
+
+    /// Adds the first `parts` partial rows of `width` in block order into
+    /// `sums` and downloads them (synchronizes).
+    fn sum_partials(&mut self, parts: u32, width: usize) -> Result<Vec<f64>> {
+        let f = self.function(Kernel::AprSumPartials)?;
+        let stream = self.gpu.stream().clone();
+        let width_u = width as u32;
+        let mut launch = stream.launch_builder(&f);
+        launch
+            .arg(&self.partials)
+            .arg(&parts)
+            .arg(&width_u)
+            .arg(&mut self.sums);
+        // SAFETY: `partials` holds at least parts x width doubles (parts is
+        // at most ROW_BLOCKS at width 1 or COLUMN_BLOCKS at width rank) and
+        // `sums` rank >= width.
+        unsafe { launch.launch(grid_stride(width as u64, 256)) }
+            .map_err(driver("launching apr_sum_partials"))?;
+        let mut all = stream
+            .clone_dtoh(&self.sums)
+            .map_err(driver("downloading the CP-APR sums"))?;
+        all.truncate(width);
+        Ok(all)
+    }
+
+    /// The 1-norm of each column of `A_mode` (synchronizes).
+    pub fn column_sums(&mut self, mode: usize) -> Result<Vec<f64>> {
+        let rows = self.rows(mode);
+        let parts = column_blocks(rows, self.rank);
+        if rows > 0 {
+            let f = self.function(Kernel::AprColumnSums)?;
+            let range = self.starts[mode]..self.starts[mode + 1];
+            let a = self.factors.slice(range);
+            let rows_u = rows as u64;
+            let stream = self.gpu.stream().clone();
+            let mut launch = stream.launch_builder(&f);
+            launch.arg(&a).arg(&rows_u).arg(&mut self.partials);
+            // SAFETY: `a` holds rows x rank doubles; block b writes partial
+            // row b < parts <= COLUMN_BLOCKS of rank doubles, inside
+            // `partials`.
+            unsafe { launch.launch(blocks(parts)) }.map_err(driver("launching apr_column_sums"))?;
+        } else {
+            return Ok(vec![0.0; self.rank]);
+        }
+        self.sum_partials(parts, self.rank)
+    }
+
+    /// Column r of `A_mode` times `inv[r]`.
+    pub fn scale(&mut self, mode: usize, inv: &[f64]) -> Result<()> {
+        self.check_weights(inv)?;
+        let n = self.len(mode) as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        let stream = self.gpu.stream().clone();
+        stream
+            .memcpy_htod(inv, &mut self.inv)
+            .map_err(driver("uploading the CP-APR column scales"))?;
+        let f = self.function(Kernel::AprScale)?;
+        let range = self.starts[mode]..self.starts[mode + 1];
+        let mut a = self.factors.slice_mut(range);
+        let mut launch = stream.launch_builder(&f);
+        launch.arg(&mut a).arg(&self.inv).arg(&n);
+        // SAFETY: `a` holds n doubles; `inv` rank doubles, read at e % RANK.
+        unsafe { launch.launch(grid_stride(n, 256)) }.map_err(driver("launching apr_scale"))?;
+        Ok(())
+    }
+
+    /// `sum_nz x log(m)` of the model `(lambda, factors)` (terms with
+    /// `x = 0` count as 0), summed in a fixed order (synchronizes). Needs
+    /// mode 0's sorted copy.
+    pub fn log_likelihood_sum(&mut self, lambda: &[f64]) -> Result<f64> {
+        self.check_weights(lambda)?;
+        let rows = self.rows(0);
+        let stream = self.gpu.stream().clone();
+        stream
+            .memcpy_htod(lambda, &mut self.lambda)
+            .map_err(driver("uploading the CP-APR weights"))?;
+        let f = self.function(Kernel::AprLogLikelihood)?;
+        let copy = copy_of(&self.copies, 0)?;
+        if rows == 0 || copy.npieces == 0 {
+            return Ok(0.0);
+        }
+        let parts = row_blocks(copy.npieces);
+        let a = self.factors.slice(self.starts[0]..self.starts[1]);
+        let (npieces, nnz) = (copy.npieces as u64, self.nnz as u64);
+        let nother = (self.dims.len() - 1) as u32;
+        let mut launch = stream.launch_builder(&f);
+        launch
+            .arg(&mut self.partials)
+            .arg(&a)
+            .arg(&self.lambda)
+            .arg(&copy.values)
+            .arg(&copy.piece_begin)
+            .arg(&copy.piece_row)
+            .arg(&npieces)
+            .arg(&copy.other)
+            .arg(&nnz)
+            .arg(&nother)
+            .arg(&self.factors)
+            .arg(&copy.offsets);
+        // SAFETY: block b writes partials[b], b < parts <= ROW_BLOCKS; the
+        // pieces cover nonzeros below nnz and rows below rows (built from a
+        // row pointer checked to run from 0 to nnz) and the other
+        // modes' indices are below their dimensions (checked at upload), so
+        // every factor read is inside its mode's range; `a` holds rows x
+        // rank doubles and `lambda` rank.
+        unsafe { launch.launch(blocks(parts)) }.map_err(driver("launching apr_log_likelihood"))?;
+        Ok(self.sum_partials(parts, 1)?[0])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_bytes_count_every_array() {
+        // 3 modes, 10 nonzeros, rank 2: copies 10 x 16 x 3 + (9 + 3) x 8;
+        // Pi 10 x 2 x 8; factors and Phi 9 x 2 x 8.
+        let parts = device_bytes(&[4, 3, 2], 10, 2);
+        let get = |name: &str| parts.iter().find(|p| p.0 == name).unwrap().1;
+        assert_eq!(get("sorted copies"), 480 + 96);
+        // At most one piece per row (10 nonzeros), and one more entry each.
+        assert_eq!(get("pieces"), (5 + 4 + 3) * 12);
+        assert_eq!(get("pieces' sums"), 4 * 2 * 8);
+        assert_eq!(get("Pi"), 160);
+        assert_eq!(get("factors"), 144);
+        assert_eq!(get("Phi"), 144);
+        // Large shapes saturate instead of wrapping.
+        let huge = device_bytes(&[u32::MAX; 3], usize::MAX, MAX_RANK);
+        assert!(huge.iter().all(|p| p.1 > 0));
+    }
+
+    #[test]
+    fn rows_are_cut_into_pieces_in_order() {
+        // Rows of 0, 5, 0, 2 and 7 nonzeros, pieces of at most 3.
+        let p = Pieces::new(&[0, 0, 5, 5, 7, 14], 3);
+        assert_eq!(p.begin, [0, 3, 5, 7, 10, 13, 14]);
+        assert_eq!(p.row, [1, 1, 3, 4, 4, 4]);
+        assert_eq!(p.ptr, [0, 0, 2, 2, 3, 6]);
+        assert_eq!(p.len(), 6);
+        // The bound holds for any split of the nonzeros into rows.
+        for row_ptr in [vec![0u64, 0, 5, 5, 7, 14], vec![0, 14], vec![0; 6]] {
+            let rows = row_ptr.len() as u64 - 1;
+            let nnz = *row_ptr.last().unwrap();
+            let p = Pieces::new(&row_ptr, PIECE_NNZ);
+            assert!(p.len() as u64 <= pieces_bound(rows, nnz));
+        }
+        let hot: Vec<u64> = vec![0, 1, 1000 * PIECE_NNZ as u64 + 1];
+        let p = Pieces::new(&hot, PIECE_NNZ);
+        assert_eq!(p.len(), 1 + 1000);
+        assert!(p.len() as u64 <= pieces_bound(2, *hot.last().unwrap()));
+        assert!(Pieces::new(&[0], PIECE_NNZ).is_empty());
+    }
+
+    #[test]
+    fn launch_shapes_stay_inside_the_partials() {
+        assert_eq!(row_blocks(0), 1);
+        assert_eq!(row_blocks(9), 2);
+        assert_eq!(row_blocks(usize::MAX / 2), ROW_BLOCKS as u32);
+        // Rank 33: 7 slots per block.
+        assert_eq!(column_blocks(14, 33), 2);
+        assert_eq!(column_blocks(1 << 30, 256), COLUMN_BLOCKS as u32);
+        for rank in [1, 33, MAX_RANK] {
+            assert!(partials_len(rank) >= ROW_BLOCKS);
+            assert!(partials_len(rank) >= COLUMN_BLOCKS * rank);
+        }
+        assert!(check_rank(MAX_RANK).is_ok());
+        for bad in [0, MAX_RANK + 1] {
+            let e = check_rank(bad).unwrap_err().to_string();
+            assert!(e.contains("ranks 1 to 256"), "{e}");
+        }
+    }
+
+    /// Phi and the KKT violation of every mode against a naive f64
+    /// computation straight from the coordinates.
+    #[test]
+    fn apr_phi_matches_a_naive_f64_computation() {
+        let Some(gpu) = crate::testing::gpu_or_skip("apr_phi_matches_a_naive_f64_computation")
+        else {
+            return;
+        };
+        // 4 modes, repeated rows, an empty row (index 5 of mode 0 never
+        // occurs), a row of mode 0 cut into three pieces (row 2: six of
+        // every seven nonzeros), rank 33 (two columns per lane for one
+        // lane).
+        let dims = [7u32, 5, 4, 3];
+        let nnz = 700;
+        let mut x = 12345u64;
+        let mut next = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        let idx: Vec<Vec<u32>> = dims
+            .iter()
+            .enumerate()
+            .map(|(m, &d)| {
+                (0..nnz)
+                    .enumerate()
+                    .map(|(k, _)| {
+                        let i = next(u64::from(d)) as u32;
+                        match (m, i) {
+                            (0, _) if k % 7 != 0 => 2,
+                            (0, 5) => 6,
+                            _ => i,
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        let values: Vec<f64> = (0..nnz).map(|_| (next(5) + 1) as f64).collect();
+        for rank in [3usize, 33] {
+            let factors: Vec<Array2<f64>> = dims
+                .iter()
+                .map(|&d| {
+                    Array2::from_shape_fn((d as usize, rank), |_| 0.05 + next(1000) as f64 / 1000.0)
+                })
+                .collect();
+            let mut apr = AprGpu::new(gpu.clone(), &dims, nnz, rank).unwrap();
+            apr.set_factors(&factors).unwrap();
+            for n in 0..dims.len() {
+                // The sorted copy: a stable counting sort by mode n's index.
+                let mut order: Vec<usize> = (0..nnz).collect();
+                order.sort_by_key(|&k| idx[n][k]);
+                let mut row_ptr = vec![0u64; dims[n] as usize + 1];
+                for &k in &order {
+                    row_ptr[idx[n][k] as usize + 1] += 1;
+                }
+                for i in 0..dims[n] as usize {
+                    row_ptr[i + 1] += row_ptr[i];
+                }
+                let vals: Vec<f64> = order.iter().map(|&k| values[k]).collect();
+                let idx = &idx;
+                let other: Vec<u32> = (0..dims.len())
+                    .filter(|&m| m != n)
+                    .flat_map(|m| order.iter().map(move |&k| idx[m][k]))
+                    .collect();
+                apr.upload_copy(
+                    n,
+                    &SortedCopy {
+                        row_ptr: &row_ptr,
+                        values: &vals,
+                        other: &other,
+                    },
+                )
+                .unwrap();
+                apr.form_pi(n).unwrap();
+                let kkt = apr.phi(n, 1e-10).unwrap();
+                let got = apr.phi_host(n).unwrap();
+                let mut want = Array2::<f64>::zeros((dims[n] as usize, rank));
+                for k in 0..nnz {
+                    let krp: Vec<f64> = (0..rank)
+                        .map(|r| {
+                            (0..dims.len())
+                                .filter(|&m| m != n)
+                                .map(|m| factors[m][[idx[m][k] as usize, r]])
+                                .product()
+                        })
+                        .collect();
+                    let i = idx[n][k] as usize;
+                    let model: f64 = (0..rank).map(|r| factors[n][[i, r]] * krp[r]).sum();
+                    for r in 0..rank {
+                        want[[i, r]] += values[k] / model * krp[r];
+                    }
+                }
+                let mut want_kkt = 0f64;
+                for ((ix, &g), &w) in got.indexed_iter().zip(want.iter()) {
+                    assert!(
+                        (g - w).abs() <= 1e-12 * w.abs().max(1.0),
+                        "rank {rank} mode {n} entry {ix:?}: {g} vs {w}"
+                    );
+                    want_kkt = want_kkt.max(factors[n][ix].min(1.0 - w).abs());
+                }
+                if n == 0 {
+                    assert!(got.row(5).iter().all(|&v| v == 0.0), "the empty row");
+                }
+                assert!(
+                    (kkt - want_kkt).abs() <= 1e-12 * want_kkt.max(1.0),
+                    "rank {rank} mode {n}: {kkt} vs {want_kkt}"
+                );
+            }
+        }
+    }
+}
