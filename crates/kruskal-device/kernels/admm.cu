@@ -165,7 +165,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) admm_blocks(
 #pragma unroll
             for (int q = 0; q < RPT; ++q) {
                 const int r = slot * RPT + q;
-                if (active && r < BLOCK_ROWS) rhs[r * KP + j] = (double)kv[q] + rho * (hv[q] + uv[q]);
+                // Rounded step by step (no fused multiply-add), as the
+                // host's loop does: where H is clamped at 0 the loop can
+                // stop only when this is exactly 0.
+                if (active && r < BLOCK_ROWS)
+                    rhs[r * KP + j] = __dadd_rn((double)kv[q], __dmul_rn(rho, __dadd_rn(hv[q], uv[q])));
             }
             __syncthreads();
             double res[4] = {0.0, 0.0, 0.0, 0.0};  // primal, dual, |H|^2, |U|^2
@@ -205,10 +209,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) admm_blocks(
                     const double ht = acc[q];
                     const double fresh = admm_prox(ht - uv[q], nonneg, threshold, shrink);
                     uv[q] += fresh - ht;
-                    res[0] += (fresh - ht) * (fresh - ht);
-                    res[1] += (fresh - hv[q]) * (fresh - hv[q]);
-                    res[2] += fresh * fresh;
-                    res[3] += uv[q] * uv[q];
+                    const double dp = fresh - ht, dd = fresh - hv[q];
+                    res[0] = __dadd_rn(res[0], __dmul_rn(dp, dp));
+                    res[1] = __dadd_rn(res[1], __dmul_rn(dd, dd));
+                    res[2] = __dadd_rn(res[2], __dmul_rn(fresh, fresh));
+                    res[3] = __dadd_rn(res[3], __dmul_rn(uv[q], uv[q]));
                     hv[q] = fresh;
                 }
             }

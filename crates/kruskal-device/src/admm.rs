@@ -330,7 +330,10 @@ mod tests {
                 let mut sums = [0f64; 4];
                 for r in 0..rows {
                     for j in 0..rank {
-                        let ht: f64 = (0..rank).map(|c| rhs[r * rank + c] * w[c * rank + j]).sum();
+                        // The kernel's order and rounding: one fused
+                        // multiply-add per term, columns in order.
+                        let ht = (0..rank)
+                            .fold(0f64, |s, c| rhs[r * rank + c].mul_add(w[c * rank + j], s));
                         let e = r * rank + j;
                         let fresh = prox(ht - u[e]);
                         u[e] += fresh - ht;
