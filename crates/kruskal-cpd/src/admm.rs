@@ -437,6 +437,10 @@ impl Update for AdmmUpdate<'_> {
         !self.on_backend
     }
 
+    fn keeps_sign(&self, mode: usize) -> bool {
+        self.opts.nonneg.holds(mode)
+    }
+
     fn begin(&mut self, initial: &[Array2<f32>]) {
         if self.on_backend {
             return;
@@ -663,6 +667,62 @@ mod tests {
         assert!(model.factors[0].iter().all(|&x| x >= 0.0));
         assert!(model.factors[2].iter().all(|&x| x >= 0.0));
         assert!(model.factors[1].iter().any(|&x| x < 0.0));
+    }
+
+    /// The final arrangement fixes signs in the free modes only, whatever
+    /// `CpdOptions::constraints` says: `cpd_admm` takes the constraints
+    /// apart from `opts` (here `None`), and a free mode whose column's
+    /// largest entry is negative used to hand its flip to the last mode,
+    /// non-negative or not.
+    #[test]
+    fn nonneg_modes_keep_their_signs_when_a_free_mode_is_flipped() {
+        let admm = AdmmOptions {
+            nonneg: NonNeg::Modes(vec![0, 2]),
+            l1: 0.1,
+            ..AdmmOptions::default()
+        };
+        let mut flipped = 0;
+        for seed in 1..=10 {
+            let p = noisy(seed);
+            let vals: Vec<f32> = p
+                .tensor
+                .values()
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| if i % 3 == 0 { -v } else { v })
+                .collect();
+            let t = kruskal_formats::SparseTensor::new(
+                p.tensor.dims().to_vec(),
+                p.tensor.indices().to_vec(),
+                vals,
+            )
+            .unwrap();
+            let opts = options(4, 8, 0.0);
+            assert!(opts.constraints.is_none());
+            let model = cpd_admm(&mut CpuBackend::new(&t), &opts, &admm).unwrap();
+            for m in [0, 2] {
+                assert!(
+                    model.factors[m].iter().all(|&x| x >= 0.0),
+                    "seed {seed}: mode {m} has a negative entry"
+                );
+            }
+            // A free column whose largest entry came out negative: the
+            // flip the arrangement must not move onto mode 2.
+            let free = &model.factors[1];
+            if (0..4).any(|r| {
+                let col = free.column(r);
+                let big = col
+                    .iter()
+                    .fold(0f32, |b, &x| if x.abs() > b.abs() { x } else { b });
+                big < 0.0
+            }) {
+                flipped += 1;
+            }
+        }
+        assert!(
+            flipped > 0,
+            "no run kept a free column led by a negative entry"
+        );
     }
 
     #[test]

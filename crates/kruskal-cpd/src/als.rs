@@ -209,6 +209,11 @@ pub(crate) trait Update {
     fn keeps_initial(&self) -> bool {
         false
     }
+    /// Whether mode `mode`'s columns keep their signs in the final
+    /// arrangement (a non-negative mode's entries are >= 0 and stay so).
+    fn keeps_sign(&self, _mode: usize) -> bool {
+        false
+    }
     /// Called once with the initial factors, before they are loaded, when
     /// `keeps_initial` or the factors are given.
     fn begin(&mut self, _initial: &[Array2<f32>]) {}
@@ -401,10 +406,10 @@ pub(crate) fn drive(
     }
 
     let finish = Instant::now();
-    // A non-negative mode's columns keep their signs (they are >= 0).
-    let keep_sign: Vec<bool> = (0..nmodes)
-        .map(|m| opts.constraints.as_ref().is_some_and(|c| c.nonneg.holds(m)))
-        .collect();
+    // A non-negative mode's columns keep their signs (they are >= 0). The
+    // update says which: a constrained run's options may come to
+    // `cpd_admm` apart from `opts`.
+    let keep_sign: Vec<bool> = (0..nmodes).map(|m| update.keeps_sign(m)).collect();
     let (lambda, factors) = backend.take_arranged(lambda, &keep_sign)?;
     // A model that is not finite is an error, never a result.
     if let Some(r) = lambda.iter().position(|l| !l.is_finite()) {
