@@ -602,6 +602,19 @@ mod tests {
         .unwrap()
     }
 
+    /// `noisy(seed)`'s tensor with every `every`-th value negated (mixed
+    /// signs: ALS would give negative entries).
+    fn signs_mixed(seed: u64, every: usize) -> kruskal_formats::SparseTensor {
+        let t = noisy(seed).tensor;
+        let vals: Vec<f32> = t
+            .values()
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| if i % every == 0 { -v } else { v })
+            .collect();
+        kruskal_formats::SparseTensor::new(t.dims().to_vec(), t.indices().to_vec(), vals).unwrap()
+    }
+
     fn options(rank: usize, iters: usize, tol: f64) -> CpdOptions {
         let mut o = CpdOptions::new(rank);
         o.max_iters = iters;
@@ -649,16 +662,7 @@ mod tests {
 
     #[test]
     fn nonneg_on_chosen_modes_only() {
-        let p = noisy(8);
-        let mut t = p.tensor.clone();
-        let vals: Vec<f32> = t
-            .values()
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| if i % 3 == 0 { -v } else { v })
-            .collect();
-        t = kruskal_formats::SparseTensor::new(t.dims().to_vec(), t.indices().to_vec(), vals)
-            .unwrap();
+        let t = signs_mixed(8, 3);
         let admm = AdmmOptions {
             nonneg: NonNeg::Modes(vec![0, 2]),
             ..AdmmOptions::default()
@@ -683,20 +687,7 @@ mod tests {
         };
         let mut flipped = 0;
         for seed in 1..=10 {
-            let p = noisy(seed);
-            let vals: Vec<f32> = p
-                .tensor
-                .values()
-                .iter()
-                .enumerate()
-                .map(|(i, &v)| if i % 3 == 0 { -v } else { v })
-                .collect();
-            let t = kruskal_formats::SparseTensor::new(
-                p.tensor.dims().to_vec(),
-                p.tensor.indices().to_vec(),
-                vals,
-            )
-            .unwrap();
+            let t = signs_mixed(seed, 3);
             let opts = options(4, 8, 0.0);
             assert!(opts.constraints.is_none());
             let model = cpd_admm(&mut CpuBackend::new(&t), &opts, &admm).unwrap();
@@ -838,21 +829,7 @@ mod tests {
 
     #[test]
     fn row_blocks_keep_nonneg_modes_nonnegative_and_converge() {
-        // Mixed signs: ALS would give negative entries.
-        let p = noisy(11);
-        let vals: Vec<f32> = p
-            .tensor
-            .values()
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| if i % 4 == 0 { -v } else { v })
-            .collect();
-        let t = kruskal_formats::SparseTensor::new(
-            p.tensor.dims().to_vec(),
-            p.tensor.indices().to_vec(),
-            vals,
-        )
-        .unwrap();
+        let t = signs_mixed(11, 4);
         let admm = blocked(AdmmOptions {
             nonneg: NonNeg::Modes(vec![0, 1]),
             l1: 0.05,
