@@ -1,7 +1,9 @@
-//! Criterion benchmark of CP-APR on the CPU: one outer iteration (every
-//! mode's `Pi`, ten multiplicative updates each with its `Phi`, and the
-//! log-likelihood) on a power-law count tensor of the nell-2 shape (values
-//! 1 to 5), rank 16. Throughput is reported in nonzeros per second.
+//! Criterion benchmark of CP-APR on the CPU and, where a GPU opens, on the
+//! first GPU: one outer iteration (every mode's `Pi`, ten multiplicative
+//! updates each with its `Phi`, and the log-likelihood; on the GPU also
+//! the upload of the sorted copies) on a power-law count tensor of the
+//! nell-2 shape (values 1 to 5), rank 16. Throughput is reported in
+//! nonzeros per second.
 //!
 //! `cargo bench -p kruskal-benches --bench cp_apr`; set `KRUSKAL_BENCH_NNZ`
 //! to change the nonzero count (default 500,000).
@@ -10,6 +12,8 @@ use std::ops::ControlFlow;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use kruskal_cpd::apr::{AprOptions, cp_apr};
+use kruskal_cpd::cp_apr_gpu;
+use kruskal_device::Gpu;
 use kruskal_formats::SparseTensor;
 use kruskal_formats::generate::{PowerLawSpec, power_law, preset};
 
@@ -37,6 +41,19 @@ fn bench_cp_apr(c: &mut Criterion) {
     group.bench_function("rank16/one-outer-iteration", |b| {
         b.iter(|| cp_apr(&tensor, &opts, &mut |_| ControlFlow::Continue(())).expect("counts"))
     });
+    match Gpu::open(0) {
+        Ok(gpu) => {
+            group.bench_function("rank16/one-outer-iteration/gpu", |b| {
+                b.iter(|| {
+                    cp_apr_gpu(gpu.clone(), &tensor, &opts, &mut |_| {
+                        ControlFlow::Continue(())
+                    })
+                    .expect("fits the GPU")
+                })
+            });
+        }
+        Err(e) => eprintln!("cp_apr bench: no GPU run ({e})"),
+    }
     group.finish();
 }
 
