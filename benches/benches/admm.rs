@@ -10,21 +10,15 @@
 //! to change the nonzero count (default 500,000).
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use kruskal_benches::nell2_like;
 use kruskal_cpd::{AdmmOptions, Backend, CpdOptions, CpuBackend, GpuBackend, cpd_admm, cpd_als};
 use kruskal_device::{Gpu, GpuEngine, GpuOptions};
-use kruskal_formats::generate::{PowerLawSpec, power_law, preset};
 
 const RANK: usize = 16;
 const ITERS: usize = 3;
 
 fn bench_admm(c: &mut Criterion) {
-    let nnz: usize = std::env::var("KRUSKAL_BENCH_NNZ")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(500_000);
-    let spec =
-        PowerLawSpec::like(preset("nell-2").expect("known preset"), Some(nnz)).expect("a count");
-    let tensor = power_law(&spec).expect("valid spec");
+    let tensor = nell2_like(500_000);
     let mut opts = CpdOptions::new(RANK);
     opts.max_iters = ITERS;
     opts.tol = 0.0;

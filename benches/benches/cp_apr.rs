@@ -11,20 +11,14 @@
 use std::ops::ControlFlow;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use kruskal_benches::nell2_like;
 use kruskal_cpd::apr::{AprOptions, cp_apr};
 use kruskal_cpd::cp_apr_gpu;
 use kruskal_device::Gpu;
 use kruskal_formats::SparseTensor;
-use kruskal_formats::generate::{PowerLawSpec, power_law, preset};
 
 fn bench_cp_apr(c: &mut Criterion) {
-    let nnz: usize = std::env::var("KRUSKAL_BENCH_NNZ")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(500_000);
-    let spec =
-        PowerLawSpec::like(preset("nell-2").expect("known preset"), Some(nnz)).expect("a count");
-    let (dims, indices, values) = power_law(&spec).expect("valid spec").into_parts();
+    let (dims, indices, values) = nell2_like(500_000).into_parts();
     // Uniform [0, 1) values as counts 1..=5.
     let counts = values.iter().map(|v| (v * 5.0).floor() + 1.0).collect();
     let tensor = SparseTensor::new(dims, indices, counts).expect("same shape");

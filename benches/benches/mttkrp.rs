@@ -6,18 +6,13 @@
 //! to change the nonzero count (default 2,000,000).
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use kruskal_benches::nell2_like;
 use kruskal_cpu::CpuMttkrp;
-use kruskal_formats::generate::{PowerLawSpec, power_law, preset};
 use ndarray::Array2;
 
 fn bench_mttkrp(c: &mut Criterion) {
-    let nnz: usize = std::env::var("KRUSKAL_BENCH_NNZ")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2_000_000);
-    let spec =
-        PowerLawSpec::like(preset("nell-2").expect("known preset"), Some(nnz)).expect("a count");
-    let tensor = power_law(&spec).expect("valid spec");
+    let tensor = nell2_like(2_000_000);
+    let nnz = tensor.nnz();
     let engine = CpuMttkrp::new(&tensor);
     let mut group = c.benchmark_group(format!(
         "cpu_mttkrp/nell-2-shape/{nnz}nnz/{}threads",
