@@ -323,10 +323,14 @@ impl ModeLists {
     }
 }
 
-/// Rows GPU `h` receives when mode `mode` of `plan` is all-gathered: every
-/// row it does not own.
+/// Rows GPU `h` receives per iteration when mode `mode` of `plan` is
+/// all-gathered: every row with nonzeros it does not own (after the first
+/// all-gather, the empty rows are zero on every GPU and stay home).
 pub fn all_gather_received(plan: &RowShards, mode: usize, h: usize) -> u64 {
-    u64::from(plan.dims()[mode]) - plan.rows(mode, h).len() as u64
+    (0..plan.gpus())
+        .filter(|&b| b != h)
+        .map(|b| plan.rows_with_nonzeros(mode, b).len() as u64)
+        .sum()
 }
 
 #[cfg(test)]
@@ -455,6 +459,24 @@ mod tests {
         assert!(lists.mode(2).total() <= 3 * used);
         assert!(lists.mode(2).cheaper_than_all_gather(&plan, 2));
         check(&t, 4);
+    }
+
+    #[test]
+    fn a_split_plans_cut_mode_is_read_by_its_owners_alone() {
+        let t = power_law(&PowerLawSpec::new(vec![30, 20, 5000], 3000).with_seed(9)).unwrap();
+        let mut plan = RowShards::new(&t, 3).unwrap();
+        plan.split_by(2).unwrap();
+        let readers = RowReaders::new(&plan).unwrap();
+        for (mode, per_gpu) in shards(&t, &plan).iter().enumerate() {
+            for (g, elems) in per_gpu.iter().enumerate() {
+                readers.mark(g, mode, elems).unwrap();
+            }
+        }
+        let lists = readers.lists(&plan).unwrap();
+        // The cut mode never travels; the short modes are read by several
+        // GPUs each.
+        assert_eq!(lists.mode(2).total(), 0);
+        assert!(lists.mode(0).total() > 0 && lists.mode(1).total() > 0);
     }
 
     #[test]

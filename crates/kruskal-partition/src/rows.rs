@@ -62,6 +62,9 @@ pub struct RowShards {
     /// Per mode, each GPU's rows that hold nonzeros (the first of its
     /// range).
     nonempty: Vec<Vec<u32>>,
+    /// The mode whose owners take every mode's nonzeros (a split plan,
+    /// [`RowShards::split_by`]); `None`: each mode's own owners.
+    split: Option<usize>,
 }
 
 impl RowShards {
@@ -139,7 +142,47 @@ impl RowShards {
             loads,
             counts: new_counts_all,
             nonempty: nonempty_all,
+            split: None,
         })
+    }
+
+    /// Makes this a split plan: GPU `g`'s shard of *every* mode holds the
+    /// nonzeros whose `mode` row it owns (a grid of `1 x .. x gpus` blocks
+    /// with `mode` cut, SPLATT's medium-grained decomposition with one
+    /// mode split). `mode`'s rows are then read by their owner alone, so
+    /// they never travel; the output rows of every other mode are written
+    /// by several GPUs ([`RowShards::partial`]) and summed onto their owner
+    /// before its update. The row ownership of every mode is unchanged.
+    ///
+    /// Errors: a mode out of range. Call after any
+    /// [`RowShards::prefer_readers`].
+    pub fn split_by(&mut self, mode: usize) -> Result<()> {
+        if mode >= self.dims.len() {
+            return Err(PartitionError::Argument(format!(
+                "mode {mode} of a plan of {} modes",
+                self.dims.len()
+            )));
+        }
+        self.split = Some(mode);
+        Ok(())
+    }
+
+    /// The mode a split plan cuts (see [`RowShards::split_by`]).
+    pub fn split(&self) -> Option<usize> {
+        self.split
+    }
+
+    /// Whether several GPUs write rows of `mode`'s MTTKRP output (a split
+    /// plan's modes other than the one cut): each GPU computes a partial
+    /// sum over the whole mode, to be reduced onto the rows' owners.
+    pub fn partial(&self, mode: usize) -> bool {
+        self.split.is_some_and(|s| s != mode)
+    }
+
+    /// The mode whose owners decide which GPU's shard of `mode` holds a
+    /// nonzero: `mode` itself, or the mode a split plan cuts.
+    pub fn shard_mode(&self, mode: usize) -> usize {
+        self.split.unwrap_or(mode)
     }
 
     /// Gives each row of `mode` to a GPU that reads it where that keeps
@@ -158,6 +201,11 @@ impl RowShards {
     /// Cost: one parallel pass over the nonzeros, then a sort of the rows.
     pub fn prefer_readers(&mut self, t: &SparseTensor, mode: usize) -> Result<()> {
         let n = self.dims.len();
+        if self.split.is_some() {
+            return Err(PartitionError::Argument(
+                "rows go to their readers before a plan is split".into(),
+            ));
+        }
         if t.dims() != self.dims.as_slice() || mode >= n {
             return Err(PartitionError::Argument(format!(
                 "a tensor of dims {:?} (mode {mode}) for a plan of dims {:?}",
@@ -263,9 +311,10 @@ impl RowShards {
         start..start + self.nonempty[mode][g]
     }
 
-    /// Nonzeros of GPU `g`'s shard of `mode`.
+    /// Nonzeros of GPU `g`'s shard of `mode` (of a split plan: its
+    /// nonzeros of the mode cut, the same for every mode).
     pub fn nnz(&self, mode: usize, g: usize) -> u64 {
-        self.loads[mode][g]
+        self.loads[self.shard_mode(mode)][g]
     }
 
     /// Nonzeros per row of `mode`, in new-label order.
@@ -273,9 +322,14 @@ impl RowShards {
         &self.counts[mode]
     }
 
-    /// Nonzeros per GPU in `mode`.
+    /// Nonzeros per GPU in `mode`'s shards.
     pub fn balance(&self, mode: usize) -> Balance {
-        Balance::of(&self.loads[mode])
+        Balance::of(&self.loads[self.shard_mode(mode)])
+    }
+
+    /// The GPU that owns row `label` (new label) of `mode`.
+    pub fn owner(&self, mode: usize, label: u32) -> usize {
+        self.row_ptr[mode].partition_point(|&p| p <= label) - 1
     }
 
     /// Words per element: one index per mode and the value's bits.
@@ -314,7 +368,19 @@ impl RowShards {
             )));
         }
         let indices: Vec<&[u32]> = t.indices().iter().map(Vec::as_slice).collect();
-        self.scatter(mode, 0..self.dims[mode], &indices, t.values(), out)?;
+        if self.partial(mode) {
+            return self.fill_split(mode, &indices, t.values(), out);
+        }
+        let counts = &self.counts[mode];
+        self.scatter(
+            mode,
+            counts,
+            |k| Ok(Some(self.label_of(&indices, mode, k)? as usize)),
+            &|slot| format!("row {slot} (new label)"),
+            &indices,
+            t.values(),
+            out,
+        )?;
         // The first element of each GPU: the nonzeros of the rows before.
         let mut offsets = Vec::with_capacity(self.gpus + 1);
         let mut first = 0u64;
@@ -324,6 +390,72 @@ impl RowShards {
             offsets.push(first);
         }
         Ok(offsets)
+    }
+
+    /// [`RowShards::fill_elements`] of a partial mode of a split plan:
+    /// sorted by the owner of the cut mode's row, then by `mode`'s row.
+    /// The nonzeros per (GPU, row) are counted first (one parallel pass).
+    fn fill_split(
+        &self,
+        mode: usize,
+        indices: &[&[u32]],
+        values: &[f32],
+        out: &mut [u32],
+    ) -> Result<Vec<u64>> {
+        let cut = self.shard_mode(mode);
+        let dim = self.dims[mode] as usize;
+        let slot_of = |k: usize| -> Result<usize> {
+            let g = self.owner(cut, self.label_of(indices, cut, k)?);
+            Ok(g * dim + self.label_of(indices, mode, k)? as usize)
+        };
+        let tally: Vec<AtomicU64> = (0..self.gpus * dim)
+            .into_par_iter()
+            .map(|_| AtomicU64::new(0))
+            .collect();
+        let nnz = values.len();
+        (0..nnz.div_ceil(SCATTER_CHUNK))
+            .into_par_iter()
+            .try_for_each(|chunk| -> Result<()> {
+                let lo = chunk * SCATTER_CHUNK;
+                for k in lo..(lo + SCATTER_CHUNK).min(nnz) {
+                    tally[slot_of(k)?].fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            })?;
+        let counts: Vec<u64> = tally.into_par_iter().map(AtomicU64::into_inner).collect();
+        let mut offsets = vec![0u64; self.gpus + 1];
+        for g in 0..self.gpus {
+            let own: u64 = counts[g * dim..(g + 1) * dim].iter().sum();
+            if own != self.nnz(mode, g) {
+                return Err(PartitionError::Argument(format!(
+                    "the nonzeros do not match the plan: GPU {g} owns {own} nonzeros of \
+                     mode {cut}'s rows, the plan counted {}",
+                    self.nnz(mode, g)
+                )));
+            }
+            offsets[g + 1] = offsets[g] + own;
+        }
+        self.scatter(
+            mode,
+            &counts,
+            |k| slot_of(k).map(Some),
+            &|slot| format!("row {} (new label) on GPU {}", slot % dim, slot / dim),
+            indices,
+            values,
+            out,
+        )?;
+        Ok(offsets)
+    }
+
+    /// Nonzero `k`'s new label in mode `m`.
+    fn label_of(&self, indices: &[&[u32]], m: usize, k: usize) -> Result<u32> {
+        let i = indices[m][k];
+        self.relabel[m].get(i as usize).copied().ok_or_else(|| {
+            PartitionError::Argument(format!(
+                "nonzero {k}: mode-{m} index {i} is not below the dimension {}",
+                self.dims[m]
+            ))
+        })
     }
 
     /// GPU `g`'s elements of mode `mode`: exactly the elements
@@ -357,6 +489,11 @@ impl RowShards {
                 self.gpus
             )));
         }
+        if self.split.is_some() {
+            return Err(PartitionError::Argument(
+                "a split plan's shards are picked from the whole tensor only".into(),
+            ));
+        }
         if indices.len() != self.dims.len() || indices.iter().any(|i| i.len() != values.len()) {
             let lens: Vec<usize> = indices.iter().map(|i| i.len()).collect();
             return Err(PartitionError::Argument(format!(
@@ -373,7 +510,19 @@ impl RowShards {
                 PartitionError::Argument(format!("{own} elements do not fit in memory"))
             })?;
         let mut out = vec![0u32; words];
-        self.scatter(mode, self.rows(mode, g), indices, values, &mut out)?;
+        let rows = self.rows(mode, g);
+        self.scatter(
+            mode,
+            self.row_counts(mode, g),
+            |k| {
+                let label = self.label_of(indices, mode, k)?;
+                Ok(rows.contains(&label).then(|| (label - rows.start) as usize))
+            },
+            &|slot| format!("row {} (new label)", rows.start as usize + slot),
+            indices,
+            values,
+            &mut out,
+        )?;
         Ok(out)
     }
 
@@ -383,28 +532,33 @@ impl RowShards {
         &self.counts[mode][rows.start as usize..rows.end as usize]
     }
 
-    /// Writes the elements of the nonzeros whose `mode` row (new label)
-    /// lies in `rows` into `out`, sorted by that row: the counting sort
-    /// behind [`RowShards::fill_elements`] and
-    /// [`RowShards::local_elements`]. Each row's elements go to the range
-    /// the plan's counts give it; a nonzero beyond its row's count, a row
-    /// left short, or an index out of range is an error, and nothing is
+    /// Writes the elements of the nonzeros `slot_of` places into `out`,
+    /// sorted by slot (a counting sort: slot `s` holds `counts[s]`
+    /// elements, after those of the slots before): the sort behind
+    /// [`RowShards::fill_elements`] and [`RowShards::local_elements`],
+    /// whose slots are rows (or, for a split plan's partial mode, pairs
+    /// of GPU and row). `slot_of(k)` is `None` for a nonzero left out.
+    /// A nonzero beyond its slot's count, a slot left short, or an index
+    /// out of range is an error (`name` names a slot), and nothing is
     /// ever written outside `out`.
     ///
     /// The caller checks that `mode` is a mode and that there is one index
     /// array per mode, each as long as `values`.
+    #[allow(clippy::too_many_arguments)]
     fn scatter(
         &self,
         mode: usize,
-        rows: Range<u32>,
+        counts: &[u64],
+        slot_of: impl Fn(usize) -> Result<Option<usize>> + Sync,
+        name: &(dyn Fn(usize) -> String + Sync),
         indices: &[&[u32]],
         values: &[f32],
         out: &mut [u32],
     ) -> Result<()> {
         let stride = self.stride();
-        let counts = &self.counts[mode][rows.start as usize..rows.end as usize];
-        // One past the last element of each row, and a cursor per row that
-        // starts at the row's first element and that the scatter advances.
+        // One past the last element of each slot, and a cursor per slot
+        // that starts at the slot's first element and that the scatter
+        // advances.
         let ends: Vec<u64> = counts
             .iter()
             .scan(0u64, |acc, &c| {
@@ -420,24 +574,16 @@ impl RowShards {
             )));
         }
         let cursors: Vec<AtomicU64> = ends
-            .iter()
+            .par_iter()
             .zip(counts)
             .map(|(&end, &c)| AtomicU64::new(end - c))
             .collect();
-        let label_of = |m: usize, k: usize| -> Result<u32> {
-            let i = indices[m][k];
-            self.relabel[m].get(i as usize).copied().ok_or_else(|| {
-                PartitionError::Argument(format!(
-                    "nonzero {k}: mode-{m} index {i} is not below the dimension {}",
-                    self.dims[m]
-                ))
-            })
-        };
-        let mismatch = |label: u32, got: String| {
+        let mismatch = |slot: usize, got: String| {
             PartitionError::Argument(format!(
-                "the nonzeros do not match the plan: row {label} (new label) of mode {mode} \
-                 holds {got} nonzeros, the plan counted {}",
-                self.counts[mode][label as usize]
+                "the nonzeros do not match the plan: {} of mode {mode} holds {got} nonzeros, \
+                 the plan counted {}",
+                name(slot),
+                counts[slot]
             ))
         };
         let out_ptr = SharedOut(out.as_mut_ptr());
@@ -449,36 +595,31 @@ impl RowShards {
                 let lo = chunk * SCATTER_CHUNK;
                 let hi = (lo + SCATTER_CHUNK).min(nnz);
                 for (k, value) in (lo..hi).zip(&values[lo..hi]) {
-                    let label = label_of(mode, k)?;
-                    if !rows.contains(&label) {
+                    let Some(slot) = slot_of(k)? else {
                         continue;
+                    };
+                    let pos = cursors[slot].fetch_add(1, Ordering::Relaxed);
+                    if pos >= ends[slot] {
+                        return Err(mismatch(slot, "more".into()));
                     }
-                    let row = (label - rows.start) as usize;
-                    let pos = cursors[row].fetch_add(1, Ordering::Relaxed);
-                    if pos >= ends[row] {
-                        return Err(mismatch(label, "more".into()));
-                    }
-                    // SAFETY: `pos` is below the row's end, hence below
+                    // SAFETY: `pos` is below the slot's end, hence below
                     // `total`, and `out` holds `total * stride` words
-                    // (checked above). The rows' ranges are disjoint and
+                    // (checked above). The slots' ranges are disjoint and
                     // each cursor hands out each position of its range
                     // once, so no other task writes this element.
                     let e = unsafe { out_ptr.element(pos as usize, stride) };
                     for (m, slot) in e[..stride - 1].iter_mut().enumerate() {
-                        *slot = label_of(m, k)?;
+                        *slot = self.label_of(indices, m, k)?;
                     }
                     e[stride - 1] = value.to_bits();
                 }
                 Ok(())
             })?;
-        for (row, (cursor, &end)) in cursors.iter().zip(&ends).enumerate() {
+        for (slot, (cursor, &end)) in cursors.iter().zip(&ends).enumerate() {
             let got = cursor.load(Ordering::Relaxed);
             if got != end {
-                let c = counts[row];
-                return Err(mismatch(
-                    rows.start + row as u32,
-                    (got + c - end).to_string(),
-                ));
+                let c = counts[slot];
+                return Err(mismatch(slot, (got + c - end).to_string()));
             }
         }
         Ok(())
@@ -743,6 +884,58 @@ mod tests {
                 got.sort_unstable();
                 prop_assert_eq!(got, want);
             }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(16))]
+        #[test]
+        fn a_split_plan_gives_every_gpu_the_nonzeros_of_its_rows_of_the_cut_mode(
+            seed in any::<u64>(),
+            nnz in 0usize..3_000,
+            gpus in 1usize..5,
+            cut in 0usize..3,
+        ) {
+            let t = if nnz == 0 {
+                SparseTensor::new(vec![30, 20, 50], vec![Vec::new(); 3], Vec::new()).unwrap()
+            } else {
+                power_law(&PowerLawSpec::new(vec![30, 20, 50], nnz).with_draws().with_seed(seed))
+                    .unwrap()
+            };
+            let rows_plan = RowShards::new(&t, gpus).unwrap();
+            let mut plan = rows_plan.clone();
+            plan.split_by(cut).unwrap();
+            prop_assert_eq!(plan.split(), Some(cut));
+            let stride = plan.stride();
+            for mode in 0..3 {
+                prop_assert_eq!(plan.partial(mode), mode != cut);
+                // Ownership of rows is the rows plan's.
+                for g in 0..gpus {
+                    prop_assert_eq!(plan.rows(mode, g), rows_plan.rows(mode, g));
+                    prop_assert_eq!(plan.nnz(mode, g), rows_plan.nnz(cut, g));
+                }
+                let mut elems = vec![0u32; t.nnz() * stride];
+                let offsets = plan.fill_elements(&t, mode, &mut elems).unwrap();
+                prop_assert_eq!(*offsets.last().unwrap(), t.nnz() as u64);
+                for g in 0..gpus {
+                    let shard = &elems[offsets[g] as usize * stride..offsets[g + 1] as usize * stride];
+                    prop_assert_eq!(offsets[g + 1] - offsets[g], plan.nnz(mode, g));
+                    for e in shard.chunks(stride) {
+                        prop_assert_eq!(plan.owner(cut, e[cut]), g);
+                        prop_assert!(plan.rows(cut, g).contains(&e[cut]));
+                    }
+                    prop_assert!(shard.chunks(stride).is_sorted_by_key(|e| e[mode]));
+                }
+                // The same elements as the rows plan's fill, as a multiset.
+                let mut want = vec![0u32; t.nnz() * stride];
+                rows_plan.fill_elements(&t, mode, &mut want).unwrap();
+                prop_assert_eq!(sorted_elements(&elems, stride), sorted_elements(&want, stride));
+            }
+            // A split plan's shards come from the whole tensor only.
+            let idx: Vec<&[u32]> = t.indices().iter().map(Vec::as_slice).collect();
+            prop_assert!(plan.local_elements(0, 0, &idx, t.values()).is_err());
+            prop_assert!(plan.split_by(3).is_err());
+            prop_assert!(plan.prefer_readers(&t, 0).is_err());
         }
     }
 
