@@ -527,6 +527,9 @@ pub fn gpu_group(
     for line in group.describe() {
         note("", &line);
     }
+    if let Some(plan) = group.plan_note() {
+        note("plan", plan);
+    }
     match (group.exchange(), group.exchange_note()) {
         (Some(e), None) => note("exchange", e.name()),
         (Some(_), Some(text)) => note("exchange", text),
@@ -536,7 +539,17 @@ pub fn gpu_group(
         let modes: Vec<String> = (0..t.nmodes())
             .map(|mode| {
                 let v = group.exchange_volume(mode);
-                if v.read_only {
+                let reduce = if v.reduce_bytes > 0 {
+                    format!(
+                        ", its partial sums reduced ({:.1} MB)",
+                        v.reduce_bytes as f64 / 1e6
+                    )
+                } else {
+                    String::new()
+                };
+                let sent = if v.local {
+                    format!("mode {} stays on its GPUs (0 MB)", mode + 1)
+                } else if v.read_only {
                     format!(
                         "mode {} rows read ({:.1} of {:.1} MB)",
                         mode + 1,
@@ -549,7 +562,8 @@ pub fn gpu_group(
                         mode + 1,
                         v.bytes as f64 / 1e6
                     )
-                }
+                };
+                format!("{sent}{reduce}")
             })
             .collect();
         note("", &format!("per iteration: {}", modes.join(", ")));

@@ -165,6 +165,13 @@ pub fn decompose_distributed(
             "constrained CP runs on one GPU or the CPU, not across processes",
         ));
     }
+    if matches!(opts.group.plan, kruskal_group::PlanChoice::Split(_)) {
+        return Err(CpdError::Invalid(
+            "a split plan runs on the GPUs of one process; across processes each mode's rows \
+             go by owner"
+                .into(),
+        ));
+    }
     let (me, world) = (job.rank, job.world);
     if world == 0 || me >= world {
         return Err(CpdError::Invalid(format!(

@@ -487,7 +487,7 @@ impl Backend for GpuBackend {
         let dense = self.dense.as_mut().expect("made with the factors");
         let factors = self.factors.as_mut().expect("checked by rank()");
         let stats = dense.update(
-            m,
+            &m.as_view(),
             w.as_slice().expect("standard layout"),
             &mut factors.mode_mut(mode),
             rows,

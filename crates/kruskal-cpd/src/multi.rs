@@ -29,13 +29,18 @@ pub struct ModeBreakdown {
     pub update_ms: f64,
     /// Row exchange, slowest GPU (ms).
     pub exchange_ms: f64,
-    /// Which rows the exchange sends: `read` (only those each GPU reads)
-    /// or `all` (the all-gather).
+    /// Which rows the exchange sends: `read` (only those each GPU reads),
+    /// `all` (the all-gather) or `none` (a split plan's cut mode).
     pub exchange_rows: &'static str,
     /// Bytes the exchange moves per call, over all GPUs.
     pub exchange_bytes: u64,
     /// Bytes the all-gather would move per call.
     pub all_gather_bytes: u64,
+    /// Reduction of the partial sums onto their owners after the MTTKRP
+    /// (a split plan's partial modes), slowest GPU (ms).
+    pub reduce_ms: f64,
+    /// Bytes that reduction sends per call, over all GPUs.
+    pub reduce_bytes: u64,
     /// Per GPU, MTTKRP time (ms), to show imbalance.
     pub per_gpu_mttkrp_ms: Vec<f64>,
 }
@@ -69,9 +74,10 @@ impl GroupBackend {
             .map(|mode| {
                 let v = group.exchange_volume(mode);
                 ModeBreakdown {
-                    exchange_rows: if v.read_only { "read" } else { "all" },
+                    exchange_rows: v.rows_name(),
                     exchange_bytes: v.bytes,
                     all_gather_bytes: v.all_gather_bytes,
+                    reduce_bytes: v.reduce_bytes,
                     ..ModeBreakdown::default()
                 }
             })
@@ -166,6 +172,7 @@ impl Backend for GroupBackend {
         b.h2d_ms += slowest(|t| t.h2d_ms);
         b.kernel_ms += slowest(|t| t.kernel_ms);
         b.mttkrp_ms += slowest(|t| t.total_ms);
+        b.reduce_ms += slowest(|t| t.reduce_ms);
         b.per_gpu_mttkrp_ms.resize(times.len(), 0.0);
         for (acc, t) in b.per_gpu_mttkrp_ms.iter_mut().zip(&times) {
             *acc += t.total_ms;

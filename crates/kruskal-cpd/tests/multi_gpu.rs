@@ -1,7 +1,7 @@
 //! Several GPUs give one GPU's answer: from the same initial factors, the
 //! fit of every one of 20 iterations of the group backend agrees within
 //! 1e-4 with the one-GPU backend, with NCCL and with peer-to-peer
-//! exchange, resident and streamed; and each mode's MTTKRP of the group
+//! exchange, resident and streamed, rows by owner and split by a mode; and each mode's MTTKRP of the group
 //! equals the f64 reference (ranks 16 to 128 run the shard kernel's lane
 //! teams, rank 7 the plain mapping).
 //!
@@ -17,7 +17,7 @@ use common::{assert_same_fits, generated, options, real};
 use kruskal_cpd::{GpuBackend, GroupBackend, cpd_als, random_factors};
 use kruskal_cpu::{mttkrp_reference, relative_error};
 use kruskal_device::{FcooBuild, Gpu, GpuEngine, GpuOptions};
-use kruskal_group::{Exchange, GpuGroup, GroupOptions, RowExchange, StreamPolicy};
+use kruskal_group::{Exchange, GpuGroup, GroupOptions, PlanChoice, RowExchange, StreamPolicy};
 
 fn ordinals() -> Vec<usize> {
     let n = Gpu::count().expect("a CUDA driver").min(4);
@@ -56,6 +56,23 @@ fn configurations(gpus: usize) -> Vec<(String, GroupOptions)> {
             GroupOptions {
                 exchange: Some(Exchange::Nccl),
                 rows: RowExchange::Read,
+                build: FcooBuild::Host,
+                ..base.clone()
+            },
+        ));
+        out.push((
+            "nccl split".to_string(),
+            GroupOptions {
+                exchange: Some(Exchange::Nccl),
+                plan: PlanChoice::Split(None),
+                ..base.clone()
+            },
+        ));
+        out.push((
+            "nccl split:1, host-built shards".to_string(),
+            GroupOptions {
+                exchange: Some(Exchange::Nccl),
+                plan: PlanChoice::Split(Some(0)),
                 build: FcooBuild::Host,
                 ..base.clone()
             },
@@ -357,6 +374,89 @@ fn sparse_and_all_gathered_rows_give_the_same_cpd() {
             }
         }
     }
+}
+
+#[test]
+#[ignore = "needs CUDA GPUs"]
+fn split_plans_give_the_rows_plans_cpd() {
+    let gpus = ordinals();
+    assert!(gpus.len() >= 2, "the split test needs two GPUs or more");
+    let mut tensors = vec![("long sparse mode".to_string(), sparse_tensor())];
+    tensors.extend(real());
+    for (name, t) in &tensors {
+        let opts = options(t, 16);
+        let run = |plan: PlanChoice| {
+            let g = GroupOptions {
+                exchange: Some(Exchange::Nccl),
+                plan,
+                timeout: Duration::from_secs(120),
+                ..GroupOptions::default()
+            };
+            let group = GpuGroup::new(&gpus, t, 16, &g, &mut |_| {}).unwrap();
+            let note = group.plan_note().unwrap().to_string();
+            let mut backend = GroupBackend::new(group, t);
+            let model = cpd_als(&mut backend, &opts).unwrap();
+            (model, backend.breakdown().to_vec(), note)
+        };
+        let (rows, _, _) = run(PlanChoice::Rows);
+        // Split by the last mode, and by the first: the long sparse mode's
+        // first mode has one row, so one GPU holds every nonzero and the
+        // others' shards are empty.
+        for cut in [t.nmodes() - 1, 0] {
+            let what = format!("{name}, split by mode {} on {} GPUs", cut + 1, gpus.len());
+            let (split, breakdown, note) = run(PlanChoice::Split(Some(cut)));
+            assert!(
+                note.starts_with(&format!("split by mode {}", cut + 1)),
+                "{what}: {note}"
+            );
+            for (mode, b) in breakdown.iter().enumerate() {
+                if mode == cut {
+                    assert_eq!((b.exchange_rows, b.exchange_bytes), ("none", 0), "{what}");
+                    assert_eq!(b.reduce_bytes, 0, "{what}");
+                } else {
+                    assert!(b.reduce_ms >= 0.0, "{what}: {b:?}");
+                }
+            }
+            // The sums run in another order (partial sums per GPU, then
+            // NCCL's reduction), so the fits agree as two runs of one plan
+            // do (see sparse_and_all_gathered_rows_give_the_same_cpd).
+            for (a, b) in rows.iterations.iter().zip(&split.iterations) {
+                assert!(
+                    (a.fit - b.fit).abs() <= 1e-5,
+                    "{what}: fit {} by owner, {} split",
+                    a.fit,
+                    b.fit
+                );
+            }
+            for (fa, fs) in rows.factors.iter().zip(&split.factors) {
+                assert_eq!(fa.dim(), fs.dim(), "{what}");
+                let diff = fa
+                    .iter()
+                    .zip(fs.iter())
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0f32, f32::max);
+                assert!(diff <= 1e-3, "{what}: factors differ by {diff}");
+            }
+        }
+        // A mode the tensor lacks is refused.
+        let bad = GroupOptions {
+            exchange: Some(Exchange::Nccl),
+            plan: PlanChoice::Split(Some(t.nmodes())),
+            ..GroupOptions::default()
+        };
+        assert!(GpuGroup::new(&gpus, t, 16, &bad, &mut |_| {}).is_err());
+    }
+    // Peer-to-peer copies cannot reduce the partial sums.
+    let t = sparse_tensor();
+    let p2p = GroupOptions {
+        exchange: Some(Exchange::P2p),
+        plan: PlanChoice::Split(None),
+        ..GroupOptions::default()
+    };
+    let err = GpuGroup::new(&gpus, &t, 16, &p2p, &mut |_| {})
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("NCCL"), "{err}");
 }
 
 #[test]

@@ -413,7 +413,8 @@ extern "C" __global__ void fcoo_start_flags(
 // rows keep the COO's order).
 //   shard_tile_counts   per tile of SORT_TILE nonzeros: how many are g's
 //   scan_*              the tiles' first places
-//   shard_select        key = row - lo and perm = k of g's nonzeros, in order
+//   shard_select        key = row - lo (of the mode sorted by) and perm = k of g's
+//                       nonzeros, in order
 //   radix_count32, scan_*, radix_scatter32   sort (key, perm) as above
 //   shard_elements      the elements, in sorted order
 //   shard_mark          the other modes' rows the shard reads, as bitmaps
@@ -451,11 +452,13 @@ extern "C" __global__ void __launch_bounds__(SORT_THREADS) shard_tile_counts(
 }
 
 // For the r-th of tile t's own nonzeros in increasing k: keys[offsets[t] +
-// r] = row - lo, perm[offsets[t] + r] = k. offsets: the exclusive scan of
-// shard_tile_counts' counts (so every place is below their total).
-// Launch: as shard_tile_counts.
+// r] = key_relabel[key_idx[k]] - key_lo (the row of the mode sorted by, the
+// owning mode itself or, in a split plan, another), perm[offsets[t] + r] =
+// k. offsets: the exclusive scan of shard_tile_counts' counts (so every
+// place is below their total). Launch: as shard_tile_counts.
 extern "C" __global__ void __launch_bounds__(SORT_THREADS) shard_select(
     const u32* __restrict__ idx, const u32* __restrict__ relabel, u64 n, u32 lo, u32 hi,
+    const u32* __restrict__ key_idx, const u32* __restrict__ key_relabel, u32 key_lo,
     const u32* __restrict__ offsets, u32* __restrict__ keys, u32* __restrict__ perm)
 {
     __shared__ u32 sums[WARP];
@@ -468,7 +471,7 @@ extern "C" __global__ void __launch_bounds__(SORT_THREADS) shard_select(
         u32 step;
         const u32 before = block_exclusive_scan(mine ? 1u : 0u, sums, &step);
         if (mine) {
-            keys[at + before] = row - lo;
+            keys[at + before] = key_relabel[key_idx[k]] - key_lo;
             perm[at + before] = (u32)k;
         }
         at += step;

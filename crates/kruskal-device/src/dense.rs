@@ -221,7 +221,7 @@ impl DenseKernels {
     /// f64), with the new columns' statistics. Synchronizes the stream.
     pub fn update(
         &mut self,
-        m: &CudaSlice<f32>,
+        m: &CudaView<f32>,
         w: &[f64],
         a: &mut CudaViewMut<f32>,
         rows: usize,
@@ -489,7 +489,12 @@ mod tests {
                 let mut d_a = gpu.upload("a", &vec![f32::NAN; rows * rank]).unwrap();
                 let what = format!("rank {rank}, {rows} rows");
                 let got = dense
-                    .update(&d_m, w.as_slice().unwrap(), &mut d_a.slice_mut(..), rows)
+                    .update(
+                        &d_m.as_view(),
+                        w.as_slice().unwrap(),
+                        &mut d_a.slice_mut(..),
+                        rows,
+                    )
                     .unwrap();
                 // The f64 sums of M W may round to a neighbouring f32 in
                 // rare entries (a different summation order), so allow a
@@ -517,7 +522,12 @@ mod tests {
                 assert_eq!(g, g2, "{what}: Gram without scaling");
                 // Bit-identical when repeated.
                 let again = dense
-                    .update(&d_m, w.as_slice().unwrap(), &mut d_a.slice_mut(..), rows)
+                    .update(
+                        &d_m.as_view(),
+                        w.as_slice().unwrap(),
+                        &mut d_a.slice_mut(..),
+                        rows,
+                    )
                     .unwrap();
                 assert_eq!(got, again, "{what}: repeat");
             }

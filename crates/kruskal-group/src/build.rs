@@ -129,18 +129,27 @@ pub(super) fn build(
     let (n64, nm32) = (n as u64, nm as u32);
     let mut shards = Vec::with_capacity(nm);
     for (mode, relabel) in relabels.iter().enumerate() {
-        let rows = plan.rows(mode, g);
+        // The nonzeros of the rows this GPU owns in `own` (the mode
+        // itself, or a split plan's cut mode), sorted by `mode`'s row.
+        let own = plan.shard_mode(mode);
+        let rows = plan.rows(own, g);
         let count = plan.nnz(mode, g);
         if count == 0 {
             shards.push((gpu.alloc_zeros::<u32>("a shard", 1)?, 0));
             continue;
         }
         let (lo, hi) = (rows.start, rows.end);
+        // Keys: the row minus `key_lo`, below `key_span`.
+        let (key_lo, key_span) = if own == mode {
+            (lo, hi - lo)
+        } else {
+            (0, plan.dims()[mode])
+        };
         let f = function(gpu, Kernel::ShardTileCounts)?;
         let mut launch = stream.launch_builder(&f);
         launch
-            .arg(coo.indices(mode))
-            .arg(relabel)
+            .arg(coo.indices(own))
+            .arg(&relabels[own])
             .arg(&n64)
             .arg(&lo)
             .arg(&hi)
@@ -156,24 +165,31 @@ pub(super) fn build(
             .map_err(driver("reading a shard's size"))?[0];
         if u64::from(found) != count {
             return Err(DeviceError::Shape(format!(
-                "mode {}: GPU {g} found {found} nonzeros of its rows, the plan counted {count}",
-                mode + 1
+                "mode {}: GPU {g} found {found} nonzeros of its rows of mode {}, the plan \
+                 counted {count}",
+                mode + 1,
+                own + 1
             )));
         }
         let f = function(gpu, Kernel::ShardSelect)?;
         let mut launch = stream.launch_builder(&f);
         launch
-            .arg(coo.indices(mode))
-            .arg(relabel)
+            .arg(coo.indices(own))
+            .arg(&relabels[own])
             .arg(&n64)
             .arg(&lo)
             .arg(&hi)
+            .arg(coo.indices(mode))
+            .arg(relabel)
+            .arg(&key_lo)
             .arg(&counts)
             .arg(&mut keys[0])
             .arg(&mut perm[0]);
-        // SAFETY: as shard_tile_counts for the reads; the scanned counts
-        // place tile t's own nonzeros below their total, `count` (checked
-        // above), at most the keys' and permutations' length.
+        // SAFETY: as shard_tile_counts for the reads (the key mode's
+        // index and relabeling likewise: n indices below its dimension);
+        // the scanned counts place tile t's own nonzeros below their
+        // total, `count` (checked above), at most the keys' and
+        // permutations' length.
         unsafe { launch.launch(tile_grid(n)) }.map_err(driver("launching shard_select"))?;
         let c = count as usize;
         let [ka, kb] = &mut keys;
@@ -185,7 +201,7 @@ pub(super) fn build(
             [&mut ka, &mut kb],
             [&mut pa, &mut pb],
             c,
-            bits_below(hi - lo),
+            bits_below(key_span),
             SortCounts {
                 counts: &mut counts,
                 partial: &mut partial,
@@ -289,43 +305,51 @@ mod tests {
                     .with_seed(7),
             )
             .unwrap();
-            let plan = RowShards::new(&t, gpus).unwrap();
-            let stride = plan.stride();
-            let marked: Vec<bool> = (0..t.nmodes()).map(|w| w % 2 == 0 || gpus > 2).collect();
-            let readers = RowReaders::for_modes(&plan, &marked).unwrap();
-            let mut host = Vec::new();
-            for mode in 0..t.nmodes() {
-                let mut buf = vec![0u32; t.nnz() * stride];
-                let offsets = plan.fill_elements(&t, mode, &mut buf).unwrap();
+            let rows_plan = RowShards::new(&t, gpus).unwrap();
+            // The rows plan, and the split plan that cuts the last mode.
+            for split in [None, Some(t.nmodes() - 1)] {
+                let mut plan = rows_plan.clone();
+                if let Some(cut) = split {
+                    plan.split_by(cut).unwrap();
+                }
+                let stride = plan.stride();
+                let marked: Vec<bool> = (0..t.nmodes()).map(|w| w % 2 == 0 || gpus > 2).collect();
+                let readers = RowReaders::for_modes(&plan, &marked).unwrap();
+                let mut host = Vec::new();
+                for mode in 0..t.nmodes() {
+                    let mut buf = vec![0u32; t.nnz() * stride];
+                    let offsets = plan.fill_elements(&t, mode, &mut buf).unwrap();
+                    for g in 0..gpus {
+                        let slice =
+                            &buf[offsets[g] as usize * stride..offsets[g + 1] as usize * stride];
+                        readers.mark(g, mode, slice).unwrap();
+                    }
+                    host.push((buf, offsets));
+                }
                 for g in 0..gpus {
-                    let slice =
-                        &buf[offsets[g] as usize * stride..offsets[g + 1] as usize * stride];
-                    readers.mark(g, mode, slice).unwrap();
-                }
-                host.push((buf, offsets));
-            }
-            for g in 0..gpus {
-                let what = format!("dims {dims:?} over {gpus} GPUs, GPU {g}");
-                let built = build(&gpu, &t, &plan, g, &marked).unwrap();
-                for (mode, (elems, count)) in built.shards.iter().enumerate() {
-                    let (buf, offsets) = &host[mode];
-                    let want = &buf[offsets[g] as usize * stride..offsets[g + 1] as usize * stride];
-                    assert_eq!(*count, plan.nnz(mode, g), "{what} mode {mode}");
-                    let got = gpu.stream().clone_dtoh(elems).unwrap();
-                    let got = &got[..*count as usize * stride];
-                    // Sorted by the mode's row, and the same elements.
-                    let rows: Vec<u32> = got.chunks_exact(stride).map(|e| e[mode]).collect();
-                    assert!(rows.windows(2).all(|w| w[0] <= w[1]), "{what} mode {mode}");
-                    assert_eq!(
-                        sorted_elements(got, stride),
-                        sorted_elements(want, stride),
-                        "{what} mode {mode}"
-                    );
-                }
-                let want = readers.bitmap(g);
-                match &built.bitmap {
-                    Some(bits) => assert_eq!(bits, &want, "{what}: rows read"),
-                    None => assert!(!marked.iter().any(|&m| m), "{what}"),
+                    let what = format!("dims {dims:?} over {gpus} GPUs (split {split:?}), GPU {g}");
+                    let built = build(&gpu, &t, &plan, g, &marked).unwrap();
+                    for (mode, (elems, count)) in built.shards.iter().enumerate() {
+                        let (buf, offsets) = &host[mode];
+                        let want =
+                            &buf[offsets[g] as usize * stride..offsets[g + 1] as usize * stride];
+                        assert_eq!(*count, plan.nnz(mode, g), "{what} mode {mode}");
+                        let got = gpu.stream().clone_dtoh(elems).unwrap();
+                        let got = &got[..*count as usize * stride];
+                        // Sorted by the mode's row, and the same elements.
+                        let rows: Vec<u32> = got.chunks_exact(stride).map(|e| e[mode]).collect();
+                        assert!(rows.windows(2).all(|w| w[0] <= w[1]), "{what} mode {mode}");
+                        assert_eq!(
+                            sorted_elements(got, stride),
+                            sorted_elements(want, stride),
+                            "{what} mode {mode}"
+                        );
+                    }
+                    let want = readers.bitmap(g);
+                    match &built.bitmap {
+                        Some(bits) => assert_eq!(bits, &want, "{what}: rows read"),
+                        None => assert!(!marked.iter().any(|&m| m), "{what}"),
+                    }
                 }
             }
         }

@@ -56,6 +56,13 @@ pub(super) struct Shared {
     pub(super) first_row: Vec<u64>,
     /// Per mode, the sparse exchange's counts (`None`: all-gathered).
     pub(super) sparse: Vec<Option<super::sparse::SparseMode>>,
+    /// Per mode, whether several GPUs write its MTTKRP output rows (a
+    /// split plan's partial modes): the partial sums are reduced onto the
+    /// owners after the MTTKRP.
+    pub(super) partial: Vec<bool>,
+    /// Per mode, whether only its owners read it (a split plan's cut
+    /// mode): its exchange sends nothing.
+    pub(super) local: Vec<bool>,
     pub(super) collective: Option<Collective>,
     pub(super) timeout: Duration,
 }
@@ -289,14 +296,22 @@ impl TimedBarrier {
 
 impl Worker {
     /// All-gathers every GPU's rows of `mode` into this GPU's factor
-    /// buffer; returns the milliseconds it took.
+    /// buffer; returns the milliseconds it took. The first all-gather
+    /// after the factors are loaded sends every row; later ones only the
+    /// rows with nonzeros (the others are zero on every GPU by then).
     pub(super) fn exchange(&mut self, mode: usize) -> Result<f64> {
         let started = Instant::now();
         let stream = self.gpu.stream().clone();
         let m = self.shared.rows[mode].len();
         let r = self.rank as u64;
+        let blocks = if self.exchanged[mode] {
+            &self.shared.live[mode]
+        } else {
+            &self.shared.rows[mode]
+        };
+        self.exchanged[mode] = true;
         let block = |b: usize| -> (u64, usize) {
-            let rows = &self.shared.rows[mode][b];
+            let rows = &blocks[b];
             let first = (self.shared.first_row[mode] + u64::from(rows.start)) * r;
             (first * 4, rows.len() * self.rank)
         };

@@ -15,7 +15,10 @@
 //! - **Plan** ([`RowShards`]): each mode's output rows go to GPUs by LPT
 //!   on their nonzero counts and are relabeled GPU by GPU, so GPU `g` owns
 //!   one contiguous block of every relabeled factor. Every GPU keeps a full
-//!   copy of every (relabeled) factor.
+//!   copy of every (relabeled) factor. A split plan ([`plan`]) gives every
+//!   mode's nonzeros to the owners of one mode's rows instead: that mode's
+//!   rows never travel, and the other modes' MTTKRPs are partial sums,
+//!   reduced onto the rows' owners through NCCL before their update.
 //! - **MTTKRP** (`kernels/mttkrp_shard.cu`): each GPU runs the `shard`
 //!   kernel over its shard of the mode, cut into equal inter-shard
 //!   partitions (ISPs), one thread block each; rows shared by ISPs combine
@@ -46,7 +49,8 @@
 //! and its work; `residency.rs` where each shard lives ([`Residency`],
 //! [`StreamPolicy`]); `exchange.rs` the row exchange between the GPUs
 //! (NCCL or peer-to-peer copies) and the state the workers share;
-//! `sparse.rs` the exchange of only the rows each GPU reads.
+//! `sparse.rs` the exchange of only the rows each GPU reads; [`plan`] the
+//! choice between rows by owner and a split plan.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -64,12 +68,14 @@ use kruskal_device::{DeviceError, FcooBuild, Gpu, Result, driver};
 mod build;
 mod exchange;
 pub mod nccl;
+pub mod plan;
 pub mod process;
 mod residency;
 mod sparse;
 mod worker;
 
 pub use exchange::Exchange;
+pub use plan::{PlanChoice, PlanDecision};
 pub use process::{CommAbort, ProcessComm};
 pub use residency::{Residency, StreamPolicy};
 pub use sparse::{ExchangeVolume, RowExchange};
@@ -87,6 +93,8 @@ pub struct GroupOptions {
     pub exchange: Option<Exchange>,
     /// Which rows the exchange after a mode sends.
     pub rows: RowExchange,
+    /// Rows by owner, or split by one mode ([`plan`]).
+    pub plan: PlanChoice,
     /// Where the shards are built: on the GPUs (each its own, where every
     /// shard stays resident and the build fits; the host otherwise) or on
     /// the host.
@@ -112,6 +120,7 @@ impl Default for GroupOptions {
         GroupOptions {
             exchange: None,
             rows: RowExchange::Auto,
+            plan: PlanChoice::Auto,
             build: FcooBuild::Device,
             stream: StreamPolicy::Auto,
             streams: 3,
@@ -131,6 +140,9 @@ pub struct MttkrpTimes {
     pub h2d_ms: f64,
     /// Time the kernels were running.
     pub kernel_ms: f64,
+    /// After the MTTKRP, the reduction of a partial mode's sums onto
+    /// their owners (a split plan; 0 otherwise).
+    pub reduce_ms: f64,
 }
 
 /// Several GPUs running one CPD together.
@@ -141,6 +153,8 @@ pub struct GpuGroup {
     /// rank across processes).
     members: Vec<usize>,
     plan: RowShards,
+    /// Why the plan is what it is (`None` across processes).
+    plan_note: Option<String>,
     rank: usize,
     exchange: Option<Exchange>,
     exchange_note: Option<String>,
@@ -192,20 +206,31 @@ impl GpuGroup {
                 .iter()
                 .map(|&o| s.spawn(move || Gpu::open(o)))
                 .collect();
-            let plan = RowShards::new(t, m).and_then(|mut plan| {
-                // Rows of a mode read by few GPUs go to one of their
-                // readers, so a sparse exchange sends them to fewer.
-                for (mode, prefer) in sparse::modes_to_prefer(&plan, opts.rows)
-                    .into_iter()
-                    .enumerate()
-                {
-                    if prefer {
-                        plan.prefer_readers(t, mode)?;
+            let plan = RowShards::new(t, m)
+                .map_err(prepare)
+                .and_then(|plan| {
+                    let decision = plan::choose(&plan, opts.plan, opts.rows, split_ok(m, opts))
+                        .map_err(DeviceError::Shape)?;
+                    Ok((plan, decision))
+                })
+                .and_then(|(mut plan, decision)| {
+                    if let Some(cut) = decision.split {
+                        plan.split_by(cut).map_err(prepare)?;
+                    } else {
+                        // Rows of a mode read by few GPUs go to one of
+                        // their readers, so a sparse exchange sends them
+                        // to fewer.
+                        for (mode, prefer) in sparse::modes_to_prefer(&plan, opts.rows)
+                            .into_iter()
+                            .enumerate()
+                        {
+                            if prefer {
+                                plan.prefer_readers(t, mode).map_err(prepare)?;
+                            }
+                        }
                     }
-                }
-                Ok(plan)
-            });
-            let plan = plan.map_err(prepare);
+                    Ok((plan, decision.note))
+                });
             let planned_s = started.elapsed().as_secs_f64();
             let gpus = opening
                 .into_iter()
@@ -214,7 +239,7 @@ impl GpuGroup {
             (gpus, plan.map(|p| (p, planned_s)))
         });
         let gpus = gpus?;
-        let (plan, planned_s) = plan?;
+        let ((plan, plan_note), planned_s) = plan?;
         progress(&format!(
             "planned {} modes over {m} GPU(s) in {planned_s:.1} s (GPUs opened meanwhile, \
              {:.1} s in all)",
@@ -307,9 +332,11 @@ impl GpuGroup {
                 t0.elapsed().as_secs_f64()
             ));
         }
-        Self::start(
+        let mut group = Self::start(
             gpus, members, plan, rank, residency, shards, chosen, sparse, opts,
-        )
+        )?;
+        group.plan_note = Some(plan_note);
+        Ok(group)
     }
 
     /// The shards built on the host, one mode at a time: uploaded to their
@@ -604,6 +631,8 @@ impl GpuGroup {
                 .collect(),
             first_row,
             sparse: sparse_modes,
+            partial: (0..n).map(|mode| plan.partial(mode)).collect(),
+            local: (0..n).map(|mode| plan.split() == Some(mode)).collect(),
             collective,
             timeout: opts.timeout,
         });
@@ -644,6 +673,7 @@ impl GpuGroup {
                 send_buf: None,
                 recv_buf: None,
                 updated: vec![false; n],
+                exchanged: vec![false; n],
                 calls: 0,
                 fault: opts
                     .fault
@@ -655,6 +685,7 @@ impl GpuGroup {
             gpus,
             members,
             plan,
+            plan_note: None,
             rank,
             exchange,
             exchange_note,
@@ -676,6 +707,13 @@ impl GpuGroup {
     /// The row plan over every GPU of the group.
     pub fn plan(&self) -> &RowShards {
         &self.plan
+    }
+
+    /// Why the group's plan is rows by owner or split by a mode, with the
+    /// rows each would send (`None` for a group across processes, whose
+    /// plan is always rows by owner).
+    pub fn plan_note(&self) -> Option<&str> {
+        self.plan_note.as_deref()
     }
 
     /// The CPD rank (columns of every factor).
@@ -1008,13 +1046,14 @@ impl GpuGroup {
     }
 
     /// Every factor, from the first GPU, in the original row order. Modes
-    /// exchanged sparsely are all-gathered first (on every GPU, so across
+    /// exchanged sparsely, and a split plan's cut mode, are all-gathered
+    /// first (on every GPU, so across
     /// processes every rank calls this), since no GPU holds all of their
     /// rows.
     pub fn factors(&mut self) -> Result<Vec<Array2<f32>>> {
         if self.plan.gpus() > 1 {
             for mode in 0..self.plan.dims().len() {
-                if self.volumes[mode].read_only {
+                if self.volumes[mode].read_only || self.volumes[mode].local {
                     self.all(|| Cmd::ExchangeAll(mode), "gathering the factors")?;
                 }
             }
@@ -1071,6 +1110,21 @@ impl GpuGroup {
         }
         Ok(())
     }
+}
+
+/// Whether a split plan can run for a group of `m` GPUs in one process
+/// with `opts`: its partial sums are reduced through NCCL.
+fn split_ok(m: usize, opts: &GroupOptions) -> std::result::Result<(), String> {
+    if m == 1 {
+        return Err("one GPU".into());
+    }
+    if opts.exchange == Some(Exchange::P2p) {
+        return Err("the partial sums are reduced by NCCL, and p2p copies were asked for".into());
+    }
+    if let Err(missing) = nccl::Nccl::load() {
+        return Err(format!("the partial sums are reduced by NCCL: {missing}"));
+    }
+    Ok(())
 }
 
 /// A partitioning error while preparing the shards or the exchange.

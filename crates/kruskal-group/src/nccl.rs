@@ -43,6 +43,16 @@ type AllReduce = unsafe extern "C" fn(
     ncclComm_t,
     cudaStream_t,
 ) -> ncclResult_t;
+type ReduceTo = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    ncclDataType_t,
+    ncclRedOp_t,
+    c_int,
+    ncclComm_t,
+    cudaStream_t,
+) -> ncclResult_t;
 type SendRecv = unsafe extern "C" fn(
     *mut c_void,
     usize,
@@ -86,6 +96,7 @@ pub struct Nccl {
     group_end: GroupFn,
     broadcast: Broadcast,
     all_reduce: AllReduce,
+    reduce: ReduceTo,
     send: SendRecv,
     recv: SendRecv,
     get_unique_id: GetUniqueId,
@@ -221,6 +232,7 @@ impl Nccl {
                 group_end: *lib.get(b"ncclGroupEnd\0")?,
                 broadcast: *lib.get(b"ncclBroadcast\0")?,
                 all_reduce: *lib.get(b"ncclAllReduce\0")?,
+                reduce: *lib.get(b"ncclReduce\0")?,
                 // ncclSend takes a const buffer; the pointer's constness
                 // does not change the C calling convention.
                 send: *lib.get(b"ncclSend\0")?,
@@ -368,6 +380,36 @@ impl Nccl {
             )
         };
         self.check(call, r)
+    }
+
+    /// In-place sum of `count` f32 at device address `ptr` over all ranks
+    /// onto rank `root` (the other ranks' buffers are only read), queued on
+    /// `stream`.
+    ///
+    /// # Safety
+    /// As [`Nccl::broadcast_f32`].
+    pub unsafe fn reduce_f32(
+        &self,
+        comm: &Comm,
+        ptr: u64,
+        count: usize,
+        root: usize,
+        stream: cudaStream_t,
+    ) -> Result<(), NcclError> {
+        // SAFETY: see the function's contract.
+        let r = unsafe {
+            (self.reduce)(
+                ptr as *const c_void,
+                ptr as *mut c_void,
+                count,
+                ncclDataType_t::ncclFloat32,
+                ncclRedOp_t::ncclSum,
+                root as c_int,
+                comm.0,
+                stream,
+            )
+        };
+        self.check("ncclReduce", r)
     }
 
     /// In-place reduction `op` of `count` f64 at device address `ptr`

@@ -50,10 +50,20 @@ pub(super) fn resident_bytes(plan: &RowShards, g: usize, rank: usize) -> usize {
     rows_total * rank * 4
         + (0..n)
             .map(|mode| {
-                plan.rows(mode, g).len() * rank * 4 + plan.nnz(mode, g) as usize * stride * 4
+                output_rows(plan, mode, g) * rank * 4 + plan.nnz(mode, g) as usize * stride * 4
             })
             .sum::<usize>()
         + MARGIN_BYTES
+}
+
+/// Rows of GPU `g`'s MTTKRP output of `mode`: its own, or every row of a
+/// split plan's partial mode.
+fn output_rows(plan: &RowShards, mode: usize, g: usize) -> usize {
+    if plan.partial(mode) {
+        plan.dims()[mode] as usize
+    } else {
+        plan.rows(mode, g).len()
+    }
 }
 
 pub(super) fn decide_residency(
@@ -69,7 +79,7 @@ pub(super) fn decide_residency(
     let rows_total: usize = plan.dims().iter().map(|&d| d as usize).sum();
     let fixed = rows_total * rank * 4
         + (0..n)
-            .map(|mode| plan.rows(mode, g).len() * rank * 4)
+            .map(|mode| output_rows(plan, mode, g) * rank * 4)
             .sum::<usize>()
         + MARGIN_BYTES;
     let need: Vec<usize> = (0..n)

@@ -76,10 +76,31 @@ const PREDICTED_SHARE: f64 = 0.95;
 pub struct ExchangeVolume {
     /// Whether only the rows read are sent.
     pub read_only: bool,
-    /// Bytes the exchange moves per call, over all GPUs.
+    /// Whether nothing is sent: only the rows' owners read them (a split
+    /// plan's cut mode).
+    pub local: bool,
+    /// Bytes the exchange moves per call, over all GPUs (after the first
+    /// call, which also sends the empty rows).
     pub bytes: u64,
     /// Bytes the all-gather would move.
     pub all_gather_bytes: u64,
+    /// Bytes the reduction of a partial mode's sums onto their owners
+    /// sends per MTTKRP (a split plan; 0 otherwise): each owner's rows
+    /// with nonzeros from every other GPU.
+    pub reduce_bytes: u64,
+}
+
+impl ExchangeVolume {
+    /// What the report calls the rows sent: `none`, `read` or `all`.
+    pub fn rows_name(&self) -> &'static str {
+        if self.local {
+            "none"
+        } else if self.read_only {
+            "read"
+        } else {
+            "all"
+        }
+    }
 }
 
 /// One mode's sparse exchange, as every worker knows it.
@@ -155,13 +176,16 @@ pub(super) fn modes_to_mark(plan: &RowShards, rows: RowExchange) -> Vec<bool> {
     if m == 1 || m > MAX_GPUS {
         return vec![false; n];
     }
-    match rows {
-        RowExchange::All => vec![false; n],
-        RowExchange::Read => vec![true; n],
-        RowExchange::Auto => (0..n)
-            .map(|mode| predicted_share(plan, mode) <= PREDICTED_SHARE)
-            .collect(),
-    }
+    (0..n)
+        .map(|mode| {
+            plan.split() != Some(mode)
+                && match rows {
+                    RowExchange::All => false,
+                    RowExchange::Read => true,
+                    RowExchange::Auto => predicted_share(plan, mode) <= PREDICTED_SHARE,
+                }
+        })
+        .collect()
 }
 
 /// The modes whose rows go to a GPU that reads them where that keeps the
@@ -172,7 +196,7 @@ pub(super) fn modes_to_mark(plan: &RowShards, rows: RowExchange) -> Vec<bool> {
 pub(super) fn modes_to_prefer(plan: &RowShards, rows: RowExchange) -> Vec<bool> {
     let n = plan.dims().len();
     let m = plan.gpus();
-    if m == 1 || m > MAX_GPUS || rows == RowExchange::All {
+    if m == 1 || m > MAX_GPUS || rows == RowExchange::All || plan.split().is_some() {
         return vec![false; n];
     }
     (0..n)
@@ -187,25 +211,34 @@ const PREFER_SHARE: f64 = 0.5;
 /// receive from a sparse exchange, predicted from the row counts alone: a
 /// row of `c` nonzeros has `c (N - 1)` factor reads in the other modes'
 /// shards, each on a GPU that is, for the prediction, drawn at random.
-fn predicted_share(plan: &RowShards, mode: usize) -> f64 {
+pub(super) fn predicted_share(plan: &RowShards, mode: usize) -> f64 {
+    let draws = if plan.split().is_some() {
+        // Every mode's shards follow the cut mode's owners: a nonzero is
+        // on one GPU, whichever mode reads it.
+        1
+    } else {
+        plan.dims().len() as u64 - 1
+    };
+    predicted_share_by(plan, mode, draws)
+}
+
+/// [`predicted_share`] with `draws` GPUs drawn per nonzero.
+fn predicted_share_by(plan: &RowShards, mode: usize, draws: u64) -> f64 {
     let m = plan.gpus();
-    let n = plan.dims().len();
     let miss = 1.0 - 1.0 / m as f64;
     let counts = plan.row_nnz(mode);
     let (mut sparse, mut all) = (0.0f64, 0u64);
     for h in 0..m {
-        let own = plan.rows(mode, h);
         let expected: f64 = (0..m)
             .filter(|&o| o != h)
             .map(|o| {
-                let rows = plan.rows(mode, o);
+                let rows = plan.rows_with_nonzeros(mode, o);
                 counts[rows.start as usize..rows.end as usize]
                     .iter()
-                    .map(|&c| 1.0 - miss.powf((c * (n as u64 - 1)) as f64))
+                    .map(|&c| 1.0 - miss.powf((c * draws) as f64))
                     .sum::<f64>()
             })
             .sum();
-        debug_assert!(own.len() as u64 <= u64::from(plan.dims()[mode]));
         sparse = sparse.max(expected);
         all = all.max(all_gather_received(plan, mode, h));
     }
@@ -287,17 +320,23 @@ pub(super) fn volume(
     let row_bytes = (rank * 4) as u64;
     let all: u64 = (0..m).map(|h| all_gather_received(plan, mode, h)).sum();
     let all_gather_bytes = if m > 1 { all * row_bytes } else { 0 };
-    match sparse {
-        Some(s) => ExchangeVolume {
-            read_only: true,
-            bytes: (0..m).map(|h| s.received(h)).sum::<u64>() * row_bytes,
-            all_gather_bytes,
-        },
-        None => ExchangeVolume {
-            read_only: false,
-            bytes: all_gather_bytes,
-            all_gather_bytes,
-        },
+    let reduce_bytes = if plan.partial(mode) {
+        all * row_bytes
+    } else {
+        0
+    };
+    let local = plan.split() == Some(mode) && m > 1;
+    let (read_only, bytes) = match sparse {
+        _ if local => (false, 0),
+        Some(s) => (true, (0..m).map(|h| s.received(h)).sum::<u64>() * row_bytes),
+        None => (false, all_gather_bytes),
+    };
+    ExchangeVolume {
+        read_only,
+        local,
+        bytes,
+        all_gather_bytes,
+        reduce_bytes,
     }
 }
 

@@ -79,6 +79,9 @@ pub(super) enum Shard {
 pub(super) struct Recorded {
     start: CudaEvent,
     end: CudaEvent,
+    /// After the partial sums' reduction onto their owners (a split
+    /// plan's partial modes).
+    reduced: Option<CudaEvent>,
     /// Per launch: (copy start, copy end, kernel end); copies absent when
     /// resident.
     launches: Vec<(Option<(CudaEvent, CudaEvent)>, CudaEvent)>,
@@ -111,6 +114,10 @@ pub(super) struct Worker {
     /// Per mode, whether it was updated since the factors were loaded: its
     /// empty rows are zero then, and the update, scaling and Gram skip them.
     pub(super) updated: Vec<bool>,
+    /// Per mode, whether it was all-gathered since the factors were
+    /// loaded: every GPU's empty rows of it are zero then, and later
+    /// all-gathers send the rows with nonzeros only.
+    pub(super) exchanged: Vec<bool>,
     /// MTTKRPs queued so far.
     pub(super) calls: usize,
     /// The MTTKRP (counted from 0) this GPU traps before.
@@ -167,6 +174,8 @@ impl Worker {
             Cmd::ScaleGram(mode, inv) => self
                 .scale_gram(mode, inv.as_deref().map(Vec::as_slice))
                 .map(Reply::Gram),
+            // A split plan's cut mode is read by its owners alone.
+            Cmd::Exchange(mode) if self.shared.local[mode] => Ok(Reply::Millis(0.0)),
             Cmd::Exchange(mode) => match self.shared.sparse[mode].clone() {
                 Some(sparse) => self.exchange_read(mode, &sparse).map(Reply::Millis),
                 None => self.exchange(mode).map(Reply::Millis),
@@ -178,8 +187,11 @@ impl Worker {
                 let v = stream
                     .clone_dtoh(out)
                     .map_err(driver("downloading the MTTKRP"))?;
-                let len = self.shared.rows[mode][self.g].len() * self.rank;
-                Ok(Reply::Floats(v[..len].to_vec()))
+                let own = self.output_rows(mode);
+                let r = self.rank;
+                Ok(Reply::Floats(
+                    v[own.start as usize * r..own.end as usize * r].to_vec(),
+                ))
             }
             Cmd::Factors => {
                 let f = self
@@ -226,6 +238,7 @@ impl Worker {
 
     fn load(&mut self, rows: &[f32]) -> Result<()> {
         self.updated.iter_mut().for_each(|u| *u = false);
+        self.exchanged.iter_mut().for_each(|u| *u = false);
         match &mut self.factors {
             Some(f) if f.data().len() == rows.len() => self
                 .gpu
@@ -249,13 +262,29 @@ impl Worker {
         self.wait(self.gpu.stream(), "the factor upload")
     }
 
-    /// This GPU's output buffer of `mode` (its rows only).
+    /// This GPU's output buffer of `mode`: its rows only, or every row of
+    /// a partial mode (a split plan's: several GPUs write each row).
     fn output(&mut self, mode: usize) -> Result<&mut CudaSlice<f32>> {
         if self.outputs[mode].is_none() {
-            let len = self.shared.rows[mode][self.g].len() * self.rank;
+            let rows = if self.shared.partial[mode] {
+                self.dims[mode] as usize
+            } else {
+                self.shared.rows[mode][self.g].len()
+            };
+            let len = rows * self.rank;
             self.outputs[mode] = Some(self.gpu.alloc_zeros("an MTTKRP output", len)?);
         }
         Ok(self.outputs[mode].as_mut().expect("allocated above"))
+    }
+
+    /// Where this GPU's own rows of `mode` lie in its output buffer.
+    fn output_rows(&self, mode: usize) -> Range<u32> {
+        let own = self.shared.rows[mode][self.g].clone();
+        if self.shared.partial[mode] {
+            own
+        } else {
+            0..own.end - own.start
+        }
     }
 
     /// ISP length for a launch over `count` elements.
@@ -305,17 +334,33 @@ impl Worker {
         if self.factors.is_none() {
             return Err(DeviceError::Shape("no factors loaded".into()));
         }
-        let row_lo = self.shared.rows[mode][self.g].start;
+        let partial = self.shared.partial[mode];
+        // Output rows are written at their label minus `row_lo`.
+        let row_lo = if partial {
+            0
+        } else {
+            self.shared.rows[mode][self.g].start
+        };
         let main = self.gpu.stream().clone();
         let start = self.gpu.timing_event()?;
         let end = self.gpu.timing_event()?;
         {
-            // Only the rows with nonzeros: the others are never written
-            // and stay zero from the allocation.
-            let live = self.shared.live[mode][self.g].len() * self.rank;
+            // Only the rows with nonzeros (of every owner, for a partial
+            // mode): the others are never written and stay zero from the
+            // allocation.
+            let r = self.rank;
+            let owners = if partial {
+                0..self.shared.live[mode].len()
+            } else {
+                self.g..self.g + 1
+            };
+            let live: Vec<Range<u32>> = owners.map(|b| self.shared.live[mode][b].clone()).collect();
             let out = self.output(mode)?;
-            main.memset_zeros(&mut out.slice_mut(..live))
-                .map_err(driver("zeroing the output"))?;
+            for rows in live.iter().filter(|l| !l.is_empty()) {
+                let (lo, hi) = ((rows.start - row_lo) as usize, (rows.end - row_lo) as usize);
+                main.memset_zeros(&mut out.slice_mut(lo * r..hi * r))
+                    .map_err(driver("zeroing the output"))?;
+            }
         }
         start.record(&main).map_err(driver("recording an event"))?;
         let mut launches = Vec::new();
@@ -385,12 +430,63 @@ impl Worker {
             }
         }
         end.record(&main).map_err(driver("recording an event"))?;
+        let reduced = if partial {
+            self.reduce_partial(mode)?;
+            let e = self.gpu.timing_event()?;
+            e.record(&main).map_err(driver("recording an event"))?;
+            Some(e)
+        } else {
+            None
+        };
         self.last = Some(Recorded {
             start,
             end,
+            reduced,
             launches,
         });
         Ok(())
+    }
+
+    /// Sums every GPU's partial output of `mode` onto the rows' owners:
+    /// one grouped NCCL reduction per owner, over its rows with nonzeros
+    /// (the others are zero on every GPU), in place on the owner. Queued
+    /// on the main stream after the MTTKRP.
+    fn reduce_partial(&mut self, mode: usize) -> Result<()> {
+        let stream = self.gpu.stream().clone();
+        let r = self.rank;
+        let live = self.shared.live[mode].clone();
+        let out = self.output(mode)?;
+        let base = {
+            let (ptr, _sync) = out.device_ptr(&stream);
+            ptr
+        };
+        let Some(collective) = &self.shared.collective else {
+            return Err(DeviceError::Shape(
+                "a split plan sums its partial outputs through NCCL, which this group lacks".into(),
+            ));
+        };
+        let (nccl, comm) = collective.comm(self.slot);
+        let nccl_err = |e: crate::nccl::NcclError| DeviceError::Nccl(e.to_string());
+        nccl.group_start().map_err(nccl_err)?;
+        for (b, rows) in live.iter().enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
+            // SAFETY: a partial mode's output holds every row of the mode
+            // (dims x rank floats), so the owner's rows lie inside it; it
+            // lives in `outputs` until the stream has run the reduction.
+            unsafe {
+                nccl.reduce_f32(
+                    comm,
+                    base + u64::from(rows.start) * r as u64 * 4,
+                    rows.len() * r,
+                    b,
+                    stream.cu_stream() as _,
+                )
+            }
+            .map_err(nccl_err)?;
+        }
+        nccl.group_end().map_err(nccl_err)
     }
 
     fn sync(&mut self) -> Result<MttkrpTimes> {
@@ -404,6 +500,10 @@ impl Worker {
             ))
         };
         let total_ms = ms(&rec.start, &rec.end)?;
+        let reduce_ms = match &rec.reduced {
+            Some(e) => ms(&rec.end, e)?.max(0.0),
+            None => 0.0,
+        };
         // Busy time of the copies and of the kernels: each interval counts
         // from when it could start (its own start, or the end of the
         // previous one of its kind) so waiting in a queue is not counted.
@@ -434,6 +534,7 @@ impl Worker {
             total_ms,
             h2d_ms,
             kernel_ms,
+            reduce_ms,
         })
     }
 
@@ -449,9 +550,11 @@ impl Worker {
         }
         self.wait(&self.gpu.stream().clone(), "the MTTKRP")?;
         self.output(mode)?;
+        let at = self.output_rows(mode).start as usize * r;
         let m = self.outputs[mode].as_ref().expect("allocated above");
+        let m = m.slice(at..);
         let (dense, mut own) = own_rows(&mut self.factors, &mut self.dense, mode, rows.clone())?;
-        let stats = dense.update(m, w, &mut own, rows.len())?;
+        let stats = dense.update(&m, w, &mut own, rows.len())?;
         self.updated[mode] = true;
         Ok(stats)
     }
@@ -489,7 +592,8 @@ fn own_rows<'a>(
 /// # Safety
 /// `elems` must hold `count` elements of NMODES + 1 words whose indices
 /// are below each mode's dimension (relabeled by the group's RowShards),
-/// the output mode's inside this GPU's rows, so that every factor read
+/// the output mode's inside this GPU's rows (every row, for a partial
+/// mode's whole output), so that every factor read
 /// lies inside `factors` and every output write inside `out`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn launch_shard(
