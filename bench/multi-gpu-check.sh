@@ -8,8 +8,10 @@
 # (no parts: all but amazon). K=path/to/kruskal (default gpu-run/kruskal);
 # TESTS=names of the test executables to run (default: every GPU one),
 # FILTER=a test name filter passed to each; NELL1_SPECS, FULL_SPECS=the
-# GPU counts and rows (e.g. "4:all 4:auto"); QUICK=1 skips nell-1's
-# p2p, host-built and --gpus all runs.
+# GPU counts and what each runs (e.g. "4:all 4:rows 4:auto": all = every
+# row all-gathered by owner, rows = rows by owner (--gpu-plan rows), split
+# = --gpu-plan split, auto = the defaults); QUICK=1 skips nell-1's p2p,
+# host-built and --gpus all runs.
 set -u
 N=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib
 mkdir -p /tmp/nccl && ln -sf $N/libnccl.so.2 /tmp/nccl/libnccl.so
@@ -42,7 +44,10 @@ if isinstance(k, dict) and "breakdown" in k:
     parts = []
     for m, b in enumerate(k["breakdown"]):
         c = max(b["calls"], 1)
-        parts.append(f"m{m+1}: mttkrp {b['mttkrp_ms']/c:.2f} upd {b['update_ms']/c:.2f} "
+        red = ""
+        if b.get("reduce_bytes", 0):
+            red = f" red {b['reduce_ms']/c:.2f} {b['reduce_bytes']/1e6:.0f}MB"
+        parts.append(f"m{m+1}: mttkrp {b['mttkrp_ms']/c:.2f}{red} upd {b['update_ms']/c:.2f} "
                      f"xchg {b['exchange_ms']/c:.2f} {b['exchange_rows']} {b['exchange_bytes']/1e6:.0f}/{b['all_gather_bytes']/1e6:.0f}MB")
     line += "\n" + " " * 36 + "; ".join(parts)
 print(line)
@@ -73,11 +78,12 @@ cpd_set() { # name file iters counts...
   for spec in "$@"; do
     local g=${spec%:*} rows=${spec#*:}
     [ $g -le $GPUS ] || continue
-    if [ "$rows" = all ]; then
-      run_cpd "$name $g GPUs all rows" $file --iters $iters --gpus $g --exchange-rows all
-    else
-      run_cpd "$name $g GPUs auto" $file --iters $iters --gpus $g
-    fi
+    case "$rows" in
+      all) run_cpd "$name $g GPUs all rows" $file --iters $iters --gpus $g --exchange-rows all --gpu-plan rows ;;
+      rows) run_cpd "$name $g GPUs rows plan" $file --iters $iters --gpus $g --gpu-plan rows ;;
+      split) run_cpd "$name $g GPUs split plan" $file --iters $iters --gpus $g --gpu-plan split ;;
+      *) run_cpd "$name $g GPUs auto" $file --iters $iters --gpus $g ;;
+    esac
   done
 }
 
@@ -92,7 +98,7 @@ if has nell1; then
   fi
   # The preparation's steps, as the program prints them.
   timeout 300 $K cpd /tmp/nell1.ktns -r 32 --iters 2 --gpus 4 > $R/nell1-g4-steps.txt 2>&1
-  grep -E "gpus|exchange|backend|load|per iteration" $R/nell1-g4-steps.txt | head -20 | tee -a $R/summary.txt
+  grep -E "gpus|plan|exchange|backend|load|per iteration" $R/nell1-g4-steps.txt | head -20 | tee -a $R/summary.txt
 fi
 if has full; then
   $K gen /tmp/full.ktns --dims 3000000,2000000,26000000 --nnz 144M --exponent 0.5 > $R/gen-full.txt 2>&1

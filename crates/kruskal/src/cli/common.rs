@@ -253,6 +253,7 @@ pub enum OnOff {
 /// compares with).
 const DEFAULT_STREAM: &str = "auto";
 const DEFAULT_EXCHANGE_ROWS: &str = "auto";
+const DEFAULT_GPU_PLAN: &str = "auto";
 const DEFAULT_STREAMS: usize = 3;
 const DEFAULT_SEGMENT_MB: usize = 256;
 const DEFAULT_GPU_TIMEOUT_S: u64 = 300;
@@ -276,6 +277,14 @@ pub struct MultiGpuArgs {
     /// read (only the rows each GPU's shards read).
     #[arg(long, value_name = "auto|all|read", default_value = DEFAULT_EXCHANGE_ROWS)]
     pub exchange_rows: String,
+    /// How the tensor is cut over the GPUs: rows (each mode's output rows
+    /// by owner, AMPED), split (every mode's nonzeros by the owners of one
+    /// mode, whose rows then never travel; the other modes' partial sums
+    /// are reduced through NCCL; split:MODE names the mode), or auto (the
+    /// plan that sends fewer rows per iteration, counted from the tensor's
+    /// rows; the output says which and why).
+    #[arg(long, value_name = "auto|rows|split[:MODE]", default_value = DEFAULT_GPU_PLAN)]
+    pub gpu_plan: String,
     /// Stream shards from pinned host memory: auto (only what does not
     /// fit), always, never.
     #[arg(long, value_name = "auto|always|never", default_value = DEFAULT_STREAM)]
@@ -298,13 +307,14 @@ impl MultiGpuArgs {
     pub fn check_used(&self, several: bool) -> Result<()> {
         let changed = self.exchange.is_some()
             || self.exchange_rows != DEFAULT_EXCHANGE_ROWS
+            || self.gpu_plan != DEFAULT_GPU_PLAN
             || self.stream != DEFAULT_STREAM
             || self.streams != DEFAULT_STREAMS
             || self.segment_mb != DEFAULT_SEGMENT_MB
             || self.gpu_timeout_s != DEFAULT_GPU_TIMEOUT_S;
         if changed && !several && self.gpus.is_none() {
             bail!(
-                "--exchange, --exchange-rows, --stream, --streams, --segment-mb and --gpu-timeout-s apply to runs on several GPUs (--gpus or --distributed)"
+                "--exchange, --exchange-rows, --gpu-plan, --stream, --streams, --segment-mb and --gpu-timeout-s apply to runs on several GPUs (--gpus or --distributed)"
             );
         }
         Ok(())
@@ -343,6 +353,10 @@ impl MultiGpuArgs {
             .exchange_rows
             .parse::<kruskal_group::RowExchange>()
             .map_err(|e| anyhow::anyhow!("--exchange-rows {e}"))?;
+        let plan = self
+            .gpu_plan
+            .parse::<kruskal_group::PlanChoice>()
+            .map_err(|e| anyhow::anyhow!("--gpu-plan {e}"))?;
         let stream = match self.stream.as_str() {
             "auto" => StreamPolicy::Auto,
             "always" => StreamPolicy::Always,
@@ -356,6 +370,7 @@ impl MultiGpuArgs {
         let options = kruskal_group::GroupOptions {
             exchange,
             rows,
+            plan,
             stream,
             streams: self.streams,
             segment_bytes: self.segment_mb << 20,

@@ -493,8 +493,17 @@ pub(super) fn print_breakdown(b: &GroupBackend, whose: &str) {
         } else {
             String::new()
         };
+        let reduce = if m.reduce_bytes > 0 {
+            format!(
+                ", reduce {:.2} ({:.1} MB)",
+                m.reduce_ms / c,
+                m.reduce_bytes as f64 / 1e6
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "  mode {}: h2d {:.2}, kernel {:.2}, MTTKRP {:.2}, update {:.2}, exchange {:.2} ({} rows, {:.1} of {:.1} MB{rate}); [{}]",
+            "  mode {}: h2d {:.2}, kernel {:.2}, MTTKRP {:.2}{reduce}, update {:.2}, exchange {:.2} ({} rows, {:.1} of {:.1} MB{rate}); [{}]",
             mode + 1,
             m.h2d_ms / c,
             m.kernel_ms / c,

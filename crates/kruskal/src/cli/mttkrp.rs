@@ -279,22 +279,24 @@ fn print_group(r: &GroupMttkrpReport, verify: bool) {
         r.repeat
     );
     println!(
-        "{:>6} {:>11} {:>10} {:>10} {:>11}  MTTKRP ms per GPU{}",
+        "{:>6} {:>11} {:>10} {:>10} {:>10} {:>11}  MTTKRP ms per GPU{}",
         "mode",
         "MTTKRP ms",
         "h2d ms",
         "kernel ms",
+        "reduce ms",
         "exchange ms",
         error_header(verify)
     );
     for m in &r.modes {
         let per: Vec<String> = m.per_gpu_ms.iter().map(|x| format!("{x:.3}")).collect();
         println!(
-            "{:>6} {:>11.3} {:>10.3} {:>10.3} {:>11.3}  {}{}",
+            "{:>6} {:>11.3} {:>10.3} {:>10.3} {:>10.3} {:>11.3}  {}{}",
             m.mode,
             m.median_ms,
             m.h2d_ms,
             m.kernel_ms,
+            m.reduce_ms,
             m.exchange_ms,
             per.join(" "),
             error_column(m.relative_error)

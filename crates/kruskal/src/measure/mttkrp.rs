@@ -324,12 +324,17 @@ pub struct GroupModeRow {
     pub h2d_ms: f64,
     pub kernel_ms: f64,
     pub exchange_ms: f64,
+    /// The reduction of a partial mode's sums onto their owners after the
+    /// MTTKRP (a split plan; 0 otherwise), slowest GPU.
+    pub reduce_ms: f64,
     pub per_gpu_ms: Vec<f64>,
     pub relative_error: Option<f64>,
-    /// `read` (only the rows each GPU reads) or `all`.
+    /// `read` (only the rows each GPU reads), `all`, or `none` (a split
+    /// plan's cut mode).
     pub exchange_rows: &'static str,
     pub exchange_bytes: u64,
     pub all_gather_bytes: u64,
+    pub reduce_bytes: u64,
 }
 
 /// Times what `opts` asks for on a loaded tensor and returns one report
@@ -597,6 +602,10 @@ fn run_group(
                     .copied()
                     .max_by(|a, b| a.total_ms.total_cmp(&b.total_ms))
                     .unwrap_or_default();
+                let slowest = kruskal_group::MttkrpTimes {
+                    reduce_ms: times.iter().map(|t| t.reduce_ms).fold(0.0, f64::max),
+                    ..slowest
+                };
                 let per_gpu = times.iter().map(|t| t.total_ms).collect();
                 samples[k].push((slowest, per_gpu, exchange_ms));
             }
@@ -614,8 +623,9 @@ fn run_group(
         let h2d = med(&|s| s.0.h2d_ms);
         let kernel = med(&|s| s.0.kernel_ms);
         let exchange = med(&|s| s.2);
+        let reduce = med(&|s| s.0.reduce_ms);
         let per_gpu: Vec<f64> = (0..gpus).map(|g| med(&|s| s.1[g])).collect();
-        total_ms += ms;
+        total_ms += ms + reduce;
         let error = if opts.verify {
             group.mttkrp(mode)?;
             group.sync()?;
@@ -632,11 +642,13 @@ fn run_group(
             h2d_ms: h2d,
             kernel_ms: kernel,
             exchange_ms: exchange,
+            reduce_ms: reduce,
             per_gpu_ms: per_gpu,
             relative_error: error,
-            exchange_rows: if volume.read_only { "read" } else { "all" },
+            exchange_rows: volume.rows_name(),
             exchange_bytes: volume.bytes,
             all_gather_bytes: volume.all_gather_bytes,
+            reduce_bytes: volume.reduce_bytes,
         });
     }
     Ok(GroupMttkrpReport {
