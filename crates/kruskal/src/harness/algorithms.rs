@@ -338,11 +338,11 @@ pub fn prox_reference(p: &ProxWeights, v: f64) -> f64 {
 }
 
 /// The inner loop, naively: for each group of rows that stop together
-/// (all of them, or each [`BLOCK_ROWS`]), iterations of `Ht = (K + rho (H
-/// + U)) W`, `H = prox(Ht - U)`, `U += H - Ht`, row by row, until both
-/// `||H - Ht||^2 <= eps ||H||^2` and `||H - H_prev||^2 <= eps ||U||^2` over
-/// the group, or `max_inner`. Returns H, U and the most iterations a group
-/// ran.
+/// (all of them, or each [`BLOCK_ROWS`]), iterations of
+/// `Ht = (K + rho (H + U)) W`, `H = prox(Ht - U)`, `U += H - Ht`, row by
+/// row, until both `||H - Ht||^2 <= eps ||H||^2` and
+/// `||H - H_prev||^2 <= eps ||U||^2` over the group, or `max_inner`.
+/// Returns H, U and the most iterations a group ran.
 pub fn inner_reference(p: &InnerProblem, stop: InnerStop) -> (Vec<f64>, Vec<f64>, usize) {
     let (rank, rows, rho) = (p.rank, p.rows(), p.prox.rho);
     let group = match stop {
