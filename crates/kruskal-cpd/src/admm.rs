@@ -272,6 +272,100 @@ impl Prox {
     }
 }
 
+impl From<&InnerParams> for Prox {
+    fn from(p: &InnerParams) -> Self {
+        Prox {
+            nonneg: p.nonneg,
+            threshold: p.threshold,
+            shrink: p.shrink,
+        }
+    }
+}
+
+/// One mode's inner-loop parameters: the proximal step of `l1`, `l2` and
+/// non-negativity at `rho`, `max_inner` iterations at most (u32's largest
+/// beyond it) and the residuals' bound `eps`. What a run hands the loop,
+/// on the host or on a GPU.
+#[doc(hidden)]
+pub fn inner_params(
+    nonneg: bool,
+    l1: f64,
+    l2: f64,
+    rho: f64,
+    max_inner: usize,
+    eps: f64,
+) -> InnerParams {
+    let prox = Prox::new(nonneg, l1, l2, rho);
+    InnerParams {
+        rho,
+        nonneg: prox.nonneg,
+        threshold: prox.threshold,
+        shrink: prox.shrink,
+        max_inner: u32::try_from(max_inner).unwrap_or(u32::MAX),
+        eps,
+    }
+}
+
+/// The proximal step of `params` applied to each entry of `v`, as the
+/// host's inner loop applies it. For `kruskal check`.
+#[doc(hidden)]
+pub fn prox_host(params: &InnerParams, v: &[f64]) -> Vec<f64> {
+    let prox = Prox::from(params);
+    v.iter().map(|&x| prox.apply(x)).collect()
+}
+
+/// The host's inner loop of one mode on `h` and `u` (row-major
+/// `rows x rank`, in place) from the MTTKRP `k` (the same shape) and
+/// `w = (G + rho I)^{-1}` (`rank x rank`, row-major), under the stopping
+/// rule `stop`: what a run on the CPU does in step 3. Returns the
+/// iterations run (with row blocks, those of the block that ran most).
+/// For `kruskal check`.
+///
+/// Cost per iteration: `rows * rank^2` multiply-adds.
+#[doc(hidden)]
+pub fn inner_loop_host(
+    k: &[f64],
+    h: &mut [f64],
+    u: &mut [f64],
+    w: &[f64],
+    rank: usize,
+    params: &InnerParams,
+    stop: InnerStop,
+) -> Result<usize> {
+    if rank == 0
+        || k.len() % rank != 0
+        || h.len() != k.len()
+        || u.len() != k.len()
+        || w.len() != rank * rank
+    {
+        return Err(CpdError::Shape(format!(
+            "the inner loop at rank {rank} takes K, H and U of the same rows x rank \
+             and a rank x rank W, not {}, {}, {} and {} values",
+            k.len(),
+            h.len(),
+            u.len(),
+            w.len()
+        )));
+    }
+    if params.max_inner == 0 {
+        return Err(CpdError::Option(
+            "the inner iteration limit must be at least 1".into(),
+        ));
+    }
+    Ok(admm_rows(
+        k,
+        h,
+        u,
+        w,
+        rank,
+        params.rho,
+        Prox::from(params),
+        params.max_inner as usize,
+        params.eps,
+        stop,
+    ))
+}
+
 /// Residual sums of one inner iteration.
 #[derive(Clone, Copy, Default)]
 struct Residuals {
@@ -473,21 +567,16 @@ impl Update for AdmmUpdate<'_> {
             g[[r, r]] += rho;
         }
         let (w, kind) = solve_matrix(&g);
-        let prox = Prox::new(
+        let params = inner_params(
             self.opts.nonneg.holds(mode),
             self.opts.l1,
             self.opts.l2,
             rho,
+            self.opts.max_inner_iters,
+            self.opts.eps,
         );
+        let prox = Prox::from(&params);
         if self.on_backend {
-            let params = InnerParams {
-                rho,
-                nonneg: prox.nonneg,
-                threshold: prox.threshold,
-                shrink: prox.shrink,
-                max_inner: u32::try_from(self.opts.max_inner_iters).unwrap_or(u32::MAX),
-                eps: self.opts.eps,
-            };
             let stats = backend.admm_inner(mode, &w, &params)?;
             let two: Vec<f64> = stats.sumsq.into_iter().map(f64::sqrt).collect();
             let (lambda, divisors) = column_weights(iter, two, &stats.max_abs);

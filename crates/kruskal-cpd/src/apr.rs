@@ -410,6 +410,65 @@ fn compute_phi(
         .reduce(|| 0.0, f64::max)
 }
 
+/// `Phi_n` and the KKT violation of every mode n for `factors` as they
+/// are (no lambda, no kappa fix), by the CPU's steps: each mode's sorted
+/// copy, its `Pi`, then `Phi` (the run's own arithmetic and order, the
+/// output filled with NaN first so a row left unwritten shows). For
+/// `kruskal check`, which compares them with a naive f64 computation.
+///
+/// Shapes: `factors[m]` is `dims[m] x rank` for every mode, rank >= 1.
+/// Cost: per mode one sort of the nonzeros and `nnz * R * N` products.
+#[doc(hidden)]
+pub fn phi_cpu(
+    tensor: &SparseTensor,
+    factors: &[Array2<f64>],
+    eps_div_zero: f64,
+) -> Result<Vec<(Array2<f64>, f64)>> {
+    let rank = check_factor_shapes(tensor, factors)?;
+    let factors: Vec<Array2<f64>> = factors
+        .iter()
+        .map(|f| f.as_standard_layout().into_owned())
+        .collect();
+    let mut pi = Vec::new();
+    (0..tensor.nmodes())
+        .map(|n| {
+            let rows = ModeRows::new(tensor, n);
+            compute_pi(&rows, &factors, rank, &mut pi);
+            let a = factors[n].as_slice().unwrap_or(&[]);
+            let mut phi = vec![f64::NAN; a.len()];
+            let kkt = compute_phi(&rows, &pi, a, rank, eps_div_zero, &mut phi);
+            let phi = Array2::from_shape_vec(factors[n].dim(), phi)
+                .map_err(|e| CpdError::Shape(e.to_string()))?;
+            Ok((phi, kkt))
+        })
+        .collect()
+}
+
+/// The rank of `factors` after checking they fit `tensor`: one
+/// `dims[m] x rank` matrix per mode, rank >= 1.
+pub(crate) fn check_factor_shapes(tensor: &SparseTensor, factors: &[Array2<f64>]) -> Result<usize> {
+    let dims = tensor.dims();
+    let rank = factors.first().map_or(0, |f| f.ncols());
+    if factors.len() != dims.len() || rank == 0 {
+        return Err(CpdError::Shape(format!(
+            "{} factor matrices of rank {rank} for a {}-mode tensor",
+            factors.len(),
+            dims.len()
+        )));
+    }
+    for (m, (f, &d)) in factors.iter().zip(dims).enumerate() {
+        if f.dim() != (d as usize, rank) {
+            return Err(CpdError::Shape(format!(
+                "factor {} is {} x {}, expected {d} x {rank}",
+                m + 1,
+                f.nrows(),
+                f.ncols()
+            )));
+        }
+    }
+    Ok(rank)
+}
+
 /// The Poisson log-likelihood `sum_nz x log(m) - sum_all m` of the model
 /// `(lambda, factors)` (any column scaling), as pyttb's
 /// `tt_loglikelihood`; terms with `x = 0` count as 0.

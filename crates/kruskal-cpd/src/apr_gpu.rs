@@ -171,6 +171,32 @@ impl AprSteps for GpuSteps {
     }
 }
 
+/// `Phi_n` and the KKT violation of every mode n on `gpu` for `factors`
+/// as they are (no lambda, no kappa fix), by the GPU's steps: the sorted
+/// copies built and uploaded as a run does, then per mode `Pi` and `Phi`,
+/// downloaded. For `kruskal check`, which compares them with a naive f64
+/// computation.
+///
+/// Shapes: `factors[m]` is `dims[m] x rank` for every mode, rank 1 to
+/// [`kruskal_device::apr::MAX_RANK`].
+#[doc(hidden)]
+pub fn phi_gpu(
+    gpu: Arc<Gpu>,
+    tensor: &SparseTensor,
+    factors: &[Array2<f64>],
+    eps_div_zero: f64,
+) -> Result<Vec<(Array2<f64>, f64)>> {
+    let rank = crate::apr::check_factor_shapes(tensor, factors)?;
+    let mut steps = GpuSteps::new(gpu, tensor, factors, rank)?;
+    (0..tensor.nmodes())
+        .map(|n| {
+            steps.apr.form_pi(n)?;
+            let kkt = steps.apr.phi(n, eps_div_zero)?;
+            Ok((steps.apr.phi_host(n)?, kkt))
+        })
+        .collect()
+}
+
 /// Runs CP-APR on `gpu`: the same options, stopping rules and outputs as
 /// [`crate::apr::cp_apr`]. Refuses, before allocating, a rank above
 /// [`kruskal_device::apr::MAX_RANK`] and a run beyond the GPU's free

@@ -243,6 +243,43 @@ impl AdmmKernels {
         })
     }
 
+    /// [`AdmmKernels::inner_loop`] on host arrays: uploads `k`, `h` and
+    /// `u` (row-major `rows x rank`, `rows = h.len() / rank`), runs the
+    /// launch and downloads the new H and U into `h` and `u`. For checks
+    /// against a host computation; a run keeps its arrays on the device.
+    pub fn inner_loop_host(
+        &mut self,
+        k: &[f32],
+        w: &[f64],
+        h: &mut [f64],
+        u: &mut [f64],
+        params: &InnerParams,
+    ) -> Result<InnerStats> {
+        let rows = h.len() / self.rank;
+        if rows == 0 {
+            return Err(DeviceError::Shape(
+                "the inner loop needs at least one row".into(),
+            ));
+        }
+        self.check("the MTTKRP output", k.len(), rows)?;
+        self.check("H", h.len(), rows)?;
+        self.check("U", u.len(), rows)?;
+        let d_k = self.gpu.upload("the ADMM's MTTKRP", k)?;
+        let mut d_h = self.gpu.upload("the ADMM's H", h)?;
+        let mut d_u = self.gpu.upload("the ADMM's U", u)?;
+        let stats = self.inner_loop(&d_k, w, &mut d_h, &mut d_u, rows, params)?;
+        let stream = self.gpu.stream().clone();
+        let new_h = stream
+            .clone_dtoh(&d_h)
+            .map_err(driver("downloading the ADMM's H"))?;
+        let new_u = stream
+            .clone_dtoh(&d_u)
+            .map_err(driver("downloading the ADMM's U"))?;
+        h.copy_from_slice(&new_h);
+        u.copy_from_slice(&new_u);
+        Ok(stats)
+    }
+
     /// Divides column r of `h` and `u` by `divisors[r]` (f64, in place) and
     /// writes the f32 rounding of the scaled H into the factor `a` (all
     /// `rows x rank`). Queued on the stream.

@@ -28,6 +28,12 @@
 //! An engine that fails to build, errors or panics is a failed case with
 //! its message, never the end of the check.
 //!
+//! Besides the MTTKRP, the steps of CP-APR and AO-ADMM that are not one
+//! are checked against f64 references of their own ([`algorithms`]):
+//! CP-APR's `Phi` and KKT violation (`cp-apr phi`), AO-ADMM's proximal
+//! step (`ao-admm prox`) and inner loop (`ao-admm inner`), on the CPU
+//! and, with [`CheckOptions::gpu`], on the GPU.
+//!
 //! ```
 //! use kruskal::harness::{CheckOptions, run_check};
 //!
@@ -35,6 +41,8 @@
 //! let report = run_check(&opts, &mut |_| {}).unwrap();
 //! assert!(report.passed(), "{:?}", report.failures().next());
 //! ```
+
+pub mod algorithms;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -107,15 +115,18 @@ pub const DATA_ENV: &str = "KRUSKAL_TEST_DATA";
 /// What to check.
 #[derive(Clone, Debug)]
 pub struct CheckOptions {
-    /// Mode counts of the generated power-law tensors.
+    /// Mode counts of the generated power-law tensors (and, up to
+    /// [`algorithms::APR_MAX_MODES`], of the CP-APR cases' count tensors).
     pub nmodes: Vec<usize>,
+    /// Ranks of every case.
     pub ranks: Vec<usize>,
     /// Nonzeros of each generated tensor.
     pub nnz: usize,
     /// A folder of tensor files (`.tns`, `.tns.gz`, `.ktns`) to check too
     /// (see [`data_folder`] for the command's default).
     pub data: Option<PathBuf>,
-    /// Also check the GPU engines (on GPU 0).
+    /// Also check the GPU engines and the GPU's CP-APR and AO-ADMM steps
+    /// (on GPU 0).
     pub gpu: bool,
     /// Seed of the tensors and factors.
     pub seed: u64,
@@ -162,6 +173,9 @@ pub enum Group {
     Remap,
     /// Two sweeps give bit-identical outputs.
     Determinism,
+    /// CP-APR's and AO-ADMM's steps against f64 references
+    /// ([`algorithms`]).
+    Algorithm,
 }
 
 impl Group {
@@ -171,6 +185,7 @@ impl Group {
             Group::Files => "files",
             Group::Remap => "remap",
             Group::Determinism => "determinism",
+            Group::Algorithm => "algorithm",
         }
     }
 }
@@ -753,22 +768,38 @@ struct Subject {
     group: Group,
 }
 
-/// Runs the check with the CPU engines and, with `opts.gpu`, the GPU
-/// engines. Errors only when the check cannot run at all (no GPU with
-/// `gpu`, a data folder that is not one); every engine failure is a failed
-/// case in the report.
+/// Runs the check with the CPU engines and algorithm steps and, with
+/// `opts.gpu`, the GPU's. Errors only when the check cannot run at all (no
+/// GPU with `gpu`, a data folder that is not one); every engine failure
+/// is a failed case in the report.
 pub fn run_check(
     opts: &CheckOptions,
     progress: &mut dyn FnMut(Progress<'_>),
 ) -> Result<CheckReport> {
     let mut engines = cpu_engines()?;
+    let mut steps = algorithms::cpu_steps();
     let mut gpu_name = None;
     if opts.gpu {
         let gpu = Gpu::open(0)?;
         gpu_name = Some(gpu.properties().name.clone());
         engines.extend(gpu_engines(&gpu));
+        steps.extend(algorithms::gpu_steps(&gpu));
     }
-    let mut report = run_with_engines(opts, &engines, progress)?;
+    let mut total = 0;
+    let mut report = run_with_engines(opts, &engines, &mut |p| {
+        total = p.total;
+        progress(p)
+    })?;
+    let start = Instant::now();
+    progress(Progress {
+        done: total,
+        total,
+        message: "CP-APR and AO-ADMM steps",
+    });
+    let (tensors, cases) = algorithms::run_algorithms(opts, &steps)?;
+    report.tensors.extend(tensors);
+    report.cases.extend(cases);
+    report.elapsed_s += start.elapsed().as_secs_f64();
     report.gpu = gpu_name;
     Ok(report)
 }
@@ -1049,6 +1080,16 @@ mod tests {
             assert!(has(&format!("cpu {k}"), Group::PowerLaw), "{rows:#?}");
         }
         assert!(has("cpu flycoo", Group::Remap));
+        // The CPU's CP-APR and AO-ADMM steps (their cases are counted in
+        // `algorithms`' tests).
+        for step in [
+            "cp-apr phi (cpu)",
+            "ao-admm prox (cpu)",
+            "ao-admm inner (cpu)",
+        ] {
+            assert!(has(step, Group::Algorithm), "{rows:#?}");
+        }
+        assert!(!rows.iter().any(|r| r.engine.ends_with("(gpu)")));
         let det = format!("cpu flycoo kappa={SPLIT_KAPPA}");
         assert!(has(&det, Group::Determinism) && has(&det, Group::Remap));
         // Every engine, rank and mode: 3 + 4 modes, 2 ranks, the CPU

@@ -581,6 +581,11 @@ fn check_prints_its_table_and_fails_cleanly_without_a_gpu() {
         "determinism",
         "remap",
         "--data DIR",
+        "cp-apr phi (cpu)",
+        "ao-admm prox (cpu)",
+        "ao-admm inner (cpu)",
+        "algorithm",
+        "counts 3 modes",
     ] {
         assert!(out.contains(needle), "'{needle}' not in: {out}");
     }
@@ -595,9 +600,10 @@ fn check_prints_its_table_and_fails_cleanly_without_a_gpu() {
     ]);
     assert_clean_failure(&o, "not a folder");
 
-    // Where a GPU can be used, `check --gpu` runs every GPU engine (the
-    // engines themselves are checked case by case in kruskal-device's
-    // `devices` tests); elsewhere its error is checked.
+    // Where a GPU can be used, `check --gpu` runs every GPU engine and
+    // the GPU's CP-APR and AO-ADMM steps (the engines themselves are
+    // checked case by case in kruskal-device's `devices` tests); elsewhere
+    // its error is checked.
     if kruskal(&["info", "--gpu"]).status.success() {
         let o = kruskal(&["check", "--gpu", "--quick", "--json"]);
         assert!(o.status.success(), "{}", stderr(&o));
@@ -608,6 +614,9 @@ fn check_prints_its_table_and_fails_cleanly_without_a_gpu() {
             "gpu fcoo",
             "gpu flycoo",
             "gpu flycoo kappa=7 deterministic",
+            "cp-apr phi (gpu)",
+            "ao-admm prox (gpu)",
+            "ao-admm inner (gpu)",
         ] {
             assert!(
                 out.contains(&format!("\"{engine}")),

@@ -1,6 +1,7 @@
 //! `kruskal check`: every MTTKRP engine against the f64 reference on
-//! generated power-law tensors and a folder of real ones (the cases are in
-//! [`kruskal::harness`]); prints a table, fails if any case failed.
+//! generated power-law tensors and a folder of real ones, and CP-APR's
+//! and AO-ADMM's steps against f64 references of their own (the cases are
+//! in [`kruskal::harness`]); prints a table, fails if any case failed.
 
 use std::path::PathBuf;
 
@@ -16,7 +17,8 @@ use kruskal::input::parse_count;
 
 #[derive(Args, Debug)]
 pub struct CheckArgs {
-    /// Also check the GPU engines (on GPU 0).
+    /// Also check the GPU engines and the GPU's CP-APR and AO-ADMM steps
+    /// (on GPU 0).
     #[arg(long)]
     pub gpu: bool,
     /// Fewer cases: 3 and 4 modes, ranks 1, 16 and 32, 20k nonzeros.
