@@ -27,7 +27,7 @@
 use kruskal_partition::RowShards;
 use kruskal_partition::readers::{CHEAPER_SHARE, all_gather_received};
 
-use crate::sparse::{RowExchange, predicted_share};
+use crate::sparse::{RowExchange, predicted_share_by};
 
 /// A row sent by the sparse exchange costs about this many all-gathered
 /// rows (packing, scattering and smaller messages; measured on 4 x H100,
@@ -106,43 +106,80 @@ impl PlanCount {
     }
 }
 
-/// The rows `plan` (rows by owner, or split: its cut mode) sends per
-/// iteration with `rows` as the exchange's choice of rows.
-pub fn count(plan: &RowShards, rows: RowExchange) -> PlanCount {
+/// What the counts of every plan need of one mode: the all-gather's rows
+/// per iteration and the predicted share of them a sparse exchange sends,
+/// with the rows plan's shards and with a split plan's.
+struct ModeFacts {
+    all: f64,
+    share_rows: f64,
+    share_split: f64,
+}
+
+fn facts(plan: &RowShards) -> Vec<ModeFacts> {
     let n = plan.dims().len();
-    let m = plan.gpus();
+    (0..n)
+        .map(|mode| ModeFacts {
+            all: (0..plan.gpus())
+                .map(|h| all_gather_received(plan, mode, h) as f64)
+                .sum(),
+            // Rows plan: a nonzero's other modes are on random GPUs; split:
+            // every mode's shard of a nonzero is on one GPU.
+            share_rows: predicted_share_by(plan, mode, n as u64 - 1),
+            share_split: predicted_share_by(plan, mode, 1),
+        })
+        .collect()
+}
+
+/// Rows an exchange of a mode sends: the all-gather's `all`, or the rows
+/// read (`share` of them, weighted), as `rows` chooses.
+fn exchanged(all: f64, share: f64, rows: RowExchange) -> f64 {
+    let read = share * all * SPARSE_WEIGHT;
+    match rows {
+        RowExchange::All => all,
+        RowExchange::Read => read,
+        RowExchange::Auto if share <= CHEAPER_SHARE => read.min(all),
+        RowExchange::Auto => all,
+    }
+}
+
+/// The count of the plan `split` (`None`: rows by owner) over `plan`'s
+/// rows (a rows plan; its ownership is every plan's).
+fn count_with(
+    plan: &RowShards,
+    facts: &[ModeFacts],
+    split: Option<usize>,
+    rows: RowExchange,
+) -> PlanCount {
+    let n = plan.dims().len();
+    let one = plan.gpus() == 1;
     let per_mode = (0..n)
         .map(|mode| {
-            if plan.split() == Some(mode) || m == 1 {
-                return (0.0, 0.0);
+            let f = &facts[mode];
+            match split {
+                _ if one => (0.0, 0.0),
+                Some(cut) if cut == mode => (0.0, 0.0),
+                Some(_) => (exchanged(f.all, f.share_split, rows), f.all),
+                None => (exchanged(f.all, f.share_rows, rows), 0.0),
             }
-            let all: f64 = (0..m)
-                .map(|h| all_gather_received(plan, mode, h) as f64)
-                .sum();
-            let read = predicted_share(plan, mode) * all * SPARSE_WEIGHT;
-            let exchanged = match rows {
-                RowExchange::All => all,
-                RowExchange::Read => read,
-                RowExchange::Auto => {
-                    if predicted_share(plan, mode) <= CHEAPER_SHARE {
-                        read.min(all)
-                    } else {
-                        all
-                    }
-                }
-            };
-            let reduced = if plan.partial(mode) { all } else { 0.0 };
-            (exchanged, reduced)
         })
         .collect();
-    let balance = (0..n)
-        .map(|mode| plan.balance(mode).max_over_mean())
-        .fold(1.0, f64::max);
+    let balance = match split {
+        Some(cut) => plan.balance(cut).max_over_mean(),
+        None => (0..n)
+            .map(|mode| plan.balance(mode).max_over_mean())
+            .fold(1.0, f64::max),
+    };
     PlanCount {
-        split: plan.split(),
+        split,
         per_mode,
         balance,
     }
+}
+
+/// The rows `plan` (rows by owner, or split: its cut mode) sends per
+/// iteration with `rows` as the exchange's choice of rows.
+pub fn count(plan: &RowShards, rows: RowExchange) -> PlanCount {
+    count_with(plan, &facts(plan), plan.split(), rows)
 }
 
 /// What [`choose`] decided, with the counts behind it.
@@ -167,8 +204,6 @@ pub fn choose(
     split_ok: Result<(), String>,
 ) -> Result<PlanDecision, String> {
     let n = plan.dims().len();
-    let rows_count = count(plan, rows);
-    let mut counts = vec![rows_count.clone()];
     if let PlanChoice::Split(Some(mode)) = choice {
         if mode >= n {
             return Err(format!(
@@ -186,10 +221,24 @@ pub fn choose(
         (PlanChoice::Split(Some(mode)), Ok(())) => vec![mode],
         (_, Ok(())) => (0..n).collect(),
     };
+    let facts = if candidates.is_empty() && choice == PlanChoice::Rows {
+        // Only the rows plan's count: no split prediction needed.
+        (0..n)
+            .map(|mode| ModeFacts {
+                all: (0..plan.gpus())
+                    .map(|h| all_gather_received(plan, mode, h) as f64)
+                    .sum(),
+                share_rows: predicted_share_by(plan, mode, n as u64 - 1),
+                share_split: 1.0,
+            })
+            .collect()
+    } else {
+        facts(plan)
+    };
+    let rows_count = count_with(plan, &facts, None, rows);
+    let mut counts = vec![rows_count.clone()];
     for cut in candidates {
-        let mut split = plan.clone();
-        split.split_by(cut).map_err(|e| e.to_string())?;
-        counts.push(count(&split, rows));
+        counts.push(count_with(plan, &facts, Some(cut), rows));
     }
     let rows_total = rows_count.total();
     let best = counts[1..]

@@ -222,24 +222,28 @@ pub(super) fn predicted_share(plan: &RowShards, mode: usize) -> f64 {
     predicted_share_by(plan, mode, draws)
 }
 
-/// [`predicted_share`] with `draws` GPUs drawn per nonzero.
-fn predicted_share_by(plan: &RowShards, mode: usize, draws: u64) -> f64 {
+/// [`predicted_share`] with `draws` GPUs drawn per nonzero (in parallel
+/// over the rows).
+pub(super) fn predicted_share_by(plan: &RowShards, mode: usize, draws: u64) -> f64 {
+    use rayon::prelude::*;
     let m = plan.gpus();
     let miss = 1.0 - 1.0 / m as f64;
     let counts = plan.row_nnz(mode);
+    // Per owner, its rows' expected readers other than itself.
+    let per_owner: Vec<f64> = (0..m)
+        .map(|o| {
+            let rows = plan.rows_with_nonzeros(mode, o);
+            counts[rows.start as usize..rows.end as usize]
+                .par_iter()
+                .with_min_len(1 << 14)
+                .map(|&c| 1.0 - miss.powf((c * draws) as f64))
+                .sum::<f64>()
+        })
+        .collect();
+    let total: f64 = per_owner.iter().sum();
     let (mut sparse, mut all) = (0.0f64, 0u64);
-    for h in 0..m {
-        let expected: f64 = (0..m)
-            .filter(|&o| o != h)
-            .map(|o| {
-                let rows = plan.rows_with_nonzeros(mode, o);
-                counts[rows.start as usize..rows.end as usize]
-                    .iter()
-                    .map(|&c| 1.0 - miss.powf((c * draws) as f64))
-                    .sum::<f64>()
-            })
-            .sum();
-        sparse = sparse.max(expected);
+    for (h, own) in per_owner.iter().enumerate() {
+        sparse = sparse.max(total - own);
         all = all.max(all_gather_received(plan, mode, h));
     }
     if all == 0 { 1.0 } else { sparse / all as f64 }
