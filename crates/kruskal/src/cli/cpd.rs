@@ -493,6 +493,19 @@ pub(super) fn print_breakdown(b: &GroupBackend, whose: &str) {
         } else {
             String::new()
         };
+        let sent = if m.exchange_rows == "none" {
+            format!(
+                "none: the rows stay on their GPUs, the all-gather's {:.1} MB",
+                m.all_gather_bytes as f64 / 1e6
+            )
+        } else {
+            format!(
+                "{} rows, {:.1} of {:.1} MB{rate}",
+                m.exchange_rows,
+                m.exchange_bytes as f64 / 1e6,
+                m.all_gather_bytes as f64 / 1e6
+            )
+        };
         let reduce = if m.reduce_bytes > 0 {
             format!(
                 ", reduce {:.2} ({:.1} MB)",
@@ -503,16 +516,13 @@ pub(super) fn print_breakdown(b: &GroupBackend, whose: &str) {
             String::new()
         };
         println!(
-            "  mode {}: h2d {:.2}, kernel {:.2}, MTTKRP {:.2}{reduce}, update {:.2}, exchange {:.2} ({} rows, {:.1} of {:.1} MB{rate}); [{}]",
+            "  mode {}: h2d {:.2}, kernel {:.2}, MTTKRP {:.2}{reduce}, update {:.2}, exchange {:.2} ({sent}); [{}]",
             mode + 1,
             m.h2d_ms / c,
             m.kernel_ms / c,
             m.mttkrp_ms / c,
             m.update_ms / c,
             exchange_ms,
-            m.exchange_rows,
-            m.exchange_bytes as f64 / 1e6,
-            m.all_gather_bytes as f64 / 1e6,
             per_gpu.join(" ")
         );
     }
