@@ -35,7 +35,11 @@
 //! mode (`kruskal_device::admm`, `kernels/admm.cu`): always row blocks, a
 //! thread block keeping its rows of K, H and U in registers across the
 //! inner iterations; only W goes up and the column statistics come back.
-//! Step 4 divides H and U on the device and writes the factor there. The
+//! Step 4 divides H and U on the device and writes the factor there. On a
+//! group of GPUs (`GroupBackend`, one process) each GPU runs the same
+//! launch on the rows it owns (its H and U only), the statistics and
+//! partial Grams are summed on the host, and the rows are exchanged after
+//! step 4 as ALS's are (every row: an empty row's H is not zero). The
 //! CPU's [`InnerStop::RowBlocks`] runs the same blocks to the same rule,
 //! which the GPU tests compare against.
 //!

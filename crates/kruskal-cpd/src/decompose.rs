@@ -117,8 +117,7 @@ impl DecomposeOptions {
     /// machine: a rank or a number of starts of 0, a tolerance that is
     /// negative or not finite, several starts from given factors, an
     /// unknown kernel (a [`CpdError::Invalid`]: the value names no
-    /// option), a group of GPUs on the CPU, constraints on a group of GPUs,
-    /// and constraint weights that are negative or not finite. What
+    /// option), a group of GPUs on the CPU, and constraint weights that are negative or not finite. What
     /// depends on the tensor (its modes) or the machine (its GPUs) is
     /// checked where it is known.
     pub fn validate(&self) -> Result<()> {
@@ -134,9 +133,6 @@ impl DecomposeOptions {
         if self.gpus.as_ref().is_some_and(Vec::is_empty) {
             return Err(CpdError::option(OptionName::Gpus, "must be at least 1"));
         }
-        if self.cpd.constraints.is_some() && self.gpus.is_some() {
-            return Err(CpdError::option(OptionName::Gpus, CONSTRAINED_ON_GROUP));
-        }
         if self.gpus.is_some() && self.backend == BackendChoice::Cpu {
             return Err(CpdError::option(
                 OptionName::Gpus,
@@ -146,11 +142,6 @@ impl DecomposeOptions {
         Ok(())
     }
 }
-
-/// Why constraints refuse a group of GPUs: AO-ADMM runs on one GPU
-/// ([`GpuBackend`] keeps H and U) or on the CPU.
-const CONSTRAINED_ON_GROUP: &str = "cannot be combined with constrained CP (non-negative or \
-     penalized factors; AO-ADMM), which runs on one GPU or the CPU";
 
 /// Refuses 0 starts, and several from given initial factors (each start
 /// after the first draws its own).
@@ -1031,7 +1022,7 @@ mod tests {
     }
 
     #[test]
-    fn constrained_runs_go_where_unconstrained_ones_do_and_refuse_a_group() {
+    fn constrained_runs_go_where_unconstrained_ones_do() {
         let t = planted_tensor();
         let mut opts = cpu_options(3);
         opts.cpd.max_iters = 5;
@@ -1073,15 +1064,27 @@ mod tests {
         } else {
             assert!(done.fallback.unwrap().contains("CUDA"));
         }
-        // A group of GPUs refuses, before any work.
+        // A group of GPUs runs it too (each GPU the blocked inner loop on
+        // its own rows); without two GPUs it is the GPUs' error, not the
+        // constraints'.
         let mut o = opts.clone();
         o.gpus = Some(vec![0, 1]);
-        let err = go(&o).err().unwrap();
-        assert!(
-            matches!(&err, CpdError::InvalidOption { option, .. } if *option == OptionName::Gpus),
-            "{err}"
-        );
-        assert!(err.to_string().contains("one GPU or the CPU"), "{err}");
+        if Gpu::count().is_ok_and(|n| n >= 2) {
+            let done = go(&o).unwrap();
+            assert_eq!(
+                done.backend.admm_inner(InnerStop::AllRows),
+                InnerStop::RowBlocks
+            );
+            assert!(
+                done.model
+                    .factors
+                    .iter()
+                    .all(|f| f.iter().all(|&x| x >= 0.0))
+            );
+        } else {
+            let err = go(&o).err().unwrap();
+            assert!(!matches!(err, CpdError::InvalidOption { .. }), "{err}");
+        }
         // One GPU is asked for: without one it is the GPU's error, not the
         // constraints'.
         if !gpu {

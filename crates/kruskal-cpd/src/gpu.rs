@@ -560,7 +560,7 @@ impl Backend for GpuBackend {
         };
         let w = w.as_standard_layout();
         let stats = admm.kernels.inner_loop(
-            k,
+            &k.as_view(),
             w.as_slice().expect("standard layout"),
             h,
             u,

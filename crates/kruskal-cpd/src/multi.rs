@@ -215,6 +215,49 @@ impl Backend for GroupBackend {
         square(g, self.group.rank())
     }
 
+    /// AO-ADMM on the group: each GPU runs the one-GPU blocked inner loop
+    /// on its own rows (one process only).
+    fn runs_admm(&self) -> bool {
+        self.group.process().is_none()
+    }
+
+    fn admm_inner(
+        &mut self,
+        mode: usize,
+        w: &Array2<f64>,
+        params: &kruskal_device::admm::InnerParams,
+    ) -> Result<kruskal_device::admm::InnerStats> {
+        let t = Instant::now();
+        let w = w.as_standard_layout();
+        let stats = self
+            .group
+            .admm_inner(mode, w.as_slice().expect("standard layout"), params)?;
+        if self.counting(mode) {
+            self.breakdown[mode].update_ms += t.elapsed().as_secs_f64() * 1e3;
+        }
+        self.inner[mode] = Some(InnerSums::new(stats.inner.clone()));
+        Ok(stats)
+    }
+
+    fn admm_scale(&mut self, mode: usize, divisors: &[f64]) -> Result<Array2<f64>> {
+        let t = Instant::now();
+        let g = self.group.admm_scale(mode, divisors)?;
+        let inv: Vec<f32> = divisors.iter().map(|&d| (1.0 / d) as f32).collect();
+        if let Some(inner) = &mut self.inner[mode] {
+            inner.scale(&inv);
+        }
+        let update_ms = t.elapsed().as_secs_f64() * 1e3;
+        let exchange_ms = self.group.exchange_rows(mode)?;
+        if self.counting(mode) {
+            let b = &mut self.breakdown[mode];
+            b.update_ms += update_ms;
+            b.exchange_ms += exchange_ms;
+        } else {
+            self.skip[mode] -= 1;
+        }
+        square(g, self.group.rank())
+    }
+
     fn inner_products(&mut self, mode: usize) -> Result<Vec<f64>> {
         InnerSums::of(&self.inner, mode)
     }

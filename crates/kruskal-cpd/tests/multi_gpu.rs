@@ -468,6 +468,76 @@ fn split_plans_give_the_rows_plans_cpd() {
     assert!(err.to_string().contains("NCCL"), "{err}");
 }
 
+/// AO-ADMM on a group: every GPU runs the one-GPU blocked inner loop on
+/// its own rows. With a fixed number of inner iterations (eps 0) every
+/// row's ADMM steps depend only on its own K row, W and rho, not on how
+/// rows are cut into blocks, so the group must give one GPU's run up to
+/// the MTTKRP's summation order: the fits of every iteration within 1e-4,
+/// the factors within 1e-3, the non-negative modes with no negative entry.
+#[test]
+#[ignore = "needs CUDA GPUs"]
+fn group_admm_matches_one_gpu() {
+    use kruskal_cpd::{AdmmOptions, NonNeg, cpd_admm};
+    let gpus = ordinals();
+    assert!(
+        gpus.len() >= 2,
+        "the group AO-ADMM test needs two GPUs or more"
+    );
+    let gpu = Gpu::open(0).unwrap();
+    let mut tensors = vec![("long sparse mode".to_string(), sparse_tensor())];
+    tensors.extend(generated());
+    let admm = AdmmOptions {
+        nonneg: NonNeg::All,
+        max_inner_iters: 8,
+        eps: 0.0,
+        ..AdmmOptions::default()
+    };
+    for (name, t) in &tensors {
+        let opts = options(t, 8);
+        let one = cpd_admm(
+            &mut GpuBackend::new(gpu.clone(), t, &[(GpuEngine::Fcoo, GpuOptions::default())])
+                .unwrap(),
+            &opts,
+            &admm,
+        )
+        .unwrap();
+        for plan in [PlanChoice::Rows, PlanChoice::Split(None)] {
+            let what = format!("{name}, AO-ADMM, {} on {} GPUs", plan.name(), gpus.len());
+            let g = GroupOptions {
+                exchange: Some(Exchange::Nccl),
+                plan,
+                timeout: Duration::from_secs(120),
+                ..GroupOptions::default()
+            };
+            let group = GpuGroup::new(&gpus, t, 8, &g, &mut |_| {}).unwrap();
+            let model = cpd_admm(&mut GroupBackend::new(group, t), &opts, &admm).unwrap();
+            assert_eq!(model.iterations.len(), one.iterations.len(), "{what}");
+            for (a, b) in one.iterations.iter().zip(&model.iterations) {
+                assert!(
+                    (a.fit - b.fit).abs() <= 1e-4,
+                    "{what}: fit {} on one GPU, {} on the group",
+                    a.fit,
+                    b.fit
+                );
+                assert_eq!(a.inner_iters, b.inner_iters, "{what}");
+            }
+            for (fa, fb) in one.factors.iter().zip(&model.factors) {
+                assert!(fb.iter().all(|&x| x >= 0.0 && x.is_finite()), "{what}");
+                let big = fa.iter().fold(0f32, |m, &x| m.max(x.abs())).max(1e-30);
+                let diff = fa
+                    .iter()
+                    .zip(fb.iter())
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    diff <= 1e-3 * big,
+                    "{what}: factors differ by {diff} of {big}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs CUDA GPUs"]
 fn a_group_refuses_a_wrong_rank_and_a_missing_nccl_is_reported() {

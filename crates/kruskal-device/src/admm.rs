@@ -166,7 +166,7 @@ impl AdmmKernels {
     /// multiply-adds; K, H and U are read once and H and U written once.
     pub fn inner_loop(
         &mut self,
-        k: &CudaSlice<f32>,
+        k: &CudaView<f32>,
         w: &[f64],
         h: &mut CudaSlice<f64>,
         u: &mut CudaSlice<f64>,
@@ -267,7 +267,7 @@ impl AdmmKernels {
         let d_k = self.gpu.upload("the ADMM's MTTKRP", k)?;
         let mut d_h = self.gpu.upload("the ADMM's H", h)?;
         let mut d_u = self.gpu.upload("the ADMM's U", u)?;
-        let stats = self.inner_loop(&d_k, w, &mut d_h, &mut d_u, rows, params)?;
+        let stats = self.inner_loop(&d_k.as_view(), w, &mut d_h, &mut d_u, rows, params)?;
         let stream = self.gpu.stream().clone();
         let new_h = stream
             .clone_dtoh(&d_h)
@@ -460,7 +460,7 @@ mod tests {
                     let most = host_inner(&k, &w, &mut h, &mut u_host, rank, &p);
                     let mut d_u = gpu.alloc_zeros::<f64>("u", rows * rank).unwrap();
                     let stats = kernels
-                        .inner_loop(&d_k, &w, &mut d_h, &mut d_u, rows, &p)
+                        .inner_loop(&d_k.as_view(), &w, &mut d_h, &mut d_u, rows, &p)
                         .unwrap();
                     assert_eq!(stats.iters, most, "{what}: iterations");
                     let got_h = gpu.stream().clone_dtoh(&d_h).unwrap();

@@ -674,6 +674,7 @@ impl GpuGroup {
                 recv_buf: None,
                 updated: vec![false; n],
                 exchanged: vec![false; n],
+                admm: None,
                 calls: 0,
                 fault: opts
                     .fault
@@ -1007,6 +1008,79 @@ impl GpuGroup {
             }
         }
         self.across(&mut gram, Reduce::Sum, "the Gram matrix")?;
+        Ok(gram)
+    }
+
+    /// AO-ADMM's blocked inner loop of `mode` on every GPU's own rows, from
+    /// the last MTTKRP and `w = (G + rho I)^{-1}` (rank x rank, row-major):
+    /// each GPU runs the one-GPU kernel on its rows. The column statistics
+    /// summed (max for the largest magnitude), the inner iterations the
+    /// most any GPU ran. One process only.
+    pub fn admm_inner(
+        &mut self,
+        mode: usize,
+        w: &[f64],
+        params: &kruskal_device::admm::InnerParams,
+    ) -> Result<kruskal_device::admm::InnerStats> {
+        self.check_mode(mode)?;
+        if self.process().is_some() {
+            return Err(DeviceError::Shape(
+                "AO-ADMM runs on the GPUs of one process".into(),
+            ));
+        }
+        let r = self.rank;
+        if w.len() != r * r {
+            return Err(DeviceError::Shape(format!(
+                "W has {} entries, rank {r} needs {}",
+                w.len(),
+                r * r
+            )));
+        }
+        let w = Arc::new(w.to_vec());
+        let replies = self.all(
+            || Cmd::AdmmInner(mode, w.clone(), *params),
+            "the ADMM inner loop",
+        )?;
+        let mut total = kruskal_device::admm::InnerStats {
+            sumsq: vec![0.0; r],
+            inner: vec![0.0; r],
+            max_abs: vec![0.0; r],
+            iters: 0,
+        };
+        for reply in replies {
+            if let Reply::Admm(s) = reply {
+                for c in 0..r {
+                    total.sumsq[c] += s.sumsq[c];
+                    total.inner[c] += s.inner[c];
+                    total.max_abs[c] = total.max_abs[c].max(s.max_abs[c]);
+                }
+                total.iters = total.iters.max(s.iters);
+            }
+        }
+        Ok(total)
+    }
+
+    /// AO-ADMM's scaling of `mode` on every GPU (H and U divided by
+    /// `divisors`, the factor rows written from H); returns the Gram
+    /// matrix of the whole factor (partial Grams summed in GPU order).
+    /// The rows are exchanged by [`GpuGroup::exchange_rows`] after it.
+    pub fn admm_scale(&mut self, mode: usize, divisors: &[f64]) -> Result<Vec<f64>> {
+        self.check_mode(mode)?;
+        if divisors.len() != self.rank {
+            return Err(DeviceError::Shape(format!(
+                "{} column divisors for rank {}",
+                divisors.len(),
+                self.rank
+            )));
+        }
+        let d = Arc::new(divisors.to_vec());
+        let replies = self.all(|| Cmd::AdmmScale(mode, d.clone()), "the ADMM scaling")?;
+        let mut gram = vec![0f64; self.rank * self.rank];
+        for reply in replies {
+            if let Reply::Gram(g) = reply {
+                gram.iter_mut().zip(&g).for_each(|(a, b)| *a += b);
+            }
+        }
         Ok(gram)
     }
 

@@ -17,6 +17,7 @@ use cudarc::driver::{
 use super::MttkrpTimes;
 use super::exchange::Shared;
 use super::sparse::DeviceLists;
+use kruskal_device::admm::{AdmmKernels, InnerParams, InnerStats};
 use kruskal_device::dense::{DenseKernels, UpdateStats};
 use kruskal_device::factors::DeviceFactors;
 use kruskal_device::kernels::Kernel;
@@ -49,6 +50,12 @@ pub(super) enum Cmd {
     ExchangeAll(usize),
     Output(usize),
     Factors,
+    /// AO-ADMM's blocked inner loop of the mode on this GPU's rows, from
+    /// W = (G + rho I)^{-1}.
+    AdmmInner(usize, Arc<Vec<f64>>, InnerParams),
+    /// AO-ADMM's column scaling of the mode (H, U and the factor rows by
+    /// the divisors); replies with the partial Gram.
+    AdmmScale(usize, Arc<Vec<f64>>),
 }
 
 /// A worker's answer to a [`Cmd`].
@@ -59,6 +66,15 @@ pub(super) enum Reply {
     Gram(Vec<f64>),
     Floats(Vec<f32>),
     Millis(f64),
+    Admm(InnerStats),
+}
+
+/// AO-ADMM's state on one GPU: the kernels and, per mode, H and U of the
+/// GPU's own rows (f64), kept between outer iterations.
+pub(super) struct AdmmState {
+    kernels: AdmmKernels,
+    h: Vec<Option<CudaSlice<f64>>>,
+    u: Vec<Option<CudaSlice<f64>>>,
 }
 
 /// A shard on the device, or in pinned host memory.
@@ -118,6 +134,8 @@ pub(super) struct Worker {
     /// loaded: every GPU's empty rows of it are zero then, and later
     /// all-gathers send the rows with nonzeros only.
     pub(super) exchanged: Vec<bool>,
+    /// AO-ADMM's kernels, H and U (made at the first inner loop).
+    pub(super) admm: Option<AdmmState>,
     /// MTTKRPs queued so far.
     pub(super) calls: usize,
     /// The MTTKRP (counted from 0) this GPU traps before.
@@ -193,6 +211,8 @@ impl Worker {
                     v[own.start as usize * r..own.end as usize * r].to_vec(),
                 ))
             }
+            Cmd::AdmmInner(mode, w, params) => self.admm_inner(mode, &w, &params).map(Reply::Admm),
+            Cmd::AdmmScale(mode, divisors) => self.admm_scale(mode, &divisors).map(Reply::Gram),
             Cmd::Factors => {
                 let f = self
                     .factors
@@ -239,6 +259,11 @@ impl Worker {
     fn load(&mut self, rows: &[f32]) -> Result<()> {
         self.updated.iter_mut().for_each(|u| *u = false);
         self.exchanged.iter_mut().for_each(|u| *u = false);
+        if let Some(a) = &mut self.admm {
+            // H starts again from the new factors.
+            a.h.iter_mut().for_each(|h| *h = None);
+            a.u.iter_mut().for_each(|u| *u = None);
+        }
         match &mut self.factors {
             Some(f) if f.data().len() == rows.len() => self
                 .gpu
@@ -557,6 +582,91 @@ impl Worker {
         let stats = dense.update(&m, w, &mut own, rows.len())?;
         self.updated[mode] = true;
         Ok(stats)
+    }
+
+    /// AO-ADMM's inner loop of `mode` on every row this GPU owns (empty
+    /// rows included: with K = 0 their H is not zero), in blocks as one
+    /// GPU runs it; H starts from the factor at the mode's first call.
+    fn admm_inner(&mut self, mode: usize, w: &[f64], params: &InnerParams) -> Result<InnerStats> {
+        let r = self.rank;
+        let own = self.shared.rows[mode][self.g].clone();
+        let rows = own.len();
+        if rows == 0 {
+            return Ok(InnerStats {
+                sumsq: vec![0.0; r],
+                inner: vec![0.0; r],
+                max_abs: vec![0.0; r],
+                iters: 0,
+            });
+        }
+        self.wait(&self.gpu.stream().clone(), "the MTTKRP")?;
+        let n = self.dims.len();
+        if self.admm.is_none() {
+            self.admm = Some(AdmmState {
+                kernels: AdmmKernels::new(self.gpu.clone(), r)?,
+                h: (0..n).map(|_| None).collect(),
+                u: (0..n).map(|_| None).collect(),
+            });
+        }
+        self.output(mode)?;
+        let at = self.output_rows(mode).start as usize * r;
+        let factors = self
+            .factors
+            .as_ref()
+            .ok_or_else(|| DeviceError::Shape("no factors loaded".into()))?;
+        let admm = self.admm.as_mut().expect("made above");
+        if admm.h[mode].is_none() {
+            let mut h = self.gpu.alloc_zeros("ADMM's H", rows * r)?;
+            let a = factors.mode(mode);
+            let a = a.slice(own.start as usize * r..own.end as usize * r);
+            admm.kernels.widen(&a, &mut h, rows)?;
+            admm.u[mode] = Some(self.gpu.alloc_zeros("ADMM's U", rows * r)?);
+            admm.h[mode] = Some(h);
+        }
+        let k = self.outputs[mode].as_ref().expect("allocated above");
+        let k = k.slice(at..);
+        let (Some(h), Some(u)) = (admm.h[mode].as_mut(), admm.u[mode].as_mut()) else {
+            unreachable!("made together above");
+        };
+        admm.kernels.inner_loop(&k, w, h, u, rows, params)
+    }
+
+    /// AO-ADMM's scaling of `mode`: H and U divided by `divisors`, the
+    /// factor rows written from H, and their partial Gram. The mode's next
+    /// all-gather sends every row (ADMM's empty rows are not zero).
+    fn admm_scale(&mut self, mode: usize, divisors: &[f64]) -> Result<Vec<f64>> {
+        let r = self.rank;
+        let own = self.shared.rows[mode][self.g].clone();
+        let rows = own.len();
+        self.exchanged[mode] = false;
+        if rows == 0 {
+            return Ok(vec![0.0; r * r]);
+        }
+        let admm = self.admm.as_mut().ok_or_else(|| {
+            DeviceError::Shape(format!(
+                "the ADMM scaling of mode {} needs its inner loop first",
+                mode + 1
+            ))
+        })?;
+        let (Some(h), Some(u)) = (admm.h[mode].as_mut(), admm.u[mode].as_mut()) else {
+            return Err(DeviceError::Shape(format!(
+                "the ADMM scaling of mode {} needs its inner loop first",
+                mode + 1
+            )));
+        };
+        let factors = self
+            .factors
+            .as_mut()
+            .ok_or_else(|| DeviceError::Shape("no factors loaded".into()))?;
+        admm.kernels.scale(
+            h,
+            u,
+            &mut factors.rows_mut(mode, own.clone()),
+            divisors,
+            rows,
+        )?;
+        let (dense, mut a) = own_rows(&mut self.factors, &mut self.dense, mode, own)?;
+        dense.scale_gram(&mut a, None, rows)
     }
 
     fn scale_gram(&mut self, mode: usize, inv: Option<&[f32]>) -> Result<Vec<f64>> {

@@ -1471,7 +1471,10 @@ fn bad_constraint_flags_are_one_line_errors() {
         (vec!["--l1", "-1"], "not a finite weight >= 0"),
         (vec!["--l2", "nan"], "not a finite weight >= 0"),
         (vec!["--l2", "inf"], "not a finite weight >= 0"),
-        (vec!["--nonneg", "--gpus", "2"], "run on one GPU or the CPU"),
+        (
+            vec!["--nonneg", "--distributed"],
+            "cannot be combined with --distributed",
+        ),
         (vec!["--admm-blocks"], "give it with --nonneg, --l1 or --l2"),
     ] {
         let mut all = vec!["cpd", f, "--iters", "2"];

@@ -205,10 +205,10 @@ pub fn run(args: CpdArgs) -> Result<()> {
     if args.admm_blocks && !constrained {
         bail!("--admm-blocks is for AO-ADMM: give it with --nonneg, --l1 or --l2");
     }
-    if constrained && (args.distributed.distributed || args.multi.gpus.is_some()) {
+    if constrained && args.distributed.distributed {
         bail!(
-            "--nonneg, --l1 and --l2 (AO-ADMM) run on one GPU or the CPU: they cannot be \
-             combined with --gpus or --distributed"
+            "--nonneg, --l1 and --l2 (AO-ADMM) run on the GPUs of one process or the CPU: \
+             they cannot be combined with --distributed"
         );
     }
     if args.distributed.distributed {
