@@ -46,8 +46,8 @@ fn the_smoke_matrix_measures_reports_and_plots() {
         serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
     let ms = results["measurements"].as_array().unwrap();
     let cpu: Vec<&Value> = ms.iter().filter(|m| m["backend"] == "cpu").collect();
-    // 2 tensors x 4 CPU engines, and one CPU CPD.
-    assert_eq!(cpu.len(), 9, "{stdout}");
+    // 2 tensors x 4 CPU engines, CPD by ALS and by AO-ADMM, CP-APR.
+    assert_eq!(cpu.len(), 11, "{stdout}");
     for m in &cpu {
         let total = m["total_ms"].as_f64().unwrap();
         assert!(total > 0.0 && total.is_finite(), "{m}");
@@ -55,6 +55,14 @@ fn the_smoke_matrix_measures_reports_and_plots() {
         assert!(m["date"].as_str().unwrap().starts_with("20"));
         assert!(m["machine"]["cores"].as_u64().unwrap() >= 1);
         let modes = m["mode_ms"].as_array().unwrap();
+        if m["kind"] == "cp_apr" {
+            // No MTTKRP per mode; the values were made counts.
+            assert!(modes.is_empty(), "{m}");
+            assert!(m["log_likelihood"].as_f64().unwrap().is_finite(), "{m}");
+            assert_eq!(m["report"]["non_integer_values"], 0, "{m}");
+            assert_eq!(m["report"]["iterations"].as_array().unwrap().len(), 3);
+            continue;
+        }
         assert_eq!(modes.len(), m["dims"].as_array().unwrap().len());
         if m["kind"] == "mttkrp" {
             // verify = true in the matrix: every mode was checked.
@@ -64,17 +72,20 @@ fn the_smoke_matrix_measures_reports_and_plots() {
             assert!((sum - total).abs() <= 1e-9 * total.max(1.0), "{m}");
         } else {
             assert_eq!(m["kind"], "cpd");
+            let method = m["method"].as_str().unwrap();
+            let tag = m["label"].as_str().unwrap().ends_with("(ao-admm nonneg)");
+            assert_eq!(method == "ao-admm", tag, "{m}");
             let fit = m["fit"].as_f64().unwrap();
             assert!((0.0..=1.0).contains(&fit), "{m}");
         }
     }
-    // Without a GPU, the GPU entries (1 MTTKRP tensor, 2 group sizes) are
-    // listed as not measured, never silently dropped.
+    // Without a GPU, the GPU entries (1 MTTKRP tensor, 2 group sizes,
+    // CP-APR) are listed as not measured, never silently dropped.
     let gpus = ms.iter().filter(|m| m["backend"] != "cpu").count();
     let skipped = results["skipped"].as_array().unwrap().len();
-    assert_eq!(gpus + skipped, if gpus == 0 { 3 } else { gpus + skipped });
+    assert_eq!(gpus + skipped, if gpus == 0 { 4 } else { gpus + skipped });
     if gpus == 0 {
-        assert_eq!(skipped, 3, "{stdout}");
+        assert_eq!(skipped, 4, "{stdout}");
     }
 
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
@@ -83,7 +94,11 @@ fn the_smoke_matrix_measures_reports_and_plots() {
         "CPU MTTKRP on",
         "| nell-2 small | 30.0k |",
         "`flycoo`",
-        "#### CPD-ALS, ms per iteration",
+        "#### CPD (ALS and AO-ADMM), ms per iteration",
+        "AO-ADMM against ALS on the same tensor",
+        "(ao-admm nonneg)` |",
+        "#### CP-APR, ms per outer iteration",
+        "| counts small | 20.0k | 8 |",
     ] {
         assert!(md.contains(want), "report.md lacks {want:?}:\n{md}");
     }

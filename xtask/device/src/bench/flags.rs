@@ -1,7 +1,8 @@
-//! The `flags` of a matrix entry: more options of `kruskal mttkrp` or
-//! `kruskal cpd`, written as on the command line and laid over the options
-//! the entry's own keys give ([`kruskal::measure::MttkrpOptions`],
-//! [`kruskal::measure::CpdRunOptions`]). The entry's keys set the backend,
+//! The `flags` of a matrix entry: more options of `kruskal mttkrp`,
+//! `kruskal cpd` or `kruskal cp-apr`, written as on the command line and
+//! laid over the options the entry's own keys give
+//! ([`kruskal::measure::MttkrpOptions`], [`kruskal::measure::CpdRunOptions`],
+//! [`kruskal::cpd::AprOptions`]). The entry's keys set the backend,
 //! ranks, repeats, iterations and GPU counts; the flags take the rest of
 //! what shapes a measurement (see `kruskal mttkrp --help` and `kruskal cpd
 //! --help` for what each means):
@@ -12,12 +13,21 @@
 //! - `[[mttkrp]]`: `--mode all|M`, `--verify`;
 //! - `[[cpd]]`: `--kernel K`, `--seed S`, `--starts N`, and for a group of
 //!   GPUs `--stream auto|always|never`, `--streams N`, `--segment-mb MB`,
-//!   `--gpu-timeout-s S`, `--exchange-rows auto|all|read`.
+//!   `--gpu-timeout-s S`, `--exchange-rows auto|all|read`; AO-ADMM (on
+//!   the CPU or one GPU) with `--nonneg [MODES]` (all modes, or a comma
+//!   list numbered from 1), `--l1 W`, `--l2 W` (weights >= 0) and
+//!   `--admm-blocks` (with one of those three);
+//! - `[[cp_apr]]`: `--inner-iters N` (>= 1), `--tol T`, `--kappa K`,
+//!   `--kappa-tol T` (>= 0), `--eps-div-zero E` (> 0), `--seed S`. Its
+//!   defaults are `kruskal cp-apr`'s, stopping rule included: a run that
+//!   meets `--tol` early counts the iterations it ran.
 
 use std::time::Duration;
 
 use anyhow::Result;
 use clap::{Args, Parser, ValueEnum};
+use kruskal::cpd::apr::{self, AprInit, AprOptions};
+use kruskal::cpd::{AdmmOptions, InnerStop, NonNeg};
 use kruskal::measure::{CpdRunOptions, MttkrpOptions};
 use kruskal_device::{FactorPrecision, GpuOptions};
 use kruskal_group::{RowExchange, StreamPolicy};
@@ -125,11 +135,96 @@ struct CpdFlags {
     gpu_timeout_s: u64,
     #[arg(long, default_value = "auto")]
     exchange_rows: RowExchange,
+    #[arg(long, value_name = "MODES", num_args = 0..=1, default_missing_value = "all",
+          value_parser = parse_nonneg)]
+    nonneg: Option<NonNeg>,
+    #[arg(long, value_name = "W", allow_negative_numbers = true, value_parser = parse_weight)]
+    l1: Option<f64>,
+    #[arg(long, value_name = "W", allow_negative_numbers = true, value_parser = parse_weight)]
+    l2: Option<f64>,
+    #[arg(long)]
+    admm_blocks: bool,
     #[command(flatten)]
     launch: Launch,
 }
 
-/// Parses `flags` as `what` (`mttkrp` or `cpd`) takes them; the error is
+impl CpdFlags {
+    /// AO-ADMM's options (`None`: plain ALS), as `kruskal cpd` makes them.
+    fn constraints(&self) -> Option<AdmmOptions> {
+        if self.nonneg.is_none() && self.l1.is_none() && self.l2.is_none() {
+            return None;
+        }
+        Some(AdmmOptions {
+            nonneg: self.nonneg.clone().unwrap_or(NonNeg::None),
+            l1: self.l1.unwrap_or(0.0),
+            l2: self.l2.unwrap_or(0.0),
+            inner: if self.admm_blocks {
+                InnerStop::RowBlocks
+            } else {
+                InnerStop::AllRows
+            },
+            ..AdmmOptions::default()
+        })
+    }
+}
+
+/// `--nonneg`'s value: `all`, or a comma list of modes numbered from 1.
+fn parse_nonneg(text: &str) -> Result<NonNeg, String> {
+    if text == "all" {
+        return Ok(NonNeg::All);
+    }
+    let mut modes = Vec::new();
+    for part in text.split(',') {
+        match part.trim().parse::<usize>() {
+            Ok(m) if m >= 1 => modes.push(m - 1),
+            _ => {
+                return Err(format!(
+                    "'{text}' is not a comma list of modes numbered from 1"
+                ));
+            }
+        }
+    }
+    modes.sort_unstable();
+    modes.dedup();
+    Ok(NonNeg::Modes(modes))
+}
+
+/// A finite value >= 0 (`--l1`, `--l2`, CP-APR's tolerances).
+fn parse_weight(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(w) if w.is_finite() && w >= 0.0 => Ok(w),
+        _ => Err(format!("'{text}' is not a finite number >= 0")),
+    }
+}
+
+/// A finite value > 0 (`--eps-div-zero`).
+fn parse_positive(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(w) if w.is_finite() && w > 0.0 => Ok(w),
+        _ => Err(format!("'{text}' is not a finite number > 0")),
+    }
+}
+
+/// The flags of a `[[cp_apr]]` entry.
+#[derive(Parser, Debug)]
+#[command(name = "kruskal cp-apr")]
+struct CpAprFlags {
+    #[arg(long, default_value_t = apr::DEFAULT_MAX_INNER_ITERS as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    inner_iters: u64,
+    #[arg(long, default_value_t = apr::DEFAULT_TOL, value_parser = parse_weight)]
+    tol: f64,
+    #[arg(long, default_value_t = apr::DEFAULT_KAPPA, value_parser = parse_weight)]
+    kappa: f64,
+    #[arg(long, default_value_t = apr::DEFAULT_KAPPA_TOL, value_parser = parse_weight)]
+    kappa_tol: f64,
+    #[arg(long, default_value_t = apr::DEFAULT_EPS_DIV_ZERO, value_parser = parse_positive)]
+    eps_div_zero: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+/// Parses `flags` as `what` (`mttkrp`, `cpd` or `cp-apr`) takes them; the error is
 /// one line naming the flags.
 fn parse<P: Parser>(what: &str, flags: &[String]) -> Result<P> {
     let argv = std::iter::once(what.to_string()).chain(flags.iter().cloned());
@@ -175,6 +270,56 @@ pub fn cpd(flags: &[String], opts: &mut CpdRunOptions) -> Result<()> {
     d.group.segment_bytes = (f.segment_mb as usize) << 20;
     d.group.timeout = Duration::from_secs(f.gpu_timeout_s);
     d.group.rows = f.exchange_rows;
+    if f.admm_blocks && f.constraints().is_none() {
+        anyhow::bail!(
+            "`kruskal cpd {}`: --admm-blocks is for AO-ADMM: give it with --nonneg, --l1 or --l2",
+            flags.join(" ")
+        );
+    }
+    d.cpd.constraints = f.constraints();
+    Ok(())
+}
+
+/// What tells a constrained entry's rows from ALS ones when the entry has
+/// no `tag`: `ao-admm` and its constraints (`ao-admm nonneg`,
+/// `ao-admm nonneg 1,3, l1 0.1, blocks`); `None` for ALS.
+pub fn cpd_tag(opts: &CpdRunOptions) -> Option<String> {
+    let c = opts.decompose.cpd.constraints.as_ref()?;
+    let mut parts = Vec::new();
+    match &c.nonneg {
+        NonNeg::None => {}
+        NonNeg::All => parts.push("nonneg".to_string()),
+        NonNeg::Modes(m) => {
+            let modes: Vec<String> = m.iter().map(|m| (m + 1).to_string()).collect();
+            parts.push(format!("nonneg {}", modes.join(",")));
+        }
+    }
+    if c.l1 > 0.0 {
+        parts.push(format!("l1 {}", c.l1));
+    }
+    if c.l2 > 0.0 {
+        parts.push(format!("l2 {}", c.l2));
+    }
+    if c.inner == InnerStop::RowBlocks {
+        parts.push("blocks".into());
+    }
+    Some(
+        format!("ao-admm {}", parts.join(", "))
+            .trim_end()
+            .to_string(),
+    )
+}
+
+/// Lays a `[[cp_apr]]` entry's flags over `opts` (rank and outer
+/// iterations are the entry's).
+pub fn cp_apr(flags: &[String], opts: &mut AprOptions) -> Result<()> {
+    let f: CpAprFlags = parse("cp-apr", flags)?;
+    opts.max_inner_iters = f.inner_iters as usize;
+    opts.tol = f.tol;
+    opts.kappa = f.kappa;
+    opts.kappa_tol = f.kappa_tol;
+    opts.eps_div_zero = f.eps_div_zero;
+    opts.init = AprInit::Random { seed: f.seed };
     Ok(())
 }
 
@@ -206,6 +351,94 @@ mod tests {
         cpd(&[], &mut c).unwrap();
         assert_eq!(c.decompose.group.segment_bytes, 256 << 20);
         assert_eq!((c.decompose.seed, c.decompose.starts), (1, 1));
+    }
+
+    #[test]
+    fn constraint_flags_ask_for_ao_admm_and_name_its_rows() {
+        let mut c = CpdRunOptions::default();
+        cpd(&[], &mut c).unwrap();
+        assert!(c.decompose.cpd.constraints.is_none());
+        assert_eq!(cpd_tag(&c), None);
+        cpd(&strings(&["--nonneg"]), &mut c).unwrap();
+        let a = c.decompose.cpd.constraints.clone().unwrap();
+        assert_eq!((a.nonneg, a.l1, a.l2), (NonNeg::All, 0.0, 0.0));
+        assert_eq!(a.inner, InnerStop::AllRows);
+        assert_eq!(cpd_tag(&c).as_deref(), Some("ao-admm nonneg"));
+        let mut c = CpdRunOptions::default();
+        cpd(
+            &strings(&["--nonneg", "3,1", "--l1", "0.1", "--admm-blocks"]),
+            &mut c,
+        )
+        .unwrap();
+        let a = c.decompose.cpd.constraints.clone().unwrap();
+        assert_eq!(a.nonneg, NonNeg::Modes(vec![0, 2]));
+        assert_eq!(a.inner, InnerStop::RowBlocks);
+        assert_eq!(
+            cpd_tag(&c).as_deref(),
+            Some("ao-admm nonneg 1,3, l1 0.1, blocks")
+        );
+        let mut c = CpdRunOptions::default();
+        cpd(&strings(&["--l2", "0.5"]), &mut c).unwrap();
+        let a = c.decompose.cpd.constraints.clone().unwrap();
+        assert_eq!((a.nonneg, a.l2), (NonNeg::None, 0.5));
+        assert_eq!(cpd_tag(&c).as_deref(), Some("ao-admm l2 0.5"));
+        // The constraint flags' values are checked.
+        for bad in [
+            &["--nonneg", "0"][..],
+            &["--nonneg", "x"],
+            &["--l1", "-1"],
+            &["--l2", "inf"],
+            &["--admm-blocks"],
+        ] {
+            let e = cpd(&strings(bad), &mut CpdRunOptions::default()).unwrap_err();
+            assert_eq!(e.to_string().lines().count(), 1, "{e}");
+        }
+    }
+
+    #[test]
+    fn cp_apr_flags_are_laid_over_the_options() {
+        let mut o = AprOptions::new(16);
+        o.max_iters = 5;
+        cp_apr(&[], &mut o).unwrap();
+        // The program's defaults; rank and iterations stay the entry's.
+        assert_eq!((o.rank, o.max_iters), (16, 5));
+        assert_eq!(o.max_inner_iters, apr::DEFAULT_MAX_INNER_ITERS);
+        assert_eq!(o.tol, apr::DEFAULT_TOL);
+        cp_apr(
+            &strings(&[
+                "--inner-iters",
+                "3",
+                "--tol",
+                "0",
+                "--kappa",
+                "0.5",
+                "--kappa-tol",
+                "1e-8",
+                "--eps-div-zero",
+                "1e-12",
+                "--seed",
+                "7",
+            ]),
+            &mut o,
+        )
+        .unwrap();
+        assert_eq!(o.max_inner_iters, 3);
+        assert_eq!((o.tol, o.kappa, o.kappa_tol), (0.0, 0.5, 1e-8));
+        assert_eq!(o.eps_div_zero, 1e-12);
+        assert!(matches!(o.init, AprInit::Random { seed: 7 }));
+        for bad in [
+            &["--inner-iters", "0"][..],
+            &["--tol", "-1"],
+            &["--kappa", "nan"],
+            &["--eps-div-zero", "0"],
+            &["--iters", "5"],
+            &["--rank", "3"],
+            &["--nonneg"],
+        ] {
+            let e = cp_apr(&strings(bad), &mut o).unwrap_err().to_string();
+            assert!(e.starts_with("`kruskal cp-apr "), "{e}");
+            assert_eq!(e.lines().count(), 1, "{e}");
+        }
     }
 
     #[test]

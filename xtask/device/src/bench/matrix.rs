@@ -12,6 +12,7 @@
 //! like = "nell-2"      # the FROSTT tensor it is (or is shaped like)
 //! nnz = "20M"          # size of the generated stand-in (default: real count)
 //! frostt = true        # use DATA_DIR/nell-2.ktns when it is there
+//! counts = false       # values of the stand-in as counts (for CP-APR)
 //!
 //! [[tensor]]
 //! name = "t3"
@@ -35,6 +36,19 @@
 //! ranks = [32]
 //! iters = 6            # the first iteration is not counted
 //!
+//! [[cpd]]              # the same with constraints: AO-ADMM
+//! backend = "gpu"      # cpu | gpu (AO-ADMM runs on one device)
+//! tensors = ["nell-2"]
+//! flags = ["--nonneg"] # also --l1 W, --l2 W, --admm-blocks
+//! tag = "nonneg"       # default: derived from the flags (`ao-admm nonneg`)
+//!
+//! [[cp_apr]]           # CP-APR (Poisson), time per outer iteration
+//! backend = "gpu"      # cpu | gpu
+//! tensors = ["counts"] # non-negative values (see `counts` below)
+//! ranks = [16]
+//! iters = 6            # outer iterations; the first is not counted
+//! flags = ["--inner-iters", "10"]  # more `kruskal cp-apr` flags (flags.rs)
+//!
 //! [[reference]]        # a figure measured elsewhere, shown beside ours
 //! tool = "BLCO f32 (-k 10)"
 //! tensor = "t3"        # a [[tensor]] of this file
@@ -46,7 +60,9 @@
 //! ```
 //!
 //! Unknown keys are errors (a misspelt key would otherwise be ignored
-//! silently), as are names of tensors the file does not define. A tensor
+//! silently), as are names of tensors the file does not define and
+//! entries' `flags` their command would refuse (checked when the file is
+//! read, before anything is measured). A tensor
 //! with a `path` must have its file when the bench runs: the bench stops
 //! before measuring anything and shows the `make` command.
 
@@ -54,8 +70,10 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use kruskal::cpd::AprOptions;
 use kruskal::input::{TensorSource, parse_count};
-use kruskal_formats::ReadOptions;
+use kruskal::measure::{CpdRunOptions, MttkrpOptions};
+use kruskal_formats::{ReadOptions, SparseTensor};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Deserialize)]
@@ -69,6 +87,8 @@ pub struct Matrix {
     pub mttkrp: Vec<MttkrpEntry>,
     #[serde(default)]
     pub cpd: Vec<CpdEntry>,
+    #[serde(default)]
+    pub cp_apr: Vec<CpAprEntry>,
     /// Figures measured elsewhere (another tool, another day), carried
     /// into the results and shown in the report beside ours.
     #[serde(default, rename = "reference")]
@@ -121,6 +141,11 @@ pub struct BenchTensor {
     pub path: Option<String>,
     /// The command that makes `path`, shown when the file is missing.
     pub make: Option<String>,
+    /// Turn the generated stand-in's values (uniform in [0, 1)) into
+    /// counts ([`as_counts`]), for CP-APR, whose Poisson model is meant for
+    /// counts. A file (`path`, or the FROSTT file) is read as it is.
+    #[serde(default)]
+    pub counts: bool,
 }
 
 /// An all-mode MTTKRP time measured elsewhere (by another tool, on
@@ -180,6 +205,29 @@ pub struct CpdEntry {
     /// More `kruskal cpd` flags, those `flags.rs` takes.
     #[serde(default)]
     pub flags: Vec<String>,
+    /// Shown after the engine; without one, a constrained entry's is
+    /// derived from its flags (`ao-admm nonneg`), so that its rows stand
+    /// apart from the ALS rows of the same engine.
+    pub tag: Option<String>,
+}
+
+/// CP-APR (`kruskal cp-apr`): seconds per outer iteration and the final
+/// log-likelihood.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CpAprEntry {
+    /// `cpu` or `gpu` (one GPU).
+    pub backend: String,
+    pub tensors: Vec<String>,
+    #[serde(default = "rank_32")]
+    pub ranks: Vec<usize>,
+    /// Outer iterations at most (`--iters`); the first is not counted.
+    #[serde(default = "six")]
+    pub iters: usize,
+    /// More `kruskal cp-apr` flags, those `flags.rs` takes.
+    #[serde(default)]
+    pub flags: Vec<String>,
+    /// Shown after `cp-apr` in tables.
     pub tag: Option<String>,
 }
 
@@ -247,6 +295,12 @@ impl Matrix {
                     t.name
                 );
             }
+            if t.counts && t.path.is_some() {
+                bail!(
+                    "tensor '{}': counts applies to a generated stand-in, not to a file (path)",
+                    t.name
+                );
+            }
             if t.make.is_some() && t.path.is_none() {
                 bail!(
                     "tensor '{}': make says how to make path, but there is no path",
@@ -267,6 +321,8 @@ impl Matrix {
         };
         for e in &self.mttkrp {
             known("mttkrp", &e.tensors)?;
+            super::flags::mttkrp(&e.flags, &mut MttkrpOptions::default())
+                .context("[[mttkrp]] flags")?;
             if !["cpu", "gpu"].contains(&e.backend.as_str()) {
                 bail!("[[mttkrp]] backend must be cpu or gpu, not '{}'", e.backend);
             }
@@ -293,6 +349,25 @@ impl Matrix {
                     bail!("[[cpd]] exchange takes nccl or p2p, not '{x}'");
                 }
             }
+            let mut opts = CpdRunOptions::default();
+            super::flags::cpd(&e.flags, &mut opts).context("[[cpd]] flags")?;
+            if opts.decompose.cpd.constraints.is_some() && e.backend == "gpus" {
+                bail!(
+                    "[[cpd]] flags `{}` ask for AO-ADMM, which runs on the CPU or one GPU: \
+                     backend cpu or gpu, not gpus",
+                    e.flags.join(" ")
+                );
+            }
+        }
+        for e in &self.cp_apr {
+            known("cp_apr", &e.tensors)?;
+            if !["cpu", "gpu"].contains(&e.backend.as_str()) {
+                bail!("[[cp_apr]] backend must be cpu or gpu, not '{}'", e.backend);
+            }
+            if e.ranks.is_empty() || e.ranks.contains(&0) || e.iters < 2 {
+                bail!("[[cp_apr]] needs ranks of at least 1 and iters of at least 2");
+            }
+            super::flags::cp_apr(&e.flags, &mut AprOptions::new(1)).context("[[cp_apr]] flags")?;
         }
         for r in &self.references {
             if !names.contains(r.tensor.as_str()) {
@@ -370,6 +445,19 @@ impl BenchTensor {
             ),
         }
     }
+}
+
+/// A generated stand-in's values, uniform in [0, 1), as counts: `v`
+/// becomes `floor(1 / (1 - v))`, so that a count is at least `k` with
+/// probability `1 / k` (half are 1, with the long tail of real counts:
+/// words, clicks, packets), always a whole number of at least 1.
+pub fn as_counts(tensor: SparseTensor) -> Result<SparseTensor> {
+    let (dims, indices, values) = tensor.into_parts();
+    let counts = values
+        .into_iter()
+        .map(|v| (1.0 / (1.0 - v.clamp(0.0, 1.0 - f32::EPSILON))).floor())
+        .collect();
+    Ok(SparseTensor::new(dims, indices, counts)?)
 }
 
 #[cfg(test)]
@@ -584,6 +672,166 @@ source = "ANCHORS.md"
             assert!(e.contains(want), "{e:?} should contain {want:?}");
             assert!(!e.contains('\n'), "one line: {e:?}");
         }
+    }
+
+    /// A count tensor, ALS and AO-ADMM CPD, and CP-APR.
+    const BEYOND: &str = r#"
+[[tensor]]
+name = "counts"
+like = "nell-2"
+nnz = "2k"
+counts = true
+
+[[cpd]]
+backend = "cpu"
+tensors = ["counts"]
+flags = ["--nonneg"]
+
+[[cp_apr]]
+backend = "gpu"
+tensors = ["counts"]
+ranks = [8, 16]
+iters = 4
+flags = ["--inner-iters", "5", "--kappa", "0.02"]
+tag = "mu"
+"#;
+
+    #[test]
+    fn cp_apr_entries_and_constraint_flags_parse() {
+        let m = Matrix::parse(BEYOND).unwrap();
+        assert!(m.tensors[0].counts);
+        assert!(!Matrix::parse(GOOD).unwrap().tensors[0].counts);
+        assert_eq!(m.cpd[0].flags, ["--nonneg"]);
+        let e = &m.cp_apr[0];
+        assert_eq!(e.backend, "gpu");
+        assert_eq!(e.tensors, ["counts"]);
+        assert_eq!(e.ranks, [8, 16]);
+        assert_eq!(e.iters, 4);
+        assert_eq!(e.tag.as_deref(), Some("mu"));
+        // Defaults: rank 32, 6 outer iterations, no flags.
+        let bare = Matrix::parse(
+            "[[tensor]]\nname = \"c\"\nlike = \"enron\"\n\
+             [[cp_apr]]\nbackend = \"cpu\"\ntensors = [\"c\"]\n",
+        )
+        .unwrap();
+        let e = &bare.cp_apr[0];
+        assert_eq!((e.ranks.as_slice(), e.iters), (&[32][..], 6));
+        assert!(e.flags.is_empty() && e.tag.is_none());
+    }
+
+    #[test]
+    fn bad_cp_apr_entries_and_flags_are_one_line_errors() {
+        let cases = [
+            (
+                BEYOND.replace("\"--inner-iters\", \"5\"", "\"--frobnicate\""),
+                "[[cp_apr]] flags: `kruskal cp-apr --frobnicate --kappa 0.02`",
+            ),
+            (
+                BEYOND.replace("\"--inner-iters\", \"5\"", "\"--inner-iters\", \"0\""),
+                "[[cp_apr]] flags",
+            ),
+            (
+                BEYOND.replace("\"--kappa\", \"0.02\"", "\"--kappa\", \"-1\""),
+                "[[cp_apr]] flags",
+            ),
+            (
+                BEYOND.replace("ranks = [8, 16]", "ranks = [0]"),
+                "[[cp_apr]] needs ranks of at least 1",
+            ),
+            (
+                BEYOND.replace("iters = 4", "iters = 1"),
+                "iters of at least 2",
+            ),
+            (
+                BEYOND.replace("backend = \"gpu\"", "backend = \"gpus\""),
+                "[[cp_apr]] backend must be cpu or gpu, not 'gpus'",
+            ),
+            (
+                BEYOND.replace(
+                    "backend = \"gpu\"\ntensors = [\"counts\"]",
+                    "backend = \"gpu\"\ntensors = [\"tally\"]",
+                ),
+                "[[cp_apr]] names tensor 'tally', which no [[tensor]] defines",
+            ),
+            (
+                BEYOND.replace(
+                    "backend = \"gpu\"\ntensors = [\"counts\"]",
+                    "backend = \"gpu\"\ntensors = []",
+                ),
+                "a [[cp_apr]] entry names no tensors",
+            ),
+            (
+                BEYOND.replace(
+                    "backend = \"gpu\"\ntensors = [\"counts\"]",
+                    "backend = \"gpu\"",
+                ),
+                "missing field `tensors`",
+            ),
+            (
+                BEYOND.replace("tag = \"mu\"", "tags = \"mu\""),
+                "unknown field `tags`",
+            ),
+            (
+                BEYOND.replace("[\"--nonneg\"]", "[\"--nonneg\", \"0\"]"),
+                "[[cpd]] flags: `kruskal cpd --nonneg 0`",
+            ),
+            (
+                BEYOND.replace("[\"--nonneg\"]", "[\"--l1\", \"-0.1\"]"),
+                "[[cpd]] flags",
+            ),
+            (
+                BEYOND.replace("[\"--nonneg\"]", "[\"--admm-blocks\"]"),
+                "--admm-blocks is for AO-ADMM",
+            ),
+            (
+                BEYOND.replace("backend = \"cpu\"", "backend = \"gpus\""),
+                "AO-ADMM, which runs on the CPU or one GPU",
+            ),
+            (
+                BEYOND
+                    .replace("counts = true", "counts = true\npath = \"c.ktns\"")
+                    .replace("nnz = \"2k\"\n", ""),
+                "counts applies to a generated stand-in",
+            ),
+            (
+                GOOD.replace(
+                    "engines = [\"sorted\", \"fcoo\"]",
+                    "engines = [\"sorted\"]\nflags = [\"--nonneg\"]",
+                ),
+                "[[mttkrp]] flags",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = format!("{:#}", Matrix::parse(&text).unwrap_err());
+            assert!(e.contains(want), "{e:?} should contain {want:?}");
+            assert!(!e.contains('\n'), "one line: {e:?}");
+        }
+    }
+
+    #[test]
+    fn counts_are_whole_numbers_of_at_least_one_with_a_long_tail() {
+        let t = SparseTensor::new(
+            vec![4, 3],
+            vec![vec![0, 1, 2, 3], vec![0, 1, 2, 0]],
+            vec![0.0, 0.5, 0.75, 0.999],
+        )
+        .unwrap();
+        let c = as_counts(t).unwrap();
+        assert_eq!(c.values(), [1.0, 2.0, 4.0, 1000.0]);
+        assert_eq!(c.dims(), [4, 3]);
+        let g = TensorSource::Like {
+            name: "enron".into(),
+            nnz: Some(5_000),
+            seed: 1,
+        }
+        .load()
+        .unwrap();
+        let c = as_counts(g.tensor).unwrap();
+        assert!(c.values().iter().all(|v| v.fract() == 0.0 && *v >= 1.0));
+        let ones = c.values().iter().filter(|v| **v == 1.0).count() as f64;
+        // P(count = 1) = 1/2.
+        assert!((ones / c.nnz() as f64 - 0.5).abs() < 0.05, "{ones}");
+        assert!(c.values().iter().any(|v| *v >= 10.0));
     }
 
     /// The matrices in the repository parse.

@@ -2,8 +2,10 @@
 //! itself, with a report anyone can regenerate.
 //!
 //! The matrix is a TOML file (`bench/*.toml`, see [`matrix`]). Every
-//! measurement runs the code of `kruskal mttkrp` and `kruskal cpd`
-//! (`kruskal::measure::{mttkrp, cpd}`) in this process, so the
+//! measurement runs the code of `kruskal mttkrp`, `kruskal cpd`
+//! (`kruskal::measure::{mttkrp, cpd}`; ALS, or AO-ADMM with constraint
+//! flags) and `kruskal cp-apr` (`kruskal::cpd::cp_apr_on`) in this
+//! process, so the
 //! release `xtask` and `xtask-device` binaries can be carried to a GPU
 //! machine without a Rust toolchain (`cargo xtask bundle` copies them) and
 //! run there (`gpu-run/xtask bench ...`). Each tensor is
@@ -120,7 +122,7 @@ pub struct Machine {
 /// One measured configuration.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Measurement {
-    /// `mttkrp`, `torch` or `cpd`.
+    /// `mttkrp`, `torch`, `cpd` or `cp_apr`.
     pub kind: String,
     /// The matrix's tensor name.
     pub tensor: String,
@@ -142,7 +144,8 @@ pub struct Measurement {
     /// MTTKRP: median ms per mode. CPD: MTTKRP ms per mode and
     /// iteration (median over the iterations after the first).
     pub mode_ms: Vec<f64>,
-    /// MTTKRP: all modes, ms. CPD: ms per iteration.
+    /// MTTKRP: all modes, ms. CPD: ms per iteration. CP-APR: ms per
+    /// outer iteration (median over the iterations after the first).
     pub total_ms: f64,
     /// The bandwidth floor of all modes (GPU MTTKRP), ms.
     pub floor_ms: Option<f64>,
@@ -150,6 +153,13 @@ pub struct Measurement {
     pub max_relative_error: Option<f64>,
     /// CPD: the final fit.
     pub fit: Option<f64>,
+    /// CPD: `als` or `ao-admm` (absent from results written before
+    /// AO-ADMM rows existed: those are ALS).
+    #[serde(default)]
+    pub method: Option<String>,
+    /// CP-APR: the final log-likelihood.
+    #[serde(default)]
+    pub log_likelihood: Option<f64>,
     pub machine: Machine,
     pub commit: String,
     /// UTC, RFC 3339.
@@ -284,6 +294,7 @@ impl Run {
 fn summary_line(m: &Measurement) -> String {
     let what = match m.kind.as_str() {
         "cpd" => format!("{:.3} ms/iteration", m.total_ms),
+        "cp_apr" => format!("{:.3} ms/outer iteration", m.total_ms),
         _ => format!("{:.3} ms all modes", m.total_ms),
     };
     format!(
@@ -316,6 +327,7 @@ fn run_matrix(cli: &BenchArgs) -> Result<()> {
             let uses = |list: &[String]| list.contains(&t.name);
             matrix.mttkrp.iter().any(|e| uses(&e.tensors))
                 || matrix.cpd.iter().any(|e| uses(&e.tensors))
+                || matrix.cp_apr.iter().any(|e| uses(&e.tensors))
         })
         .collect();
     // A tensor file that is not there stops the run before anything is
@@ -376,10 +388,16 @@ fn run_matrix(cli: &BenchArgs) -> Result<()> {
         let uses = |list: &[String]| list.contains(&spec.name);
         let mttkrp: Vec<_> = matrix.mttkrp.iter().filter(|e| uses(&e.tensors)).collect();
         let cpd: Vec<_> = matrix.cpd.iter().filter(|e| uses(&e.tensors)).collect();
+        let cp_apr: Vec<_> = matrix.cp_apr.iter().filter(|e| uses(&e.tensors)).collect();
         let source = spec.source(&data_dir)?;
-        let loaded = source
+        let mut loaded = source
             .load()
             .with_context(|| format!("tensor '{}'", spec.name))?;
+        if spec.counts && matches!(source, TensorSource::Like { .. }) {
+            loaded.tensor = matrix::as_counts(loaded.tensor)
+                .with_context(|| format!("tensor '{}' as counts", spec.name))?;
+            loaded.source = format!("{}, values as counts", loaded.source);
+        }
         println!(
             "tensor   {}: {} ({} nonzeros, ready in {:.1} s)",
             spec.name,
@@ -482,10 +500,58 @@ fn run_matrix(cli: &BenchArgs) -> Result<()> {
                         _ => d.backend = kruskal::cpd::BackendChoice::Cpu,
                     }
                     flags::cpd(&e.flags, &mut opts)?;
+                    let method = match &opts.decompose.cpd.constraints {
+                        Some(_) => "ao-admm",
+                        None => "als",
+                    };
+                    let tag = e.tag.clone().or_else(|| flags::cpd_tag(&opts));
+                    let constraints = opts
+                        .decompose
+                        .cpd
+                        .constraints
+                        .as_ref()
+                        .map(|c| c.describe());
                     let r = kruskal::measure::cpd(&opts, &loaded).with_context(|| what.clone())?;
-                    let m = cx.cpd_measurement(spec, &e.backend, &e.tag, g, exchange, r)?;
+                    let mut m = cx.cpd_measurement(spec, &e.backend, &tag, g, exchange, r)?;
+                    // What `kruskal cpd --json` adds to the report.
+                    m.method = Some(method.into());
+                    m.report["method"] = method.into();
+                    m.report["constraints"] = constraints.into();
                     cx.push(m)?;
                 }
+            }
+        }
+        for e in &cp_apr {
+            for &rank in &e.ranks {
+                let what = format!(
+                    "{} cp-apr rank {rank} on {}",
+                    spec.name,
+                    if e.backend == "gpu" {
+                        "1 GPU"
+                    } else {
+                        "the CPU"
+                    }
+                );
+                if e.backend == "gpu" && cx.machine.gpus == 0 {
+                    cx.skip(what, "no CUDA GPU on this machine".into())?;
+                    continue;
+                }
+                let mut opts = kruskal::cpd::AprOptions::new(rank);
+                opts.max_iters = e.iters;
+                flags::cp_apr(&e.flags, &mut opts)?;
+                let choice = match e.backend.as_str() {
+                    "gpu" => kruskal::cpd::BackendChoice::Gpu,
+                    _ => kruskal::cpd::BackendChoice::Cpu,
+                };
+                let run = kruskal::cpd::cp_apr_on(&loaded.tensor, &opts, choice, &mut |_| {
+                    std::ops::ControlFlow::Continue(())
+                })
+                .with_context(|| what.clone())?;
+                let report = cp_apr_report(&loaded, &opts, &run);
+                let m = cx
+                    .cp_apr_measurement(spec, &e.backend, &e.tag, report)
+                    .with_context(|| what.clone())?;
+                cx.push(m)?;
             }
         }
     }
@@ -560,6 +626,8 @@ impl Run {
             floor_ms: None,
             max_relative_error: None,
             fit: None,
+            method: None,
+            log_likelihood: None,
             machine: self.machine.clone(),
             commit: self.commit.clone(),
             date: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
@@ -653,6 +721,90 @@ impl Run {
         // (A fit that is not finite is no fit: the report said null.)
         m.fit = report.fit.is_finite().then_some(report.fit);
         m.report = value;
+        Ok(m)
+    }
+}
+
+/// The report `kruskal cp-apr --json` prints, with the keys this bench
+/// reads (`dims` and `nnz` also under `tensor`, as the other reports have
+/// them).
+fn cp_apr_report(
+    loaded: &Loaded,
+    opts: &kruskal::cpd::AprOptions,
+    run: &kruskal::cpd::AprRun,
+) -> Value {
+    let t = &loaded.tensor;
+    let model = &run.model;
+    serde_json::json!({
+        "command": "cp-apr",
+        "source": loaded.source,
+        "dims": t.dims(),
+        "nnz": t.nnz(),
+        "tensor": { "source": loaded.source, "dims": t.dims(), "nnz": t.nnz() },
+        "load_s": loaded.load_s,
+        "backend": run.backend,
+        "device": run.device,
+        "fallback": run.fallback,
+        "rank": opts.rank,
+        "options": {
+            "iters": opts.max_iters,
+            "inner_iters": opts.max_inner_iters,
+            "tol": opts.tol,
+            "kappa": opts.kappa,
+            "kappa_tol": opts.kappa_tol,
+            "eps_div_zero": opts.eps_div_zero,
+        },
+        "non_integer_values": kruskal::cpd::apr::non_integer_values(t),
+        "iterations": model.iterations,
+        "log_likelihood": model.log_likelihood,
+        "converged": model.converged,
+        "lambda": model.lambda,
+    })
+}
+
+impl Run {
+    /// A CP-APR run's row: ms per outer iteration, the median of the
+    /// iterations after the first (which also sorts each mode's copy of
+    /// the nonzeros and, on a GPU, uploads them), from the cumulative
+    /// `elapsed_s` of each iteration; and the final log-likelihood. A
+    /// value that is not finite is an error, not a row.
+    fn cp_apr_measurement(
+        &self,
+        spec: &BenchTensor,
+        backend: &str,
+        tag: &Option<String>,
+        report: Value,
+    ) -> Result<Measurement> {
+        let elapsed: Vec<f64> = report["iterations"]
+            .as_array()
+            .context("report without iterations")?
+            .iter()
+            .map(|i| i["elapsed_s"].as_f64().unwrap_or(f64::NAN))
+            .collect();
+        if elapsed.len() < 2 {
+            bail!(
+                "CP-APR stopped after {} outer iteration(s); nothing to time",
+                elapsed.len()
+            );
+        }
+        let mut per_it: Vec<f64> = elapsed.windows(2).map(|w| (w[1] - w[0]) * 1e3).collect();
+        let ms_per_it = median(&mut per_it);
+        if !ms_per_it.is_finite() || ms_per_it < 0.0 {
+            bail!("CP-APR's time per outer iteration is {ms_per_it} ms");
+        }
+        let ll = report["log_likelihood"].as_f64().unwrap_or(f64::NAN);
+        if !ll.is_finite() {
+            bail!("CP-APR's final log-likelihood is not finite");
+        }
+        let mut m = self.base(spec, &report)?;
+        m.kind = "cp_apr".into();
+        m.backend = backend.into();
+        m.label = label("cp-apr", tag);
+        m.engine = "cp-apr mu".into();
+        m.gpus = usize::from(report["backend"] == "gpu");
+        m.total_ms = ms_per_it;
+        m.log_likelihood = Some(ll);
+        m.report = report;
         Ok(m)
     }
 }
@@ -918,5 +1070,100 @@ mod tests {
                 ("MM-CSF", "t3", 10.14)
             ]
         );
+    }
+
+    fn run_here() -> Run {
+        Run {
+            machine: Machine::default(),
+            commit: "abc".into(),
+            out: PathBuf::from("unused"),
+            results: Results::default(),
+            bad: Vec::new(),
+            missed: Vec::new(),
+        }
+    }
+
+    fn spec() -> BenchTensor {
+        matrix::Matrix::parse(
+            "[[tensor]]\nname = \"counts\"\nlike = \"enron\"\nnnz = \"2k\"\ncounts = true\n",
+        )
+        .unwrap()
+        .tensors
+        .remove(0)
+    }
+
+    /// What `cp_apr_report` makes of a run, with these iterations.
+    fn apr_report(elapsed_s: &[f64], log_likelihood: f64) -> Value {
+        serde_json::json!({
+            "tensor": { "source": "generated like enron", "dims": [6066, 5699, 244268, 1176], "nnz": 2000 },
+            "backend": "cpu",
+            "rank": 16,
+            "iterations": elapsed_s.iter().enumerate().map(|(k, s)| serde_json::json!({
+                "iteration": k + 1, "inner_iters": 10, "elapsed_s": s,
+            })).collect::<Vec<_>>(),
+            "log_likelihood": log_likelihood,
+        })
+    }
+
+    #[test]
+    fn a_cp_apr_row_is_the_median_outer_iteration_after_the_first() {
+        let cx = run_here();
+        // Iterations of 500 (the first: sorting), 10, 30 and 20 ms.
+        let report = apr_report(&[0.5, 0.51, 0.54, 0.56], -42.5);
+        let m = cx
+            .cp_apr_measurement(&spec(), "cpu", &Some("mu".into()), report)
+            .unwrap();
+        assert_eq!(
+            (m.kind.as_str(), m.label.as_str()),
+            ("cp_apr", "cp-apr (mu)")
+        );
+        assert!((m.total_ms - 20.0).abs() < 1e-9, "{}", m.total_ms);
+        assert_eq!(m.log_likelihood, Some(-42.5));
+        assert_eq!((m.rank, m.nnz, m.gpus), (16, 2000, 0));
+        assert_eq!(m.dims, [6066, 5699, 244268, 1176]);
+        assert_eq!(m.fit, None);
+        // The row goes into results.json and back.
+        let back: Measurement = serde_json::from_str(&serde_json::to_string(&m).unwrap()).unwrap();
+        assert_eq!(back.log_likelihood, Some(-42.5));
+    }
+
+    #[test]
+    fn a_cp_apr_value_that_is_not_finite_is_an_error_not_a_row() {
+        let cx = run_here();
+        // (json! writes a NaN or an infinity as null.)
+        for ll in [f64::NAN, f64::NEG_INFINITY] {
+            let e = cx
+                .cp_apr_measurement(&spec(), "cpu", &None, apr_report(&[0.1, 0.2, 0.3], ll))
+                .unwrap_err();
+            assert!(
+                e.to_string().contains("log-likelihood is not finite"),
+                "{e}"
+            );
+        }
+        let mut report = apr_report(&[0.1, 0.2, 0.3], -1.0);
+        report["iterations"][1]["elapsed_s"] = Value::Null;
+        report["iterations"][2]["elapsed_s"] = Value::Null;
+        let e = cx
+            .cp_apr_measurement(&spec(), "cpu", &None, report)
+            .unwrap_err();
+        assert!(e.to_string().contains("time per outer iteration"), "{e}");
+        let e = cx
+            .cp_apr_measurement(&spec(), "cpu", &None, apr_report(&[0.1], -1.0))
+            .unwrap_err();
+        assert!(e.to_string().contains("after 1 outer iteration"), "{e}");
+    }
+
+    #[test]
+    fn old_results_without_method_or_log_likelihood_still_load() {
+        let cx = run_here();
+        let m = cx
+            .cp_apr_measurement(&spec(), "cpu", &None, apr_report(&[0.1, 0.2, 0.3], -1.0))
+            .unwrap();
+        let mut v = serde_json::to_value(&m).unwrap();
+        let o = v.as_object_mut().unwrap();
+        o.remove("method");
+        o.remove("log_likelihood");
+        let old: Measurement = serde_json::from_value(v).unwrap();
+        assert_eq!((old.method, old.log_likelihood), (None, None));
     }
 }

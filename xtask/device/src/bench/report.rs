@@ -113,6 +113,7 @@ pub fn write(results: &Results, out: &Path) -> Result<String> {
     mttkrp_sections(&mut md, &all, &results.references, out, true)?;
     mttkrp_sections(&mut md, &all, &[], out, false)?;
     cpd_sections(&mut md, &all, out)?;
+    cp_apr_section(&mut md, &all)?;
     if !results.skipped.is_empty() {
         writeln!(md, "\n#### Not measured\n")?;
         for s in &results.skipped {
@@ -508,9 +509,15 @@ fn cpd_sections(md: &mut String, all: &[&Measurement], out: &Path) -> Result<()>
     if runs.is_empty() {
         return Ok(());
     }
+    let constrained = runs.iter().any(|m| !is_als(m));
     writeln!(
         md,
-        "\n#### CPD-ALS, ms per iteration (median after the first)\n"
+        "\n#### {}, ms per iteration (median after the first)\n",
+        if constrained {
+            "CPD (ALS and AO-ADMM)"
+        } else {
+            "CPD-ALS"
+        }
     )?;
     writeln!(
         md,
@@ -547,6 +554,7 @@ fn cpd_sections(md: &mut String, all: &[&Measurement], out: &Path) -> Result<()>
             m.fit.map_or("-".into(), |f| format!("{f:.6}"))
         )?;
     }
+    admm_table(md, &runs)?;
     let grouped: Vec<&&Measurement> = runs.iter().filter(|m| !breakdown(m).is_empty()).collect();
     if !grouped.is_empty() {
         writeln!(
@@ -622,6 +630,115 @@ fn cpd_sections(md: &mut String, all: &[&Measurement], out: &Path) -> Result<()>
             },
         )?;
         writeln!(md, "\n![multi-GPU scaling]({file})")?;
+    }
+    Ok(())
+}
+
+/// Whether a CPD row is ALS (rows written before AO-ADMM rows existed
+/// carry no method, and are).
+fn is_als(m: &Measurement) -> bool {
+    m.method.as_deref().is_none_or(|x| x == "als")
+}
+
+/// Each AO-ADMM row beside the ALS row of its tensor, rank, backend and
+/// device (the one of the same engine when there are several), with the
+/// ratio of their times per iteration.
+fn admm_table(md: &mut String, runs: &[&Measurement]) -> Result<()> {
+    let pairs: Vec<(&Measurement, Option<&Measurement>)> = runs
+        .iter()
+        .filter(|m| !is_als(m))
+        .map(|m| {
+            let als: Vec<&Measurement> = runs
+                .iter()
+                .filter(|o| {
+                    is_als(o)
+                        && o.tensor == m.tensor
+                        && o.rank == m.rank
+                        && o.backend == m.backend
+                        && o.gpus == m.gpus
+                        && device(o) == device(m)
+                })
+                .copied()
+                .collect();
+            let same = als.iter().find(|o| o.engine == m.engine);
+            (*m, same.or(als.first()).copied())
+        })
+        .collect();
+    if pairs.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        md,
+        "\nAO-ADMM against ALS on the same tensor, rank and device, ms per iteration:\n"
+    )?;
+    writeln!(
+        md,
+        "| tensor | rank | device | ALS | ms | AO-ADMM | ms | AO-ADMM / ALS | ALS fit | AO-ADMM fit |"
+    )?;
+    writeln!(md, "|{}", " --- |".repeat(10))?;
+    let fit = |m: Option<&Measurement>| {
+        m.and_then(|m| m.fit)
+            .map_or("-".into(), |f| format!("{f:.6}"))
+    };
+    for (admm, als) in pairs {
+        writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | `{}` | {} | {} | {} | {} |",
+            admm.tensor,
+            admm.rank,
+            device(admm),
+            als.map_or("-".into(), |m| format!("`{}`", m.label)),
+            als.map_or("-".into(), |m| ms(m.total_ms)),
+            admm.label,
+            ms(admm.total_ms),
+            als.map_or("-".into(), |m| format!("{:.2}", admm.total_ms / m.total_ms)),
+            fit(als),
+            fit(Some(admm))
+        )?;
+    }
+    Ok(())
+}
+
+/// CP-APR: ms per outer iteration (median after the first), the outer
+/// and inner iterations run, and the final log-likelihood.
+fn cp_apr_section(md: &mut String, all: &[&Measurement]) -> Result<()> {
+    let runs: Vec<&Measurement> = all.iter().filter(|m| m.kind == "cp_apr").copied().collect();
+    if runs.is_empty() {
+        return Ok(());
+    }
+    writeln!(
+        md,
+        "\n#### CP-APR, ms per outer iteration (median after the first)\n"
+    )?;
+    writeln!(
+        md,
+        "| tensor | nonzeros | rank | device | run | outer iterations | inner per outer | ms / outer iteration | log-likelihood |"
+    )?;
+    writeln!(md, "|{}", " --- |".repeat(9))?;
+    for m in runs {
+        let its = m.report["iterations"].as_array();
+        let outer = its.map_or(0, Vec::len);
+        let inner: u64 = its
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i["inner_iters"].as_u64())
+            .sum();
+        writeln!(
+            md,
+            "| {} | {} | {} | {} | `{}` | {outer} | {} | {} | {} |",
+            m.tensor,
+            count(m.nnz),
+            m.rank,
+            device(m),
+            m.label,
+            if outer > 0 {
+                format!("{:.1}", inner as f64 / outer as f64)
+            } else {
+                "-".into()
+            },
+            ms(m.total_ms),
+            m.log_likelihood.map_or("-".into(), |x| format!("{x:.6e}"))
+        )?;
     }
     Ok(())
 }
@@ -744,6 +861,8 @@ mod tests {
             floor_ms: Some(0.3),
             max_relative_error: None,
             fit: None,
+            method: None,
+            log_likelihood: None,
             machine: super::super::Machine {
                 gpu: Some("NVIDIA H100 80GB HBM3".into()),
                 gpus: 1,
@@ -802,5 +921,103 @@ mod tests {
         let refs = md.find("Reference figures measured elsewhere").unwrap();
         let per_mode = md.find("rank 32, ms per mode").unwrap();
         assert!(main < refs && refs < per_mode, "{md}");
+    }
+
+    /// A one-device CPD or CP-APR row (the fields the report reads).
+    fn decomposition(kind: &str, label: &str, method: Option<&str>, total_ms: f64) -> Measurement {
+        let mut m = gpu_mttkrp("counts", label, total_ms);
+        m.kind = kind.into();
+        m.mode_ms = Vec::new();
+        m.floor_ms = None;
+        m.method = method.map(String::from);
+        m
+    }
+
+    #[test]
+    fn ao_admm_rows_stand_beside_als_with_their_ratio() {
+        let mut als = decomposition("cpd", "fcoo", Some("als"), 10.0);
+        als.fit = Some(0.25);
+        let mut admm = decomposition("cpd", "fcoo (ao-admm nonneg)", Some("ao-admm"), 25.0);
+        admm.fit = Some(0.2);
+        // Another rank: no ALS row to compare with.
+        let mut lone = decomposition("cpd", "fcoo (ao-admm nonneg)", Some("ao-admm"), 7.0);
+        lone.rank = 16;
+        let results = Results {
+            measurements: vec![als, admm, lone],
+            ..Results::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let md = write(&results, dir.path()).unwrap();
+        assert!(
+            md.contains("#### CPD (ALS and AO-ADMM), ms per iteration"),
+            "{md}"
+        );
+        let rows: Vec<&str> = md
+            .lines()
+            .filter(|l| l.starts_with("| counts | 32 |") || l.starts_with("| counts | 16 |"))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                "| counts | 32 | NVIDIA H100 80GB HBM3 | `fcoo` | 10.00 | `fcoo (ao-admm nonneg)` \
+                 | 25.00 | 2.50 | 0.250000 | 0.200000 |",
+                "| counts | 16 | NVIDIA H100 80GB HBM3 | - | - | `fcoo (ao-admm nonneg)` \
+                 | 7.000 | - | - | - |",
+            ],
+            "{md}"
+        );
+        // Both rows of rank 32 are in the main table, apart.
+        assert_eq!(
+            md.matches("| `fcoo (ao-admm nonneg)` | 25.00 | - |")
+                .count(),
+            1,
+            "{md}"
+        );
+        assert_eq!(md.matches("| `fcoo` | 10.00 | - |").count(), 1, "{md}");
+        // ALS alone keeps its title and has no comparison table.
+        let results = Results {
+            measurements: vec![decomposition("cpd", "fcoo", None, 10.0)],
+            ..Results::default()
+        };
+        let md = write(&results, dir.path()).unwrap();
+        assert!(md.contains("#### CPD-ALS, ms per iteration"), "{md}");
+        assert!(!md.contains("AO-ADMM against ALS"), "{md}");
+    }
+
+    #[test]
+    fn a_cp_apr_result_has_its_own_table() {
+        let mut m = decomposition("cp_apr", "cp-apr (mu)", None, 12.5);
+        m.nnz = 20_000;
+        m.rank = 16;
+        m.log_likelihood = Some(-123456.789);
+        m.report = serde_json::json!({
+            "iterations": [
+                {"inner_iters": 30, "elapsed_s": 0.05},
+                {"inner_iters": 20, "elapsed_s": 0.06},
+                {"inner_iters": 10, "elapsed_s": 0.07},
+                {"inner_iters": 20, "elapsed_s": 0.08},
+            ]
+        });
+        let results = Results {
+            measurements: vec![m],
+            ..Results::default()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let md = write(&results, dir.path()).unwrap();
+        assert!(
+            md.contains("#### CP-APR, ms per outer iteration (median after the first)"),
+            "{md}"
+        );
+        let row: Vec<&str> = md.lines().filter(|l| l.starts_with("| counts |")).collect();
+        assert_eq!(
+            row,
+            [
+                "| counts | 20.0k | 16 | NVIDIA H100 80GB HBM3 | `cp-apr (mu)` | 4 | 20.0 | 12.50 | -1.234568e5 |"
+            ],
+            "{md}"
+        );
+        // Not a CPD row.
+        assert!(!md.contains("CPD"), "{md}");
+        assert!(terminal_summary(&results).contains("cp-apr (mu)"));
     }
 }
