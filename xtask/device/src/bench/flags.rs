@@ -13,8 +13,9 @@
 //! - `[[mttkrp]]`: `--mode all|M`, `--verify`;
 //! - `[[cpd]]`: `--kernel K`, `--seed S`, `--starts N`, and for a group of
 //!   GPUs `--stream auto|always|never`, `--streams N`, `--segment-mb MB`,
-//!   `--gpu-timeout-s S`, `--exchange-rows auto|all|read`; AO-ADMM (on
-//!   the CPU or one GPU) with `--nonneg [MODES]` (all modes, or a comma
+//!   `--gpu-timeout-s S`, `--exchange-rows auto|all|read`,
+//!   `--gpu-plan auto|rows|split[:MODE]`; AO-ADMM (on the CPU, one GPU or
+//!   a group) with `--nonneg [MODES]` (all modes, or a comma
 //!   list numbered from 1), `--l1 W`, `--l2 W` (weights >= 0) and
 //!   `--admm-blocks` (with one of those three);
 //! - `[[cp_apr]]`: `--inner-iters N` (>= 1), `--tol T`, `--kappa K`,
@@ -30,7 +31,7 @@ use kruskal::cpd::apr::{self, AprInit, AprOptions};
 use kruskal::cpd::{AdmmOptions, InnerStop, NonNeg};
 use kruskal::measure::{CpdRunOptions, MttkrpOptions};
 use kruskal_device::{FactorPrecision, GpuOptions};
-use kruskal_group::{RowExchange, StreamPolicy};
+use kruskal_group::{PlanChoice, RowExchange, StreamPolicy};
 
 /// `on` or `off`, as the program takes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -135,6 +136,8 @@ struct CpdFlags {
     gpu_timeout_s: u64,
     #[arg(long, default_value = "auto")]
     exchange_rows: RowExchange,
+    #[arg(long, default_value = "auto")]
+    gpu_plan: PlanChoice,
     #[arg(long, value_name = "MODES", num_args = 0..=1, default_missing_value = "all",
           value_parser = parse_nonneg)]
     nonneg: Option<NonNeg>,
@@ -270,6 +273,7 @@ pub fn cpd(flags: &[String], opts: &mut CpdRunOptions) -> Result<()> {
     d.group.segment_bytes = (f.segment_mb as usize) << 20;
     d.group.timeout = Duration::from_secs(f.gpu_timeout_s);
     d.group.rows = f.exchange_rows;
+    d.group.plan = f.gpu_plan;
     if f.admm_blocks && f.constraints().is_none() {
         anyhow::bail!(
             "`kruskal cpd {}`: --admm-blocks is for AO-ADMM: give it with --nonneg, --l1 or --l2",
@@ -346,6 +350,9 @@ mod tests {
         assert!(c.decompose.no_model);
         cpd(&strings(&["--exchange-rows", "all"]), &mut c).unwrap();
         assert_eq!(c.decompose.group.rows, RowExchange::All);
+        cpd(&strings(&["--gpu-plan", "split:3"]), &mut c).unwrap();
+        assert_eq!(c.decompose.group.plan, PlanChoice::Split(Some(2)));
+        assert!(cpd(&strings(&["--gpu-plan", "grid"]), &mut c).is_err());
         // Without flags, the program's defaults.
         let mut c = CpdRunOptions::default();
         cpd(&[], &mut c).unwrap();

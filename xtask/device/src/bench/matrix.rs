@@ -37,7 +37,7 @@
 //! iters = 6            # the first iteration is not counted
 //!
 //! [[cpd]]              # the same with constraints: AO-ADMM
-//! backend = "gpu"      # cpu | gpu (AO-ADMM runs on one device)
+//! backend = "gpu"      # cpu | gpu | gpus (a group, as for ALS)
 //! tensors = ["nell-2"]
 //! flags = ["--nonneg"] # also --l1 W, --l2 W, --admm-blocks
 //! tag = "nonneg"       # default: derived from the flags (`ao-admm nonneg`)
@@ -351,13 +351,6 @@ impl Matrix {
             }
             let mut opts = CpdRunOptions::default();
             super::flags::cpd(&e.flags, &mut opts).context("[[cpd]] flags")?;
-            if opts.decompose.cpd.constraints.is_some() && e.backend == "gpus" {
-                bail!(
-                    "[[cpd]] flags `{}` ask for AO-ADMM, which runs on the CPU or one GPU: \
-                     backend cpu or gpu, not gpus",
-                    e.flags.join(" ")
-                );
-            }
         }
         for e in &self.cp_apr {
             known("cp_apr", &e.tensors)?;
@@ -782,10 +775,6 @@ tag = "mu"
             (
                 BEYOND.replace("[\"--nonneg\"]", "[\"--admm-blocks\"]"),
                 "--admm-blocks is for AO-ADMM",
-            ),
-            (
-                BEYOND.replace("backend = \"cpu\"", "backend = \"gpus\""),
-                "AO-ADMM, which runs on the CPU or one GPU",
             ),
             (
                 BEYOND
