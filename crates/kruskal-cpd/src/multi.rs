@@ -105,6 +105,31 @@ impl GroupBackend {
     fn counting(&self, mode: usize) -> bool {
         self.skip[mode] == 0
     }
+
+    /// After a mode's scaling (ALS's or AO-ADMM's, begun at `started`,
+    /// giving the Gram `g`): the inner products scaled by `inv`, the rows
+    /// exchanged, the breakdown counted; returns the Gram as a matrix.
+    fn finish_mode(
+        &mut self,
+        mode: usize,
+        g: Vec<f64>,
+        inv: &[f32],
+        started: Instant,
+    ) -> Result<Array2<f64>> {
+        if let Some(inner) = &mut self.inner[mode] {
+            inner.scale(inv);
+        }
+        let update_ms = started.elapsed().as_secs_f64() * 1e3;
+        let exchange_ms = self.group.exchange_rows(mode)?;
+        if self.counting(mode) {
+            let b = &mut self.breakdown[mode];
+            b.update_ms += update_ms;
+            b.exchange_ms += exchange_ms;
+        } else {
+            self.skip[mode] -= 1;
+        }
+        square(g, self.group.rank())
+    }
 }
 
 impl Backend for GroupBackend {
@@ -200,19 +225,7 @@ impl Backend for GroupBackend {
         let t = Instant::now();
         let inv: Vec<f32> = divisors.iter().map(|&d| (1.0 / d) as f32).collect();
         let g = self.group.scale_gram(mode, Some(&inv))?;
-        if let Some(inner) = &mut self.inner[mode] {
-            inner.scale(&inv);
-        }
-        let update_ms = t.elapsed().as_secs_f64() * 1e3;
-        let exchange_ms = self.group.exchange_rows(mode)?;
-        if self.counting(mode) {
-            let b = &mut self.breakdown[mode];
-            b.update_ms += update_ms;
-            b.exchange_ms += exchange_ms;
-        } else {
-            self.skip[mode] -= 1;
-        }
-        square(g, self.group.rank())
+        self.finish_mode(mode, g, &inv, t)
     }
 
     /// AO-ADMM on the group: each GPU runs the one-GPU blocked inner loop
@@ -243,19 +256,7 @@ impl Backend for GroupBackend {
         let t = Instant::now();
         let g = self.group.admm_scale(mode, divisors)?;
         let inv: Vec<f32> = divisors.iter().map(|&d| (1.0 / d) as f32).collect();
-        if let Some(inner) = &mut self.inner[mode] {
-            inner.scale(&inv);
-        }
-        let update_ms = t.elapsed().as_secs_f64() * 1e3;
-        let exchange_ms = self.group.exchange_rows(mode)?;
-        if self.counting(mode) {
-            let b = &mut self.breakdown[mode];
-            b.update_ms += update_ms;
-            b.exchange_ms += exchange_ms;
-        } else {
-            self.skip[mode] -= 1;
-        }
-        square(g, self.group.rank())
+        self.finish_mode(mode, g, &inv, t)
     }
 
     fn inner_products(&mut self, mode: usize) -> Result<Vec<f64>> {

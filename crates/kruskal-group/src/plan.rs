@@ -115,7 +115,9 @@ struct ModeFacts {
     share_split: f64,
 }
 
-fn facts(plan: &RowShards) -> Vec<ModeFacts> {
+/// [`ModeFacts`] of every mode; `split` says whether split plans are
+/// counted (else their share is left at 1 and not predicted).
+fn facts(plan: &RowShards, split: bool) -> Vec<ModeFacts> {
     let n = plan.dims().len();
     (0..n)
         .map(|mode| ModeFacts {
@@ -125,7 +127,11 @@ fn facts(plan: &RowShards) -> Vec<ModeFacts> {
             // Rows plan: a nonzero's other modes are on random GPUs; split:
             // every mode's shard of a nonzero is on one GPU.
             share_rows: predicted_share_by(plan, mode, n as u64 - 1),
-            share_split: predicted_share_by(plan, mode, 1),
+            share_split: if split {
+                predicted_share_by(plan, mode, 1)
+            } else {
+                1.0
+            },
         })
         .collect()
 }
@@ -179,7 +185,12 @@ fn count_with(
 /// The rows `plan` (rows by owner, or split: its cut mode) sends per
 /// iteration with `rows` as the exchange's choice of rows.
 pub fn count(plan: &RowShards, rows: RowExchange) -> PlanCount {
-    count_with(plan, &facts(plan), plan.split(), rows)
+    count_with(
+        plan,
+        &facts(plan, plan.split().is_some()),
+        plan.split(),
+        rows,
+    )
 }
 
 /// What [`choose`] decided, with the counts behind it.
@@ -221,20 +232,7 @@ pub fn choose(
         (PlanChoice::Split(Some(mode)), Ok(())) => vec![mode],
         (_, Ok(())) => (0..n).collect(),
     };
-    let facts = if candidates.is_empty() && choice == PlanChoice::Rows {
-        // Only the rows plan's count: no split prediction needed.
-        (0..n)
-            .map(|mode| ModeFacts {
-                all: (0..plan.gpus())
-                    .map(|h| all_gather_received(plan, mode, h) as f64)
-                    .sum(),
-                share_rows: predicted_share_by(plan, mode, n as u64 - 1),
-                share_split: 1.0,
-            })
-            .collect()
-    } else {
-        facts(plan)
-    };
+    let facts = facts(plan, !candidates.is_empty());
     let rows_count = count_with(plan, &facts, None, rows);
     let mut counts = vec![rows_count.clone()];
     for cut in candidates {
