@@ -13,6 +13,9 @@
 //! Gram are also fused with the column statistics and the scaling, so the
 //! dense part of a mode reads and writes each factor twice (four passes),
 //! where GEMM + statistics + scaling + Gram would take seven.
+//!
+//! At ranks 8, 16, 24 and 32 on sm_80 and later, the update's products run
+//! on the f64 tensor cores (`mma.m8n8k4`); elsewhere on the FMA units.
 
 use std::sync::Arc;
 
@@ -472,7 +475,8 @@ mod tests {
             return;
         };
         // Row counts around the tile sizes, and one spanning many blocks.
-        for rank in [1usize, 2, 3, 7, 16, 32, 64, 100, 128, 256] {
+        // 8, 16, 24 and 32 take the tensor-core update on sm_80 and later.
+        for rank in [1usize, 2, 3, 7, 8, 16, 24, 32, 64, 100, 128, 256] {
             let mut dense = DenseKernels::new(gpu.clone(), rank).unwrap();
             for rows in [1usize, 63, 64, 65, 1000, 70_001] {
                 let m = factors(&[rows as u32], rank, (rank * 31 + rows) as u64).remove(0);
