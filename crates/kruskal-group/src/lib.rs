@@ -767,7 +767,8 @@ impl GpuGroup {
         }
     }
 
-    /// One line per local GPU: device, nonzeros and residency per mode.
+    /// One line per local GPU: device, and per mode its nonzeros, owned rows
+    /// (those with nonzeros) and residency.
     pub fn describe(&self) -> Vec<String> {
         let n = self.plan.dims().len();
         self.gpus
@@ -783,7 +784,13 @@ impl GpuGroup {
                                 format!("streamed in {segments} segments")
                             }
                         };
-                        format!("mode {} {} nnz {r}", mode + 1, self.plan.nnz(mode, g))
+                        let rows = self.plan.rows(mode, g).len();
+                        let live = self.plan.rows_with_nonzeros(mode, g).len();
+                        format!(
+                            "mode {} {} nnz {rows} rows ({live} with nonzeros) {r}",
+                            mode + 1,
+                            self.plan.nnz(mode, g)
+                        )
                     })
                     .collect();
                 let rank = match self.process() {
@@ -1088,7 +1095,8 @@ impl GpuGroup {
     /// exchange time in milliseconds (0 with one GPU).
     pub fn exchange_rows(&mut self, mode: usize) -> Result<f64> {
         self.check_mode(mode)?;
-        if self.plan.gpus() == 1 {
+        // A split plan's cut mode stays on its GPUs: no round trip.
+        if self.plan.gpus() == 1 || self.shared.local[mode] {
             return Ok(0.0);
         }
         let replies = self.all(|| Cmd::Exchange(mode), "the factor exchange")?;
@@ -1188,6 +1196,12 @@ impl GpuGroup {
 
 /// Whether a split plan can run for a group of `m` GPUs in one process
 /// with `opts`: its partial sums are reduced through NCCL.
+/// Whether a group of `gpus` GPUs of this process with `opts` may take a
+/// split plan (`auto` considers one; see `plan.rs`).
+pub fn split_possible(gpus: usize, opts: &GroupOptions) -> bool {
+    opts.plan != PlanChoice::Rows && split_ok(gpus, opts).is_ok()
+}
+
 fn split_ok(m: usize, opts: &GroupOptions) -> std::result::Result<(), String> {
     if m == 1 {
         return Err("one GPU".into());

@@ -193,7 +193,6 @@ impl Worker {
                 .scale_gram(mode, inv.as_deref().map(Vec::as_slice))
                 .map(Reply::Gram),
             // A split plan's cut mode is read by its owners alone.
-            Cmd::Exchange(mode) if self.shared.local[mode] => Ok(Reply::Millis(0.0)),
             Cmd::Exchange(mode) => match self.shared.sparse[mode].clone() {
                 Some(sparse) => self.exchange_read(mode, &sparse).map(Reply::Millis),
                 None => self.exchange(mode).map(Reply::Millis),
@@ -361,11 +360,7 @@ impl Worker {
         }
         let partial = self.shared.partial[mode];
         // Output rows are written at their label minus `row_lo`.
-        let row_lo = if partial {
-            0
-        } else {
-            self.shared.rows[mode][self.g].start
-        };
+        let row_lo = self.shared.rows[mode][self.g].start - self.output_rows(mode).start;
         let main = self.gpu.stream().clone();
         let start = self.gpu.timing_event()?;
         let end = self.gpu.timing_event()?;
