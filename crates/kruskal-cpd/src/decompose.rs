@@ -616,7 +616,13 @@ fn make_backend(
             let one_fits =
                 need.total() <= gpu.free_bytes()? as u64 && opts.kernel != EngineRequest::Shard;
             drop(gpu);
-            crate::gpu_count::pick(t, rank, ordinals.len(), one_fits)
+            crate::gpu_count::pick(
+                t,
+                rank,
+                ordinals.len(),
+                one_fits,
+                kruskal_group::split_possible(ordinals.len(), &opts.group),
+            )
         } else {
             crate::gpu_count::GpuCount {
                 gpus: 1,

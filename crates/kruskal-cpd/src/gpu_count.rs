@@ -9,6 +9,12 @@
 //! gains less from the split than the fixed cost takes, and stays on one
 //! GPU; the output says why.
 //!
+//! The exchange counted is the cheaper of the group's plans (see
+//! `kruskal-group`'s `plan.rs`): rows by owner (each mode's rows
+//! all-gathered, or only those read), or, where a split plan may run, the
+//! split by the mode that saves most, whose rows never travel while every
+//! other mode's rows are reduced onto their owners and then all-gathered.
+//!
 //! The constants are measured on H100s joined by NVLink (four to a host,
 //! docs/performance.md, "How many GPUs"); the prediction only has to rank
 //! the counts, not to time them.
@@ -37,8 +43,8 @@ const GROUP_MODE_MS: f64 = 0.8;
 /// Rows one GPU receives per second from the others, in bytes.
 const LINK_BYTES_PER_S: f64 = 300e9;
 /// A sparse exchange is used when it moves at most this share of the
-/// all-gather's rows (as the group decides, see kruskal-partition).
-const SPARSE_SHARE: f64 = 0.8;
+/// all-gather's rows (as the group decides).
+use kruskal_partition::readers::CHEAPER_SHARE as SPARSE_SHARE;
 
 /// The count [`pick`] chose and why.
 #[derive(Clone, Debug, PartialEq)]
@@ -53,15 +59,26 @@ pub struct GpuCount {
 
 /// The predicted iteration time of `t` at `rank` on each count from 1 to
 /// `available`, and the fastest count. `one_fits`: whether the one-GPU
-/// backend fits one GPU's memory (if not, at least two GPUs are used).
+/// backend fits one GPU's memory (if not, at least two GPUs are used);
+/// `split`: whether the group may take a split plan (NCCL, one process,
+/// no plan of rows by owner asked for).
 ///
 /// Cost: nothing beyond the dimensions when the all-gather bound already
 /// favours the most GPUs; otherwise one pass over each mode's indices (the
 /// rows each mode uses, for the sparse exchange's volume).
-pub fn pick(t: &SparseTensor, rank: usize, available: usize, one_fits: bool) -> GpuCount {
+pub fn pick(
+    t: &SparseTensor,
+    rank: usize,
+    available: usize,
+    one_fits: bool,
+    split: bool,
+) -> GpuCount {
     let available = available.max(1);
     let upper: Vec<f64> = (1..=available)
-        .map(|g| predict(t, rank, g, &|mode, g| all_gather_rows(t, mode, g)))
+        .map(|g| {
+            let rows = exchanged_rows(t, g, split, &|mode| all_gather_rows(t, mode, g));
+            predict(t, rank, g, rows)
+        })
         .collect();
     let predicted = if fastest(&upper, one_fits) == available {
         upper
@@ -69,7 +86,7 @@ pub fn pick(t: &SparseTensor, rank: usize, available: usize, one_fits: bool) -> 
         let counts: Vec<Vec<u64>> = (0..t.nmodes()).map(|m| t.mode_counts(m)).collect();
         (1..=available)
             .map(|g| {
-                predict(t, rank, g, &|mode, g| {
+                let rows = exchanged_rows(t, g, split, &|mode| {
                     let all = all_gather_rows(t, mode, g);
                     let read = read_rows(&counts[mode], t.nmodes(), g);
                     if read <= SPARSE_SHARE * all {
@@ -77,7 +94,8 @@ pub fn pick(t: &SparseTensor, rank: usize, available: usize, one_fits: bool) -> 
                     } else {
                         all
                     }
-                })
+                });
+                predict(t, rank, g, rows)
             })
             .collect()
     };
@@ -119,14 +137,27 @@ fn fastest(predicted: &[f64], one_fits: bool) -> usize {
     best + 1
 }
 
-/// One iteration on `g` GPUs; `exchanged(mode, g)` is the rows one GPU
-/// receives after the mode's update.
-fn predict(
-    t: &SparseTensor,
-    rank: usize,
-    g: usize,
-    exchanged: &dyn Fn(usize, usize) -> f64,
-) -> f64 {
+/// Rows one GPU receives per iteration on `g` GPUs in the cheaper plan:
+/// rows by owner (`by_owner(mode)` after each mode's update), or, when
+/// `split` allows it, the best split plan, which all-gathers and reduces
+/// every mode but the cut one (a reduction moves about an all-gather's
+/// rows).
+fn exchanged_rows(t: &SparseTensor, g: usize, split: bool, by_owner: &dyn Fn(usize) -> f64) -> f64 {
+    let n = t.nmodes();
+    let rows: f64 = (0..n).map(by_owner).sum();
+    if !split || g == 1 {
+        return rows;
+    }
+    let every: f64 = (0..n).map(|m| 2.0 * all_gather_rows(t, m, g)).sum();
+    let best_split = (0..n)
+        .map(|cut| every - 2.0 * all_gather_rows(t, cut, g))
+        .fold(f64::INFINITY, f64::min);
+    rows.min(best_split)
+}
+
+/// One iteration on `g` GPUs; `exchanged` is the rows one GPU receives
+/// per iteration (every mode's).
+fn predict(t: &SparseTensor, rank: usize, g: usize, exchanged: f64) -> f64 {
     let n = t.nmodes();
     let nnz = t.nnz() as f64;
     let rows: f64 = t.dims().iter().map(|&d| f64::from(d)).sum();
@@ -142,9 +173,7 @@ fn predict(
         return mttkrp_ms + update_ms;
     }
     let split = (mttkrp_ms * slower + update_ms) / g as f64;
-    let exchange_ms: f64 = (0..n)
-        .map(|mode| exchanged(mode, g) * (rank * 4) as f64 / LINK_BYTES_PER_S * 1e3)
-        .sum();
+    let exchange_ms = exchanged * (rank * 4) as f64 / LINK_BYTES_PER_S * 1e3;
     split + exchange_ms + GROUP_MODE_MS * n as f64
 }
 
@@ -174,14 +203,14 @@ mod tests {
     #[test]
     fn a_small_tensor_stays_on_one_gpu_and_says_why() {
         let t = power_law(&PowerLawSpec::new(vec![300, 200, 100], 20_000)).unwrap();
-        let c = pick(&t, 32, 4, true);
+        let c = pick(&t, 32, 4, true, true);
         assert_eq!(c.gpus, 1, "{c:?}");
         assert_eq!(c.predicted_ms.len(), 4);
         assert!(c.reason.starts_with("1 of 4"), "{}", c.reason);
         // Unless one GPU cannot hold it.
-        assert!(pick(&t, 32, 4, false).gpus >= 2);
+        assert!(pick(&t, 32, 4, false, true).gpus >= 2);
         // One GPU available: one GPU.
-        assert_eq!(pick(&t, 32, 1, true).gpus, 1);
+        assert_eq!(pick(&t, 32, 1, true, true).gpus, 1);
     }
 
     #[test]
@@ -194,31 +223,64 @@ mod tests {
             &PowerLawSpec::new(vec![2_902_330, 2_143_368, 25_495_389], 1_000_000).with_seed(1),
         )
         .unwrap();
-        let c = pick(&big, 32, 4, true);
+        let c = pick(&big, 32, 4, true, true);
         assert_eq!(c.gpus, 4, "{c:?}");
         assert!(c.predicted_ms[0] > 10.0, "{c:?}");
         let small = power_law(&PowerLawSpec::new(vec![12_092, 9_184, 28_818], 2_000_000)).unwrap();
-        let c = pick(&small, 32, 4, true);
+        let c = pick(&small, 32, 4, true, true);
         assert_eq!(c.gpus, 1, "{c:?}");
     }
 
     #[test]
     fn the_prediction_splits_the_work_and_adds_the_exchange() {
         let t = power_law(&PowerLawSpec::new(vec![300, 200, 100], 20_000)).unwrap();
-        let none = |_: usize, _: usize| 0.0;
-        let one = predict(&t, 32, 1, &none);
-        let four = predict(&t, 32, 4, &none);
+        let one = predict(&t, 32, 1, 0.0);
+        let four = predict(&t, 32, 4, 0.0);
         assert!(
             (four - (one * SHARD_SLOWER_CACHED / 4.0 + 3.0 * GROUP_MODE_MS)).abs()
                 < 0.01 * one + 1e-9
         );
-        let rows = |_: usize, _: usize| 1e6;
-        assert!(predict(&t, 32, 4, &rows) > four);
+        assert!(predict(&t, 32, 4, 3e6) > four);
         // A row read by many nonzeros is expected on every GPU; an empty
         // row on none.
         assert!((read_rows(&[1_000_000], 3, 4) - 0.75).abs() < 1e-9);
         assert_eq!(read_rows(&[0, 0], 3, 4), 0.0);
         assert_eq!(fastest(&[3.0, 2.0, 2.0, 2.5], true), 2);
         assert_eq!(fastest(&[1.0, 2.0], false), 2);
+    }
+
+    #[test]
+    fn a_long_mode_costs_nothing_where_a_split_plan_may_run() {
+        // One mode of 26M rows against two of 3M and 2M: by owner every
+        // GPU receives three quarters of every mode; split by the long
+        // mode, twice the short modes' (reduced, then all-gathered).
+        let t = power_law(
+            &PowerLawSpec::new(vec![3_000_000, 2_000_000, 26_000_000], 100_000).with_seed(2),
+        )
+        .unwrap();
+        let all = |mode: usize| all_gather_rows(&t, mode, 4);
+        let by_owner = exchanged_rows(&t, 4, false, &all);
+        assert!((by_owner - 0.75 * 31e6).abs() < 1.0, "{by_owner}");
+        let split = exchanged_rows(&t, 4, true, &all);
+        assert!((split - 2.0 * 0.75 * 5e6).abs() < 1.0, "{split}");
+        // On one GPU nothing travels, and a cubic tensor keeps rows by
+        // owner (a split would send more).
+        assert_eq!(exchanged_rows(&t, 1, true, &|_| 0.0), 0.0);
+        let cube = power_law(&PowerLawSpec::new(vec![1000, 1000, 1000], 10_000)).unwrap();
+        let all = |mode: usize| all_gather_rows(&cube, mode, 4);
+        assert_eq!(
+            exchanged_rows(&cube, 4, true, &all),
+            exchanged_rows(&cube, 4, false, &all)
+        );
+        // The predictions follow, on a tensor of the same shape whose
+        // rows are read by every GPU.
+        let dense = power_law(&PowerLawSpec::new(vec![3000, 2000, 26_000], 2_000_000)).unwrap();
+        let with = pick(&dense, 32, 4, true, true);
+        let without = pick(&dense, 32, 4, true, false);
+        assert!(
+            with.predicted_ms[3] < without.predicted_ms[3],
+            "{with:?} {without:?}"
+        );
+        assert_eq!(with.predicted_ms[0], without.predicted_ms[0]);
     }
 }
