@@ -11,7 +11,8 @@
 # GPU counts and what each runs (e.g. "4:all 4:rows 4:auto": all = every
 # row all-gathered by owner, rows = rows by owner (--gpu-plan rows), split
 # = --gpu-plan split, auto = the defaults); QUICK=1 skips nell-1's p2p,
-# host-built and --gpus all runs.
+# host-built and --gpus all runs; REUSE=1 keeps /tmp/nell1.ktns,
+# /tmp/full.ktns and /tmp/amazon.ktns when they exist.
 set -u
 N=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib
 mkdir -p /tmp/nccl && ln -sf $N/libnccl.so.2 /tmp/nccl/libnccl.so
@@ -50,6 +51,8 @@ if isinstance(k, dict) and "breakdown" in k:
         parts.append(f"m{m+1}: mttkrp {b['mttkrp_ms']/c:.2f}{red} upd {b['update_ms']/c:.2f} "
                      f"xchg {b['exchange_ms']/c:.2f} {b['exchange_rows']} {b['exchange_bytes']/1e6:.0f}/{b['all_gather_bytes']/1e6:.0f}MB")
     line += "\n" + " " * 36 + "; ".join(parts)
+    for p in k.get("placement", []):
+        line += "\n" + " " * 36 + p
 print(line)
 EOF
 }
@@ -88,8 +91,10 @@ cpd_set() { # name file iters counts...
 }
 
 if has nell1; then
-  /usr/bin/time -v $K gen /tmp/nell1.ktns --like nell-1 --nnz 144M > $R/gen-nell1.txt 2>&1
-  grep -E "Elapsed|Maximum resident" $R/gen-nell1.txt
+  if [ -z "${REUSE:-}" ] || [ ! -f /tmp/nell1.ktns ]; then
+    /usr/bin/time -v $K gen /tmp/nell1.ktns --like nell-1 --nnz 144M > $R/gen-nell1.txt 2>&1
+    grep -E "Elapsed|Maximum resident" $R/gen-nell1.txt
+  fi
   cpd_set nell-1 /tmp/nell1.ktns 8 ${NELL1_SPECS:-2:all 2:auto 3:auto 4:all 4:auto}
   if [ -z "${QUICK:-}" ]; then
     run_cpd "nell-1 4 GPUs auto p2p" /tmp/nell1.ktns --iters 8 --gpus 4 --exchange p2p
@@ -101,7 +106,9 @@ if has nell1; then
   grep -E "gpus|plan|exchange|backend|load|per iteration" $R/nell1-g4-steps.txt | head -20 | tee -a $R/summary.txt
 fi
 if has full; then
-  $K gen /tmp/full.ktns --dims 3000000,2000000,26000000 --nnz 144M --exponent 0.5 > $R/gen-full.txt 2>&1
+  if [ -z "${REUSE:-}" ] || [ ! -f /tmp/full.ktns ]; then
+    $K gen /tmp/full.ktns --dims 3000000,2000000,26000000 --nnz 144M --exponent 0.5 > $R/gen-full.txt 2>&1
+  fi
   cpd_set nearly-full /tmp/full.ktns 8 ${FULL_SPECS:-2:auto 4:all 4:auto}
 fi
 if has t3u; then
@@ -121,10 +128,12 @@ if has dist; then
   summary "nell-1 4 processes" $R/cpd-dist4.json | tee -a $R/summary.txt
 fi
 if has amazon; then
-  /usr/bin/time -v $K gen /tmp/amazon.ktns --like amazon > $R/gen-amazon.txt 2>&1
-  grep -E "Elapsed|Maximum resident" $R/gen-amazon.txt
+  if [ -z "${REUSE:-}" ] || [ ! -f /tmp/amazon.ktns ]; then
+    /usr/bin/time -v $K gen /tmp/amazon.ktns --like amazon > $R/gen-amazon.txt 2>&1
+    grep -E "Elapsed|Maximum resident" $R/gen-amazon.txt
+  fi
   for g in 2 4; do
-    /usr/bin/time -v $K cpd /tmp/amazon.ktns -r 32 --tol 0 --json --iters 4 --gpus $g > $R/cpd-amazon-$g.json 2> $R/cpd-amazon-$g.err
+    /usr/bin/time -v timeout 300 $K cpd /tmp/amazon.ktns -r 32 --tol 0 --json --iters 4 --gpus $g > $R/cpd-amazon-$g.json 2> $R/cpd-amazon-$g.err
     summary "amazon $g GPUs" $R/cpd-amazon-$g.json | tee -a $R/summary.txt
     grep -E "Maximum resident" $R/cpd-amazon-$g.err
   done
