@@ -293,7 +293,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) cpd_update(
 
 // ---------------------------------------------------------------------------
 // cpd_scale_gram: optionally scales column j of A by inv[j] (in place, f32),
-// and sums A^T A (of the scaled values) in f64.
+// and sums A^T A (of the scaled values) in f64. At the tensor-core update's
+// ranks, on MMAs (below); otherwise as follows.
 //
 // Thread mapping: the R x R Gram is cut into 4 x 4 sub-blocks; only pairs
 // (bj <= bl) are computed (the Gram is symmetric). Up to THREADS pairs per
@@ -313,12 +314,110 @@ extern "C" __global__ void __launch_bounds__(THREADS) cpd_update(
 #define GROUPS (THREADS / PPB)
 #define GTILE (2048 / KP)
 
+#if defined(UPDATE_MMA)
+#define GPAIRS (UNB * (UNB + 1) / 2)
+
+// This lane's entries of the two 4-row k-steps from `ks` (rows 4 ks + q
+// and 4 ks + 4 + q, columns 8 c + g for every block c), zeros past the
+// last row. All loads are issued before any is used.
+__device__ __forceinline__ void gram_load(const float* __restrict__ a, u64 rows, u64 ks, int g,
+                                          int q, float (&v)[2][UNB])
+{
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+        const u64 row = (ks + s) * 4 + q;
+#pragma unroll
+        for (int c = 0; c < UNB; ++c) v[s][c] = row < rows ? a[row * RANK + c * 8 + g] : 0.f;
+    }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS) cpd_scale_gram(
     float* __restrict__ a,
     const float* __restrict__ inv,
     u64 rows,
     double* __restrict__ partials)
 {
+#if defined(UPDATE_MMA)
+    // Tensor-core path (as cpd_update's): A^T A over 4-row k-steps, warp w
+    // of block b taking pairs of steps 2 (b * WARPS_U + w), + 1, then
+    // + 2 gridDim.x * WARPS_U, ... Lane 4 g + q loads row 4 ks + q's
+    // columns 8 c + g, which are both MMA operands: A(g, q) of block row c
+    // and B(q, g) of block column c. Only the upper triangle's 8 x 8
+    // blocks are summed; lane 4 g + q holds entries (g, 2 q) and (g, 2 q +
+    // 1) of each. Each entry is loaded (and scaled) by one lane only.
+    __shared__ double red[THREADS * 2];
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+    const int q = lane % 4, g = lane / 4;
+    double acc[GPAIRS][2];
+#pragma unroll
+    for (int p = 0; p < GPAIRS; ++p) acc[p][0] = acc[p][1] = 0.0;
+    float scale[UNB];
+#pragma unroll
+    for (int c = 0; c < UNB; ++c) scale[c] = inv != nullptr ? inv[c * 8 + g] : 1.f;
+    const u64 steps = (rows + 3) / 4;
+    const u64 stride = 2 * (u64)gridDim.x * WARPS_U;
+    u64 ks = 2 * ((u64)blockIdx.x * WARPS_U + warp);
+    float cur[2][UNB];
+    gram_load(a, rows, ks, g, q, cur);
+    for (; ks < steps; ks += stride) {
+        // The next steps' loads first (other rows than the stores below).
+        float next[2][UNB];
+        gram_load(a, rows, ks + stride, g, q, next);
+        double x[2][UNB];
+#pragma unroll
+        for (int st = 0; st < 2; ++st) {
+            const u64 row = (ks + st) * 4 + q;
+#pragma unroll
+            for (int c = 0; c < UNB; ++c) {
+                float v = cur[st][c];
+                if (inv != nullptr) {
+                    v *= scale[c];
+                    if (row < rows) a[row * RANK + c * 8 + g] = v;
+                }
+                x[st][c] = (double)v;
+            }
+        }
+        int p = 0;
+#pragma unroll
+        for (int mb = 0; mb < UNB; ++mb)
+#pragma unroll
+            for (int nb = mb; nb < UNB; ++nb) {
+                mma_884(acc[p], x[0][mb], x[0][nb]);
+                mma_884(acc[p], x[1][mb], x[1][nb]);
+                ++p;
+            }
+#pragma unroll
+        for (int st = 0; st < 2; ++st)
+#pragma unroll
+            for (int c = 0; c < UNB; ++c) cur[st][c] = next[st][c];
+    }
+    // Each entry summed over the warps in order; a diagonal block writes
+    // its upper half (and the mirror) only, so every entry has one writer.
+    double* out = partials + (u64)blockIdx.x * RANK * RANK;
+    int p = 0;
+#pragma unroll
+    for (int mb = 0; mb < UNB; ++mb)
+#pragma unroll
+        for (int nb = mb; nb < UNB; ++nb) {
+            __syncthreads();
+            red[t * 2] = acc[p][0];
+            red[t * 2 + 1] = acc[p][1];
+            __syncthreads();
+            if (t < 64) {
+                const int ln = t / 2, i = t % 2;
+                double s = 0.0;
+                for (int wp = 0; wp < WARPS_U; ++wp) s += red[(wp * 32 + ln) * 2 + i];
+                const int lr = ln / 4, lc = (ln % 4) * 2 + i;
+                if (mb != nb || lr <= lc) {
+                    const int row = mb * 8 + lr, col = nb * 8 + lc;
+                    out[row * RANK + col] = s;
+                    out[col * RANK + row] = s;
+                }
+            }
+            ++p;
+        }
+#else
     // One buffer: the tile while summing, then the groups' partial sums.
     constexpr int TILE_DOUBLES = GTILE * KP;
     constexpr int RED_DOUBLES = THREADS * 16;
@@ -393,6 +492,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) cpd_scale_gram(
             }
         }
     }
+#endif
 }
 
 // cpd_scale: column j of A times inv[j], in place (grid-stride, one entry

@@ -14,8 +14,10 @@
 //! dense part of a mode reads and writes each factor twice (four passes),
 //! where GEMM + statistics + scaling + Gram would take seven.
 //!
-//! At ranks 8, 16, 24 and 32 on sm_80 and later, the update's products run
-//! on the f64 tensor cores (`mma.m8n8k4`); elsewhere on the FMA units.
+//! At ranks 8, 16, 24 and 32 on sm_80 and later, the products of the update
+//! and of the Gram run on the f64 tensor cores (`mma.m8n8k4`), elsewhere
+//! on the FMA units. On an H200 at rank 32 (3M rows) that took the update
+//! from 740 to 387 us and the scaling with the Gram from 595 to 218 us.
 
 use std::sync::Arc;
 
@@ -475,7 +477,7 @@ mod tests {
             return;
         };
         // Row counts around the tile sizes, and one spanning many blocks.
-        // 8, 16, 24 and 32 take the tensor-core update on sm_80 and later.
+        // 8, 16, 24 and 32 take the tensor-core kernels on sm_80 and later.
         for rank in [1usize, 2, 3, 7, 8, 16, 24, 32, 64, 100, 128, 256] {
             let mut dense = DenseKernels::new(gpu.clone(), rank).unwrap();
             for rows in [1usize, 63, 64, 65, 1000, 70_001] {
