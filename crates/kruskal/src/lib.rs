@@ -16,9 +16,10 @@
 //! - [`cpd`]: CPD-ALS over a backend, the model and its files;
 //! - [`harness`]: every MTTKRP engine against the f64 reference (what
 //!   `kruskal check` runs);
-//! - [`measure`]: what `kruskal mttkrp` and `kruskal cpd` run, with typed
-//!   options, so tools that measure the program (`cargo xtask bench`) run
-//!   the same code as the command line, without spawning it;
+//! - [`measure`]: what `kruskal mttkrp`, `kruskal cpd` and `kruskal cp-apr`
+//!   run, with typed options, so tools that measure the program (`cargo
+//!   xtask bench`) run the same code as the command line, without
+//!   spawning it;
 //! - [`input`]: a tensor from a file or generated like a FROSTT tensor;
 //! - [`console`]: warnings, notes, spinners and numbers as the program
 //!   prints them.

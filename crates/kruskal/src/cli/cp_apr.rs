@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use kruskal::measure;
 use kruskal_cpd::apr::{self, AprInit, AprModel, AprOptions};
 use kruskal_cpd::{AprRun, BackendChoice, IterationTotals, KruskalModel, cp_apr_on, load_factors};
-use serde_json::json;
 
 use super::common::{InputArgs, parse_rank, parse_seed, parse_threads, set_threads};
 use super::cpd::BackendArg;
@@ -122,8 +122,8 @@ pub fn run(args: CpAprArgs) -> Result<()> {
         Some(dir) => Some(preflight::OutDir::for_model(dir, tensor.dims(), args.rank)?),
         None => None,
     };
-    let non_integer = apr::non_integer_values(tensor);
     if !args.json {
+        let non_integer = apr::non_integer_values(tensor);
         println!(
             "tensor     {}: {} nonzeros, dims {:?}",
             loaded.source,
@@ -166,14 +166,7 @@ pub fn run(args: CpAprArgs) -> Result<()> {
     let apr_s = start.elapsed().as_secs_f64();
     let model = &run.model;
     let ran_on = ran_on(&run);
-    // Iterations after the first (which also builds the sorted copies
-    // and, on a GPU, uploads them): the steady time per outer iteration.
-    let steady_s = match model.iterations.as_slice() {
-        [first, .., last] => {
-            Some((last.elapsed_s - first.elapsed_s) / (model.iterations.len() - 1) as f64)
-        }
-        _ => None,
-    };
+    let steady_s = measure::seconds_per_iteration_after_first(model);
     if let Some(dir) = &args.out {
         let saved = as_saved(model);
         let track = cleanup::TrackStaging;
@@ -187,47 +180,18 @@ pub fn run(args: CpAprArgs) -> Result<()> {
     if let Some(dir) = out_dir {
         dir.keep();
     }
-    let how = if model.converged {
-        "converged"
-    } else if model.interrupted {
-        "interrupted"
-    } else if model.timed_out {
-        "time limit reached"
-    } else {
-        "iteration limit reached"
-    };
+    let how = measure::stopped(model);
     if args.json {
-        let value = json!({
-            "command": "cp-apr",
-            "source": loaded.source,
-            "dims": tensor.dims(),
-            "nnz": tensor.nnz(),
-            "load_s": loaded.load_s,
-            "threads": rayon::current_num_threads(),
-            "backend": run.backend,
-            "device": run.device,
-            "fallback": run.fallback,
-            "rank": opts.rank,
-            "options": {
-                "iters": opts.max_iters,
-                "inner_iters": opts.max_inner_iters,
-                "tol": opts.tol,
-                "kappa": opts.kappa,
-                "kappa_tol": opts.kappa_tol,
-                "eps_div_zero": opts.eps_div_zero,
-                "time_limit_s": opts.time_limit_s,
-                "init": args.init.as_ref().map_or_else(|| format!("random, seed {}", args.seed), |d| d.display().to_string()),
-            },
-            "non_integer_values": non_integer,
-            "iterations": model.iterations,
-            "log_likelihood": model.log_likelihood,
-            "stopped": how,
-            "converged": model.converged,
-            "cp_apr_s": apr_s,
-            "seconds_per_iteration_after_first": steady_s,
-            "lambda": model.lambda,
-            "out": args.out,
-        });
+        let report = measure::cp_apr_report(
+            &loaded,
+            &opts,
+            &run,
+            apr_s,
+            args.init.as_deref(),
+            args.out.as_deref(),
+        );
+        // (Through a JSON value, as `kruskal cpd` prints its report.)
+        let value = serde_json::to_value(&report)?;
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         println!("backend    {ran_on}");

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use kruskal_cpd::{
     AdmmOptions, Chosen, CpdOptions, DecomposeOptions, Decomposition, EngineRequest, GroupBackend,
-    Init, InnerStop, KernelPlan, KruskalModel, NonNeg, factor_match_score, load_factors,
+    Init, KernelPlan, KruskalModel, NonNeg, factor_match_score, load_factors,
 };
 use kruskal_formats::generate::{PlantedSpec, planted};
 use ndarray::Array2;
@@ -20,7 +20,7 @@ use super::common::{
 use super::{cleanup, compact, preflight};
 use kruskal::console::{count_of, dims_text};
 use kruskal::input::Loaded;
-use kruskal::measure::cpd_report;
+use kruskal::measure::{self, ConstraintFlags, cpd_report, parse_weight};
 
 /// Where the decomposition runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -114,37 +114,12 @@ pub struct CpdArgs {
     pub json: bool,
 }
 
-/// `--nonneg`: `all` (no value) or a comma list of modes numbered from 1.
+/// `--nonneg`: `all` (no value) or a comma list of modes numbered from 1;
+/// the error adds what a FILE after a bare `--nonneg` turns into.
 fn parse_nonneg(text: &str) -> Result<NonNeg, String> {
-    if text == "all" {
-        return Ok(NonNeg::All);
-    }
-    let bad = || {
-        format!(
-            "'{text}' is not a comma list of modes numbered from 1 (a value after --nonneg is \
-             its modes: put the FILE before a bare --nonneg)"
-        )
-    };
-    let mut modes = Vec::new();
-    for part in text.split(',') {
-        let mode: usize = part.trim().parse().map_err(|_| bad())?;
-        if mode == 0 {
-            return Err(bad());
-        }
-        if !modes.contains(&(mode - 1)) {
-            modes.push(mode - 1);
-        }
-    }
-    modes.sort_unstable();
-    Ok(NonNeg::Modes(modes))
-}
-
-/// `--l1` and `--l2`: a finite weight >= 0.
-fn parse_weight(text: &str) -> Result<f64, String> {
-    match text.trim().parse::<f64>() {
-        Ok(w) if w.is_finite() && w >= 0.0 => Ok(w),
-        _ => Err(format!("'{text}' is not a finite weight >= 0")),
-    }
+    measure::parse_nonneg(text).map_err(|e| {
+        format!("{e} (a value after --nonneg is its modes: put the FILE before a bare --nonneg)")
+    })
 }
 
 impl CpdArgs {
@@ -153,22 +128,19 @@ impl CpdArgs {
         self.kernel.parse()
     }
 
+    /// The constraint flags as given.
+    fn constraint_flags(&self) -> ConstraintFlags {
+        ConstraintFlags {
+            nonneg: self.nonneg.clone(),
+            l1: self.l1,
+            l2: self.l2,
+            admm_blocks: self.admm_blocks,
+        }
+    }
+
     /// The AO-ADMM options the flags ask for (`None`: plain ALS).
     pub(super) fn constraints(&self) -> Option<AdmmOptions> {
-        if self.nonneg.is_none() && self.l1.is_none() && self.l2.is_none() {
-            return None;
-        }
-        Some(AdmmOptions {
-            nonneg: self.nonneg.clone().unwrap_or(NonNeg::None),
-            l1: self.l1.unwrap_or(0.0),
-            l2: self.l2.unwrap_or(0.0),
-            inner: if self.admm_blocks {
-                InnerStop::RowBlocks
-            } else {
-                InnerStop::AllRows
-            },
-            ..AdmmOptions::default()
-        })
+        self.constraint_flags().admm_options()
     }
 }
 
@@ -201,10 +173,8 @@ fn demo_tensor() -> Result<(Loaded, kruskal_formats::generate::Planted)> {
 pub fn run(args: CpdArgs) -> Result<()> {
     set_threads(args.threads)?;
     args.multi.check_used(args.distributed.distributed)?;
+    args.constraint_flags().check()?;
     let constrained = args.constraints().is_some();
-    if args.admm_blocks && !constrained {
-        bail!("--admm-blocks is for AO-ADMM: give it with --nonneg, --l1 or --l2");
-    }
     if constrained && args.distributed.distributed {
         bail!(
             "--nonneg, --l1 and --l2 (AO-ADMM) run on the GPUs of one process or the CPU: \

@@ -1,13 +1,20 @@
-//! What `kruskal mttkrp` and `kruskal cpd` run, as functions with typed
-//! options: the command line converts its flags into these options and
-//! calls the same functions as tools that measure the program in their own
-//! process (`cargo xtask bench`), so both run the same code.
+//! What `kruskal mttkrp`, `kruskal cpd` and `kruskal cp-apr` run, as
+//! functions with typed options: the command line converts its flags into
+//! these options and calls the same functions as tools that measure the
+//! program in their own process (`cargo xtask bench`), so both run the
+//! same code.
 //!
 //! - [`mttkrp`]: the MTTKRP of each mode timed on the CPU, one GPU or a
 //!   group of GPUs ([`MttkrpOptions`]); one JSON report per engine.
 //! - [`cpd`]: a CPD-ALS run ([`CpdRunOptions`]) and its JSON report;
-//!   [`decompose`] and [`cpd_report`] are its two halves, for a caller
-//!   that also writes the model or stops on Ctrl-C.
+//!   [`decompose`](fn@kruskal_cpd::decompose) and [`cpd_report`] are its
+//!   two halves, for a caller that also writes the model or stops on
+//!   Ctrl-C; [`ConstraintFlags`], [`parse_nonneg`] and [`parse_weight`]
+//!   read its constraint flags (`--nonneg`, `--l1`, `--l2`,
+//!   `--admm-blocks`) into AO-ADMM's options.
+//! - [`cp_apr`]: a CP-APR run ([`CpAprRunOptions`]) and its JSON report;
+//!   [`cp_apr_report`] makes the report of a run the caller made itself
+//!   (one it shows as it goes or stops on Ctrl-C).
 //!
 //! The reports are the JSON objects `--json` prints. Unless told to be
 //! quiet the functions print what the commands print (tables, the choices
@@ -15,9 +22,16 @@
 //! standard error when it is a terminal. Error messages name the options
 //! as the command line does (`--rank`, `--mode`).
 
+mod constraints;
+mod cp_apr;
 mod cpd;
 mod mttkrp;
 
+pub use constraints::{ConstraintFlags, parse_nonneg, parse_weight};
+pub use cp_apr::{
+    CpAprOptionsReport, CpAprReport, CpAprRunOptions, cp_apr, cp_apr_report,
+    seconds_per_iteration_after_first, stopped,
+};
 pub use cpd::{
     CpdReport, CpdRunOptions, GroupKernelReport, KernelReport, LayoutStep, TensorReport, cpd,
     cpd_report,
@@ -36,7 +50,8 @@ pub const TOLERANCE: f64 = 1e-5;
 /// What can stop a measurement.
 #[derive(Debug, thiserror::Error)]
 pub enum MeasureError {
-    /// A kernel that is not one (its value names no option). Options that
+    /// A kernel that is not one (its value names no option), or options
+    /// that do not go together (`--admm-blocks` alone). Options that
     /// cannot work, and a host with too little memory for the run, are
     /// the decomposition's errors ([`MeasureError::Cpd`]:
     /// `CpdError::InvalidOption` and `CpdError::Memory`).

@@ -28,8 +28,8 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::{Args, Parser, ValueEnum};
 use kruskal::cpd::apr::{self, AprInit, AprOptions};
-use kruskal::cpd::{AdmmOptions, InnerStop, NonNeg};
-use kruskal::measure::{CpdRunOptions, MttkrpOptions};
+use kruskal::cpd::{InnerStop, NonNeg};
+use kruskal::measure::{ConstraintFlags, CpdRunOptions, MttkrpOptions, parse_nonneg, parse_weight};
 use kruskal_device::{FactorPrecision, GpuOptions};
 use kruskal_group::{PlanChoice, RowExchange, StreamPolicy};
 
@@ -152,48 +152,19 @@ struct CpdFlags {
 }
 
 impl CpdFlags {
-    /// AO-ADMM's options (`None`: plain ALS), as `kruskal cpd` makes them.
-    fn constraints(&self) -> Option<AdmmOptions> {
-        if self.nonneg.is_none() && self.l1.is_none() && self.l2.is_none() {
-            return None;
+    /// The constraint flags, which `kruskal cpd` reads the same way.
+    fn constraints(&self) -> ConstraintFlags {
+        ConstraintFlags {
+            nonneg: self.nonneg.clone(),
+            l1: self.l1,
+            l2: self.l2,
+            admm_blocks: self.admm_blocks,
         }
-        Some(AdmmOptions {
-            nonneg: self.nonneg.clone().unwrap_or(NonNeg::None),
-            l1: self.l1.unwrap_or(0.0),
-            l2: self.l2.unwrap_or(0.0),
-            inner: if self.admm_blocks {
-                InnerStop::RowBlocks
-            } else {
-                InnerStop::AllRows
-            },
-            ..AdmmOptions::default()
-        })
     }
 }
 
-/// `--nonneg`'s value: `all`, or a comma list of modes numbered from 1.
-fn parse_nonneg(text: &str) -> Result<NonNeg, String> {
-    if text == "all" {
-        return Ok(NonNeg::All);
-    }
-    let mut modes = Vec::new();
-    for part in text.split(',') {
-        match part.trim().parse::<usize>() {
-            Ok(m) if m >= 1 => modes.push(m - 1),
-            _ => {
-                return Err(format!(
-                    "'{text}' is not a comma list of modes numbered from 1"
-                ));
-            }
-        }
-    }
-    modes.sort_unstable();
-    modes.dedup();
-    Ok(NonNeg::Modes(modes))
-}
-
-/// A finite value >= 0 (`--l1`, `--l2`, CP-APR's tolerances).
-fn parse_weight(text: &str) -> Result<f64, String> {
+/// A finite value >= 0 (CP-APR's tolerances).
+fn parse_tolerance(text: &str) -> Result<f64, String> {
     match text.trim().parse::<f64>() {
         Ok(w) if w.is_finite() && w >= 0.0 => Ok(w),
         _ => Err(format!("'{text}' is not a finite number >= 0")),
@@ -215,11 +186,11 @@ struct CpAprFlags {
     #[arg(long, default_value_t = apr::DEFAULT_MAX_INNER_ITERS as u64,
           value_parser = clap::value_parser!(u64).range(1..))]
     inner_iters: u64,
-    #[arg(long, default_value_t = apr::DEFAULT_TOL, value_parser = parse_weight)]
+    #[arg(long, default_value_t = apr::DEFAULT_TOL, value_parser = parse_tolerance)]
     tol: f64,
-    #[arg(long, default_value_t = apr::DEFAULT_KAPPA, value_parser = parse_weight)]
+    #[arg(long, default_value_t = apr::DEFAULT_KAPPA, value_parser = parse_tolerance)]
     kappa: f64,
-    #[arg(long, default_value_t = apr::DEFAULT_KAPPA_TOL, value_parser = parse_weight)]
+    #[arg(long, default_value_t = apr::DEFAULT_KAPPA_TOL, value_parser = parse_tolerance)]
     kappa_tol: f64,
     #[arg(long, default_value_t = apr::DEFAULT_EPS_DIV_ZERO, value_parser = parse_positive)]
     eps_div_zero: f64,
@@ -274,13 +245,11 @@ pub fn cpd(flags: &[String], opts: &mut CpdRunOptions) -> Result<()> {
     d.group.timeout = Duration::from_secs(f.gpu_timeout_s);
     d.group.rows = f.exchange_rows;
     d.group.plan = f.gpu_plan;
-    if f.admm_blocks && f.constraints().is_none() {
-        anyhow::bail!(
-            "`kruskal cpd {}`: --admm-blocks is for AO-ADMM: give it with --nonneg, --l1 or --l2",
-            flags.join(" ")
-        );
-    }
-    d.cpd.constraints = f.constraints();
+    let constraints = f.constraints();
+    constraints
+        .check()
+        .map_err(|e| anyhow::anyhow!("`kruskal cpd {}`: {e}", flags.join(" ")))?;
+    d.cpd.constraints = constraints.admm_options();
     Ok(())
 }
 

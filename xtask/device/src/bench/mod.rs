@@ -4,11 +4,10 @@
 //! The matrix is a TOML file (`bench/*.toml`, see [`matrix`]). Every
 //! measurement runs the code of `kruskal mttkrp`, `kruskal cpd`
 //! (`kruskal::measure::{mttkrp, cpd}`; ALS, or AO-ADMM with constraint
-//! flags) and `kruskal cp-apr` (`kruskal::cpd::cp_apr_on`) in this
-//! process, so the
-//! release `xtask` and `xtask-device` binaries can be carried to a GPU
-//! machine without a Rust toolchain (`cargo xtask bundle` copies them) and
-//! run there (`gpu-run/xtask bench ...`). Each tensor is
+//! flags) and `kruskal cp-apr` (`kruskal::measure::cp_apr`) in this
+//! process, so the release `xtask` and `xtask-device` binaries can be
+//! carried to a GPU machine without a Rust toolchain (`cargo xtask bundle`
+//! copies them) and run there (`gpu-run/xtask bench ...`). Each tensor is
 //! loaded or generated once and serves every entry that names it. The
 //! PyTorch baseline (`benches/torch_mttkrp.py`) runs on the tensors of GPU
 //! MTTKRP entries when `python3` can import torch and sees a GPU.
@@ -536,18 +535,19 @@ fn run_matrix(cli: &BenchArgs) -> Result<()> {
                     cx.skip(what, "no CUDA GPU on this machine".into())?;
                     continue;
                 }
-                let mut opts = kruskal::cpd::AprOptions::new(rank);
-                opts.max_iters = e.iters;
-                flags::cp_apr(&e.flags, &mut opts)?;
-                let choice = match e.backend.as_str() {
-                    "gpu" => kruskal::cpd::BackendChoice::Gpu,
-                    _ => kruskal::cpd::BackendChoice::Cpu,
+                let mut opts = kruskal::measure::CpAprRunOptions {
+                    apr: kruskal::cpd::AprOptions::new(rank),
+                    backend: match e.backend.as_str() {
+                        "gpu" => kruskal::cpd::BackendChoice::Gpu,
+                        _ => kruskal::cpd::BackendChoice::Cpu,
+                    },
                 };
-                let run = kruskal::cpd::cp_apr_on(&loaded.tensor, &opts, choice, &mut |_| {
-                    std::ops::ControlFlow::Continue(())
-                })
-                .with_context(|| what.clone())?;
-                let report = cp_apr_report(&loaded, &opts, &run);
+                opts.apr.max_iters = e.iters;
+                flags::cp_apr(&e.flags, &mut opts.apr)?;
+                let report = kruskal::measure::cp_apr(&opts, &loaded)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|r| cp_apr_report(&r))
+                    .with_context(|| what.clone())?;
                 let m = cx
                     .cp_apr_measurement(spec, &e.backend, &e.tag, report)
                     .with_context(|| what.clone())?;
@@ -725,41 +725,16 @@ impl Run {
     }
 }
 
-/// The report `kruskal cp-apr --json` prints, with the keys this bench
-/// reads (`dims` and `nnz` also under `tensor`, as the other reports have
-/// them).
-fn cp_apr_report(
-    loaded: &Loaded,
-    opts: &kruskal::cpd::AprOptions,
-    run: &kruskal::cpd::AprRun,
-) -> Value {
-    let t = &loaded.tensor;
-    let model = &run.model;
-    serde_json::json!({
-        "command": "cp-apr",
-        "source": loaded.source,
-        "dims": t.dims(),
-        "nnz": t.nnz(),
-        "tensor": { "source": loaded.source, "dims": t.dims(), "nnz": t.nnz() },
-        "load_s": loaded.load_s,
-        "backend": run.backend,
-        "device": run.device,
-        "fallback": run.fallback,
-        "rank": opts.rank,
-        "options": {
-            "iters": opts.max_iters,
-            "inner_iters": opts.max_inner_iters,
-            "tol": opts.tol,
-            "kappa": opts.kappa,
-            "kappa_tol": opts.kappa_tol,
-            "eps_div_zero": opts.eps_div_zero,
-        },
-        "non_integer_values": kruskal::cpd::apr::non_integer_values(t),
-        "iterations": model.iterations,
-        "log_likelihood": model.log_likelihood,
-        "converged": model.converged,
-        "lambda": model.lambda,
-    })
+/// The report `kruskal cp-apr --json` prints, as JSON, with `dims` and
+/// `nnz` also under `tensor`, as the other reports have them.
+fn cp_apr_report(report: &kruskal::measure::CpAprReport) -> Result<Value> {
+    let mut value = serde_json::to_value(report)?;
+    value["tensor"] = serde_json::json!({
+        "source": report.source,
+        "dims": report.dims,
+        "nnz": report.nnz,
+    });
+    Ok(value)
 }
 
 impl Run {
@@ -1092,7 +1067,8 @@ mod tests {
         .remove(0)
     }
 
-    /// What `cp_apr_report` makes of a run, with these iterations.
+    /// What `cp_apr_report` makes of a run, with these iterations (the
+    /// keys `cp_apr_measurement` reads).
     fn apr_report(elapsed_s: &[f64], log_likelihood: f64) -> Value {
         serde_json::json!({
             "tensor": { "source": "generated like enron", "dims": [6066, 5699, 244268, 1176], "nnz": 2000 },
