@@ -20,6 +20,9 @@
 //! the counts, not to time them.
 
 use kruskal_formats::SparseTensor;
+// A sparse exchange is used where it moves at most this share of the
+// all-gather's rows, as the group decides.
+use kruskal_partition::readers::CHEAPER_SHARE;
 
 /// MTTKRP on one GPU (fcoo), picoseconds per nonzero and mode: when the
 /// factors fit in the L2 cache (t3u: 2.0 ms for 20M nonzeros of 3 modes),
@@ -43,9 +46,6 @@ const UPDATE_PS: f64 = 5.5;
 const GROUP_MODE_MS: f64 = 0.8;
 /// Rows one GPU receives per second from the others, in bytes.
 const LINK_BYTES_PER_S: f64 = 300e9;
-/// A sparse exchange is used when it moves at most this share of the
-/// all-gather's rows (as the group decides).
-use kruskal_partition::readers::CHEAPER_SHARE as SPARSE_SHARE;
 
 /// The count [`pick`] chose and why.
 #[derive(Clone, Debug, PartialEq)]
@@ -90,7 +90,7 @@ pub fn pick(
                 let rows = exchanged_rows(t, g, split, &|mode| {
                     let all = all_gather_rows(t, mode, g);
                     let read = read_rows(&counts[mode], t.nmodes(), g);
-                    if read <= SPARSE_SHARE * all {
+                    if read <= CHEAPER_SHARE * all {
                         read
                     } else {
                         all

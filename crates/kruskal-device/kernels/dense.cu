@@ -81,7 +81,7 @@ __device__ __forceinline__ void fetch_tile(
 // lane order. The result: lane l holds columns 8 nb + 2 q and + 1 of row g
 // for every block nb, and keeps those columns' statistics.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && RANK % 8 == 0 && RANK <= 32
-#define UPDATE_MMA 1
+#define DENSE_MMA 1
 #define WARPS_U (THREADS / 32)
 #define UNB (RANK / 8)
 #define UKSTEPS (RANK / 4)
@@ -123,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) cpd_update(
     u64 rows,
     double* __restrict__ partials)
 {
-#if defined(UPDATE_MMA)
+#if defined(DENSE_MMA)
     __shared__ double wfr[UKSTEPS * UNB * 32];
     __shared__ double red[THREADS * UNB * 2];
     const int t = threadIdx.x, lane = t % 32, warp = t / 32;
@@ -314,7 +314,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) cpd_update(
 #define GROUPS (THREADS / PPB)
 #define GTILE (2048 / KP)
 
-#if defined(UPDATE_MMA)
+#if defined(DENSE_MMA)
 #define GPAIRS (UNB * (UNB + 1) / 2)
 
 // This lane's entries of the two 4-row k-steps from `ks` (rows 4 ks + q
@@ -338,7 +338,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) cpd_scale_gram(
     u64 rows,
     double* __restrict__ partials)
 {
-#if defined(UPDATE_MMA)
+#if defined(DENSE_MMA)
     // Tensor-core path (as cpd_update's): A^T A over 4-row k-steps, warp w
     // of block b taking pairs of steps 2 (b * WARPS_U + w), + 1, then
     // + 2 gridDim.x * WARPS_U, ... Lane 4 g + q loads row 4 ks + q's
