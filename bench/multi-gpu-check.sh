@@ -48,9 +48,12 @@ if isinstance(k, dict) and "breakdown" in k:
         red = ""
         if b.get("reduce_bytes", 0):
             red = f" red {b['reduce_ms']/c:.2f} {b['reduce_bytes']/1e6:.0f}MB"
-        parts.append(f"m{m+1}: mttkrp {b['mttkrp_ms']/c:.2f}{red} upd {b['update_ms']/c:.2f} "
+        ar = f" (ar {b['all_reduce_ms']/c:.2f})" if b.get("all_reduce_ms", 0) else ""
+        parts.append(f"m{m+1}: mttkrp {b['mttkrp_ms']/c:.2f}{red} upd {b['update_ms']/c:.2f}{ar} "
                      f"xchg {b['exchange_ms']/c:.2f} {b['exchange_rows']} {b['exchange_bytes']/1e6:.0f}/{b['all_gather_bytes']/1e6:.0f}MB")
     line += "\n" + " " * 36 + "; ".join(parts)
+    if k.get("plan"):
+        line += "\n" + " " * 36 + "plan: " + k["plan"]
     for p in k.get("placement", []):
         line += "\n" + " " * 36 + p
 print(line)
@@ -117,15 +120,18 @@ if has t3u; then
   run_cpd "t3u --gpus all" /tmp/t3u.ktns --iters 20 --gpus all
 fi
 if has dist; then
-  # Four processes, one GPU each, against --gpus 4 on nell-1.
+  # One process per GPU (all of this machine's GPUs, at most 4), against
+  # --gpus of as many on nell-1 (DIST_ARGS: more flags for every rank,
+  # e.g. --gpu-plan rows).
+  W=$(( GPUS < 4 ? GPUS : 4 ))
   [ -f /tmp/nell1.ktns ] || $K gen /tmp/nell1.ktns --like nell-1 --nnz 144M > /dev/null 2>&1
   port=$((20000 + RANDOM % 20000)); export KRUSKAL_JOB_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
-  for r in 3 2 1; do
-    timeout 300 $K cpd /tmp/nell1.ktns -r 32 --tol 0 --iters 8 --json --distributed --process-rank $r --world-size 4 --local-gpu $r --rendezvous 127.0.0.1:$port > $R/dist-$r.json 2> $R/dist-$r.err &
+  for r in $(seq $((W - 1)) -1 1); do
+    timeout 300 $K cpd /tmp/nell1.ktns -r 32 --tol 0 --iters 8 --json --distributed --process-rank $r --world-size $W --local-gpu $r --rendezvous 127.0.0.1:$port ${DIST_ARGS:-} > $R/dist-$r.json 2> $R/dist-$r.err &
   done
-  timeout 300 $K cpd /tmp/nell1.ktns -r 32 --tol 0 --iters 8 --json --distributed --process-rank 0 --world-size 4 --local-gpu 0 --rendezvous 127.0.0.1:$port > $R/cpd-dist4.json 2> $R/cpd-dist4.err
+  timeout 300 $K cpd /tmp/nell1.ktns -r 32 --tol 0 --iters 8 --json --distributed --process-rank 0 --world-size $W --local-gpu 0 --rendezvous 127.0.0.1:$port ${DIST_ARGS:-} > $R/cpd-dist$W.json 2> $R/cpd-dist$W.err
   wait
-  summary "nell-1 4 processes" $R/cpd-dist4.json | tee -a $R/summary.txt
+  summary "nell-1 $W processes" $R/cpd-dist$W.json | tee -a $R/summary.txt
 fi
 if has amazon; then
   if [ -z "${REUSE:-}" ] || [ ! -f /tmp/amazon.ktns ]; then

@@ -13,15 +13,16 @@
 //!    its 1/world share of it, and the counts are all-reduced together with
 //!    the payload checksum (in parts), the order check of the distinct
 //!    coordinates and the largest |value|; every rank then makes the same
-//!    row plan and keeps only its own shards. No process holds the whole
-//!    tensor.
+//!    plan from the counts (rows by owner, or split by a mode whose rows
+//!    then never travel: [`kruskal_group::choose_plan`]) and keeps only its
+//!    own shards. No process holds the whole tensor.
 //! 3. The CPD: the several-GPU algorithm ([`GroupBackend`]), rows
 //!    exchanged and Grams and statistics all-reduced by NCCL, every start
 //!    run as [`crate::decompose`] runs them.
 //!
 //! Like [`crate::decompose`] it prints nothing: its choices and each
 //! iteration arrive as [`Event`]s (topics `nccl`, `tensor`, `values`,
-//! `shards`, `gpus`).
+//! `shards`, `gpus`, `plan`).
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
@@ -165,13 +166,6 @@ pub fn decompose_distributed(
             "constrained CP runs on one GPU or the CPU, not across processes",
         ));
     }
-    if matches!(opts.group.plan, kruskal_group::PlanChoice::Split(_)) {
-        return Err(CpdError::Invalid(
-            "a split plan runs on the GPUs of one process; across processes each mode's rows \
-             go by owner"
-                .into(),
-        ));
-    }
     let (me, world) = (job.rank, job.world);
     if world == 0 || me >= world {
         return Err(CpdError::Invalid(format!(
@@ -219,7 +213,8 @@ pub fn decompose_distributed(
 
     // The plan, the same on every rank, and this rank's shards.
     let t0 = Instant::now();
-    let plan = RowShards::from_counts(&dims, counted.counts, world)?;
+    let mut plan = RowShards::from_counts(&dims, counted.counts, world)?;
+    let plan_note = kruskal_group::choose_plan(&mut plan, &opts.group)?;
     let indices: Vec<&[u32]> = (0..dims.len()).map(|m| map.indices(m)).collect();
     let scaled = (!scale.is_none()).then(|| scale.applied(map.values()));
     let values = scaled.as_deref().unwrap_or(map.values());
@@ -249,12 +244,19 @@ pub fn decompose_distributed(
         build: opts.gpu.fcoo_build,
         ..opts.group.clone()
     };
-    let group = GpuGroup::distributed(pc, plan, shards, rank, &group_opts, &mut |line| {
-        note("gpus", line)
-    })?;
+    let group = GpuGroup::distributed(
+        pc,
+        plan,
+        Some(plan_note.clone()),
+        shards,
+        rank,
+        &group_opts,
+        &mut |line| note("gpus", line),
+    )?;
     for line in group.describe() {
         note("", &line);
     }
+    note("plan", &plan_note);
     let mut backend = GroupBackend::with_norm(group, counted.norm_sq);
     let prep_s = t0.elapsed().as_secs_f64();
     setup.push(("group", prep_s));

@@ -27,6 +27,9 @@ pub struct ModeBreakdown {
     pub mttkrp_ms: f64,
     /// Dense update and Gram, host wall time (ms).
     pub update_ms: f64,
+    /// Of `update_ms`, the all-reduces of the column statistics and the
+    /// Gram across processes (ms; 0 in one process).
+    pub all_reduce_ms: f64,
     /// Row exchange, slowest GPU (ms).
     pub exchange_ms: f64,
     /// Which rows the exchange sends: `read` (only those each GPU reads),
@@ -121,9 +124,11 @@ impl GroupBackend {
         }
         let update_ms = started.elapsed().as_secs_f64() * 1e3;
         let exchange_ms = self.group.exchange_rows(mode)?;
+        let across_ms = self.group.take_across_ms();
         if self.counting(mode) {
             let b = &mut self.breakdown[mode];
             b.update_ms += update_ms;
+            b.all_reduce_ms += across_ms;
             b.exchange_ms += exchange_ms;
         } else {
             self.skip[mode] -= 1;

@@ -600,7 +600,8 @@ fn a_process_group_of_one_matches_one_gpu() {
             timeout,
             ..GroupOptions::default()
         };
-        let group = GpuGroup::distributed(pc, plan, shards, rank, &gopts, &mut |_| {}).unwrap();
+        let group =
+            GpuGroup::distributed(pc, plan, None, shards, rank, &gopts, &mut |_| {}).unwrap();
         assert_eq!(group.process(), Some((0, 1)));
         assert_eq!(group.exchange(), Some(Exchange::Nccl));
         let abort = group

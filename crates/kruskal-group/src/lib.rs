@@ -166,6 +166,9 @@ pub struct GpuGroup {
     shared: Arc<Shared>,
     timeout: Duration,
     failed: Option<String>,
+    /// Wall time of the all-reduces across processes since the last
+    /// [`GpuGroup::take_across_ms`] (ms).
+    across_ms: f64,
 }
 
 impl GpuGroup {
@@ -206,31 +209,23 @@ impl GpuGroup {
                 .iter()
                 .map(|&o| s.spawn(move || Gpu::open(o)))
                 .collect();
-            let plan = RowShards::new(t, m)
-                .map_err(prepare)
-                .and_then(|plan| {
-                    let decision = plan::choose(&plan, opts.plan, opts.rows, split_ok(m, opts))
-                        .map_err(DeviceError::Shape)?;
-                    Ok((plan, decision))
-                })
-                .and_then(|(mut plan, decision)| {
-                    if let Some(cut) = decision.split {
-                        plan.split_by(cut).map_err(prepare)?;
-                    } else {
-                        // Rows of a mode read by few GPUs go to one of
-                        // their readers, so a sparse exchange sends them
-                        // to fewer.
-                        for (mode, prefer) in sparse::modes_to_prefer(&plan, opts.rows)
-                            .into_iter()
-                            .enumerate()
-                        {
-                            if prefer {
-                                plan.prefer_readers(t, mode).map_err(prepare)?;
-                            }
+            let plan = RowShards::new(t, m).map_err(prepare).and_then(|mut plan| {
+                let note = choose_plan(&mut plan, opts)?;
+                if plan.split().is_none() {
+                    // Rows of a mode read by few GPUs go to one of
+                    // their readers, so a sparse exchange sends them
+                    // to fewer.
+                    for (mode, prefer) in sparse::modes_to_prefer(&plan, opts.rows)
+                        .into_iter()
+                        .enumerate()
+                    {
+                        if prefer {
+                            plan.prefer_readers(t, mode).map_err(prepare)?;
                         }
                     }
-                    Ok((plan, decision.note))
-                });
+                }
+                Ok((plan, note))
+            });
             let planned_s = started.elapsed().as_secs_f64();
             let gpus = opening
                 .into_iter()
@@ -427,15 +422,18 @@ impl GpuGroup {
 
     /// This process's part of a group spread over several processes, one
     /// GPU each (possibly on several hosts): `pc` is its communicator
-    /// (rank `pc.rank()` of `pc.world()`), `plan` the row plan over all
-    /// of them (made the same way on every rank, e.g. with
-    /// [`RowShards::from_counts`]), and `shards[mode]` this rank's
-    /// elements of each mode ([`RowShards::local_elements`]). Rows are
-    /// exchanged, and Grams and column statistics all-reduced, through
-    /// NCCL; every rank must make the same calls in the same order.
+    /// (rank `pc.rank()` of `pc.world()`), `plan` the plan over all of them
+    /// (made the same way on every rank, e.g. with
+    /// [`RowShards::from_counts`] and [`choose_plan`], whose line is
+    /// `plan_note`; a split plan's partial sums are reduced through the
+    /// communicator), and `shards[mode]` this rank's elements of each mode
+    /// ([`RowShards::local_elements`]). Rows are exchanged, and Grams and
+    /// column statistics all-reduced, through NCCL; every rank must make
+    /// the same calls in the same order.
     pub fn distributed(
         pc: ProcessComm,
         plan: RowShards,
+        plan_note: Option<String>,
         shards: Vec<Vec<u32>>,
         rank: usize,
         opts: &GroupOptions,
@@ -562,7 +560,7 @@ impl GpuGroup {
             collective: Some(Collective::Process(Arc::new(pc))),
             direct: false,
         };
-        Self::start(
+        let mut group = Self::start(
             vec![gpu],
             vec![g],
             plan,
@@ -572,7 +570,9 @@ impl GpuGroup {
             chosen,
             sparse,
             opts,
-        )
+        )?;
+        group.plan_note = plan_note;
+        Ok(group)
     }
 
     /// Starts one worker per local GPU; `members[slot]` is local GPU
@@ -697,6 +697,7 @@ impl GpuGroup {
             shared,
             timeout: opts.timeout,
             failed: None,
+            across_ms: 0.0,
         })
     }
 
@@ -997,8 +998,18 @@ impl GpuGroup {
             return Ok(());
         };
         let pc = pc.clone();
-        pc.all_reduce(data, op)
-            .map_err(|e| self.fail(0, format!("all-reducing {what} across processes"), Some(e)))
+        let t = Instant::now();
+        let done = pc
+            .all_reduce(data, op)
+            .map_err(|e| self.fail(0, format!("all-reducing {what} across processes"), Some(e)));
+        self.across_ms += t.elapsed().as_secs_f64() * 1e3;
+        done
+    }
+
+    /// Milliseconds spent in the all-reduces across processes (column
+    /// statistics and Grams) since the last call; 0 in one process.
+    pub fn take_across_ms(&mut self) -> f64 {
+        std::mem::take(&mut self.across_ms)
     }
 
     /// Scales every GPU's rows of `mode` by `inv` (if given) and returns
@@ -1194,10 +1205,23 @@ impl GpuGroup {
     }
 }
 
-/// Whether a split plan can run for a group of `m` GPUs in one process
-/// with `opts`: its partial sums are reduced through NCCL.
-/// Whether a group of `gpus` GPUs of this process with `opts` may take a
-/// split plan (`auto` considers one; see `plan.rs`).
+/// Takes the plan `opts.plan` asks for on `plan`, a rows plan over the
+/// group's GPUs (those of one process, or one per process of a job):
+/// splits it by a mode where a split plan is chosen (see `plan.rs`), and
+/// returns the line that says which plan was taken and why. Every process
+/// of a job makes the same choice from the same counts.
+pub fn choose_plan(plan: &mut RowShards, opts: &GroupOptions) -> Result<String> {
+    let decision = plan::choose(plan, opts.plan, opts.rows, split_ok(plan.gpus(), opts))
+        .map_err(DeviceError::Shape)?;
+    if let Some(cut) = decision.split {
+        plan.split_by(cut).map_err(prepare)?;
+    }
+    Ok(decision.note)
+}
+
+/// Whether a group of `gpus` GPUs (of this process, or one per process)
+/// with `opts` may take a split plan (`auto` considers one; see
+/// `plan.rs`): its partial sums are reduced through NCCL.
 pub fn split_possible(gpus: usize, opts: &GroupOptions) -> bool {
     opts.plan != PlanChoice::Rows && split_ok(gpus, opts).is_ok()
 }

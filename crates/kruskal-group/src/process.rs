@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, PinnedHostSlice};
 
 use crate::nccl::{Comm, Nccl, Reduce, UNIQUE_ID_BYTES};
 use kruskal_device::{DeviceError, Gpu, Result, driver};
@@ -79,7 +79,19 @@ pub struct ProcessComm {
     rank: usize,
     world: usize,
     timeout: Duration,
+    /// The buffers of the small all-reduces (statistics and Grams, a few
+    /// lengths, every mode of every iteration), kept between calls.
+    staging: Mutex<Vec<Staging>>,
 }
+
+/// Device and page-locked host memory of one all-reduce length.
+struct Staging {
+    device: CudaSlice<f64>,
+    host: PinnedHostSlice<f64>,
+}
+
+/// All-reduces of at most this many values keep their buffers.
+const KEEP_STAGING: usize = 8192;
 
 impl ProcessComm {
     /// Joins the communicator of `world` processes whose rank 0 made `id`,
@@ -122,6 +134,7 @@ impl ProcessComm {
             rank,
             world,
             timeout,
+            staging: Mutex::new(Vec::new()),
         })
     }
 
@@ -161,20 +174,59 @@ impl ProcessComm {
 
     /// Replaces `data` by its reduction `op` over every rank (every rank
     /// calls this with the same length, in the same order). The values go
-    /// through this GPU's memory.
+    /// through page-locked host memory and this GPU's memory: the copies
+    /// and the collective are queued together and waited for once. The
+    /// buffers of short lengths are kept for the next call.
     pub fn all_reduce(&self, data: &mut [f64], op: Reduce) -> Result<()> {
-        if data.is_empty() {
+        let n = data.len();
+        if n == 0 {
             return Ok(());
         }
         self.check()?;
         let stream = self.gpu.stream().clone();
-        let buf = self.gpu.upload("an all-reduce buffer", data)?;
+        let mut cache = self
+            .staging
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let at = match cache.iter().position(|s| s.device.len() == n) {
+            Some(at) => at,
+            None => {
+                let device = self.gpu.alloc_zeros::<f64>("an all-reduce buffer", n)?;
+                // SAFETY: every element is written below before it is read.
+                let host = unsafe { self.gpu.context().alloc_pinned::<f64>(n) }
+                    .map_err(driver("pinning an all-reduce buffer"))?;
+                cache.push(Staging { device, host });
+                cache.len() - 1
+            }
+        };
+        let result = self.all_reduce_in(&mut cache[at], data, op, &stream);
+        if n > KEEP_STAGING || result.is_err() {
+            cache.swap_remove(at);
+        }
+        result
+    }
+
+    /// [`ProcessComm::all_reduce`] through `buf`, whose length is `data`'s.
+    fn all_reduce_in(
+        &self,
+        buf: &mut Staging,
+        data: &mut [f64],
+        op: Reduce,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        buf.host
+            .as_mut_slice()
+            .map_err(driver("writing an all-reduce buffer"))?
+            .copy_from_slice(data);
+        stream
+            .memcpy_htod(&buf.host, &mut buf.device)
+            .map_err(driver("uploading an all-reduce"))?;
         {
-            let (ptr, _sync) = buf.device_ptr(&stream);
-            // SAFETY: `buf` holds `data.len()` f64 on this communicator's
-            // GPU and lives until the wait below has seen the stream
-            // finish (or the communicator was aborted, after which NCCL no
-            // longer touches it).
+            let (ptr, _sync) = buf.device.device_ptr(stream);
+            // SAFETY: `buf.device` holds `data.len()` f64 on this
+            // communicator's GPU and lives until the wait below has seen
+            // the stream finish (or, after an abort, is dropped from the
+            // cache, by when NCCL no longer touches it).
             unsafe {
                 self.shared.nccl.all_reduce_f64(
                     &self.shared.comm,
@@ -186,11 +238,16 @@ impl ProcessComm {
             }
             .map_err(|e| self.nccl_error(e))?;
         }
-        self.wait(&stream, "an all-reduce across processes")?;
         stream
-            .memcpy_dtoh(&buf, data)
+            .memcpy_dtoh(&buf.device, &mut buf.host)
             .map_err(driver("downloading an all-reduce"))?;
-        self.wait(&stream, "downloading an all-reduce")
+        self.wait(stream, "an all-reduce across processes")?;
+        data.copy_from_slice(
+            buf.host
+                .as_slice()
+                .map_err(driver("reading an all-reduce buffer"))?,
+        );
+        Ok(())
     }
 
     /// Waits for `stream`'s queued work, up to the timeout, giving up at

@@ -408,21 +408,7 @@ impl RowShards {
             let g = self.owner(cut, self.label_of(indices, cut, k)?);
             Ok(g * dim + self.label_of(indices, mode, k)? as usize)
         };
-        let tally: Vec<AtomicU64> = (0..self.gpus * dim)
-            .into_par_iter()
-            .map(|_| AtomicU64::new(0))
-            .collect();
-        let nnz = values.len();
-        (0..nnz.div_ceil(SCATTER_CHUNK))
-            .into_par_iter()
-            .try_for_each(|chunk| -> Result<()> {
-                let lo = chunk * SCATTER_CHUNK;
-                for k in lo..(lo + SCATTER_CHUNK).min(nnz) {
-                    tally[slot_of(k)?].fetch_add(1, Ordering::Relaxed);
-                }
-                Ok(())
-            })?;
-        let counts: Vec<u64> = tally.into_par_iter().map(AtomicU64::into_inner).collect();
+        let counts = tally(self.gpus * dim, values.len(), |k| slot_of(k).map(Some))?;
         let mut offsets = vec![0u64; self.gpus + 1];
         for g in 0..self.gpus {
             let own: u64 = counts[g * dim..(g + 1) * dim].iter().sum();
@@ -474,7 +460,10 @@ impl RowShards {
     ///
     /// Cost: one parallel pass over every nonzero's `mode` index, and over
     /// all of the indices of the nonzeros kept; memory is the result plus
-    /// a cursor per row of `g`.
+    /// a cursor per row of `g`. A split plan's partial mode (GPU `g`'s
+    /// nonzeros are those whose cut-mode row it owns) first counts them per
+    /// row of `mode` in a pass over the two modes' indices, and keeps a
+    /// count and a cursor per row of `mode`.
     pub fn local_elements(
         &self,
         mode: usize,
@@ -489,11 +478,6 @@ impl RowShards {
                 self.gpus
             )));
         }
-        if self.split.is_some() {
-            return Err(PartitionError::Argument(
-                "a split plan's shards are picked from the whole tensor only".into(),
-            ));
-        }
         if indices.len() != self.dims.len() || indices.iter().any(|i| i.len() != values.len()) {
             let lens: Vec<usize> = indices.iter().map(|i| i.len()).collect();
             return Err(PartitionError::Argument(format!(
@@ -502,14 +486,11 @@ impl RowShards {
                 self.dims.len()
             )));
         }
+        if self.partial(mode) {
+            return self.local_split(mode, g, indices, values);
+        }
         let own: u64 = self.row_counts(mode, g).iter().sum();
-        let words = usize::try_from(own)
-            .ok()
-            .and_then(|n| n.checked_mul(self.stride()))
-            .ok_or_else(|| {
-                PartitionError::Argument(format!("{own} elements do not fit in memory"))
-            })?;
-        let mut out = vec![0u32; words];
+        let mut out = self.element_buffer(own)?;
         let rows = self.rows(mode, g);
         self.scatter(
             mode,
@@ -524,6 +505,59 @@ impl RowShards {
             &mut out,
         )?;
         Ok(out)
+    }
+
+    /// [`RowShards::local_elements`] of a partial mode of a split plan:
+    /// the nonzeros whose row of the cut mode GPU `g` owns, sorted by
+    /// `mode`'s row. Their count per row of `mode` is tallied first (one
+    /// parallel pass over the cut mode's and `mode`'s indices).
+    fn local_split(
+        &self,
+        mode: usize,
+        g: usize,
+        indices: &[&[u32]],
+        values: &[f32],
+    ) -> Result<Vec<u32>> {
+        let cut = self.shard_mode(mode);
+        let dim = self.dims[mode] as usize;
+        let mine = |k: usize| -> Result<Option<usize>> {
+            if self.owner(cut, self.label_of(indices, cut, k)?) != g {
+                return Ok(None);
+            }
+            Ok(Some(self.label_of(indices, mode, k)? as usize))
+        };
+        let counts = tally(dim, values.len(), mine)?;
+        let own: u64 = counts.iter().sum();
+        if own != self.nnz(mode, g) {
+            return Err(PartitionError::Argument(format!(
+                "the nonzeros do not match the plan: GPU {g} owns {own} nonzeros of mode \
+                 {cut}'s rows, the plan counted {}",
+                self.nnz(mode, g)
+            )));
+        }
+        let mut out = self.element_buffer(own)?;
+        self.scatter(
+            mode,
+            &counts,
+            mine,
+            &|slot| format!("row {slot} (new label) on GPU {g}"),
+            indices,
+            values,
+            &mut out,
+        )?;
+        Ok(out)
+    }
+
+    /// A zeroed buffer for `elements` elements of [`RowShards::stride`]
+    /// words, or an error where that many do not fit in memory.
+    fn element_buffer(&self, elements: u64) -> Result<Vec<u32>> {
+        let words = usize::try_from(elements)
+            .ok()
+            .and_then(|n| n.checked_mul(self.stride()))
+            .ok_or_else(|| {
+                PartitionError::Argument(format!("{elements} elements do not fit in memory"))
+            })?;
+        Ok(vec![0u32; words])
     }
 
     /// Nonzeros per row of GPU `g` in `mode`, in new-label order.
@@ -624,6 +658,32 @@ impl RowShards {
         }
         Ok(())
     }
+}
+
+/// Nonzeros per slot of `slots`: `slot_of(k)` is nonzero `k`'s slot, or
+/// `None` for a nonzero not counted (one parallel pass over `nnz`
+/// nonzeros; its first error is returned).
+fn tally(
+    slots: usize,
+    nnz: usize,
+    slot_of: impl Fn(usize) -> Result<Option<usize>> + Sync,
+) -> Result<Vec<u64>> {
+    let tally: Vec<AtomicU64> = (0..slots)
+        .into_par_iter()
+        .map(|_| AtomicU64::new(0))
+        .collect();
+    (0..nnz.div_ceil(SCATTER_CHUNK))
+        .into_par_iter()
+        .try_for_each(|chunk| -> Result<()> {
+            let lo = chunk * SCATTER_CHUNK;
+            for k in lo..(lo + SCATTER_CHUNK).min(nnz) {
+                if let Some(slot) = slot_of(k)? {
+                    tally[slot].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Ok(())
+        })?;
+    Ok(tally.into_par_iter().map(AtomicU64::into_inner).collect())
 }
 
 /// Rows to GPUs: LPT over the rows that hold nonzeros (exactly what LPT
@@ -931,9 +991,8 @@ mod tests {
                 rows_plan.fill_elements(&t, mode, &mut want).unwrap();
                 prop_assert_eq!(sorted_elements(&elems, stride), sorted_elements(&want, stride));
             }
-            // A split plan's shards come from the whole tensor only.
-            let idx: Vec<&[u32]> = t.indices().iter().map(Vec::as_slice).collect();
-            prop_assert!(plan.local_elements(0, 0, &idx, t.values()).is_err());
+            // Each GPU's shards picked out alone are its slices of the fill.
+            check_local_elements(&t, &plan);
             prop_assert!(plan.split_by(3).is_err());
             prop_assert!(plan.prefer_readers(&t, 0).is_err());
         }

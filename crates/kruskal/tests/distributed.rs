@@ -233,6 +233,16 @@ fn fits(report: &str) -> Vec<f64> {
         .collect()
 }
 
+/// The plan line of a `--json` report (`kernel.plan`).
+fn plan_line(report: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(report)
+        .unwrap_or_else(|e| panic!("not a JSON report ({e}): {report}"));
+    v["kernel"]["plan"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no kernel.plan in {report}"))
+        .to_string()
+}
+
 #[test]
 fn two_processes_match_one_process_on_two_gpus() {
     if two_gpus().is_none() {
@@ -242,28 +252,41 @@ fn two_processes_match_one_process_on_two_gpus() {
     let file = tensor_file(dir.path(), 400_000);
     let f = file.to_str().unwrap();
     let common = ["--rank", "16", "--iters", "12", "--tol", "0", "--json"];
-    let single = kruskal()
-        .args(["cpd", f, "--gpus", "2", "--exchange", "nccl"])
-        .args(common)
-        .output()
-        .unwrap();
-    assert!(single.status.success(), "{}", text(&single.stderr));
-    let want = fits(&text(&single.stdout));
-
-    // A fit that moves, not one stuck at a bound.
-    assert!(
-        want[0] < 0.999 && want[want.len() - 1] - want[0] > 1e-3,
-        "the fits do not move: {want:?}"
-    );
-    // Every row all-gathered, and only the rows each rank reads (its
-    // marks sent to the other rank as a bitmap).
-    for rows in ["all", "read"] {
+    // Rows by owner with every row all-gathered and with only the rows
+    // each rank reads (its marks sent to the other rank as a bitmap), and
+    // the plan split by mode 1 (mode 1's rows never travel; the other
+    // modes' partial sums are reduced onto their owners across the
+    // processes).
+    for (plan, rows, line) in [
+        ("rows", "all", "rows by owner"),
+        ("rows", "read", "rows by owner"),
+        ("split:1", "read", "split by mode 1"),
+    ] {
         let args: Vec<&str> = common
             .iter()
             .copied()
-            .chain(["--exchange-rows", rows])
+            .chain(["--exchange-rows", rows, "--gpu-plan", plan])
             .collect();
-        let out = dir.path().join(format!("model-{rows}"));
+        let single = kruskal()
+            .args(["cpd", f, "--gpus", "2", "--exchange", "nccl"])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(single.status.success(), "{}", text(&single.stderr));
+        let report = text(&single.stdout);
+        let want = fits(&report);
+        assert!(
+            plan_line(&report).starts_with(line),
+            "{}",
+            plan_line(&report)
+        );
+        // A fit that moves, not one stuck at a bound.
+        assert!(
+            want[0] < 0.999 && want[want.len() - 1] - want[0] > 1e-3,
+            "the fits do not move: {want:?}"
+        );
+
+        let out = dir.path().join(format!("model-{plan}-{rows}"));
         let port = free_port();
         let rank1 = spawn_rank(1, port, &[f], &args, Stdio::piped());
         let rank0 = spawn_rank(
@@ -275,22 +298,29 @@ fn two_processes_match_one_process_on_two_gpus() {
         );
         let o0 = wait_bounded(rank0, Duration::from_secs(180), "rank 0");
         let o1 = wait_bounded(rank1, Duration::from_secs(30), "rank 1");
-        assert!(o0.status.success(), "rank 0 ({rows}): {}", text(&o0.stderr));
-        assert!(o1.status.success(), "rank 1 ({rows}): {}", text(&o1.stderr));
+        let what = format!("--gpu-plan {plan} --exchange-rows {rows}");
+        assert!(o0.status.success(), "rank 0 ({what}): {}", text(&o0.stderr));
+        assert!(o1.status.success(), "rank 1 ({what}): {}", text(&o1.stderr));
         assert!(o1.stdout.is_empty(), "rank 1 printed: {}", text(&o1.stdout));
-        let got = fits(&text(&o0.stdout));
+        let report = text(&o0.stdout);
+        assert!(
+            plan_line(&report).starts_with(line),
+            "{what} across processes: {}",
+            plan_line(&report)
+        );
+        let got = fits(&report);
         assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-4,
-                "iteration {} ({rows} rows): fit {a} across processes, {b} in one: {got:?} vs {want:?}",
+                "iteration {} ({what}): fit {a} across processes, {b} in one: {got:?} vs {want:?}",
                 i + 1
             );
         }
         for name in ["lambda.npy", "mode-1.npy", "mode-2.npy", "mode-3.npy"] {
             assert!(out.join(name).is_file(), "rank 0 did not write {name}");
         }
-        eprintln!("fits across processes ({rows} rows) {got:?}\nfits in one process  {want:?}");
+        eprintln!("fits across processes ({what}) {got:?}\nfits in one process  {want:?}");
     }
 }
 

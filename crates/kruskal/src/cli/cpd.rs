@@ -485,8 +485,13 @@ pub(super) fn print_breakdown(b: &GroupBackend, whose: &str) {
         } else {
             String::new()
         };
+        let across = if m.all_reduce_ms > 0.0 {
+            format!(" (all-reduces {:.2})", m.all_reduce_ms / c)
+        } else {
+            String::new()
+        };
         println!(
-            "  mode {}: h2d {:.2}, kernel {:.2}, MTTKRP {:.2}{reduce}, update {:.2}, exchange {:.2} ({sent}); [{}]",
+            "  mode {}: h2d {:.2}, kernel {:.2}, MTTKRP {:.2}{reduce}, update {:.2}{across}, exchange {:.2} ({sent}); [{}]",
             mode + 1,
             m.h2d_ms / c,
             m.kernel_ms / c,

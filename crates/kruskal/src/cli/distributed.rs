@@ -210,6 +210,7 @@ fn report(args: &CpdArgs, done: &DistributedDecomposition) -> Result<()> {
                 "name": "shard",
                 "processes": done.world,
                 "exchange": "nccl",
+                "plan": backend.group().plan_note(),
                 "placement": backend.group().describe(),
                 "breakdown": backend.breakdown(),
             },

@@ -104,6 +104,8 @@ pub struct GroupKernelReport {
     pub exchange: Option<&'static str>,
     /// Why the exchange is what it is, when it was not asked for.
     pub exchange_note: Option<String>,
+    /// The plan taken (rows by owner, or split by a mode) and why.
+    pub plan: Option<String>,
     /// Where each GPU's shards live, a line per GPU.
     pub placement: Vec<String>,
     /// Per mode, where the time went.
@@ -185,6 +187,7 @@ pub fn cpd_report(
                         .collect(),
                     exchange: group.exchange().map(|e| e.name()),
                     exchange_note: group.exchange_note().map(String::from),
+                    plan: group.plan_note().map(String::from),
                     placement: group.describe(),
                     breakdown: b.breakdown().to_vec(),
                 }),
