@@ -99,18 +99,22 @@ pub(crate) const RANDOM_BLOCK: usize = 1 << 16;
 pub fn random_factors(dims: &[u32], rank: usize, seed: u64) -> Vec<Array2<f32>> {
     dims.iter()
         .enumerate()
-        .map(|(mode, &dim)| {
-            let mut data = vec![0f32; dim as usize * rank];
-            data.par_chunks_mut(RANDOM_BLOCK)
-                .enumerate()
-                .for_each(|(block, chunk)| {
-                    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-                    rng.set_stream(((mode as u64) << 40) | block as u64);
-                    chunk.iter_mut().for_each(|x| *x = rng.random::<f32>());
-                });
-            Array2::from_shape_vec((dim as usize, rank), data).expect("dim * rank entries")
-        })
+        .map(|(mode, &dim)| random_factor(mode, dim, rank, seed))
         .collect()
+}
+
+/// Mode `mode`'s matrix of [`random_factors`] (`dim x rank`), drawn alone:
+/// every mode's numbers come from streams of their own.
+pub fn random_factor(mode: usize, dim: u32, rank: usize, seed: u64) -> Array2<f32> {
+    let mut data = vec![0f32; dim as usize * rank];
+    data.par_chunks_mut(RANDOM_BLOCK)
+        .enumerate()
+        .for_each(|(block, chunk)| {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            rng.set_stream(((mode as u64) << 40) | block as u64);
+            chunk.iter_mut().for_each(|x| *x = rng.random::<f32>());
+        });
+    Array2::from_shape_vec((dim as usize, rank), data).expect("dim * rank entries")
 }
 
 /// Checks one `dims[m] x rank` matrix per mode, all of one rank >= 1.
@@ -620,6 +624,17 @@ mod tests {
 
     fn run(t: &SparseTensor, opts: &CpdOptions) -> KruskalModel {
         cpd_als(&mut CpuBackend::new(t), opts).unwrap()
+    }
+
+    #[test]
+    fn a_mode_drawn_alone_is_that_mode_of_all_drawn_together() {
+        let dims = [70_001, 3, 1, 5_000];
+        let all = random_factors(&dims, 7, 42);
+        for (mode, &d) in dims.iter().enumerate() {
+            assert_eq!(random_factor(mode, d, 7, 42), all[mode], "mode {mode}");
+        }
+        // Another seed, other numbers.
+        assert_ne!(random_factor(0, dims[0], 7, 43), all[0]);
     }
 
     #[test]

@@ -173,7 +173,27 @@ impl Backend for GroupBackend {
 
     fn load_factors(&mut self, factors: Vec<Array2<f32>>) -> Result<()> {
         crate::check_factor_shapes(&self.dims, &factors)?;
-        self.group.load_factors(&factors)?;
+        // Each mode dropped once it is uploaded.
+        for (mode, f) in factors.into_iter().enumerate() {
+            self.group.load_mode(mode, &f)?;
+        }
+        self.inner = vec![None; self.dims.len()];
+        Ok(())
+    }
+
+    /// [`crate::random_factors`], drawn and uploaded one mode at a time:
+    /// the host never holds every factor.
+    fn load_random(&mut self, rank: usize, seed: u64) -> Result<()> {
+        if rank != self.group.rank() {
+            return Err(CpdError::Shape(format!(
+                "factors of rank {rank} for a group built for rank {}",
+                self.group.rank()
+            )));
+        }
+        for (mode, &dim) in self.dims.iter().enumerate() {
+            let f = crate::als::random_factor(mode, dim, rank, seed);
+            self.group.load_mode(mode, &f)?;
+        }
         self.inner = vec![None; self.dims.len()];
         Ok(())
     }

@@ -140,6 +140,21 @@ impl DeviceFactors {
         })
     }
 
+    /// Zeroed factors of `dims` at `rank`, to be written mode by mode
+    /// (the group's reload, one mode's rows at a time).
+    pub fn zeros(gpu: &Gpu, dims: &[u32], rank: usize) -> Result<Self> {
+        let total: usize = dims.iter().map(|&d| d as usize).sum();
+        if rank == 0 {
+            return Err(DeviceError::Shape("factors need a rank >= 1".into()));
+        }
+        Ok(DeviceFactors {
+            dims: dims.to_vec(),
+            rank,
+            data: gpu.alloc_zeros("the factor matrices", total * rank)?,
+            row_offset: gpu.upload("the factor offsets", &row_offsets(dims))?,
+        })
+    }
+
     pub fn rank(&self) -> usize {
         self.rank
     }
@@ -175,6 +190,29 @@ impl DeviceFactors {
     pub fn rows_mut(&mut self, mode: usize, rows: std::ops::Range<u32>) -> CudaViewMut<'_, f32> {
         let first = (self.first_row(mode) + rows.start as usize) * self.rank;
         self.data.slice_mut(first..first + rows.len() * self.rank)
+    }
+
+    /// Mode `mode`'s factor, downloaded (`dims[mode] x rank` floats,
+    /// row-major; synchronizes the stream): the host holds one mode's rows
+    /// at a time.
+    pub fn download_mode(&self, gpu: &Gpu, mode: usize) -> Result<Vec<f32>> {
+        let len = self.dims[mode] as usize * self.rank;
+        let first = self.first_row(mode) * self.rank;
+        let piece = (STAGE_WORDS / self.rank).max(1) * self.rank;
+        let pieces: Vec<(usize, usize)> = (0..len)
+            .step_by(piece.max(1))
+            .map(|at| (first + at, piece.min(len - at)))
+            .collect();
+        let mut out = vec![0f32; len];
+        let part = ((1 << 14) / self.rank).max(1) * self.rank;
+        gpu.download_through_staging("a factor matrix", &self.data, &pieces, &mut |i, src| {
+            let at = i * piece;
+            out[at..at + src.len()]
+                .par_chunks_mut(part)
+                .zip(src.par_chunks(part))
+                .for_each(|(d, s)| d.copy_from_slice(s));
+        })?;
+        Ok(out)
     }
 
     /// Every factor, downloaded (synchronizes the stream).

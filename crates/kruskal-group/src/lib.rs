@@ -887,7 +887,7 @@ impl GpuGroup {
     }
 
     /// Uploads `factors` (`dims[w] x rank`, original row order) to every
-    /// GPU, relabeled.
+    /// GPU, relabeled, one mode at a time ([`GpuGroup::load_mode`]).
     pub fn load_factors(&mut self, factors: &[Array2<f32>]) -> Result<()> {
         let dims = self.plan.dims().to_vec();
         if factors.len() != dims.len()
@@ -901,22 +901,40 @@ impl GpuGroup {
                 self.rank
             )));
         }
-        let r = self.rank;
-        let total: usize = dims.iter().map(|&d| d as usize).sum();
-        let mut rows = vec![0f32; total * r];
-        let mut first = 0;
         for (mode, f) in factors.iter().enumerate() {
-            let labels = self.plan.relabel(mode);
-            for (old, row) in f.outer_iter().enumerate() {
-                let at = (first + labels[old] as usize) * r;
-                for (dst, &x) in rows[at..at + r].iter_mut().zip(row.iter()) {
-                    *dst = x;
-                }
+            self.load_mode(mode, f)?;
+        }
+        Ok(())
+    }
+
+    /// Uploads mode `mode`'s factor (`dims[mode] x rank`, original row
+    /// order) to every GPU, relabeled: the host holds one relabeled copy of
+    /// one mode at a time, so a caller that draws or reads the factors
+    /// mode by mode never holds all of them twice. The mode's update and
+    /// exchange start again; every mode must be loaded before the first
+    /// MTTKRP.
+    pub fn load_mode(&mut self, mode: usize, factor: &Array2<f32>) -> Result<()> {
+        self.check_mode(mode)?;
+        let d = self.plan.dims()[mode] as usize;
+        let r = self.rank;
+        if factor.nrows() != d || factor.ncols() != r {
+            return Err(DeviceError::Shape(format!(
+                "a factor of {} x {} for mode {} of {d} rows at rank {r}",
+                factor.nrows(),
+                factor.ncols(),
+                mode + 1
+            )));
+        }
+        let labels = self.plan.relabel(mode);
+        let mut rows = vec![0f32; d * r];
+        for (old, row) in factor.outer_iter().enumerate() {
+            let at = labels[old] as usize * r;
+            for (dst, &x) in rows[at..at + r].iter_mut().zip(row.iter()) {
+                *dst = x;
             }
-            first += f.nrows();
         }
         let rows = Arc::new(rows);
-        self.all(|| Cmd::Load(rows.clone()), "loading the factors")?;
+        self.all(|| Cmd::Load(mode, rows.clone()), "loading the factors")?;
         Ok(())
     }
 
@@ -1165,17 +1183,15 @@ impl GpuGroup {
                 self.workers.len()
             )));
         }
-        let reply = self.some(&[slot], || Cmd::Factors, "downloading the factors")?;
-        let Some(Reply::Floats(rows)) = reply.into_iter().next() else {
-            return Err(DeviceError::Shape("no factors came back".into()));
-        };
-        let r = self.rank;
+        // One mode at a time: the host holds the model and one relabeled
+        // mode, never a second copy of every factor.
         let mut out = Vec::new();
-        let mut first = 0;
         for mode in 0..self.plan.dims().len() {
-            let d = self.plan.dims()[mode] as usize;
-            out.push(self.unlabel(mode, &rows[first * r..(first + d) * r]));
-            first += d;
+            let reply = self.some(&[slot], || Cmd::Factor(mode), "downloading the factors")?;
+            let Some(Reply::Floats(rows)) = reply.into_iter().next() else {
+                return Err(DeviceError::Shape("no factors came back".into()));
+            };
+            out.push(self.unlabel(mode, &rows));
         }
         Ok(out)
     }

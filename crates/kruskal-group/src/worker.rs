@@ -38,7 +38,8 @@ pub(super) struct WorkerHandle {
 
 /// What the coordinator asks a worker to do.
 pub(super) enum Cmd {
-    Load(Arc<Vec<f32>>),
+    /// One mode's factor rows (relabeled), written into this GPU's copy.
+    Load(usize, Arc<Vec<f32>>),
     Mttkrp(usize),
     Sync,
     Update(usize, Arc<Vec<f64>>),
@@ -49,7 +50,8 @@ pub(super) enum Cmd {
     /// the whole factor).
     ExchangeAll(usize),
     Output(usize),
-    Factors,
+    /// One mode's factor rows as this GPU holds them.
+    Factor(usize),
     /// AO-ADMM's blocked inner loop of the mode on this GPU's rows, from
     /// W = (G + rho I)^{-1}.
     AdmmInner(usize, Arc<Vec<f64>>, InnerParams),
@@ -185,7 +187,7 @@ impl Worker {
 
     fn handle(&mut self, cmd: Cmd) -> Result<Reply> {
         match cmd {
-            Cmd::Load(rows) => self.load(&rows).map(|()| Reply::Done),
+            Cmd::Load(mode, rows) => self.load(mode, &rows).map(|()| Reply::Done),
             Cmd::Mttkrp(mode) => self.mttkrp(mode).map(|()| Reply::Done),
             Cmd::Sync => self.sync().map(Reply::Times),
             Cmd::Update(mode, w) => self.update(mode, &w).map(Reply::Stats),
@@ -212,16 +214,13 @@ impl Worker {
             }
             Cmd::AdmmInner(mode, w, params) => self.admm_inner(mode, &w, &params).map(Reply::Admm),
             Cmd::AdmmScale(mode, divisors) => self.admm_scale(mode, &divisors).map(Reply::Gram),
-            Cmd::Factors => {
+            Cmd::Factor(mode) => {
                 let f = self
                     .factors
                     .as_ref()
                     .ok_or_else(|| DeviceError::Shape("no factors loaded".into()))?;
                 self.wait(self.gpu.stream(), "the last update")?;
-                let all = f.download(&self.gpu)?;
-                Ok(Reply::Floats(
-                    all.into_iter().flat_map(|a| a.into_iter()).collect(),
-                ))
+                Ok(Reply::Floats(f.download_mode(&self.gpu, mode)?))
             }
         }
     }
@@ -255,26 +254,36 @@ impl Worker {
         }
     }
 
-    fn load(&mut self, rows: &[f32]) -> Result<()> {
-        self.updated.iter_mut().for_each(|u| *u = false);
-        self.exchanged.iter_mut().for_each(|u| *u = false);
+    /// Writes mode `mode`'s rows (relabeled, `dims[mode] x rank`) into
+    /// this GPU's factors, allocated zeroed at the first load; the mode's
+    /// update, exchange and AO-ADMM state start again.
+    fn load(&mut self, mode: usize, rows: &[f32]) -> Result<()> {
+        let len = self.dims[mode] as usize * self.rank;
+        if rows.len() != len {
+            return Err(DeviceError::Shape(format!(
+                "{} floats for mode {} of {} rows at rank {}",
+                rows.len(),
+                mode + 1,
+                self.dims[mode],
+                self.rank
+            )));
+        }
+        self.updated[mode] = false;
+        self.exchanged[mode] = false;
         if let Some(a) = &mut self.admm {
             // H starts again from the new factors.
-            a.h.iter_mut().for_each(|h| *h = None);
-            a.u.iter_mut().for_each(|u| *u = None);
+            a.h[mode] = None;
+            a.u[mode] = None;
         }
-        match &mut self.factors {
-            Some(f) if f.data().len() == rows.len() => self
-                .gpu
+        if self.factors.is_none() {
+            self.factors = Some(DeviceFactors::zeros(&self.gpu, &self.dims, self.rank)?);
+        }
+        let f = self.factors.as_mut().expect("allocated above");
+        if len > 0 {
+            self.gpu
                 .stream()
-                .memcpy_htod(rows, f.data_mut())
-                .map_err(driver("uploading the factors"))?,
-            _ => {
-                self.factors = None;
-                self.factors = Some(DeviceFactors::upload_rows(
-                    &self.gpu, &self.dims, self.rank, rows,
-                )?);
-            }
+                .memcpy_htod(rows, &mut f.mode_mut(mode))
+                .map_err(driver("uploading the factors"))?;
         }
         if self.dense.is_none() {
             self.dense = Some(DenseKernels::new(self.gpu.clone(), self.rank)?);
