@@ -10,7 +10,8 @@
 # FILTER=a test name filter passed to each; NELL1_SPECS, FULL_SPECS=the
 # GPU counts and what each runs (e.g. "4:all 4:rows 4:auto": all = every
 # row all-gathered by owner, rows = rows by owner (--gpu-plan rows), split
-# = --gpu-plan split, auto = the defaults); QUICK=1 skips nell-1's p2p,
+# = --gpu-plan split, auto = the defaults, nccl = the defaults with a split
+# plan's partial sums reduced by NCCL, --partial-reduce nccl); QUICK=1 skips nell-1's p2p,
 # host-built and --gpus all runs; REUSE=1 keeps /tmp/nell1.ktns,
 # /tmp/full.ktns and /tmp/amazon.ktns when they exist.
 set -u
@@ -54,6 +55,8 @@ if isinstance(k, dict) and "breakdown" in k:
     line += "\n" + " " * 36 + "; ".join(parts)
     if k.get("plan"):
         line += "\n" + " " * 36 + "plan: " + k["plan"]
+    if k.get("exchange_note"):
+        line += "\n" + " " * 36 + "exchange: " + k["exchange_note"]
     for p in k.get("placement", []):
         line += "\n" + " " * 36 + p
 print(line)
@@ -88,6 +91,7 @@ cpd_set() { # name file iters counts...
       all) run_cpd "$name $g GPUs all rows" $file --iters $iters --gpus $g --exchange-rows all --gpu-plan rows ;;
       rows) run_cpd "$name $g GPUs rows plan" $file --iters $iters --gpus $g --gpu-plan rows ;;
       split) run_cpd "$name $g GPUs split plan" $file --iters $iters --gpus $g --gpu-plan split ;;
+      nccl) run_cpd "$name $g GPUs auto, NCCL reduce" $file --iters $iters --gpus $g --partial-reduce nccl ;;
       *) run_cpd "$name $g GPUs auto" $file --iters $iters --gpus $g ;;
     esac
   done

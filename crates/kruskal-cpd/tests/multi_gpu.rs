@@ -17,7 +17,9 @@ use common::{assert_same_fits, generated, options, real};
 use kruskal_cpd::{GpuBackend, GroupBackend, cpd_als, random_factors};
 use kruskal_cpu::{mttkrp_reference, relative_error};
 use kruskal_device::{FcooBuild, Gpu, GpuEngine, GpuOptions};
-use kruskal_group::{Exchange, GpuGroup, GroupOptions, PlanChoice, RowExchange, StreamPolicy};
+use kruskal_group::{
+    Exchange, GpuGroup, GroupOptions, PartialReduce, PlanChoice, RowExchange, StreamPolicy,
+};
 
 fn ordinals() -> Vec<usize> {
     let n = Gpu::count().expect("a CUDA driver").min(4);
@@ -67,6 +69,15 @@ fn configurations(gpus: usize) -> Vec<(String, GroupOptions)> {
             GroupOptions {
                 exchange: Some(Exchange::Nccl),
                 plan: PlanChoice::Split(None),
+                ..base.clone()
+            },
+        ));
+        out.push((
+            "nccl split, partial sums by peer copies".to_string(),
+            GroupOptions {
+                exchange: Some(Exchange::Nccl),
+                plan: PlanChoice::Split(None),
+                reduce: PartialReduce::Copies,
                 ..base.clone()
             },
         ));
@@ -394,26 +405,42 @@ fn split_plans_give_the_rows_plans_cpd() {
     tensors.extend(real());
     for (name, t) in &tensors {
         let opts = options(t, 16);
-        let run = |plan: PlanChoice| {
+        let run = |plan: PlanChoice, reduce: PartialReduce| {
             let g = GroupOptions {
                 exchange: Some(Exchange::Nccl),
                 plan,
+                reduce,
                 timeout: Duration::from_secs(120),
                 ..GroupOptions::default()
             };
             let group = GpuGroup::new(&gpus, t, 16, &g, &mut |_| {}).unwrap();
             let note = group.plan_note().unwrap().to_string();
+            if reduce == PartialReduce::Nccl {
+                assert_eq!(group.exchange_note(), None, "{name}");
+            }
+            eprintln!("{name}, {note}: exchange {:?}", group.exchange_note());
             let mut backend = GroupBackend::new(group, t);
             let model = cpd_als(&mut backend, &opts).unwrap();
             (model, backend.breakdown().to_vec(), note)
         };
-        let (rows, _, _) = run(PlanChoice::Rows);
+        let (rows, _, _) = run(PlanChoice::Rows, PartialReduce::Copies);
         // Split by the last mode, and by the first: the long sparse mode's
         // first mode has one row, so one GPU holds every nonzero and the
-        // others' shards are empty.
-        for cut in [t.nmodes() - 1, 0] {
-            let what = format!("{name}, split by mode {} on {} GPUs", cut + 1, gpus.len());
-            let (split, breakdown, note) = run(PlanChoice::Split(Some(cut)));
+        // others' shards are empty. The partial sums reach their owners by
+        // peer copies (where every pair has peer access) and by NCCL.
+        for (cut, reduce) in [
+            (t.nmodes() - 1, PartialReduce::Copies),
+            (t.nmodes() - 1, PartialReduce::Nccl),
+            (0, PartialReduce::Copies),
+            (0, PartialReduce::Nccl),
+        ] {
+            let what = format!(
+                "{name}, split by mode {} on {} GPUs, reduced by {}",
+                cut + 1,
+                gpus.len(),
+                reduce.name()
+            );
+            let (split, breakdown, note) = run(PlanChoice::Split(Some(cut)), reduce);
             assert!(
                 note.starts_with(&format!("split by mode {}", cut + 1)),
                 "{what}: {note}"

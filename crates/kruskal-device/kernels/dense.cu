@@ -1,7 +1,8 @@
 // The dense steps of CPD-ALS on the GPU: the factor update A = M W with its
 // column statistics, the column scaling, the Gram matrix A^T A, the
-// ordered reduction of per-block partials, and the copy of listed factor
-// rows that a GPU group's sparse exchange runs.
+// ordered reduction of per-block partials, the copy of listed factor rows
+// that a GPU group's sparse exchange runs, and the sum of the partial rows
+// a split plan's reduction by copies gathers on their owner.
 //
 // Compiled with -DRANK only (no NMODES: nothing here depends on the mode
 // count). Matrices are row-major, RANK columns: M is the MTTKRP output, A a
@@ -535,6 +536,48 @@ extern "C" __global__ void cpd_reduce(
     }
 }
 
+// What the row kernels (sum_parts, copy_rows) move per thread: four columns
+// (a float4) when RANK is a multiple of 4, else one; and their grid-stride
+// loop over (row, piece).
+#if RANK % 4 == 0
+#define ROW_PIECES (RANK / 4)
+#else
+#define ROW_PIECES RANK
+#endif
+#define GRID_STRIDE(e, n) \
+    for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < (n); e += gridDim.x * (u64)blockDim.x)
+
+// sum_parts: rows 0 .. count-1 of out plus the same rows of `parts` blocks
+// laid one after another in `parts_at` (`stride` rows apart), added in block
+// order: the partial sums of a split plan's rows that the other GPUs copied
+// to their owner, summed onto the owner's own. Thread mapping as copy_rows'.
+extern "C" __global__ void sum_parts(
+    float* __restrict__ out,
+    const float* __restrict__ parts_at,
+    u32 parts,
+    u64 stride,
+    u64 count)
+{
+    const u64 per = ROW_PIECES;
+    GRID_STRIDE(e, count * per) {
+#if RANK % 4 == 0
+        float4 acc = reinterpret_cast<float4*>(out)[e];
+        for (u32 p = 0; p < parts; ++p) {
+            const float4 x = reinterpret_cast<const float4*>(parts_at)[(u64)p * stride * per + e];
+            acc.x += x.x;
+            acc.y += x.y;
+            acc.z += x.z;
+            acc.w += x.w;
+        }
+        reinterpret_cast<float4*>(out)[e] = acc;
+#else
+        float acc = out[e];
+        for (u32 p = 0; p < parts; ++p) acc += parts_at[(u64)p * stride * per + e];
+        out[e] = acc;
+#endif
+    }
+}
+
 // copy_rows: dst row (dst_rows ? dst_rows[i] : i) = src row (src_rows ?
 // src_rows[i] : i) for i < count, RANK floats a row: the sparse exchange's
 // pack (factor rows into a send buffer), unpack (a receive buffer into
@@ -553,13 +596,8 @@ extern "C" __global__ void copy_rows(
     const u32* __restrict__ dst_rows,
     u64 count)
 {
-#if RANK % 4 == 0
-    const u64 per = RANK / 4;
-#else
-    const u64 per = RANK;
-#endif
-    const u64 n = count * per;
-    for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (u64)blockDim.x) {
+    const u64 per = ROW_PIECES;
+    GRID_STRIDE(e, count * per) {
         const u64 i = e / per, c = e % per;
         const u64 s = src_rows ? (u64)src_rows[i] : i;
         const u64 d = dst_rows ? (u64)dst_rows[i] : i;

@@ -125,6 +125,7 @@ pub enum Kernel {
     CpdScale,
     CpdReduce,
     CopyRows,
+    SumParts,
     CpdColumnStats,
     UniformFill,
     AdmmBlocks,
@@ -164,7 +165,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every entry function of every source.
-    pub const ALL: [Kernel; 52] = [
+    pub const ALL: [Kernel; 53] = [
         Kernel::MttkrpCooAtomic,
         Kernel::StoreF32,
         Kernel::MttkrpFcoo,
@@ -182,6 +183,7 @@ impl Kernel {
         Kernel::CpdScale,
         Kernel::CpdReduce,
         Kernel::CopyRows,
+        Kernel::SumParts,
         Kernel::CpdColumnStats,
         Kernel::UniformFill,
         Kernel::AdmmBlocks,
@@ -240,6 +242,7 @@ impl Kernel {
             Kernel::CpdScale => (KernelSource::Dense, "cpd_scale"),
             Kernel::CpdReduce => (KernelSource::Dense, "cpd_reduce"),
             Kernel::CopyRows => (KernelSource::Dense, "copy_rows"),
+            Kernel::SumParts => (KernelSource::Dense, "sum_parts"),
             Kernel::CpdColumnStats => (KernelSource::Dense, "cpd_column_stats"),
             Kernel::UniformFill => (KernelSource::Dense, "uniform_fill"),
             Kernel::AdmmBlocks => (KernelSource::Admm, "admm_blocks"),

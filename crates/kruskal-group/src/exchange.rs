@@ -63,8 +63,32 @@ pub(super) struct Shared {
     /// Per mode, whether only its owners read it (a split plan's cut
     /// mode): its exchange sends nothing.
     pub(super) local: Vec<bool>,
+    /// Per mode, how its partial sums reach their owners by peer copies
+    /// (`None`: by NCCL's reductions, or the mode is not partial).
+    pub(super) copy_reduce: Vec<Option<CopyReduce>>,
+    /// `sent[h][o]`: GPU `h`'s copy of its partial sums of GPU `o`'s rows,
+    /// done once this event is (recorded by `h`, waited on and taken by
+    /// `o` within one MTTKRP).
+    pub(super) sent: Mutex<Vec<Vec<Option<cudarc::driver::CudaEvent>>>>,
     pub(super) collective: Option<Collective>,
     pub(super) timeout: Duration,
+}
+
+/// A partial mode's reduction by peer copies (one process, peer access
+/// between every pair): each GPU computes the partial MTTKRP owner by
+/// owner, its own rows last, and copies each other owner's rows with
+/// nonzeros into that owner's receive buffer as soon as they are summed,
+/// so the copies run on the copy engines beside the rest of the MTTKRP;
+/// each owner then adds the blocks it received to its own
+/// (`sum_parts`).
+pub(super) struct CopyReduce {
+    /// Per GPU `g`, the first element of each owner's rows in `g`'s shard
+    /// of the mode (`gpus + 1` offsets).
+    pub(super) offsets: Vec<Vec<u64>>,
+    /// Per owner, the device address of its receive buffer: a block of its
+    /// rows with nonzeros per other GPU, sender `h`'s at block `h` (`h - 1`
+    /// past the owner).
+    pub(super) recv: Vec<u64>,
 }
 
 impl Shared {
@@ -116,6 +140,12 @@ pub(super) struct ChosenExchange {
     /// Peer-to-peer copies only: whether every pair has peer access (a
     /// kernel can then read a peer's memory).
     pub(super) direct: bool,
+    /// Per mode, for a partial mode reduced by peer copies: each GPU's
+    /// nonzeros per owner of their rows ([`RowShards::owner_counts`]);
+    /// empty or `None` otherwise.
+    ///
+    /// [`RowShards::owner_counts`]: kruskal_partition::RowShards::owner_counts
+    pub(super) copy_reduce: Vec<Option<Vec<u64>>>,
 }
 
 /// The exchange of a group of `gpus` (opened from `ordinals`) in one
@@ -173,13 +203,14 @@ pub(super) fn choose(
         note: exchange_note,
         collective: comms,
         direct,
+        copy_reduce: Vec::new(),
     })
 }
 
 /// Peer access between every pair that supports it (NVLink or PCIe P2P);
 /// copies between other pairs go through host memory, which the driver
 /// handles. True when every pair has it.
-fn enable_peer_access(gpus: &[Arc<Gpu>]) -> Result<bool> {
+pub(super) fn enable_peer_access(gpus: &[Arc<Gpu>]) -> Result<bool> {
     let mut all = true;
     for a in gpus {
         for b in gpus {

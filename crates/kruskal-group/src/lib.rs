@@ -57,6 +57,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cudarc::driver::{CudaSlice, DevicePtr};
 use kruskal_formats::SparseTensor;
 use kruskal_partition::{RowReaders, RowShards};
 use ndarray::Array2;
@@ -81,7 +82,7 @@ pub use residency::{Residency, StreamPolicy};
 pub use sparse::{ExchangeVolume, RowExchange};
 pub use worker::WARPS;
 
-use exchange::{ChosenExchange, Collective, Shared, TimedBarrier};
+use exchange::{ChosenExchange, Collective, CopyReduce, Shared, TimedBarrier};
 use residency::{decide_residency, resident_bytes};
 use sparse::{DeviceLists, SparsePlan};
 use worker::{Cmd, Reply, Shard, Worker, WorkerHandle};
@@ -107,6 +108,11 @@ pub struct GroupOptions {
     pub segment_bytes: usize,
     /// Longest wait for any GPU operation.
     pub timeout: Duration,
+    /// How a split plan's partial sums reach their owners in one process:
+    /// by NCCL's reductions (the default) or by peer copies beside the
+    /// MTTKRP (where every pair of GPUs has peer access and every shard
+    /// stays resident).
+    pub reduce: PartialReduce,
     /// Test hook: GPU `.0` runs a trapping kernel before its `.1`-th
     /// MTTKRP (counted from 0), putting it into a real CUDA error. Used
     /// by the failure tests only (`None` everywhere else); always compiled,
@@ -126,6 +132,7 @@ impl Default for GroupOptions {
             streams: 3,
             segment_bytes: 256 << 20,
             timeout: Duration::from_secs(300),
+            reduce: PartialReduce::Nccl,
             fault: None,
         }
     }
@@ -266,8 +273,27 @@ impl GpuGroup {
                     && build::fits(&plan, g, t.nnz(), resident_bytes(&plan, g, rank), free[g])
             });
         // NCCL's communicators start on a thread of their own meanwhile.
-        let (shards, chosen) = std::thread::scope(|s| -> Result<_> {
+        // A split plan's reduction by peer copies needs every shard
+        // resident and each GPU's nonzeros per owner (counted meanwhile).
+        let copy_candidate = m > 1
+            && opts.reduce == PartialReduce::Copies
+            && plan.split().is_some()
+            && residency
+                .iter()
+                .all(|r| r.iter().all(|x| *x == Residency::Resident));
+        let (shards, mut chosen, pairs) = std::thread::scope(|s| -> Result<_> {
             let nccl = s.spawn(|| exchange::choose(ordinals, &gpus, opts.exchange));
+            let pairs = s.spawn(|| -> Result<Vec<Option<Vec<u64>>>> {
+                (0..n)
+                    .map(|mode| {
+                        if copy_candidate && plan.partial(mode) {
+                            plan.owner_counts(t, mode).map(Some).map_err(prepare)
+                        } else {
+                            Ok(None)
+                        }
+                    })
+                    .collect()
+            });
             let shards = if on_device {
                 let t0 = Instant::now();
                 let built: Vec<Result<build::Built>> = std::thread::scope(|s| {
@@ -306,8 +332,17 @@ impl GpuGroup {
             let chosen = nccl
                 .join()
                 .unwrap_or_else(|p| std::panic::resume_unwind(p))?;
-            Ok((shards, chosen))
+            let pairs = pairs
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+            Ok((shards, chosen, pairs))
         })?;
+        if pairs.iter().any(Option::is_some)
+            && chosen.exchange == Some(Exchange::Nccl)
+            && exchange::enable_peer_access(&gpus)?
+        {
+            chosen.copy_reduce = pairs;
+        }
 
         // Which rows travel.
         let members: Vec<usize> = (0..m).collect();
@@ -559,6 +594,7 @@ impl GpuGroup {
             note: None,
             collective: Some(Collective::Process(Arc::new(pc))),
             direct: false,
+            copy_reduce: Vec::new(),
         };
         let mut group = Self::start(
             vec![gpu],
@@ -591,8 +627,9 @@ impl GpuGroup {
     ) -> Result<Self> {
         let ChosenExchange {
             exchange,
-            note: exchange_note,
+            note: mut exchange_note,
             collective,
+            copy_reduce,
             ..
         } = chosen;
         let SparsePlan {
@@ -614,6 +651,54 @@ impl GpuGroup {
                 Some(this)
             })
             .collect();
+        // Receive buffers of the reductions by peer copies, per local GPU
+        // and mode: a block of the owner's rows with nonzeros per other
+        // GPU. Where one does not fit, NCCL reduces every mode instead.
+        let mut reduce_bufs: Vec<Vec<Option<CudaSlice<f32>>>> =
+            (0..m).map(|_| (0..n).map(|_| None).collect()).collect();
+        let mut copy_modes: Vec<Option<CopyReduce>> = (0..n).map(|_| None).collect();
+        if copy_reduce.iter().any(Option::is_some) {
+            let built = (0..n)
+                .map(|mode| -> Result<Option<CopyReduce>> {
+                    let Some(pairs) = copy_reduce.get(mode).and_then(Option::as_ref) else {
+                        return Ok(None);
+                    };
+                    let mut recv = Vec::with_capacity(m);
+                    for (slot, gpu) in gpus.iter().enumerate() {
+                        let live = plan.rows_with_nonzeros(mode, slot).len();
+                        let buf = gpu.alloc_zeros::<f32>(
+                            "a receive buffer of the partial sums",
+                            (m - 1) * live * rank,
+                        )?;
+                        recv.push(buf.device_ptr(gpu.stream()).0);
+                        reduce_bufs[slot][mode] = Some(buf);
+                    }
+                    let offsets = (0..m)
+                        .map(|g| {
+                            std::iter::once(0)
+                                .chain(pairs[g * m..(g + 1) * m].iter().scan(0u64, |acc, &c| {
+                                    *acc += c;
+                                    Some(*acc)
+                                }))
+                                .collect()
+                        })
+                        .collect();
+                    Ok(Some(CopyReduce { offsets, recv }))
+                })
+                .collect::<Result<Vec<_>>>();
+            match built {
+                Ok(modes) => {
+                    copy_modes = modes;
+                    exchange_note = Some(
+                        "nccl; a split plan's partial sums reach their owners by peer copies \
+                         beside the MTTKRP"
+                            .into(),
+                    );
+                }
+                Err(_) => reduce_bufs.iter_mut().flatten().for_each(|b| *b = None),
+            }
+        }
+        let copying = copy_modes.iter().any(Option::is_some);
         let shared = Arc::new(Shared {
             abort: AtomicBool::new(false),
             barrier: TimedBarrier::new(m),
@@ -633,13 +718,24 @@ impl GpuGroup {
             sparse: sparse_modes,
             partial: (0..n).map(|mode| plan.partial(mode)).collect(),
             local: (0..n).map(|mode| plan.split() == Some(mode)).collect(),
+            copy_reduce: copy_modes,
+            sent: Mutex::new(
+                (0..plan.gpus())
+                    .map(|_| (0..plan.gpus()).map(|_| None).collect())
+                    .collect(),
+            ),
             collective,
             timeout: opts.timeout,
         });
 
         let (reply_tx, replies) = mpsc::channel();
         let mut workers = Vec::with_capacity(m);
-        for (slot, (shards, lists)) in shards.into_iter().zip(host_lists).enumerate() {
+        for (slot, ((shards, lists), reduce_bufs)) in shards
+            .into_iter()
+            .zip(host_lists)
+            .zip(reduce_bufs)
+            .enumerate()
+        {
             let gpu = &gpus[slot];
             let lists = lists
                 .iter()
@@ -675,6 +771,16 @@ impl GpuGroup {
                 updated: vec![false; n],
                 exchanged: vec![false; n],
                 admm: None,
+                copy_stream: if copying {
+                    Some(
+                        gpu.context()
+                            .new_stream()
+                            .map_err(driver("creating a copy stream"))?,
+                    )
+                } else {
+                    None
+                },
+                reduce_bufs,
                 calls: 0,
                 fault: opts
                     .fault
@@ -1218,6 +1324,44 @@ impl GpuGroup {
             )));
         }
         Ok(())
+    }
+}
+
+/// How a split plan's partial sums reach their owners (`--partial-reduce`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PartialReduce {
+    /// Peer copies on the copy engines, each owner's rows sent as soon as
+    /// a GPU has summed them, while it sums the next owner's; the owner
+    /// adds what it received. Needs one process, peer access between
+    /// every pair and resident shards; NCCL's reductions otherwise. Not
+    /// the default: on 2 x H200 the exposed reduction fell from 0.57 to
+    /// 0.12 ms per mode of nell-1, but the MTTKRP beside the copies rose
+    /// from 3.12 to 3.84 ms (docs/performance.md).
+    Copies,
+    /// One NCCL reduction per owner after the whole MTTKRP.
+    #[default]
+    Nccl,
+}
+
+impl PartialReduce {
+    /// The name `--partial-reduce` spells.
+    pub fn name(self) -> &'static str {
+        match self {
+            PartialReduce::Copies => "copies",
+            PartialReduce::Nccl => "nccl",
+        }
+    }
+}
+
+impl std::str::FromStr for PartialReduce {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "copies" => Ok(PartialReduce::Copies),
+            "nccl" => Ok(PartialReduce::Nccl),
+            other => Err(format!("takes copies or nccl, not '{other}'")),
+        }
     }
 }
 

@@ -138,6 +138,10 @@ pub(super) struct Worker {
     pub(super) exchanged: Vec<bool>,
     /// AO-ADMM's kernels, H and U (made at the first inner loop).
     pub(super) admm: Option<AdmmState>,
+    /// The stream of the copies of a reduction by peer copies.
+    pub(super) copy_stream: Option<Arc<CudaStream>>,
+    /// Per mode, the receive buffer of its reduction by peer copies.
+    pub(super) reduce_bufs: Vec<Option<CudaSlice<f32>>>,
     /// MTTKRPs queued so far.
     pub(super) calls: usize,
     /// The MTTKRP (counted from 0) this GPU traps before.
@@ -396,15 +400,61 @@ impl Worker {
         let at = (row_lo, mode as i32);
         match &self.shards[mode] {
             Shard::Resident { elems, count } => {
-                let (count, isp) = (*count, self.isp_len(*count));
-                if count > 0 {
-                    let factors = self.factors.as_ref().expect("checked above");
-                    let out = self.outputs[mode].as_mut().expect("allocated above");
-                    // SAFETY: `elems` holds the shard's `count` elements.
-                    unsafe { launch_shard(&main, &kernel, elems, factors, out, &at, count, isp) }?;
-                    let done = self.gpu.timing_event()?;
-                    done.record(&main).map_err(driver("recording an event"))?;
-                    launches.push((None, done));
+                let (base, _sync) = elems.device_ptr(&main);
+                let shared = self.shared.clone();
+                let bytes = ((n + 1) * 4) as u64;
+                match &shared.copy_reduce[mode] {
+                    Some(cr) => {
+                        // Owner by owner, this GPU's own rows last; each
+                        // other owner's partial sums leave on the copy
+                        // stream as soon as they are summed.
+                        let m = shared.rows[mode].len();
+                        let offsets = &cr.offsets[self.g];
+                        for k in 1..=m {
+                            let o = (self.g + k) % m;
+                            let (lo, hi) = (offsets[o], offsets[o + 1]);
+                            if hi > lo {
+                                let isp = self.isp_len(hi - lo);
+                                let factors = self.factors.as_ref().expect("checked above");
+                                let out = self.outputs[mode].as_mut().expect("allocated above");
+                                // SAFETY: elements `lo .. hi` of the shard
+                                // are owner `o`'s rows' (`offsets`).
+                                unsafe {
+                                    launch_shard(
+                                        &main,
+                                        &kernel,
+                                        base + lo * bytes,
+                                        factors,
+                                        out,
+                                        &at,
+                                        hi - lo,
+                                        isp,
+                                    )
+                                }?;
+                                let done = self.gpu.timing_event()?;
+                                done.record(&main).map_err(driver("recording an event"))?;
+                                launches.push((None, done));
+                            }
+                            if o != self.g {
+                                self.send_partial(mode, o, cr.recv[o])?;
+                            }
+                        }
+                    }
+                    None => {
+                        let (count, isp) = (*count, self.isp_len(*count));
+                        if count > 0 {
+                            let factors = self.factors.as_ref().expect("checked above");
+                            let out = self.outputs[mode].as_mut().expect("allocated above");
+                            // SAFETY: `elems` holds the shard's `count`
+                            // elements.
+                            unsafe {
+                                launch_shard(&main, &kernel, base, factors, out, &at, count, isp)
+                            }?;
+                            let done = self.gpu.timing_event()?;
+                            done.record(&main).map_err(driver("recording an event"))?;
+                            launches.push((None, done));
+                        }
+                    }
                 }
             }
             Shard::Streamed { host, first, count } => {
@@ -446,7 +496,7 @@ impl Worker {
                     let isp = self.isp_len(len);
                     let factors = self.factors.as_ref().expect("checked above");
                     let out = self.outputs[mode].as_mut().expect("allocated above");
-                    let buf = &self.segment_bufs[k];
+                    let (buf, _sync) = self.segment_bufs[k].device_ptr(&stream);
                     // SAFETY: the buffer holds the segment's `len` elements,
                     // copied just before on the same stream.
                     unsafe { launch_shard(&stream, &kernel, buf, factors, out, &at, len, isp) }?;
@@ -460,7 +510,11 @@ impl Worker {
         }
         end.record(&main).map_err(driver("recording an event"))?;
         let reduced = if partial {
-            self.reduce_partial(mode)?;
+            if self.shared.copy_reduce[mode].is_some() {
+                self.sum_received(mode)?;
+            } else {
+                self.reduce_partial(mode)?;
+            }
             let e = self.gpu.timing_event()?;
             e.record(&main).map_err(driver("recording an event"))?;
             Some(e)
@@ -516,6 +570,106 @@ impl Worker {
             .map_err(nccl_err)?;
         }
         nccl.group_end().map_err(nccl_err)
+    }
+
+    /// Queues the copy of this GPU's partial sums of owner `o`'s rows with
+    /// nonzeros into `o`'s receive buffer (at `recv`), on the copy stream
+    /// after the MTTKRP queued so far, and records its end for `o`.
+    fn send_partial(&self, mode: usize, o: usize, recv: u64) -> Result<()> {
+        let live = self.shared.live[mode][o].clone();
+        if live.is_empty() {
+            return Ok(());
+        }
+        let main = self.gpu.stream().clone();
+        let copy = self
+            .copy_stream
+            .clone()
+            .ok_or_else(|| DeviceError::Shape("no copy stream for the reduction".into()))?;
+        let summed = main
+            .record_event(None)
+            .map_err(driver("recording an event"))?;
+        copy.wait(&summed)
+            .map_err(driver("ordering the copy stream"))?;
+        let row_bytes = (self.rank * 4) as u64;
+        let block = if self.g < o { self.g } else { self.g - 1 } as u64;
+        let out = self.outputs[mode]
+            .as_ref()
+            .expect("allocated by the MTTKRP");
+        let (src, _sync) = out.device_ptr(&copy);
+        // SAFETY: the rows lie inside this GPU's output (every row of a
+        // partial mode), summed before the event the copy stream waits
+        // on; the block lies inside `o`'s receive buffer (a block of
+        // `live.len()` rows per sender), which lives with the group and
+        // is read only by `o`'s sum after the copy's event.
+        unsafe {
+            cudarc::driver::result::memcpy_peer_async(
+                self.shared.contexts[o].cu_ctx(),
+                recv + block * live.len() as u64 * row_bytes,
+                self.shared.contexts[self.slot].cu_ctx(),
+                src + u64::from(live.start) * row_bytes,
+                live.len() * self.rank * 4,
+                copy.cu_stream(),
+            )
+        }
+        .map_err(driver("copying partial sums to their owner"))?;
+        let sent = copy
+            .record_event(None)
+            .map_err(driver("recording an event"))?;
+        self.shared.sent.lock().expect("sent events")[self.g][o] = Some(sent);
+        Ok(())
+    }
+
+    /// After every GPU queued its copies (a barrier): waits for the blocks
+    /// sent to this GPU and adds them to its own rows with nonzeros, in
+    /// sender order, on the main stream.
+    fn sum_received(&self, mode: usize) -> Result<()> {
+        self.barrier()?;
+        let live = self.shared.live[mode][self.g].clone();
+        if live.is_empty() {
+            return Ok(());
+        }
+        let main = self.gpu.stream().clone();
+        let m = self.shared.rows[mode].len();
+        let received: Vec<cudarc::driver::CudaEvent> = {
+            let mut sent = self.shared.sent.lock().expect("sent events");
+            (0..m)
+                .filter(|&h| h != self.g)
+                .map(|h| sent[h][self.g].take())
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| DeviceError::Shape("a GPU sent no partial sums".into()))?
+        };
+        for e in &received {
+            main.wait(e).map_err(driver("waiting for a peer's copy"))?;
+        }
+        let r = self.rank;
+        let f = self.gpu.kernels().function(
+            self.gpu.context(),
+            Kernel::SumParts,
+            &[("RANK", r as i64)],
+        )?;
+        let parts = self.reduce_bufs[mode]
+            .as_ref()
+            .ok_or_else(|| DeviceError::Shape("no receive buffer for the reduction".into()))?;
+        let out = self.outputs[mode]
+            .as_ref()
+            .expect("allocated by the MTTKRP");
+        let (out_ptr, _s1) = out.device_ptr(&main);
+        let (parts_ptr, _s2) = parts.device_ptr(&main);
+        let out_at = out_ptr + u64::from(live.start) * (r * 4) as u64;
+        let (nparts, stride, count) = ((m - 1) as u32, live.len() as u64, live.len() as u64);
+        let per = if r % 4 == 0 { r / 4 } else { r } as u64;
+        let mut l = main.launch_builder(&f);
+        l.arg(&out_at)
+            .arg(&parts_ptr)
+            .arg(&nparts)
+            .arg(&stride)
+            .arg(&count);
+        // SAFETY: `out_at` starts this GPU's `count` rows with nonzeros in
+        // its output; the receive buffer holds `nparts` blocks of `count`
+        // rows, each written by a copy the stream waited for above.
+        unsafe { l.launch(kruskal_device::grid_stride(count * per, 256)) }
+            .map_err(driver("launching sum_parts"))?;
+        Ok(())
     }
 
     fn sync(&mut self) -> Result<MttkrpTimes> {
@@ -713,7 +867,7 @@ fn own_rows<'a>(
 unsafe fn launch_shard(
     stream: &Arc<CudaStream>,
     kernel: &cudarc::driver::CudaFunction,
-    elems: &CudaSlice<u32>,
+    elems: u64,
     factors: &DeviceFactors,
     out: &mut CudaSlice<f32>,
     at: &(u32, i32),
@@ -721,7 +875,7 @@ unsafe fn launch_shard(
     isp: u64,
 ) -> Result<()> {
     let mut l = stream.launch_builder(kernel);
-    l.arg(elems)
+    l.arg(&elems)
         .arg(&count)
         .arg(&isp)
         .arg(factors.data())

@@ -507,6 +507,33 @@ impl RowShards {
         Ok(out)
     }
 
+    /// Nonzeros of each GPU's shard of `mode` per owner of their `mode`
+    /// row: `counts[g * gpus + o]`. A shard is sorted by `mode`'s row and
+    /// each owner's rows are one range of labels, so GPU `g`'s elements of
+    /// owner `o`'s rows are one range of its shard, after those of owners
+    /// `0 .. o`. (Rows by owner: only `g == o` counts; a split plan's
+    /// partial mode spreads every GPU's shard over every owner.)
+    ///
+    /// Cost: one parallel pass over the nonzeros' indices of `mode` and of
+    /// the mode the shards follow.
+    pub fn owner_counts(&self, t: &SparseTensor, mode: usize) -> Result<Vec<u64>> {
+        if mode >= self.dims.len() || t.dims() != self.dims.as_slice() {
+            return Err(PartitionError::Argument(format!(
+                "mode {mode} of a tensor of dims {:?} for a plan of dims {:?}",
+                t.dims(),
+                self.dims
+            )));
+        }
+        let indices: Vec<&[u32]> = t.indices().iter().map(Vec::as_slice).collect();
+        let shard = self.shard_mode(mode);
+        let m = self.gpus;
+        tally(m * m, t.nnz(), |k| {
+            let g = self.owner(shard, self.label_of(&indices, shard, k)?);
+            let o = self.owner(mode, self.label_of(&indices, mode, k)?);
+            Ok(Some(g * m + o))
+        })
+    }
+
     /// [`RowShards::local_elements`] of a partial mode of a split plan:
     /// the nonzeros whose row of the cut mode GPU `g` owns, sorted by
     /// `mode`'s row. Their count per row of `mode` is tallied first (one
@@ -660,6 +687,10 @@ impl RowShards {
     }
 }
 
+/// Up to this many slots, [`tally`] counts per task instead of with shared
+/// atomics.
+const FEW_SLOTS: usize = 4096;
+
 /// Nonzeros per slot of `slots`: `slot_of(k)` is nonzero `k`'s slot, or
 /// `None` for a nonzero not counted (one parallel pass over `nnz`
 /// nonzeros; its first error is returned).
@@ -668,6 +699,31 @@ fn tally(
     nnz: usize,
     slot_of: impl Fn(usize) -> Result<Option<usize>> + Sync,
 ) -> Result<Vec<u64>> {
+    if slots <= FEW_SLOTS {
+        // Few slots (pairs of GPUs): a count per task, added up after, as
+        // atomics on a handful of counters would serialize every thread.
+        return (0..nnz.div_ceil(SCATTER_CHUNK))
+            .into_par_iter()
+            .try_fold(
+                || vec![0u64; slots],
+                |mut acc, chunk| -> Result<Vec<u64>> {
+                    let lo = chunk * SCATTER_CHUNK;
+                    for k in lo..(lo + SCATTER_CHUNK).min(nnz) {
+                        if let Some(slot) = slot_of(k)? {
+                            acc[slot] += 1;
+                        }
+                    }
+                    Ok(acc)
+                },
+            )
+            .try_reduce(
+                || vec![0u64; slots],
+                |mut a, b| {
+                    a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
+                    Ok(a)
+                },
+            );
+    }
     let tally: Vec<AtomicU64> = (0..slots)
         .into_par_iter()
         .map(|_| AtomicU64::new(0))
@@ -993,8 +1049,57 @@ mod tests {
             }
             // Each GPU's shards picked out alone are its slices of the fill.
             check_local_elements(&t, &plan);
+            // Each GPU's elements of each owner's rows are one range of its
+            // shard, as `owner_counts` counts them.
+            for mode in 0..3 {
+                let counts = plan.owner_counts(&t, mode).unwrap();
+                let mut elems = vec![0u32; t.nnz() * stride];
+                let offsets = plan.fill_elements(&t, mode, &mut elems).unwrap();
+                for g in 0..gpus {
+                    let shard = &elems[offsets[g] as usize * stride..offsets[g + 1] as usize * stride];
+                    let mut at = 0usize;
+                    for o in 0..gpus {
+                        let c = counts[g * gpus + o] as usize;
+                        for e in shard[at * stride..(at + c) * stride].chunks(stride) {
+                            prop_assert_eq!(plan.owner(mode, e[mode]), o);
+                        }
+                        at += c;
+                    }
+                    prop_assert_eq!(at as u64, plan.nnz(mode, g));
+                }
+            }
             prop_assert!(plan.split_by(3).is_err());
             prop_assert!(plan.prefer_readers(&t, 0).is_err());
+        }
+    }
+
+    #[test]
+    fn a_tally_counts_alike_with_few_slots_and_with_many() {
+        let nnz = 3 * SCATTER_CHUNK + 17;
+        for slots in [1, 7, FEW_SLOTS, FEW_SLOTS + 1, 20_000] {
+            // Every third nonzero is left out; the others go to slots by a
+            // hash, so the counts differ from slot to slot.
+            let slot_of = |k: usize| -> Result<Option<usize>> {
+                Ok((k % 3 != 0).then(|| (k.wrapping_mul(2_654_435_761) >> 7) % slots))
+            };
+            let mut want = vec![0u64; slots];
+            for k in 0..nnz {
+                if let Some(s) = slot_of(k).unwrap() {
+                    want[s] += 1;
+                }
+            }
+            assert_eq!(tally(slots, nnz, slot_of).unwrap(), want, "{slots} slots");
+        }
+        // The first error comes back, with either way of counting.
+        for slots in [4, 20_000] {
+            let bad = |k: usize| -> Result<Option<usize>> {
+                if k == 12_345 {
+                    Err(PartitionError::Argument("nonzero 12345".into()))
+                } else {
+                    Ok(Some(k % slots))
+                }
+            };
+            assert!(tally(slots, nnz, bad).is_err());
         }
     }
 

@@ -254,6 +254,7 @@ pub enum OnOff {
 const DEFAULT_STREAM: &str = "auto";
 const DEFAULT_EXCHANGE_ROWS: &str = "auto";
 const DEFAULT_GPU_PLAN: &str = "auto";
+const DEFAULT_PARTIAL_REDUCE: &str = "nccl";
 const DEFAULT_STREAMS: usize = 3;
 const DEFAULT_SEGMENT_MB: usize = 256;
 const DEFAULT_GPU_TIMEOUT_S: u64 = 300;
@@ -285,6 +286,12 @@ pub struct MultiGpuArgs {
     /// rows; the output says which and why).
     #[arg(long, value_name = "auto|rows|split[:MODE]", default_value = DEFAULT_GPU_PLAN)]
     pub gpu_plan: String,
+    /// How a split plan's partial sums reach their owners in one process:
+    /// nccl (NCCL's reductions after the MTTKRP) or copies (peer copies on
+    /// the copy engines while the MTTKRP goes on, where every pair of GPUs
+    /// has peer access and every shard is resident; NCCL otherwise).
+    #[arg(long, value_name = "copies|nccl", default_value = DEFAULT_PARTIAL_REDUCE)]
+    pub partial_reduce: String,
     /// Stream shards from pinned host memory: auto (only what does not
     /// fit), always, never.
     #[arg(long, value_name = "auto|always|never", default_value = DEFAULT_STREAM)]
@@ -308,13 +315,14 @@ impl MultiGpuArgs {
         let changed = self.exchange.is_some()
             || self.exchange_rows != DEFAULT_EXCHANGE_ROWS
             || self.gpu_plan != DEFAULT_GPU_PLAN
+            || self.partial_reduce != DEFAULT_PARTIAL_REDUCE
             || self.stream != DEFAULT_STREAM
             || self.streams != DEFAULT_STREAMS
             || self.segment_mb != DEFAULT_SEGMENT_MB
             || self.gpu_timeout_s != DEFAULT_GPU_TIMEOUT_S;
         if changed && !several && self.gpus.is_none() {
             bail!(
-                "--exchange, --exchange-rows, --gpu-plan, --stream, --streams, --segment-mb and --gpu-timeout-s apply to runs on several GPUs (--gpus or --distributed)"
+                "--exchange, --exchange-rows, --gpu-plan, --partial-reduce, --stream, --streams, --segment-mb and --gpu-timeout-s apply to runs on several GPUs (--gpus or --distributed)"
             );
         }
         Ok(())
@@ -357,6 +365,10 @@ impl MultiGpuArgs {
             .gpu_plan
             .parse::<kruskal_group::PlanChoice>()
             .map_err(|e| anyhow::anyhow!("--gpu-plan {e}"))?;
+        let reduce = self
+            .partial_reduce
+            .parse::<kruskal_group::PartialReduce>()
+            .map_err(|e| anyhow::anyhow!("--partial-reduce {e}"))?;
         let stream = match self.stream.as_str() {
             "auto" => StreamPolicy::Auto,
             "always" => StreamPolicy::Always,
@@ -371,6 +383,7 @@ impl MultiGpuArgs {
             exchange,
             rows,
             plan,
+            reduce,
             stream,
             streams: self.streams,
             segment_bytes: self.segment_mb << 20,
