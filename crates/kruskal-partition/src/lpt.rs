@@ -66,6 +66,15 @@ fn by_weight_desc(weights: &[u64]) -> Vec<u32> {
 /// Cost: a parallel sort of the units, then O(units log kappa).
 pub fn lpt(weights: &[u64], kappa: usize) -> Assignment {
     let kappa = kappa.max(1);
+    if kappa <= SCAN_PARTS {
+        lpt_scan(weights, kappa)
+    } else {
+        lpt_heap(weights, kappa)
+    }
+}
+
+/// [`lpt`] with the least loaded partition taken from a heap.
+fn lpt_heap(weights: &[u64], kappa: usize) -> Assignment {
     let mut part_of = vec![0u32; weights.len()];
     let mut loads = vec![0u64; kappa];
     let mut heap: BinaryHeap<Reverse<(u64, u32)>> =
@@ -76,6 +85,29 @@ pub fn lpt(weights: &[u64], kappa: usize) -> Assignment {
         part_of[u as usize] = p;
         loads[p as usize] = load;
         heap.push(Reverse((load, p)));
+    }
+    Assignment { part_of, loads }
+}
+
+/// Up to this many partitions (the GPUs of a host), [`lpt`] finds the least
+/// loaded one by a scan of the loads instead of a heap: the same choice
+/// (the smallest load, ties to the lowest id), about three times faster
+/// per unit, and millions of units go through this loop one by one.
+const SCAN_PARTS: usize = 8;
+
+/// [`lpt`] with the least loaded partition found by a scan.
+fn lpt_scan(weights: &[u64], kappa: usize) -> Assignment {
+    let mut part_of = vec![0u32; weights.len()];
+    let mut loads = vec![0u64; kappa];
+    for u in by_weight_desc(weights) {
+        let mut p = 0;
+        for q in 1..kappa {
+            if loads[q] < loads[p] {
+                p = q;
+            }
+        }
+        loads[p] += weights[u as usize];
+        part_of[u as usize] = p as u32;
     }
     Assignment { part_of, loads }
 }
@@ -186,6 +218,18 @@ mod tests {
         assert!(e.part_of.is_empty());
         assert_eq!(e.max_load(), 0);
         assert_eq!(Balance::of(&e.loads).max_over_mean(), 1.0);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn the_scan_and_the_heap_assign_alike(
+            weights in proptest::collection::vec(0u64..6, 0..300),
+            kappa in 1usize..=SCAN_PARTS,
+        ) {
+            // Small weights: many ties between units and between loads.
+            prop_assert_eq!(lpt_scan(&weights, kappa), lpt_heap(&weights, kappa));
+        }
     }
 
     proptest! {

@@ -86,7 +86,8 @@ impl RowShards {
     /// Errors: no GPU, no mode, a count list whose length is not its
     /// dimension, or modes whose counts add up to different nonzero totals.
     ///
-    /// Cost: greedy LPT per mode, `O(dims[mode] log dims[mode])`.
+    /// Cost: greedy LPT per mode, `O(dims[mode] log dims[mode])`, the modes
+    /// at once.
     pub fn from_counts(dims: &[u32], counts: Vec<Vec<u64>>, gpus: usize) -> Result<Self> {
         if gpus == 0 {
             return Err(PartitionError::Argument(
@@ -125,9 +126,16 @@ impl RowShards {
         let mut loads = Vec::with_capacity(n);
         let mut new_counts_all = Vec::with_capacity(n);
         let mut nonempty_all = Vec::with_capacity(n);
-        for old_counts in counts {
-            let assignment = assign_rows(&old_counts, gpus);
-            let l = Labels::of(&old_counts, &assignment.part_of, gpus);
+        // The modes at once: each one's LPT walks its rows one by one.
+        let planned: Vec<(crate::lpt::Assignment, Labels)> = counts
+            .into_par_iter()
+            .map(|old_counts| {
+                let assignment = assign_rows(&old_counts, gpus);
+                let l = Labels::of(&old_counts, &assignment.part_of, gpus);
+                (assignment, l)
+            })
+            .collect();
+        for (assignment, l) in planned {
             nonempty_all.push(l.nonempty);
             relabel.push(l.labels);
             row_ptr.push(l.ptr);
