@@ -10,7 +10,16 @@
 //! mode, the kappa flag and the R column norms; per outer iteration, the
 //! log-likelihood. Every sum runs in a fixed order, so a run is
 //! bit-identical run to run on one GPU.
+//!
+//! A GPU may hold a *part* of the work ([`AprGpu::new_part`]): for each
+//! mode, a range of rows it owns and the sorted copy of those rows'
+//! nonzeros only, beside every factor whole. Its steps then read and write
+//! its own rows of the mode's factor and `Phi`; [`share_rows`] copies each
+//! part's rows of a mode to every other part (peer copies) once the mode
+//! is done. CP-APR updates a mode's rows independently of one another, so
+//! parts on several GPUs compute what one GPU does.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
@@ -131,23 +140,35 @@ struct DeviceCopy {
 /// pieces' sums of `Phi` (`R * 8` per piece of the mode with the most)
 /// and the partial sums.
 pub fn device_bytes(dims: &[u32], nnz: usize, rank: usize) -> Vec<(&'static str, u64)> {
+    let parts: Vec<(u64, u64)> = dims.iter().map(|&d| (u64::from(d), nnz as u64)).collect();
+    part_bytes(dims, rank, &parts)
+}
+
+/// [`device_bytes`] of a part ([`AprGpu::new_part`]): `owned[m]` is
+/// (rows owned, their nonzeros) of mode m. The factors and `Phi` are whole
+/// on every part; the copies, their pieces and `Pi` are the part's.
+pub fn part_bytes(dims: &[u32], rank: usize, owned: &[(u64, u64)]) -> Vec<(&'static str, u64)> {
     let nmodes = dims.len() as u64;
-    let (nnz, r) = (nnz as u64, rank as u64);
+    let r = rank as u64;
     let rows: u64 = dims.iter().map(|&d| u64::from(d)).sum();
-    let copies = nnz
-        .saturating_mul(8 + 4 * nmodes.saturating_sub(1))
-        .saturating_mul(nmodes)
-        .saturating_add(rows.saturating_add(nmodes).saturating_mul(8));
-    let pieces: u64 = dims
+    let copies = owned
         .iter()
-        .map(|&d| pieces_bound(u64::from(d), nnz).saturating_add(1))
+        .map(|&(rows, nnz)| {
+            nnz.saturating_mul(8 + 4 * nmodes.saturating_sub(1))
+                .saturating_add(rows.saturating_add(1).saturating_mul(8))
+        })
         .fold(0, u64::saturating_add);
-    let most = max_pieces(dims, nnz);
+    let pieces: u64 = owned
+        .iter()
+        .map(|&(rows, nnz)| pieces_bound(rows, nnz).saturating_add(1))
+        .fold(0, u64::saturating_add);
+    let most = max_pieces(owned);
+    let most_nnz = owned.iter().map(|p| p.1).max().unwrap_or(0);
     let matrix = rows.saturating_mul(r).saturating_mul(8);
     vec![
         ("sorted copies", copies),
         ("pieces", pieces.saturating_mul(12)),
-        ("Pi", nnz.saturating_mul(r).saturating_mul(8)),
+        ("Pi", most_nnz.saturating_mul(r).saturating_mul(8)),
         ("factors", matrix),
         ("Phi", matrix),
         ("pieces' sums", most.saturating_mul(r).saturating_mul(8)),
@@ -155,10 +176,12 @@ pub fn device_bytes(dims: &[u32], nnz: usize, rank: usize) -> Vec<(&'static str,
     ]
 }
 
-/// Pieces of the mode with the most, at most.
-fn max_pieces(dims: &[u32], nnz: u64) -> u64 {
-    dims.iter()
-        .map(|&d| pieces_bound(u64::from(d), nnz))
+/// Pieces of the mode with the most, at most (`owned`: rows and nonzeros
+/// per mode).
+fn max_pieces(owned: &[(u64, u64)]) -> u64 {
+    owned
+        .iter()
+        .map(|&(rows, nnz)| pieces_bound(rows, nnz))
         .max()
         .unwrap_or(0)
 }
@@ -170,6 +193,18 @@ fn partials_len(rank: usize) -> usize {
 /// Blocks of a warp-per-row kernel over `rows`.
 fn row_blocks(rows: usize) -> u32 {
     rows.div_ceil(WARPS_PER_BLOCK).clamp(1, ROW_BLOCKS) as u32
+}
+
+/// Blocks of `apr_phi`: a warp per piece, uncapped (each piece's sum is
+/// its own, so the grid does not change a result), so the hardware's block
+/// scheduler balances pieces of unequal length; a grid capped at
+/// [`ROW_BLOCKS`] left warps with one piece waiting on warps with two or
+/// three (a half share of 20M nonzeros took 0.58 of the whole's time on
+/// 2 x H200).
+fn piece_blocks(npieces: usize) -> u32 {
+    npieces
+        .div_ceil(WARPS_PER_BLOCK)
+        .clamp(1, i32::MAX as usize) as u32
 }
 
 /// Blocks of the column sums over `rows` (`SLOTS` rows per block pass).
@@ -200,7 +235,10 @@ pub struct AprGpu {
     gpu: Arc<Gpu>,
     rank: usize,
     dims: Vec<u32>,
-    nnz: usize,
+    /// The rows of each mode this GPU owns (all of them on one GPU).
+    own: Vec<Range<usize>>,
+    /// The nonzeros of each mode's sorted copy (those of the owned rows).
+    nnz: Vec<usize>,
     /// Element offset of each mode's factor (and Phi) in the buffers.
     starts: Vec<usize>,
     copies: Vec<Option<DeviceCopy>>,
@@ -222,8 +260,39 @@ impl AprGpu {
     /// tensor of `dims` with `nnz` nonzeros at `rank`, after checking that
     /// these and the sorted copies ([`device_bytes`]) fit in free memory.
     pub fn new(gpu: Arc<Gpu>, dims: &[u32], nnz: usize, rank: usize) -> Result<Self> {
+        let own: Vec<Range<usize>> = dims.iter().map(|&d| 0..d as usize).collect();
+        Self::new_part(gpu, dims, rank, &own, &vec![nnz; dims.len()])
+    }
+
+    /// [`AprGpu::new`] for a part of the work: rows `own[m]` of each mode m,
+    /// whose sorted copy will hold `nnz[m]` nonzeros. Every factor is held
+    /// whole; the steps touch only the owned rows of the mode they act on.
+    pub fn new_part(
+        gpu: Arc<Gpu>,
+        dims: &[u32],
+        rank: usize,
+        own: &[Range<usize>],
+        nnz: &[usize],
+    ) -> Result<Self> {
         check_rank(rank)?;
-        let need: u64 = device_bytes(dims, nnz, rank).iter().map(|p| p.1).sum();
+        if own.len() != dims.len()
+            || nnz.len() != dims.len()
+            || own
+                .iter()
+                .zip(dims)
+                .any(|(r, &d)| r.start > r.end || r.end > d as usize)
+        {
+            return Err(DeviceError::Shape(format!(
+                "owned rows {own:?} and nonzeros {nnz:?} do not fit dims {dims:?}"
+            )));
+        }
+        let owned: Vec<(u64, u64)> = own
+            .iter()
+            .zip(nnz)
+            .map(|(r, &n)| (r.len() as u64, n as u64))
+            .collect();
+        let need: u64 = part_bytes(dims, rank, &owned).iter().map(|p| p.1).sum();
+        let most_nnz = nnz.iter().copied().max().unwrap_or(0);
         gpu.ensure_free(
             "CP-APR's sorted copies, Pi, factors and Phi",
             usize::try_from(need).unwrap_or(usize::MAX),
@@ -238,10 +307,10 @@ impl AprGpu {
         Ok(AprGpu {
             factors: gpu.alloc_zeros("the CP-APR factors", at)?,
             phi: gpu.alloc_zeros("CP-APR's Phi", at)?,
-            pi: gpu.alloc_zeros("CP-APR's Pi", nnz * rank)?,
+            pi: gpu.alloc_zeros("CP-APR's Pi", most_nnz * rank)?,
             piece_sums: gpu.alloc_zeros(
                 "CP-APR's pieces of Phi",
-                usize::try_from(max_pieces(dims, nnz as u64))
+                usize::try_from(max_pieces(&owned))
                     .unwrap_or(usize::MAX)
                     .saturating_mul(rank),
             )?,
@@ -255,7 +324,8 @@ impl AprGpu {
             gpu,
             rank,
             dims: dims.to_vec(),
-            nnz,
+            own: own.to_vec(),
+            nnz: nnz.to_vec(),
             starts,
         })
     }
@@ -264,12 +334,24 @@ impl AprGpu {
         self.rank
     }
 
+    /// The rows of mode `mode` this GPU owns.
+    pub fn owned(&self, mode: usize) -> Range<usize> {
+        self.own[mode].clone()
+    }
+
     fn rows(&self, mode: usize) -> usize {
-        self.dims[mode] as usize
+        self.own[mode].len()
+    }
+
+    /// Where the owned rows of mode `mode` lie in the factor and `Phi`
+    /// buffers (elements).
+    fn range(&self, mode: usize) -> Range<usize> {
+        let own = &self.own[mode];
+        self.starts[mode] + own.start * self.rank..self.starts[mode] + own.end * self.rank
     }
 
     fn len(&self, mode: usize) -> usize {
-        self.starts[mode + 1] - self.starts[mode]
+        self.range(mode).len()
     }
 
     fn defines(&self) -> Vec<(&'static str, i64)> {
@@ -291,7 +373,7 @@ impl AprGpu {
             )));
         }
         let rows = self.rows(mode);
-        let nnz = self.nnz;
+        let nnz = self.nnz[mode];
         if copy.row_ptr.len() != rows + 1
             || copy.values.len() != nnz
             || copy.other.len() != (nmodes - 1) * nnz
@@ -350,11 +432,11 @@ impl AprGpu {
         }
         let stream = self.gpu.stream().clone();
         for (m, f) in factors.iter().enumerate() {
-            if f.dim() != (self.rows(m), self.rank) {
+            if f.dim() != (self.dims[m] as usize, self.rank) {
                 return Err(DeviceError::Shape(format!(
                     "factor {m} is {:?}, expected {} x {}",
                     f.dim(),
-                    self.rows(m),
+                    self.dims[m],
                     self.rank
                 )));
             }
@@ -371,29 +453,43 @@ impl AprGpu {
         Ok(())
     }
 
-    fn download(&self, what: &str, buf: &CudaSlice<f64>, mode: usize) -> Result<Array2<f64>> {
-        let (rows, r) = (self.rows(mode), self.rank);
-        let host = if rows * r == 0 {
+    /// Rows `range` (elements) of `buf`, `rows x rank`.
+    fn download(
+        &self,
+        what: &str,
+        buf: &CudaSlice<f64>,
+        range: Range<usize>,
+    ) -> Result<Array2<f64>> {
+        let (rows, r) = (range.len() / self.rank, self.rank);
+        let host = if range.is_empty() {
             Vec::new()
         } else {
             self.gpu
                 .stream()
-                .clone_dtoh(&buf.slice(self.starts[mode]..self.starts[mode + 1]))
+                .clone_dtoh(&buf.slice(range))
                 .map_err(driver(format!("downloading {what}")))?
         };
         Array2::from_shape_vec((rows, r), host).map_err(|e| DeviceError::Shape(e.to_string()))
     }
 
-    /// The factors, one `dims[m] x rank` matrix per mode.
+    /// The factors, one `dims[m] x rank` matrix per mode (whole: on a part,
+    /// as last shared).
     pub fn factors(&self) -> Result<Vec<Array2<f64>>> {
         (0..self.dims.len())
-            .map(|m| self.download("the CP-APR factors", &self.factors, m))
+            .map(|m| {
+                self.download(
+                    "the CP-APR factors",
+                    &self.factors,
+                    self.starts[m]..self.starts[m + 1],
+                )
+            })
             .collect()
     }
 
-    /// Mode `mode`'s `Phi` as last computed (`dims[mode] x rank`).
+    /// Mode `mode`'s `Phi` as last computed, of the owned rows (`dims[mode]
+    /// x rank` on one GPU).
     pub fn phi_host(&self, mode: usize) -> Result<Array2<f64>> {
-        self.download("CP-APR's Phi", &self.phi, mode)
+        self.download("CP-APR's Phi", &self.phi, self.range(mode))
     }
 
     /// With `kappa = Some((kappa_tol, kappa))`, raises the entries of
@@ -406,6 +502,40 @@ impl AprGpu {
         kappa: Option<(f64, f64)>,
         lambda: &[f64],
     ) -> Result<bool> {
+        self.queue_kappa_fold(mode, kappa, lambda)?;
+        match kappa {
+            Some(_) => self.read_fixed(),
+            None => Ok(false),
+        }
+    }
+
+    /// Whether the last [`AprGpu::queue_kappa_fold`] raised an entry
+    /// (synchronizes).
+    pub fn read_fixed(&self) -> Result<bool> {
+        let flag = self.read(&self.fixed, "the kappa flag")?;
+        Ok(flag.first().is_some_and(|&x| x != 0))
+    }
+
+    /// `buf` on the host, after the work queued before (synchronizes).
+    fn read<T: cudarc::driver::DeviceRepr>(
+        &self,
+        buf: &CudaSlice<T>,
+        what: &str,
+    ) -> Result<Vec<T>> {
+        self.gpu
+            .stream()
+            .clone_dtoh(buf)
+            .map_err(driver(format!("downloading {what}")))
+    }
+
+    /// [`AprGpu::kappa_fold`] queued on the GPU's stream, without waiting;
+    /// [`AprGpu::read_fixed`] then tells whether an entry was raised.
+    pub fn queue_kappa_fold(
+        &mut self,
+        mode: usize,
+        kappa: Option<(f64, f64)>,
+        lambda: &[f64],
+    ) -> Result<()> {
         self.check_weights(lambda)?;
         let stream = self.gpu.stream().clone();
         stream
@@ -416,14 +546,14 @@ impl AprGpu {
             .map_err(driver("clearing the kappa flag"))?;
         let n = self.len(mode) as u64;
         if n == 0 {
-            return Ok(false);
+            return Ok(());
         }
         let (fix, (tol, kappa_add)) = match kappa {
             Some(k) => (1u32, k),
             None => (0u32, (0.0, 0.0)),
         };
         let f = self.function(Kernel::AprKappaFold)?;
-        let range = self.starts[mode]..self.starts[mode + 1];
+        let range = self.range(mode);
         let mut a = self.factors.slice_mut(range.clone());
         let phi = self.phi.slice(range);
         let mut launch = stream.launch_builder(&f);
@@ -441,13 +571,7 @@ impl AprGpu {
         // kernel reads lambda[e % RANK]; `fixed` is one u32.
         unsafe { launch.launch(grid_stride(n, 256)) }
             .map_err(driver("launching apr_kappa_fold"))?;
-        if fix == 0 {
-            return Ok(false);
-        }
-        let flag = stream
-            .clone_dtoh(&self.fixed)
-            .map_err(driver("downloading the kappa flag"))?;
-        Ok(flag.first().is_some_and(|&x| x != 0))
+        Ok(())
     }
 
     fn check_weights(&self, v: &[f64]) -> Result<()> {
@@ -463,13 +587,13 @@ impl AprGpu {
 
     /// `Pi` of mode `mode` from the current factors.
     pub fn form_pi(&mut self, mode: usize) -> Result<()> {
-        let n = (self.nnz * self.rank) as u64;
+        let n = (self.nnz[mode] * self.rank) as u64;
         if n == 0 {
             return Ok(());
         }
         let f = self.function(Kernel::AprPi)?;
         let copy = copy_of(&self.copies, mode)?;
-        let nnz = self.nnz as u64;
+        let nnz = self.nnz[mode] as u64;
         let nother = (self.dims.len() - 1) as u32;
         let stream = self.gpu.stream().clone();
         let mut launch = stream.launch_builder(&f);
@@ -493,18 +617,32 @@ impl AprGpu {
     /// `max |min(A, 1 - Phi)|` (downloaded: synchronizes). Two kernels:
     /// the pieces' sums, then each row's.
     pub fn phi(&mut self, mode: usize, eps_div_zero: f64) -> Result<f64> {
+        self.queue_phi(mode, eps_div_zero)?;
+        self.read_kkt()
+    }
+
+    /// The KKT violation of the last [`AprGpu::queue_phi`] (synchronizes).
+    pub fn read_kkt(&self) -> Result<f64> {
+        let bits = self.read(&self.kkt, "the KKT violation")?;
+        Ok(f64::from_bits(bits.first().copied().unwrap_or(0)))
+    }
+
+    /// [`AprGpu::phi`] queued on the GPU's stream, without waiting (a
+    /// group queues every GPU's before it reads any);
+    /// [`AprGpu::read_kkt`] then gives the KKT violation (0 without rows).
+    pub fn queue_phi(&mut self, mode: usize, eps_div_zero: f64) -> Result<()> {
         let stream = self.gpu.stream().clone();
         stream
             .memset_zeros(&mut self.kkt)
             .map_err(driver("clearing the KKT violation"))?;
         let rows = self.rows(mode);
         if rows == 0 {
-            return Ok(0.0);
+            return Ok(());
         }
         let pieces_f = self.function(Kernel::AprPhi)?;
         let rows_f = self.function(Kernel::AprPhiRows)?;
         let copy = copy_of(&self.copies, mode)?;
-        let range = self.starts[mode]..self.starts[mode + 1];
+        let range = self.range(mode);
         let a = self.factors.slice(range.clone());
         if copy.npieces > 0 {
             let npieces = copy.npieces as u64;
@@ -523,7 +661,7 @@ impl AprGpu {
             // (built from a row pointer checked to run from 0 to nnz), where
             // `values` and `pi` (nnz x rank) are in bounds, and name rows
             // below rows, inside `a` (rows x rank).
-            unsafe { launch.launch(blocks(row_blocks(copy.npieces))) }
+            unsafe { launch.launch(blocks(piece_blocks(copy.npieces))) }
                 .map_err(driver("launching apr_phi"))?;
         }
         let mut phi = self.phi.slice_mut(range);
@@ -541,10 +679,7 @@ impl AprGpu {
         // read are inside `piece_sums`; `kkt` is one u64.
         unsafe { launch.launch(grid_stride(rows_u * self.rank as u64, 256)) }
             .map_err(driver("launching apr_phi_rows"))?;
-        let bits = stream
-            .clone_dtoh(&self.kkt)
-            .map_err(driver("downloading the KKT violation"))?;
-        Ok(f64::from_bits(bits.first().copied().unwrap_or(0)))
+        Ok(())
     }
 
     /// The multiplicative update `A_mode *= Phi_mode`.
@@ -554,7 +689,7 @@ impl AprGpu {
             return Ok(());
         }
         let f = self.function(Kernel::AprUpdate)?;
-        let range = self.starts[mode]..self.starts[mode + 1];
+        let range = self.range(mode);
         let mut a = self.factors.slice_mut(range.clone());
         let phi = self.phi.slice(range);
         let stream = self.gpu.stream().clone();
@@ -566,8 +701,8 @@ impl AprGpu {
     }
 
     /// Adds the first `parts` partial rows of `width` in block order into
-    /// `sums` and downloads them (synchronizes).
-    fn sum_partials(&mut self, parts: u32, width: usize) -> Result<Vec<f64>> {
+    /// `sums` (queued; [`AprGpu::read_sums`] downloads them).
+    fn sum_partials(&mut self, parts: u32, width: usize) -> Result<()> {
         let f = self.function(Kernel::AprSumPartials)?;
         let stream = self.gpu.stream().clone();
         let width_u = width as u32;
@@ -582,20 +717,40 @@ impl AprGpu {
         // `sums` rank >= width.
         unsafe { launch.launch(grid_stride(width as u64, 256)) }
             .map_err(driver("launching apr_sum_partials"))?;
-        let mut all = stream
-            .clone_dtoh(&self.sums)
-            .map_err(driver("downloading the CP-APR sums"))?;
-        all.truncate(width);
+        Ok(())
+    }
+
+    /// The first `width` sums of the last [`AprGpu::queue_column_sums`]
+    /// (`rank`) or [`AprGpu::queue_log_likelihood`] (1) (synchronizes).
+    pub fn read_sums(&self, width: usize) -> Result<Vec<f64>> {
+        let mut all = self.read(&self.sums, "the CP-APR sums")?;
+        all.truncate(width.min(self.rank));
         Ok(all)
     }
 
-    /// The 1-norm of each column of `A_mode` (synchronizes).
+    /// Zero sums (what a part without rows reports).
+    fn zero_sums(&mut self) -> Result<()> {
+        self.gpu
+            .stream()
+            .clone()
+            .memset_zeros(&mut self.sums)
+            .map_err(driver("clearing the CP-APR sums"))
+    }
+
+    /// The 1-norm of each column of `A_mode`'s owned rows (synchronizes).
     pub fn column_sums(&mut self, mode: usize) -> Result<Vec<f64>> {
+        self.queue_column_sums(mode)?;
+        self.read_sums(self.rank)
+    }
+
+    /// [`AprGpu::column_sums`] queued, without waiting; read them with
+    /// [`AprGpu::read_sums`]`(rank)`.
+    pub fn queue_column_sums(&mut self, mode: usize) -> Result<()> {
         let rows = self.rows(mode);
         let parts = column_blocks(rows, self.rank);
         if rows > 0 {
             let f = self.function(Kernel::AprColumnSums)?;
-            let range = self.starts[mode]..self.starts[mode + 1];
+            let range = self.range(mode);
             let a = self.factors.slice(range);
             let rows_u = rows as u64;
             let stream = self.gpu.stream().clone();
@@ -606,7 +761,7 @@ impl AprGpu {
             // `partials`.
             unsafe { launch.launch(blocks(parts)) }.map_err(driver("launching apr_column_sums"))?;
         } else {
-            return Ok(vec![0.0; self.rank]);
+            return self.zero_sums();
         }
         self.sum_partials(parts, self.rank)
     }
@@ -623,7 +778,7 @@ impl AprGpu {
             .memcpy_htod(inv, &mut self.inv)
             .map_err(driver("uploading the CP-APR column scales"))?;
         let f = self.function(Kernel::AprScale)?;
-        let range = self.starts[mode]..self.starts[mode + 1];
+        let range = self.range(mode);
         let mut a = self.factors.slice_mut(range);
         let mut launch = stream.launch_builder(&f);
         launch.arg(&mut a).arg(&self.inv).arg(&n);
@@ -633,9 +788,17 @@ impl AprGpu {
     }
 
     /// `sum_nz x log(m)` of the model `(lambda, factors)` (terms with
-    /// `x = 0` count as 0), summed in a fixed order (synchronizes). Needs
-    /// mode 0's sorted copy.
+    /// `x = 0` count as 0) over the nonzeros of mode 0's sorted copy (on a
+    /// part, those of its rows of mode 0), summed in a fixed order
+    /// (synchronizes).
     pub fn log_likelihood_sum(&mut self, lambda: &[f64]) -> Result<f64> {
+        self.queue_log_likelihood(lambda)?;
+        Ok(self.read_sums(1)?[0])
+    }
+
+    /// [`AprGpu::log_likelihood_sum`] queued, without waiting; read it with
+    /// [`AprGpu::read_sums`]`(1)`.
+    pub fn queue_log_likelihood(&mut self, lambda: &[f64]) -> Result<()> {
         self.check_weights(lambda)?;
         let rows = self.rows(0);
         let stream = self.gpu.stream().clone();
@@ -645,11 +808,11 @@ impl AprGpu {
         let f = self.function(Kernel::AprLogLikelihood)?;
         let copy = copy_of(&self.copies, 0)?;
         if rows == 0 || copy.npieces == 0 {
-            return Ok(0.0);
+            return self.zero_sums();
         }
         let parts = row_blocks(copy.npieces);
-        let a = self.factors.slice(self.starts[0]..self.starts[1]);
-        let (npieces, nnz) = (copy.npieces as u64, self.nnz as u64);
+        let a = self.factors.slice(self.range(0));
+        let (npieces, nnz) = (copy.npieces as u64, self.nnz[0] as u64);
         let nother = (self.dims.len() - 1) as u32;
         let mut launch = stream.launch_builder(&f);
         launch
@@ -672,8 +835,90 @@ impl AprGpu {
         // every factor read is inside its mode's range; `a` holds rows x
         // rank doubles and `lambda` rank.
         unsafe { launch.launch(blocks(parts)) }.map_err(driver("launching apr_log_likelihood"))?;
-        Ok(self.sum_partials(parts, 1)?[0])
+        self.sum_partials(parts, 1)
     }
+}
+
+/// Copies each part's owned rows of mode `mode`'s factor into every other
+/// part (a peer copy per pair, on the sender's stream after the steps it
+/// queued; a device copy between parts on one GPU), then waits for all of
+/// them. The parts hold the same dims and rank and own disjoint rows of
+/// the mode; after this every part holds the mode's factor whole.
+pub fn share_rows(parts: &mut [AprGpu], mode: usize) -> Result<()> {
+    let Some(first) = parts.first() else {
+        return Ok(());
+    };
+    let (dims, rank) = (first.dims.clone(), first.rank);
+    if mode >= dims.len() || parts.iter().any(|p| p.dims != dims || p.rank != rank) {
+        return Err(DeviceError::Shape(format!(
+            "sharing mode {mode} between parts of other shapes"
+        )));
+    }
+    let mut owned: Vec<Range<usize>> = parts.iter().map(|p| p.owned(mode)).collect();
+    owned.sort_by_key(|r| r.start);
+    if owned.windows(2).any(|w| w[0].end > w[1].start) {
+        return Err(DeviceError::Shape(format!(
+            "parts own overlapping rows of mode {mode}: {owned:?}"
+        )));
+    }
+    if parts.len() < 2 {
+        return Ok(());
+    }
+    let ranges: Vec<Range<usize>> = parts.iter().map(|p| p.range(mode)).collect();
+    let contexts: Vec<_> = parts.iter().map(|p| p.gpu.context().clone()).collect();
+    let streams: Vec<_> = parts.iter().map(|p| p.gpu.stream().clone()).collect();
+    let mut bases = Vec::with_capacity(parts.len());
+    let mut guards = Vec::with_capacity(parts.len());
+    for (p, stream) in parts.iter_mut().zip(&streams) {
+        let (base, guard) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut p.factors, stream);
+        bases.push(base);
+        guards.push(guard);
+    }
+    for (s, rows) in ranges.iter().enumerate() {
+        if rows.is_empty() {
+            continue;
+        }
+        let offset = (rows.start * std::mem::size_of::<f64>()) as u64;
+        let bytes = rows.len() * std::mem::size_of::<f64>();
+        contexts[s]
+            .bind_to_thread()
+            .map_err(driver("binding a context"))?;
+        for t in (0..ranges.len()).filter(|&t| t != s) {
+            let (src, dst) = (bases[s] + offset, bases[t] + offset);
+            // SAFETY: both buffers hold the whole factor layout (the same
+            // dims and rank, checked), so the owned rows of part s lie
+            // inside each; nothing else writes them until the copies end
+            // (part s's steps on them are queued before, on this stream;
+            // part t's steps touch only its own rows, disjoint, checked).
+            let r = unsafe {
+                if contexts[s].cu_ctx() == contexts[t].cu_ctx() {
+                    cudarc::driver::result::memcpy_dtod_async(
+                        dst,
+                        src,
+                        bytes,
+                        streams[s].cu_stream(),
+                    )
+                } else {
+                    cudarc::driver::result::memcpy_peer_async(
+                        contexts[t].cu_ctx(),
+                        dst,
+                        contexts[s].cu_ctx(),
+                        src,
+                        bytes,
+                        streams[s].cu_stream(),
+                    )
+                }
+            };
+            r.map_err(driver("copying CP-APR factor rows to another GPU"))?;
+        }
+    }
+    drop(guards);
+    for stream in &streams {
+        stream
+            .synchronize()
+            .map_err(driver("waiting for the CP-APR factor rows"))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -725,6 +970,9 @@ mod tests {
         assert_eq!(row_blocks(0), 1);
         assert_eq!(row_blocks(9), 2);
         assert_eq!(row_blocks(usize::MAX / 2), ROW_BLOCKS as u32);
+        assert_eq!(piece_blocks(0), 1);
+        assert_eq!(piece_blocks(90_001), 11_251);
+        assert_eq!(piece_blocks(usize::MAX / 2), i32::MAX as u32);
         // Rank 33: 7 slots per block.
         assert_eq!(column_blocks(14, 33), 2);
         assert_eq!(column_blocks(1 << 30, 256), COLUMN_BLOCKS as u32);

@@ -210,7 +210,7 @@ pub(super) fn choose(
 /// Peer access between every pair that supports it (NVLink or PCIe P2P);
 /// copies between other pairs go through host memory, which the driver
 /// handles. True when every pair has it.
-pub(super) fn enable_peer_access(gpus: &[Arc<Gpu>]) -> Result<bool> {
+pub fn enable_peer_access(gpus: &[Arc<Gpu>]) -> Result<bool> {
     let mut all = true;
     for a in gpus {
         for b in gpus {

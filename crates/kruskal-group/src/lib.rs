@@ -75,7 +75,7 @@ mod residency;
 mod sparse;
 mod worker;
 
-pub use exchange::Exchange;
+pub use exchange::{Exchange, enable_peer_access};
 pub use plan::{PlanChoice, PlanDecision};
 pub use process::{CommAbort, ProcessComm};
 pub use residency::{Residency, StreamPolicy};
