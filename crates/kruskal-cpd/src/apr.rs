@@ -38,7 +38,8 @@
 //! (`nnz * R * 8` bytes) and `Phi` (`dims[n] * R * 8` bytes per mode).
 //!
 //! The driver (`run_steps`) is written over the steps (`AprSteps`):
-//! [`cp_apr`] runs it with the CPU's, [`crate::apr_gpu`] with one GPU's.
+//! [`cp_apr`] runs it with the CPU's, [`crate::apr_gpu`] with one GPU's
+//! or a group's (each GPU a range of every mode's rows).
 
 use std::ops::ControlFlow;
 use std::time::Instant;
@@ -202,16 +203,9 @@ pub(crate) struct ModeRows {
 impl ModeRows {
     pub(crate) fn new(tensor: &SparseTensor, mode: usize) -> Self {
         let idx = tensor.mode_indices(mode);
-        let rows = tensor.dims()[mode] as usize;
         // A counting sort: stable, so a row's nonzeros keep the tensor's
         // order (the order pyttb sums them in).
-        let mut row_ptr = vec![0usize; rows + 1];
-        for &i in idx {
-            row_ptr[i as usize + 1] += 1;
-        }
-        for i in 0..rows {
-            row_ptr[i + 1] += row_ptr[i];
-        }
+        let row_ptr = row_pointer(tensor, mode);
         let mut next = row_ptr.clone();
         let mut perm = vec![0usize; idx.len()];
         for (k, &i) in idx.iter().enumerate() {
@@ -237,6 +231,20 @@ impl ModeRows {
             other,
         }
     }
+}
+
+/// Where each row of mode `mode` starts in the copy sorted by that mode:
+/// `dims[mode] + 1` entries, from 0 to nnz.
+pub(crate) fn row_pointer(tensor: &SparseTensor, mode: usize) -> Vec<usize> {
+    let rows = tensor.dims()[mode] as usize;
+    let mut row_ptr = vec![0usize; rows + 1];
+    for &i in tensor.mode_indices(mode) {
+        row_ptr[i as usize + 1] += 1;
+    }
+    for i in 0..rows {
+        row_ptr[i + 1] += row_ptr[i];
+    }
+    row_ptr
 }
 
 /// Checks the tensor holds counts: finite and non-negative values.
@@ -545,7 +553,7 @@ pub(crate) fn check_run(tensor: &SparseTensor, opts: &AprOptions) -> Result<()> 
 }
 
 /// The steps of an outer iteration, where they run: on the CPU
-/// ([`CpuSteps`]) or on one GPU (`apr_gpu`). Each acts on mode `n`'s
+/// ([`CpuSteps`]), on one GPU or on a group of GPUs (`apr_gpu`). Each acts on mode `n`'s
 /// factor `A_n`, its `Phi_n` and the `Pi` last formed.
 pub(crate) trait AprSteps {
     /// With `kappa = Some((kappa_tol, kappa))`, the inadmissible-zero fix

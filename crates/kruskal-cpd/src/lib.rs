@@ -42,7 +42,7 @@ pub use admm::{AdmmOptions, InnerStop, NonNeg, cpd_admm, cpd_admm_with};
 pub(crate) use als::check_factor_shapes;
 pub use als::{Arrangement, CpdOptions, Init, arrange, cpd_als, cpd_als_with, random_factors};
 pub use apr::{AprInit, AprIteration, AprModel, AprOptions, cp_apr};
-pub use apr_gpu::{AprRun, cp_apr_gpu, cp_apr_on};
+pub use apr_gpu::{AprRun, apr_all_gpus, cp_apr_gpu, cp_apr_gpus, cp_apr_on, cp_apr_on_gpus};
 pub use backend::{Backend, ColumnNorms, CpuBackend};
 pub use decompose::{
     BackendChoice, Chosen, DecomposeOptions, Decomposition, Event, PrepareTimes, StartSummary,

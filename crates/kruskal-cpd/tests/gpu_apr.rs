@@ -5,7 +5,8 @@
 //! and 33, the same iterations (inner iteration counts, kappa fixes, the
 //! stopping rule), the log-likelihood of every outer iteration within
 //! 1e-9 relative and the factors within 1e-8; and a GPU run repeats bit
-//! for bit.
+//! for bit. A group of GPUs (each a range of every mode's rows) gives the
+//! same answer, with parts that own no row of a mode.
 //!
 //! Needs a CUDA GPU: each test notes the skip and passes where there is
 //! none (`kruskal_device::testing::gpu_or_skip`), and runs where there is.
@@ -258,4 +259,84 @@ fn gpu_cp_apr_refuses_what_does_not_fit_before_allocating() {
     );
     let text = e.to_string();
     assert!(text.contains("CP-APR") && !text.contains('\n'), "{text}");
+}
+
+/// The GPUs a group of `parts` parts runs on: the machine's GPUs in turn
+/// (on a machine of one GPU every part shares it, which runs the same
+/// code, the copies between parts included).
+fn group_of(parts: usize) -> Vec<std::sync::Arc<kruskal_device::Gpu>> {
+    let count = kruskal_device::Gpu::count().unwrap();
+    let gpus: Vec<_> = (0..count.min(parts))
+        .map(|o| kruskal_device::Gpu::open(o).unwrap())
+        .collect();
+    (0..parts).map(|k| gpus[k % gpus.len()].clone()).collect()
+}
+
+#[test]
+fn a_group_of_gpus_matches_the_cpu() {
+    if kruskal_device::testing::gpu_or_skip("a_group_of_gpus_matches_the_cpu").is_none() {
+        return;
+    }
+    // "long rows": 6 rows in mode 0 of about 500 nonzeros each, so with 8
+    // parts some own no row of it; "4 modes" has 8 rows in its last mode.
+    let tensors = [
+        ("3 modes", counts(vec![30, 24, 18], 3, 2_000, 3)),
+        ("4 modes", counts(vec![14, 12, 10, 8], 3, 1_500, 5)),
+        ("long rows", counts(vec![6, 40, 30], 3, 3_000, 4)),
+    ];
+    let mut empty_parts = 0;
+    for (name, t) in &tensors {
+        for (parts, rank) in [(2, 3), (3, 33), (4, 8), (8, 8)] {
+            let what = format!("{name}, {parts} parts, rank {rank}");
+            let mut opts = options(t, rank, 21 + rank as u64);
+            opts.max_iters = 5;
+            opts.tol = 0.0;
+            let cpu = run(t, &opts);
+            let gpus = group_of(parts);
+            let group =
+                kruskal_cpd::cp_apr_gpus(&gpus, t, &opts, &mut |_| ControlFlow::Continue(()))
+                    .unwrap();
+            assert_same(&cpu, &group, &what);
+            // The same group again: bit for bit.
+            let again =
+                kruskal_cpd::cp_apr_gpus(&gpus, t, &opts, &mut |_| ControlFlow::Continue(()))
+                    .unwrap();
+            assert_eq!(group.factors, again.factors, "{what}: a second run");
+            for (x, y) in group.iterations.iter().zip(&again.iterations) {
+                assert_eq!(x.log_likelihood.to_bits(), y.log_likelihood.to_bits());
+            }
+            if parts > t.dims().iter().copied().min().unwrap() as usize {
+                empty_parts += 1;
+            }
+        }
+    }
+    assert!(empty_parts > 0, "no part without rows was tested");
+}
+
+#[test]
+fn a_group_of_gpus_stops_where_the_cpu_does() {
+    if kruskal_device::testing::gpu_or_skip("a_group_of_gpus_stops_where_the_cpu_does").is_none() {
+        return;
+    }
+    let t = counts(vec![12, 10, 8], 2, 300, 6);
+    let mut opts = options(&t, 2, 5);
+    opts.max_iters = 1000;
+    opts.tol = 1e-2;
+    let cpu = run(&t, &opts);
+    assert!(cpu.converged);
+    let group =
+        kruskal_cpd::cp_apr_gpus(&group_of(3), &t, &opts, &mut |_| ControlFlow::Continue(()))
+            .unwrap();
+    assert_same(&cpu, &group, "3 parts until the KKT test stops it");
+    // On the machine's GPUs by ordinal: where it ran and on how many.
+    let count = kruskal_device::Gpu::count().unwrap();
+    let ordinals: Vec<usize> = (0..count.min(2)).collect();
+    let run = kruskal_cpd::cp_apr_on_gpus(&t, &opts, &ordinals, &mut |_| ControlFlow::Continue(()))
+        .unwrap();
+    assert_eq!((run.backend, run.gpus), ("gpu", ordinals.len()));
+    assert_same(&cpu, &run.model, "on the machine's GPUs");
+    // No GPUs at all is an option error.
+    let e =
+        kruskal_cpd::cp_apr_gpus(&[], &t, &opts, &mut |_| ControlFlow::Continue(())).unwrap_err();
+    assert!(matches!(e, CpdError::InvalidOption { .. }), "{e}");
 }

@@ -422,7 +422,7 @@ pub fn devices(py: Python<'_>) -> PyResult<(Vec<Bound<'_, PyDict>>, Option<Strin
 
 /// What the Python layer's `cp_apr` passes down; see its docstring.
 #[pyfunction]
-#[pyo3(signature = (tensor, rank, *, iters, inner_iters, tol, kappa, kappa_tol, eps_div_zero, time_limit, init, weights, seed, callback, backend))]
+#[pyo3(signature = (tensor, rank, *, iters, inner_iters, tol, kappa, kappa_tol, eps_div_zero, time_limit, init, weights, seed, callback, backend, gpus=1, pick_gpus=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn cp_apr<'py>(
     py: Python<'py>,
@@ -440,9 +440,27 @@ pub fn cp_apr<'py>(
     seed: u64,
     callback: Option<Py<PyAny>>,
     backend: &str,
+    gpus: usize,
+    pick_gpus: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     use kruskal_cpd::apr::{AprInit, AprOptions, non_integer_values};
     let choice: kruskal_cpd::BackendChoice = backend.parse().map_err(|e| cpd_error(e, false))?;
+    if (pick_gpus || gpus >= 2) && choice == kruskal_cpd::BackendChoice::Cpu {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "gpus runs on GPUs; it does not go with backend='cpu'",
+        ));
+    }
+    // A group: gpus >= 2, or "all" (a GPU per share of the nonzeros).
+    let group = if pick_gpus {
+        let n = kruskal_device::Gpu::count().map_err(|e| cpd_error(e.into(), true))?;
+        Some(kruskal_cpd::apr_all_gpus(tensor.inner.nnz(), n))
+    } else if gpus >= 2 {
+        let ordinals = kruskal_cpd::decompose::first_gpus(gpus).map_err(|e| cpd_error(e, true))?;
+        Some((ordinals, None))
+    } else {
+        None
+    };
+
     let init = match init {
         None => AprInit::Random { seed },
         Some(factors) => AprInit::Given {
@@ -466,8 +484,9 @@ pub fn cp_apr<'py>(
     };
     let t = tensor.inner.clone();
     let mut raised: Option<PyErr> = None;
+    let on_gpus = group.is_some();
     let done = py.detach(|| {
-        kruskal_cpd::cp_apr_on(&t, &opts, choice, &mut |s| {
+        let mut on_iteration = |s: &kruskal_cpd::apr::AprIteration| {
             // Back into Python once per outer iteration: Ctrl-C and the
             // callback are heard there.
             let keep_going = Python::attach(|py| -> PyResult<bool> {
@@ -487,18 +506,31 @@ pub fn cp_apr<'py>(
                     ControlFlow::Break(())
                 }
             }
-        })
+        };
+        match group {
+            Some((ordinals, note)) => {
+                kruskal_cpd::cp_apr_on_gpus(&t, &opts, &ordinals, &mut on_iteration).map(
+                    |mut run| {
+                        run.note = note;
+                        run
+                    },
+                )
+            }
+            None => kruskal_cpd::cp_apr_on(&t, &opts, choice, &mut on_iteration),
+        }
         .map(|m| (m, non_integer_values(&t)))
     });
     if let Some(e) = raised {
         return Err(e);
     }
     let (run, non_integer) =
-        done.map_err(|e| cpd_error(e, choice == kruskal_cpd::BackendChoice::Gpu))?;
+        done.map_err(|e| cpd_error(e, on_gpus || choice == kruskal_cpd::BackendChoice::Gpu))?;
     let model = run.model;
     let out = model_dict(py, model.lambda.clone(), model.factors)?;
     out.set_item("backend", run.backend)?;
     out.set_item("device", run.device)?;
+    out.set_item("gpus", run.gpus)?;
+    out.set_item("gpus_note", run.note)?;
     out.set_item("fallback", run.fallback)?;
     let iterations = PyList::empty(py);
     for s in &model.iterations {

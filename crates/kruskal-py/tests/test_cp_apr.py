@@ -179,3 +179,32 @@ def test_backend_choice_and_the_gpu_gives_the_cpus_answer():
             kruskal.cp_apr(X, 3, init=factors, maxiters=1, backend="gpu")
     with pytest.raises(ValueError, match="unknown backend"):
         kruskal.cp_apr(X, 3, maxiters=1, backend="tpu")
+
+
+def test_several_gpus_give_the_cpus_answer_or_a_gpu_error():
+    subs, vals, shape = random_sparse((30, 25, 20), 600, seed=9)
+    X = kruskal.SparseTensor(subs, np.ceil(vals), shape)
+    factors = initial(shape, 4)
+    cpu = kruskal.cp_apr(X, 4, init=factors, maxiters=4, stoptol=0.0, backend="cpu")
+    assert cpu.info["gpus"] == 0
+    for bad in (0, -1, 1.5, True, "two"):
+        with pytest.raises(ValueError, match="gpus"):
+            kruskal.cp_apr(X, 4, maxiters=1, gpus=bad)
+    with pytest.raises(ValueError, match="backend='cpu'"):
+        kruskal.cp_apr(X, 4, maxiters=1, gpus=2, backend="cpu")
+    found = kruskal.devices()
+    if len(found) >= 2:
+        two = kruskal.cp_apr(X, 4, init=factors, maxiters=4, stoptol=0.0, gpus=2)
+        assert two.info["gpus"] == 2 and two.info["describe"].startswith("2 GPUs (")
+        np.testing.assert_allclose(two.log_likelihoods, cpu.log_likelihoods, rtol=1e-9)
+        for a, b in zip(two.factors, cpu.factors):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-8)
+    else:
+        with pytest.raises(kruskal.GpuError):
+            kruskal.cp_apr(X, 4, init=factors, maxiters=1, gpus=2)
+    if found:
+        # 600 nonzeros: "all" takes one GPU and says why.
+        every = kruskal.cp_apr(X, 4, init=factors, maxiters=4, stoptol=0.0, gpus="all")
+        assert every.info["gpus"] == 1
+        assert (every.info["gpus_note"] is None) == (len(found) == 1)
+        np.testing.assert_allclose(every.log_likelihoods, cpu.log_likelihoods, rtol=1e-9)

@@ -1379,6 +1379,63 @@ fn cp_apr_says_where_it_ran_and_the_gpu_gives_the_cpus_answer() {
 }
 
 #[test]
+fn cp_apr_on_several_gpus_gives_the_cpus_answer_or_says_why_not() {
+    let file = data("splatt-med.tns.gz");
+    let f = file.to_str().unwrap();
+    // Options that do not go together, or are not counts: one line, no run.
+    for (args, says) in [
+        (vec!["--gpus", "2", "--backend", "cpu"], "--backend cpu"),
+        (vec!["--gpus", "two"], "--gpus takes a count or 'all'"),
+    ] {
+        let mut all = vec!["cp-apr", f, "--rank", "3"];
+        all.extend(args);
+        assert_clean_failure(&kruskal(&all), says);
+    }
+    if !has_gpu() {
+        assert_clean_failure(
+            &kruskal(&["cp-apr", f, "--rank", "3", "--gpus", "2"]),
+            "CUDA",
+        );
+        return;
+    }
+    let cpu = cp_apr_json(&file, &["--iters", "3", "--backend", "cpu"]);
+    // 100,000 nonzeros: `all` takes one GPU and, where there are more, says
+    // why; a count takes what it names (where the machine has them).
+    let all = cp_apr_json(&file, &["--iters", "3", "--gpus", "all"]);
+    assert_eq!(all["gpus"], 1, "{all}");
+    let count = kruskal(&["info", "--gpu", "--json"]);
+    let gpus = serde_json::from_str::<serde_json::Value>(&stdout(&count)).ok();
+    let n = gpus
+        .as_ref()
+        .and_then(|v| v["gpus"].as_array().map(|a| a.len()))
+        .unwrap_or(1);
+    assert_eq!(all["gpus_note"].is_null(), n == 1, "{all}");
+    let mut runs = vec![all];
+    if n >= 2 {
+        let two = cp_apr_json(&file, &["--iters", "3", "--gpus", "2"]);
+        assert_eq!(
+            (two["backend"].as_str(), two["gpus"].as_u64()),
+            (Some("gpu"), Some(2))
+        );
+        runs.push(two);
+    }
+    for run in &runs {
+        for (a, b) in cpu["iterations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(run["iterations"].as_array().unwrap())
+        {
+            let (a, b) = (
+                a["log_likelihood"].as_f64().unwrap(),
+                b["log_likelihood"].as_f64().unwrap(),
+            );
+            assert!((a - b).abs() <= 1e-9 * a.abs(), "CPU {a} vs GPUs {b}");
+        }
+    }
+}
+
+#[test]
 fn cp_apr_refuses_negative_values() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("neg.tns");

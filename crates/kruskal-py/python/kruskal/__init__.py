@@ -444,6 +444,7 @@ def cp_apr(
     seed: int = 1,
     callback: Optional[Callable[[int, float, float], Optional[bool]]] = None,
     backend: str = "auto",
+    gpus: Union[int, str] = 1,
 ) -> KruskalModel:
     """Poisson CP of a count tensor by CP-APR, as ``kruskal cp-apr``.
 
@@ -451,7 +452,8 @@ def cp_apr(
     multiplicative updates of Chi and Kolda, the kappa fix of inadmissible
     zeros, the KKT stopping test, the final normalization and sort): from
     the same initial factors both give the same log-likelihoods. Runs in
-    float64 on one GPU or on the CPU's cores (``backend``).
+    float64 on one GPU, on several (``gpus``) or on the CPU's cores
+    (``backend``).
 
     The arguments from ``algorithm`` to ``kappatol`` are pyttb's, with its
     names and defaults.
@@ -493,6 +495,12 @@ def cp_apr(
         256) and has the memory, else the CPU (``info["fallback"]`` says
         why); ``"gpu"`` raises ``GpuError`` when the GPU cannot run it.
         Both give the same model up to rounding.
+    gpus : int or "all", default 1
+        From 2: the first ``gpus`` GPUs, each owning a range of every
+        mode's rows (``kruskal cp-apr --gpus``); the same model up to
+        rounding. ``"all"``: a GPU per million nonzeros, up to every GPU
+        (``info["gpus_note"]`` says when fewer). Raises ``GpuError`` when a
+        GPU cannot run it; not with ``backend="cpu"``.
 
     Returns
     -------
@@ -505,7 +513,8 @@ def cp_apr(
         where it ran (``"gpu"`` or ``"cpu"``). ``info`` holds
         ``log_likelihood``, ``timed_out``, ``non_integer_values`` (values
         that are not whole numbers: accepted, as pyttb does), ``describe``,
-        ``fallback`` (why ``backend="auto"`` did not use the GPU, or None).
+        ``fallback`` (why ``backend="auto"`` did not use the GPU, or None),
+        ``gpus`` (how many ran it, 0 on the CPU), ``gpus_note``.
 
     Raises
     ------
@@ -524,6 +533,11 @@ def cp_apr(
             raise ValueError(f"{name} must be an integer >= 0, not {value!r}")
     if not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, not {seed!r}")
+    pick_gpus = isinstance(gpus, str) and gpus == "all"
+    if not pick_gpus and (
+        not isinstance(gpus, (int, np.integer)) or isinstance(gpus, bool) or gpus < 1
+    ):
+        raise ValueError(f"gpus must be an integer >= 1 or 'all', not {gpus!r}")
     tensor = _as_tensor(X)
     weights = None
     if isinstance(init, str):
@@ -550,9 +564,16 @@ def cp_apr(
         eps_div_zero=float(epsDivZero), time_limit=stop if np.isfinite(stop) else None,
         init=given, weights=weights, seed=int(seed),
         callback=(lambda i, ll, kkt: callback(i, ll, kkt) is not False)
-        if callback is not None else None, backend=str(backend))
-    info = {k: out[k] for k in ("log_likelihood", "timed_out", "non_integer_values", "fallback")}
-    where = out["backend"] if out["device"] is None else f"gpu ({out['device']})"
+        if callback is not None else None, backend=str(backend),
+        gpus=0 if pick_gpus else int(gpus), pick_gpus=pick_gpus)
+    info = {k: out[k] for k in ("log_likelihood", "timed_out", "non_integer_values", "fallback",
+                                "gpus", "gpus_note")}
+    if out["device"] is None:
+        where = out["backend"]
+    elif out["gpus"] > 1:
+        where = f"{out['gpus']} GPUs ({out['device']})"
+    else:
+        where = f"gpu ({out['device']})"
     info["describe"] = f"{where} (CP-APR, multiplicative updates)"
     return KruskalModel(out["weights"], list(out["factors"]), out["iterations"],
                         out["converged"], out["interrupted"], out["backend"], info)

@@ -1,6 +1,6 @@
 //! `kruskal cp-apr`: the Poisson CP decomposition of a count tensor
 //! (CP-APR with multiplicative updates, as pyttb's `cp_apr(algorithm="mu")`),
-//! on the CPU or one GPU (`--backend`).
+//! on the CPU, one GPU (`--backend`) or several (`--gpus`).
 
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use kruskal::measure;
 use kruskal_cpd::apr::{self, AprInit, AprModel, AprOptions};
-use kruskal_cpd::{AprRun, BackendChoice, IterationTotals, KruskalModel, cp_apr_on, load_factors};
+use kruskal_cpd::{AprRun, BackendChoice, IterationTotals, KruskalModel, load_factors};
 
 use super::common::{InputArgs, parse_rank, parse_seed, parse_threads, set_threads};
 use super::cpd::BackendArg;
@@ -66,6 +66,12 @@ pub struct CpAprArgs {
     /// cpu, or gpu (the first CUDA GPU; an error when it cannot run).
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     pub backend: BackendArg,
+    /// Run on several GPUs of this host: a count (the first N) or `all`
+    /// (a GPU per million nonzeros, up to every GPU; the output says
+    /// when fewer). Each GPU owns a range of every mode's rows, cut to
+    /// equal nonzeros; the rows travel by peer copies after each mode.
+    #[arg(long, value_name = "N|all")]
+    pub gpus: Option<String>,
     /// Worker threads (default: one per core).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = parse_threads)]
     pub threads: usize,
@@ -111,7 +117,18 @@ pub fn run(args: CpAprArgs) -> Result<()> {
     if args.input.file.is_none() && args.input.like.is_none() {
         bail!("give a tensor FILE (or --like NAME)");
     }
-    if args.backend == BackendArg::Gpu {
+    if args.gpus.is_some() && args.backend == BackendArg::Cpu {
+        bail!("--gpus runs on GPUs; it does not go with --backend cpu");
+    }
+    // `--gpus`: None for all, else the count.
+    let asked = match args.gpus.as_deref() {
+        None => None,
+        Some("all") => Some(None),
+        Some(text) => Some(Some(text.parse::<usize>().map_err(|_| {
+            anyhow::anyhow!("--gpus takes a count or 'all', not '{text}'")
+        })?)),
+    };
+    if args.backend == BackendArg::Gpu || args.gpus.is_some() {
         preflight::check_gpu_present()?;
     }
     let loaded = args.input.load()?;
@@ -143,8 +160,21 @@ pub fn run(args: CpAprArgs) -> Result<()> {
         BackendArg::Cpu => BackendChoice::Cpu,
         BackendArg::Gpu => BackendChoice::Gpu,
     };
+    let gpus = match asked {
+        None => None,
+        Some(None) => Some(kruskal_cpd::apr_all_gpus(
+            tensor.nnz(),
+            kruskal_device::Gpu::count()?,
+        )),
+        Some(Some(n)) => Some((kruskal_cpd::decompose::first_gpus(n)?, None)),
+    };
+    let run_opts = measure::CpAprRunOptions {
+        apr: opts,
+        backend: choice,
+        gpus,
+    };
     let mut last_s = 0.0;
-    let run = cp_apr_on(tensor, &opts, choice, &mut |s| {
+    let run = measure::run_cp_apr(tensor, &run_opts, &mut |s| {
         if !quiet {
             println!(
                 "iter {:>5}  log-likelihood {:.10e}  KKT violation {:.3e}  inner {:>3}  kappa fixes {}  {:.4} s",
@@ -184,7 +214,7 @@ pub fn run(args: CpAprArgs) -> Result<()> {
     if args.json {
         let report = measure::cp_apr_report(
             &loaded,
-            &opts,
+            &run_opts.apr,
             &run,
             apr_s,
             args.init.as_deref(),
@@ -233,10 +263,17 @@ pub fn run(args: CpAprArgs) -> Result<()> {
     Ok(())
 }
 
-/// Where the run went, in words: `gpu (NAME)`, `cpu`, or `cpu (the GPU
-/// was not used: WHY)`.
+/// Where the run went, in words: `gpu (NAME)`, `gpus (N x NAME; NOTE)`,
+/// `cpu`, or `cpu (the GPU was not used: WHY)`.
 fn ran_on(run: &AprRun) -> String {
     match (&run.device, &run.fallback) {
+        (Some(name), _) if run.gpus > 1 || run.note.is_some() => format!(
+            "gpus ({} x {name}{})",
+            run.gpus,
+            run.note
+                .as_ref()
+                .map_or_else(String::new, |n| format!("; {n}"))
+        ),
         (Some(name), _) => format!("{} ({name})", run.backend),
         (None, Some(why)) => format!("{} (the GPU was not used: {why})", run.backend),
         (None, None) => run.backend.to_string(),

@@ -1,6 +1,6 @@
 //! What `kruskal cp-apr` runs on a loaded tensor, for tools that measure
-//! it (`cargo xtask bench`): CP-APR on the CPU or one GPU
-//! ([`kruskal_cpd::cp_apr_on`]) and the typed report `kruskal cp-apr
+//! it (`cargo xtask bench`): CP-APR on the CPU, one GPU
+//! ([`kruskal_cpd::cp_apr_on`]) or several ([`kruskal_cpd::cp_apr_on_gpus`]) and the typed report `kruskal cp-apr
 //! --json` prints ([`CpAprReport`]). Showing the run as it goes is the
 //! command's.
 
@@ -25,6 +25,9 @@ pub struct CpAprRunOptions {
     /// The CPU, one GPU, or `auto` (the default): the GPU when one is
     /// usable, takes the rank and has the memory.
     pub backend: BackendChoice,
+    /// A group of GPUs (ordinals; `backend` is then not used), and why a
+    /// run asked for every GPU takes fewer ([`kruskal_cpd::apr_all_gpus`]).
+    pub gpus: Option<(Vec<usize>, Option<String>)>,
 }
 
 /// The rank of `kruskal cp-apr` without `--rank`.
@@ -35,6 +38,7 @@ impl Default for CpAprRunOptions {
         CpAprRunOptions {
             apr: AprOptions::new(DEFAULT_RANK),
             backend: BackendChoice::Auto,
+            gpus: None,
         }
     }
 }
@@ -59,11 +63,26 @@ impl Default for CpAprRunOptions {
 /// ```
 pub fn cp_apr(opts: &CpAprRunOptions, loaded: &Loaded) -> Result<CpAprReport> {
     let start = Instant::now();
-    let run = kruskal_cpd::cp_apr_on(&loaded.tensor, &opts.apr, opts.backend, &mut |_| {
-        ControlFlow::Continue(())
-    })?;
+    let run = run_cp_apr(&loaded.tensor, opts, &mut |_| ControlFlow::Continue(()))?;
     let cp_apr_s = start.elapsed().as_secs_f64();
     Ok(cp_apr_report(loaded, &opts.apr, &run, cp_apr_s, None, None))
+}
+
+/// Runs CP-APR where `opts` says (a group of GPUs, or `opts.backend`),
+/// telling `on_iteration` of every outer iteration.
+pub fn run_cp_apr(
+    tensor: &kruskal_formats::SparseTensor,
+    opts: &CpAprRunOptions,
+    on_iteration: &mut dyn FnMut(&AprIteration) -> ControlFlow<()>,
+) -> Result<AprRun> {
+    Ok(match &opts.gpus {
+        Some((ordinals, note)) => {
+            let mut run = kruskal_cpd::cp_apr_on_gpus(tensor, &opts.apr, ordinals, on_iteration)?;
+            run.note = note.clone();
+            run
+        }
+        None => kruskal_cpd::cp_apr_on(tensor, &opts.apr, opts.backend, on_iteration)?,
+    })
 }
 
 /// The options a CP-APR run had, as its report gives them.
@@ -94,8 +113,12 @@ pub struct CpAprReport {
     pub threads: usize,
     /// `cpu` or `gpu`.
     pub backend: &'static str,
-    /// The GPU's name; `None` on the CPU.
+    /// The GPU's name (the first one's on several); `None` on the CPU.
     pub device: Option<String>,
+    /// GPUs the run used (0 on the CPU).
+    pub gpus: usize,
+    /// Why a run asked for every GPU used fewer.
+    pub gpus_note: Option<String>,
     /// Why `auto` did not use the GPU.
     pub fallback: Option<String>,
     pub rank: usize,
@@ -146,6 +169,8 @@ pub fn cp_apr_report(
         threads: rayon::current_num_threads(),
         backend: run.backend,
         device: run.device.clone(),
+        gpus: run.gpus,
+        gpus_note: run.note.clone(),
         fallback: run.fallback.clone(),
         rank: opts.rank,
         options: CpAprOptionsReport {

@@ -29,7 +29,7 @@ mod mttkrp;
 
 pub use constraints::{ConstraintFlags, parse_nonneg, parse_weight};
 pub use cp_apr::{
-    CpAprOptionsReport, CpAprReport, CpAprRunOptions, cp_apr, cp_apr_report,
+    CpAprOptionsReport, CpAprReport, CpAprRunOptions, cp_apr, cp_apr_report, run_cp_apr,
     seconds_per_iteration_after_first, stopped,
 };
 pub use cpd::{

@@ -216,9 +216,12 @@ pub struct CpdEntry {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CpAprEntry {
-    /// `cpu` or `gpu` (one GPU).
+    /// `cpu`, `gpu` (one GPU) or `gpus` (a group: `kruskal cp-apr --gpus N`).
     pub backend: String,
     pub tensors: Vec<String>,
+    /// Group sizes (backend `gpus`).
+    #[serde(default = "one_gpu")]
+    pub gpus: Vec<usize>,
     #[serde(default = "rank_32")]
     pub ranks: Vec<usize>,
     /// Outer iterations at most (`--iters`); the first is not counted.
@@ -354,11 +357,17 @@ impl Matrix {
         }
         for e in &self.cp_apr {
             known("cp_apr", &e.tensors)?;
-            if !["cpu", "gpu"].contains(&e.backend.as_str()) {
-                bail!("[[cp_apr]] backend must be cpu or gpu, not '{}'", e.backend);
+            if !["cpu", "gpu", "gpus"].contains(&e.backend.as_str()) {
+                bail!(
+                    "[[cp_apr]] backend must be cpu, gpu or gpus, not '{}'",
+                    e.backend
+                );
             }
             if e.ranks.is_empty() || e.ranks.contains(&0) || e.iters < 2 {
                 bail!("[[cp_apr]] needs ranks of at least 1 and iters of at least 2");
+            }
+            if e.backend == "gpus" && (e.gpus.is_empty() || e.gpus.contains(&0)) {
+                bail!("[[cp_apr]] gpus must list group sizes of at least 1");
             }
             super::flags::cp_apr(&e.flags, &mut AprOptions::new(1)).context("[[cp_apr]] flags")?;
         }
@@ -709,6 +718,12 @@ tag = "mu"
         .unwrap();
         let e = &bare.cp_apr[0];
         assert_eq!((e.ranks.as_slice(), e.iters), (&[32][..], 6));
+        assert_eq!(e.gpus, [1]);
+        let group = Matrix::parse(
+            &BEYOND.replace("backend = \"gpu\"", "backend = \"gpus\"\ngpus = [2, 4]"),
+        )
+        .unwrap();
+        assert_eq!(group.cp_apr[0].gpus, [2, 4]);
         assert!(e.flags.is_empty() && e.tag.is_none());
     }
 
@@ -736,8 +751,12 @@ tag = "mu"
                 "iters of at least 2",
             ),
             (
-                BEYOND.replace("backend = \"gpu\"", "backend = \"gpus\""),
-                "[[cp_apr]] backend must be cpu or gpu, not 'gpus'",
+                BEYOND.replace("backend = \"gpu\"", "backend = \"tpu\""),
+                "[[cp_apr]] backend must be cpu, gpu or gpus, not 'tpu'",
+            ),
+            (
+                BEYOND.replace("backend = \"gpu\"", "backend = \"gpus\"\ngpus = [2, 0]"),
+                "[[cp_apr]] gpus must list group sizes of at least 1",
             ),
             (
                 BEYOND.replace(

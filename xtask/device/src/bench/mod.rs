@@ -521,37 +521,49 @@ fn run_matrix(cli: &BenchArgs) -> Result<()> {
             }
         }
         for e in &cp_apr {
+            // One GPU or the CPU once; a group once per size.
+            let sizes: Vec<Option<usize>> = if e.backend == "gpus" {
+                e.gpus.iter().map(|&g| Some(g)).collect()
+            } else {
+                vec![None]
+            };
             for &rank in &e.ranks {
-                let what = format!(
-                    "{} cp-apr rank {rank} on {}",
-                    spec.name,
-                    if e.backend == "gpu" {
-                        "1 GPU"
-                    } else {
-                        "the CPU"
+                for &group in &sizes {
+                    let what = format!(
+                        "{} cp-apr rank {rank} on {}",
+                        spec.name,
+                        match (group, e.backend.as_str()) {
+                            (Some(g), _) => format!("{g} GPU(s)"),
+                            (None, "gpu") => "1 GPU".into(),
+                            _ => "the CPU".into(),
+                        }
+                    );
+                    let needs = group.unwrap_or(usize::from(e.backend == "gpu"));
+                    if needs > cx.machine.gpus {
+                        let why =
+                            format!("needs {needs} GPU(s); this machine has {}", cx.machine.gpus);
+                        cx.skip(what, why)?;
+                        continue;
                     }
-                );
-                if e.backend == "gpu" && cx.machine.gpus == 0 {
-                    cx.skip(what, "no CUDA GPU on this machine".into())?;
-                    continue;
+                    let mut opts = kruskal::measure::CpAprRunOptions {
+                        apr: kruskal::cpd::AprOptions::new(rank),
+                        backend: match e.backend.as_str() {
+                            "cpu" => kruskal::cpd::BackendChoice::Cpu,
+                            _ => kruskal::cpd::BackendChoice::Gpu,
+                        },
+                        gpus: group.map(|g| ((0..g).collect(), None)),
+                    };
+                    opts.apr.max_iters = e.iters;
+                    flags::cp_apr(&e.flags, &mut opts.apr)?;
+                    let report = kruskal::measure::cp_apr(&opts, &loaded)
+                        .map_err(anyhow::Error::from)
+                        .and_then(|r| cp_apr_report(&r))
+                        .with_context(|| what.clone())?;
+                    let m = cx
+                        .cp_apr_measurement(spec, &e.backend, &e.tag, report)
+                        .with_context(|| what.clone())?;
+                    cx.push(m)?;
                 }
-                let mut opts = kruskal::measure::CpAprRunOptions {
-                    apr: kruskal::cpd::AprOptions::new(rank),
-                    backend: match e.backend.as_str() {
-                        "gpu" => kruskal::cpd::BackendChoice::Gpu,
-                        _ => kruskal::cpd::BackendChoice::Cpu,
-                    },
-                };
-                opts.apr.max_iters = e.iters;
-                flags::cp_apr(&e.flags, &mut opts.apr)?;
-                let report = kruskal::measure::cp_apr(&opts, &loaded)
-                    .map_err(anyhow::Error::from)
-                    .and_then(|r| cp_apr_report(&r))
-                    .with_context(|| what.clone())?;
-                let m = cx
-                    .cp_apr_measurement(spec, &e.backend, &e.tag, report)
-                    .with_context(|| what.clone())?;
-                cx.push(m)?;
             }
         }
     }
@@ -776,7 +788,7 @@ impl Run {
         m.backend = backend.into();
         m.label = label("cp-apr", tag);
         m.engine = "cp-apr mu".into();
-        m.gpus = usize::from(report["backend"] == "gpu");
+        m.gpus = report["gpus"].as_u64().unwrap_or(0) as usize;
         m.total_ms = ms_per_it;
         m.log_likelihood = Some(ll);
         m.report = report;
