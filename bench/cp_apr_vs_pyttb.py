@@ -9,10 +9,10 @@ uniform in [0, 1); 0 keeps the values), and runs `kruskal.cp_apr` on each
 inner iterations; `--gpus N` (repeatable) adds a run on a group of N GPUs
 (`kruskal.cp_apr(..., gpus=N)`). `--pyttb-iters` sets pyttb's own
 iteration count (default `--iters`), and pyttb's sparse tensor is built
-before its clock starts (that time is printed apart). Prints per run the seconds of each outer iteration (the
-first also builds the sorted copies, and on a GPU uploads them), the mean
-of the others, and the final log-likelihood with its relative difference
-from the first run's.
+before its clock starts (that time is printed apart). Prints per run the
+seconds of each outer iteration (the first also builds the sorted copies,
+and on a GPU uploads them), the mean of the others, and the final
+log-likelihood with its relative difference from the first run's.
 
     target/release/kruskal gen /tmp/nell2-20m.ktns --like nell-2 --nnz 20M
     cd crates/kruskal-py && maturin develop --release && cd -
@@ -78,7 +78,9 @@ def main():
                                      stoptol=0.0, printitn=0)
         s = time.perf_counter() - t0
         ll = float(out["obj"])
-        same = " (rel. diff {:.1e})".format(abs(ll - first) / abs(first)) if iters == a.iters else ""
+        same = ""
+        if iters == a.iters:
+            same = f" (rel. diff {abs(ll - first) / abs(first):.1e})"
         print(f"pyttb {pyttb.__version__}: {iters} iteration(s) in {s:.3f} s, "
               f"{s / iters:.4f} s per iteration, log-likelihood {ll:.12e}{same}")
 

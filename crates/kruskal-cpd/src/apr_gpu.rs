@@ -20,7 +20,8 @@
 //! same number of nonzeros ([`cut_rows`]), and holds only those rows'
 //! sorted copies (so `Pi`, the largest array, is split too) beside every
 //! factor whole. A mode's inner iterations run on every GPU at once, each
-//! on its own rows (every GPU's step is queued before any is waited for): CP-APR's multiplicative updates treat a mode's rows
+//! on its own rows (every GPU's step is queued before any is waited
+//! for): CP-APR's multiplicative updates treat a mode's rows
 //! independently, so this is the one-GPU computation cut up. Only the
 //! KKT violation (a max), the column norms and the log-likelihood's sums
 //! (added on the host in GPU order) are combined; after each mode, every

@@ -1,6 +1,7 @@
 //! What `kruskal cp-apr` runs on a loaded tensor, for tools that measure
 //! it (`cargo xtask bench`): CP-APR on the CPU, one GPU
-//! ([`kruskal_cpd::cp_apr_on`]) or several ([`kruskal_cpd::cp_apr_on_gpus`]) and the typed report `kruskal cp-apr
+//! ([`kruskal_cpd::cp_apr_on`]) or several
+//! ([`kruskal_cpd::cp_apr_on_gpus`]) and the typed report `kruskal cp-apr
 //! --json` prints ([`CpAprReport`]). Showing the run as it goes is the
 //! command's.
 
