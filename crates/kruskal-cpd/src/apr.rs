@@ -236,13 +236,12 @@ impl ModeRows {
 /// Where each row of mode `mode` starts in the copy sorted by that mode:
 /// `dims[mode] + 1` entries, from 0 to nnz.
 pub(crate) fn row_pointer(tensor: &SparseTensor, mode: usize) -> Vec<usize> {
-    let rows = tensor.dims()[mode] as usize;
-    let mut row_ptr = vec![0usize; rows + 1];
-    for &i in tensor.mode_indices(mode) {
-        row_ptr[i as usize + 1] += 1;
-    }
-    for i in 0..rows {
-        row_ptr[i + 1] += row_ptr[i];
+    let mut row_ptr = Vec::with_capacity(tensor.dims()[mode] as usize + 1);
+    row_ptr.push(0usize);
+    let mut at = 0usize;
+    for n in tensor.mode_counts(mode) {
+        at += n as usize;
+        row_ptr.push(at);
     }
     row_ptr
 }

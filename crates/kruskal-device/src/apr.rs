@@ -197,10 +197,9 @@ fn row_blocks(rows: usize) -> u32 {
 
 /// Blocks of `apr_phi`: a warp per piece, uncapped (each piece's sum is
 /// its own, so the grid does not change a result), so the hardware's block
-/// scheduler balances pieces of unequal length; a grid capped at
-/// [`ROW_BLOCKS`] left warps with one piece waiting on warps with two or
-/// three (a half share of 20M nonzeros took 0.58 of the whole's time on
-/// 2 x H200).
+/// scheduler balances pieces of unequal length. Against a grid capped at
+/// [`ROW_BLOCKS`]: 2.70 against 2.80 ms for 20M nonzeros on an H200 (see
+/// docs/performance.md, CP-APR on several GPUs).
 fn piece_blocks(npieces: usize) -> u32 {
     npieces
         .div_ceil(WARPS_PER_BLOCK)
