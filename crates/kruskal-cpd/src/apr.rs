@@ -561,10 +561,10 @@ pub(crate) trait AprSteps {
     fn kappa_fold(&mut self, n: usize, kappa: Option<(f64, f64)>, lambda: &[f64]) -> Result<bool>;
     /// `Pi` of mode `n` from the current factors.
     fn form_pi(&mut self, n: usize) -> Result<()>;
-    /// `Phi_n` and the KKT violation `max |min(A_n, 1 - Phi_n)|`.
-    fn phi(&mut self, n: usize, eps_div_zero: f64) -> Result<f64>;
-    /// `A_n *= Phi_n`.
-    fn update(&mut self, n: usize) -> Result<()>;
+    /// Mode `n`'s inner loop, up to `max_inner` times: `Phi_n` and the
+    /// KKT violation `max |min(A_n, 1 - Phi_n)|`; the loop ends once that
+    /// is below `tol`, else `A_n *= Phi_n`.
+    fn inner(&mut self, n: usize, max_inner: usize, tol: f64, eps_div_zero: f64) -> Result<Inner>;
     /// `A_n`'s columns scaled to unit 1-norm, the norms into `lambda`
     /// ([`normalize_mode`]).
     fn normalize(&mut self, n: usize, lambda: &mut [f64]) -> Result<()>;
@@ -572,6 +572,39 @@ pub(crate) trait AprSteps {
     fn log_likelihood(&mut self, lambda: &[f64]) -> Result<f64>;
     /// The factors, on the host.
     fn factors(&mut self) -> Result<Vec<Array2<f64>>>;
+}
+
+/// What a mode's inner loop did.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Inner {
+    /// `Phi` computations (inner iterations).
+    pub iters: usize,
+    /// The KKT violation of the last of them.
+    pub kkt: f64,
+    /// Whether any update was done (the violation of the first at least
+    /// `tol`).
+    pub updated: bool,
+}
+
+impl Inner {
+    /// The loop whose iteration i saw the KKT violation `max_p
+    /// parts[p][i]` (each part's share; the largest by the bits, as the
+    /// device compares them, which for non-negative doubles is the
+    /// largest value): where it ended, as the CPU's loop decides it.
+    /// Values past the end are not read.
+    pub(crate) fn from_violations(parts: &[Vec<f64>], max_inner: usize, tol: f64) -> Inner {
+        let mut out = Inner::default();
+        for i in 0..max_inner {
+            out.iters += 1;
+            let bits = parts.iter().map(|p| p[i].to_bits()).max().unwrap_or(0);
+            out.kkt = f64::from_bits(bits);
+            if out.kkt < tol {
+                break;
+            }
+            out.updated = true;
+        }
+        out
+    }
 }
 
 /// The steps on the CPU: the factors, each mode's sorted copy, `Phi` and
@@ -606,6 +639,33 @@ impl<'t> CpuSteps<'t> {
             .as_slice_mut()
             .ok_or_else(|| CpdError::Backend("factor not in standard layout".into()))
     }
+
+    /// `Phi_n` and the KKT violation.
+    fn phi(&mut self, n: usize, eps_div_zero: f64) -> Result<f64> {
+        let a = self.factors[n]
+            .as_slice()
+            .ok_or_else(|| CpdError::Backend("factor not in standard layout".into()))?;
+        Ok(compute_phi(
+            &self.layouts[n],
+            &self.pi,
+            a,
+            self.rank,
+            eps_div_zero,
+            &mut self.phi[n],
+        ))
+    }
+
+    /// `A_n *= Phi_n`.
+    fn update(&mut self, n: usize) -> Result<()> {
+        let phi = std::mem::take(&mut self.phi[n]);
+        self.factor(n)?
+            .par_iter_mut()
+            .zip(phi.par_iter())
+            .with_min_len(1 << 12)
+            .for_each(|(x, &f)| *x *= f);
+        self.phi[n] = phi;
+        Ok(())
+    }
 }
 
 impl AprSteps for CpuSteps<'_> {
@@ -636,29 +696,18 @@ impl AprSteps for CpuSteps<'_> {
         Ok(())
     }
 
-    fn phi(&mut self, n: usize, eps_div_zero: f64) -> Result<f64> {
-        let a = self.factors[n]
-            .as_slice()
-            .ok_or_else(|| CpdError::Backend("factor not in standard layout".into()))?;
-        Ok(compute_phi(
-            &self.layouts[n],
-            &self.pi,
-            a,
-            self.rank,
-            eps_div_zero,
-            &mut self.phi[n],
-        ))
-    }
-
-    fn update(&mut self, n: usize) -> Result<()> {
-        let phi = std::mem::take(&mut self.phi[n]);
-        self.factor(n)?
-            .par_iter_mut()
-            .zip(phi.par_iter())
-            .with_min_len(1 << 12)
-            .for_each(|(x, &f)| *x *= f);
-        self.phi[n] = phi;
-        Ok(())
+    fn inner(&mut self, n: usize, max_inner: usize, tol: f64, eps_div_zero: f64) -> Result<Inner> {
+        let mut out = Inner::default();
+        for _ in 0..max_inner {
+            out.iters += 1;
+            out.kkt = self.phi(n, eps_div_zero)?;
+            if out.kkt < tol {
+                break;
+            }
+            out.updated = true;
+            self.update(n)?;
+        }
+        Ok(out)
     }
 
     fn normalize(&mut self, n: usize, lambda: &mut [f64]) -> Result<()> {
@@ -708,15 +757,12 @@ pub(crate) fn run_steps<S: AprSteps>(
             kappa_fixes += usize::from(fixed);
             lambda.fill(1.0);
             steps.form_pi(n)?;
-            for _ in 0..opts.max_inner_iters {
-                inner_iters += 1;
-                *kkt = steps.phi(n, opts.eps_div_zero)?;
-                if *kkt < opts.tol {
-                    break;
-                }
-                all_met = false;
-                steps.update(n)?;
+            let inner = steps.inner(n, opts.max_inner_iters, opts.tol, opts.eps_div_zero)?;
+            inner_iters += inner.iters;
+            if inner.iters > 0 {
+                *kkt = inner.kkt;
             }
+            all_met &= !inner.updated;
             steps.normalize(n, &mut lambda)?;
         }
         let stats = AprIteration {
@@ -791,6 +837,27 @@ mod tests {
         let (dims, idx, values) = p.tensor.into_parts();
         let values = values.iter().map(|v| (v * 20.0).ceil()).collect();
         SparseTensor::new(dims, idx, values).unwrap()
+    }
+
+    #[test]
+    fn the_inner_loop_ends_where_the_violations_say() {
+        // Two parts; iteration 2's largest share (0.004) is below 0.01.
+        let parts = vec![vec![0.5, 0.02, 0.004, 0.0], vec![0.3, 0.05, 0.001, 0.0]];
+        let out = Inner::from_violations(&parts, 4, 0.01);
+        assert_eq!(
+            out,
+            Inner {
+                iters: 3,
+                kkt: 0.004,
+                updated: true
+            }
+        );
+        // Never below: every iteration, the last one's violation.
+        let out = Inner::from_violations(&parts, 2, 0.01);
+        assert_eq!((out.iters, out.kkt, out.updated), (2, 0.05, true));
+        // Below at once: no update.
+        let out = Inner::from_violations(&[vec![0.001, 7.0]], 2, 0.01);
+        assert_eq!((out.iters, out.kkt, out.updated), (1, 0.001, false));
     }
 
     fn given(tensor: &SparseTensor, rank: usize, seed: u64) -> AprInit {

@@ -5,9 +5,10 @@
 //! and inner iterations, stopping rules and outputs); only where the
 //! steps run differs. Each mode's sorted copy of the nonzeros is built on
 //! the host as the CPU path builds it and uploaded once; the factors,
-//! `Phi` and `Pi` live on the GPU. Per inner iteration only the KKT
-//! violation comes back; per mode, the kappa flag and the R column
-//! norms (lambda stays on the host); per outer iteration, the
+//! `Phi` and `Pi` live on the GPU. A mode's inner iterations are queued
+//! at once and end on the device (`AprGpu::queue_update`); their KKT
+//! violations come back at the end of the mode, with the kappa flag and
+//! the R column norms (lambda stays on the host); per outer iteration, the
 //! log-likelihood. The factors come back at the end. Results agree with
 //! the CPU's to rounding (sums run in another order), not bit for bit.
 //!
@@ -23,8 +24,10 @@
 //! on its own rows (every GPU's step is queued before any is waited
 //! for): CP-APR's multiplicative updates treat a mode's rows
 //! independently, so this is the one-GPU computation cut up. Only the
-//! KKT violation (a max), the column norms and the log-likelihood's sums
-//! (added on the host in GPU order) are combined; after each mode, every
+//! KKT violation (a max, taken on every GPU from the shares the GPUs copy
+//! to each other, [`kruskal_device::apr::share_kkt`]), the column norms
+//! and the log-likelihood's sums (added on the host in GPU order) are
+//! combined; after each mode, every
 //! GPU's rows of its factor are copied to the others by peer copies
 //! ([`kruskal_device::apr::share_rows`]). Results agree with one GPU's to
 //! rounding (the column norms are summed in parts) and repeat bit for bit
@@ -34,12 +37,13 @@ use std::ops::{ControlFlow, Range};
 use std::sync::Arc;
 
 use kruskal_device::Gpu;
-use kruskal_device::apr::{AprGpu, SortedCopy, device_bytes, part_bytes, share_rows};
+use kruskal_device::apr::{AprGpu, SortedCopy, device_bytes, part_bytes, share_kkt, share_rows};
 use kruskal_formats::SparseTensor;
 use ndarray::Array2;
 
 use crate::apr::{
-    AprIteration, AprModel, AprOptions, AprSteps, ModeRows, check_run, row_pointer, run_steps,
+    AprIteration, AprModel, AprOptions, AprSteps, Inner, ModeRows, check_run, row_pointer,
+    run_steps,
 };
 use crate::decompose::{BackendChoice, fallback_reason};
 use crate::error::{CpdError, Result};
@@ -161,12 +165,15 @@ impl AprSteps for GpuSteps {
         Ok(self.apr.form_pi(n)?)
     }
 
-    fn phi(&mut self, n: usize, eps_div_zero: f64) -> Result<f64> {
-        Ok(self.apr.phi(n, eps_div_zero)?)
-    }
-
-    fn update(&mut self, n: usize) -> Result<()> {
-        Ok(self.apr.update(n)?)
+    fn inner(&mut self, n: usize, max_inner: usize, tol: f64, eps_div_zero: f64) -> Result<Inner> {
+        // Every iteration queued at once; the device ends the loop.
+        self.apr.begin_inner(0, 1, max_inner)?;
+        for i in 0..max_inner {
+            self.apr.queue_phi(n, i, eps_div_zero)?;
+            self.apr.queue_update(n, i, tol)?;
+        }
+        let kkts = self.apr.read_kkts()?;
+        Ok(Inner::from_violations(&[kkts], max_inner, tol))
     }
 
     fn normalize(&mut self, n: usize, lambda: &mut [f64]) -> Result<()> {
@@ -228,6 +235,9 @@ pub fn cut_rows(row_ptr: &[usize], parts: usize) -> Vec<Range<usize>> {
 struct GroupSteps {
     parts: Vec<AprGpu>,
     nmodes: usize,
+    /// Whether the GPUs reach each other's memory ([`share_kkt`]'s
+    /// `direct`).
+    direct: bool,
 }
 
 /// Queues a step on every part (`queue`), then reads each part's result
@@ -287,6 +297,7 @@ impl GroupSteps {
         factors: &[Array2<f64>],
         rank: usize,
         (own, nnz): &Cuts,
+        direct: bool,
     ) -> Result<Self> {
         let mut parts = Vec::with_capacity(gpus.len());
         for ((gpu, own), nnz) in gpus.iter().zip(own).zip(nnz) {
@@ -319,7 +330,11 @@ impl GroupSteps {
                 )?;
             }
         }
-        Ok(GroupSteps { parts, nmodes })
+        Ok(GroupSteps {
+            parts,
+            nmodes,
+            direct,
+        })
     }
 
     fn rank(&self) -> usize {
@@ -362,20 +377,28 @@ impl AprSteps for GroupSteps {
         Ok(())
     }
 
-    fn phi(&mut self, n: usize, eps_div_zero: f64) -> Result<f64> {
-        let kkt = on_each(
-            &mut self.parts,
-            |p| p.queue_phi(n, eps_div_zero),
-            AprGpu::read_kkt,
-        )?;
-        Ok(kkt.into_iter().fold(0.0, f64::max))
-    }
-
-    fn update(&mut self, n: usize) -> Result<()> {
-        for p in self.parts.iter_mut() {
-            p.update(n)?;
+    fn inner(&mut self, n: usize, max_inner: usize, tol: f64, eps_div_zero: f64) -> Result<Inner> {
+        // Every iteration queued on every GPU at once; the GPUs exchange
+        // each iteration's KKT shares and end the loop together.
+        let count = self.parts.len();
+        for (k, p) in self.parts.iter_mut().enumerate() {
+            p.begin_inner(k, count, max_inner)?;
         }
-        Ok(())
+        for i in 0..max_inner {
+            for p in self.parts.iter_mut() {
+                p.queue_phi(n, i, eps_div_zero)?;
+            }
+            share_kkt(&mut self.parts, i, self.direct)?;
+            for p in self.parts.iter_mut() {
+                p.queue_update(n, i, tol)?;
+            }
+        }
+        let kkts = self
+            .parts
+            .iter()
+            .map(AprGpu::read_kkts)
+            .collect::<kruskal_device::Result<Vec<_>>>()?;
+        Ok(Inner::from_violations(&kkts, max_inner, tol))
     }
 
     fn normalize(&mut self, n: usize, lambda: &mut [f64]) -> Result<()> {
@@ -557,21 +580,21 @@ pub fn cp_apr_gpus(
             distinct.push(gpu.clone());
         }
     }
-    if distinct.len() > 1 {
-        kruskal_group::enable_peer_access(&distinct)?;
-    }
+    // Whether every GPU reaches every other's memory (parts on one GPU
+    // always do).
+    let direct = distinct.len() < 2 || kruskal_group::enable_peer_access(&distinct)?;
     run_steps(
         tensor,
         opts,
-        |factors| GroupSteps::new(gpus, tensor, &factors, rank, &cuts),
+        |factors| GroupSteps::new(gpus, tensor, &factors, rank, &cuts, direct),
         on_iteration,
     )
 }
 
 /// Nonzeros per GPU below which a run asked for every GPU
-/// ([`apr_all_gpus`]) takes fewer: each inner iteration waits for every
-/// GPU and adds their sums on the host, a fixed cost that a GPU's share
-/// of a smaller tensor does not repay (see docs/performance.md, CP-APR on
+/// ([`apr_all_gpus`]) takes fewer: each inner iteration waits for the
+/// slowest GPU and for the exchange of the KKT shares, a fixed cost that a
+/// GPU's share of a smaller tensor does not repay (see docs/performance.md, CP-APR on
 /// several GPUs).
 pub const APR_MIN_NNZ_PER_GPU: usize = 1_000_000;
 

@@ -93,8 +93,34 @@ extern "C" __global__ void __launch_bounds__(THREADS) apr_pi(
 // Thread mapping: a warp per piece (grid-stride over pieces); lane l holds
 // columns l, l + 32, ... of a_i and of the piece's sum in registers. Per
 // nonzero: reads its value and its row of Pi (coalesced), one warp sum for
-// the model's value.
+// the model's value. The nonzeros go PHI_GROUP at a time: their rows of Pi
+// are loaded before any is used and their warp sums interleave, so a warp
+// has several loads in flight instead of one (the kernel is bound by the
+// latency of those loads, not by bandwidth); each is then added to the
+// sums in stored order, so the result is the one-at-a-time loop's, bit
+// for bit.
+//
+// Nothing runs once `*stop` is set: the mode's inner loop has ended (see
+// apr_update).
 // ---------------------------------------------------------------------------
+#define PHI_GROUP (COLS_PER_LANE <= 2 ? 4 : 2)
+
+// Loads nonzero j's row of Pi (lane's columns) into p and returns the
+// lane's part of <a_i, pi_j>.
+__device__ __forceinline__ double phi_load(
+    double (&p)[COLS_PER_LANE], const double (&ai)[COLS_PER_LANE], const double* __restrict__ pi,
+    u64 j, int lane)
+{
+    double dot = 0.0;
+#pragma unroll
+    for (int q = 0; q < COLS_PER_LANE; ++q) {
+        const int c = lane + q * WARP;
+        p[q] = c < RANK ? pi[j * RANK + c] : 0.0;
+        dot += ai[q] * p[q];
+    }
+    return dot;
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS) apr_phi(
     double* __restrict__ sums,
     const double* __restrict__ a,
@@ -103,8 +129,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) apr_phi(
     const u64* __restrict__ piece_begin,
     const u32* __restrict__ piece_row,
     u64 npieces,
-    double eps)
+    double eps,
+    const u32* __restrict__ stop)
 {
+    if (*stop) return;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     for (u64 k = blockIdx.x * (u64)WARPS + warp; k < npieces; k += gridDim.x * (u64)WARPS) {
         const u64 i = piece_row[k];
@@ -116,16 +144,31 @@ extern "C" __global__ void __launch_bounds__(THREADS) apr_phi(
             sum[q] = 0.0;
         }
         const u64 end = piece_begin[k + 1];
-        for (u64 j = piece_begin[k]; j < end; ++j) {
-            double p[COLS_PER_LANE];
-            double dot = 0.0;
+        u64 j = piece_begin[k];
+        for (; j + PHI_GROUP <= end; j += PHI_GROUP) {
+            double p[PHI_GROUP][COLS_PER_LANE], dot[PHI_GROUP], x[PHI_GROUP];
 #pragma unroll
-            for (int q = 0; q < COLS_PER_LANE; ++q) {
-                const int c = lane + q * WARP;
-                p[q] = c < RANK ? pi[j * RANK + c] : 0.0;
-                dot += ai[q] * p[q];
+            for (int g = 0; g < PHI_GROUP; ++g) {
+                x[g] = values[j + g];
+                dot[g] = phi_load(p[g], ai, pi, j + g, lane);
             }
-            dot = warp_sum(dot);
+            // The PHI_GROUP butterflies step by step together: the same
+            // shuffles as warp_sum, in the same order per value.
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+#pragma unroll
+                for (int g = 0; g < PHI_GROUP; ++g) dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], o);
+            }
+#pragma unroll
+            for (int g = 0; g < PHI_GROUP; ++g) {
+                const double w = x[g] / fmax(dot[g], eps);
+#pragma unroll
+                for (int q = 0; q < COLS_PER_LANE; ++q) sum[q] += w * p[g][q];
+            }
+        }
+        for (; j < end; ++j) {
+            double p[COLS_PER_LANE];
+            const double dot = warp_sum(phi_load(p, ai, pi, j, lane));
             const double w = values[j] / fmax(dot, eps);
 #pragma unroll
             for (int q = 0; q < COLS_PER_LANE; ++q) sum[q] += w * p[q];
@@ -144,31 +187,98 @@ extern "C" __global__ void __launch_bounds__(THREADS) apr_phi(
 //
 // Phi(i, c) is the sum of column c of row i's pieces (piece_ptr[i] ..
 // piece_ptr[i + 1], consecutive rows of `sums`) in piece order; an empty
-// row has no piece and is zero.
+// row has no piece and is zero. A row of more than CHUNK pieces has been
+// summed by apr_phi_chunks into runs of CHUNK pieces first, each run's
+// sum over its first piece: such a row's Phi is the sum of its runs, in
+// order. (A power-law tensor's hottest row can hold a tenth of the
+// nonzeros: thousands of pieces, which one thread summing them one by one
+// made the tail of the launch, 0.3-0.4 ms of a 1.1-1.4 ms inner
+// iteration on a GPU of a group.)
 //
 // Thread mapping: grid-stride over the rows x RANK entries, one per
-// thread. The violation: a maximum per thread, then per block in shared
+// thread. The sums it adds are loaded ROWS_GROUP at a time before any is
+// added (in order: the same sum as one at a time), so a thread has
+// several loads in flight. The violation: a maximum
+// per thread, then per block in shared
 // memory, then one atomicMax per block on the bits of a non-negative
 // double (ordered as its bits), into `kkt_bits`, which the caller zeroes
-// first.
+// first. Nothing runs once `*stop` is set.
 // ---------------------------------------------------------------------------
+#define ROWS_GROUP 16
+// Pieces per run of a long row (apr_phi_chunks).
+#define CHUNK 32
+
+// ---------------------------------------------------------------------------
+// apr_phi_chunks: for each row of more than CHUNK pieces, the sum of each
+// run of CHUNK consecutive pieces (the last run shorter), in piece order,
+// written over the run's first piece in `sums` (apr_phi_rows then adds the
+// runs). Launched only for a copy that has such a row.
+//
+// Thread mapping: grid-stride over the npieces x RANK entries, one per
+// thread; the thread of a run's first piece sums the run's column (its
+// loads ROWS_GROUP at a time), every other thread does nothing. Runs are
+// disjoint, so no thread reads what another writes. Nothing runs once
+// `*stop` is set.
+// ---------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(THREADS) apr_phi_chunks(
+    double* __restrict__ sums,
+    const u32* __restrict__ piece_row,
+    const u64* __restrict__ piece_ptr,
+    u64 npieces,
+    const u32* __restrict__ stop)
+{
+    if (*stop) return;
+    const u64 n = npieces * RANK;
+    for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (u64)blockDim.x) {
+        const u64 k = e / RANK;
+        const int c = (int)(e % RANK);
+        const u32 i = piece_row[k];
+        const u64 first = piece_ptr[i], end = piece_ptr[i + 1];
+        if (end - first <= CHUNK || (k - first) % CHUNK != 0) continue;
+        const u64 last = min(k + CHUNK, end);
+        double f = sums[k * RANK + c];
+        u64 q = k + 1;
+        for (; q + ROWS_GROUP <= last; q += ROWS_GROUP) {
+            double v[ROWS_GROUP];
+#pragma unroll
+            for (int g = 0; g < ROWS_GROUP; ++g) v[g] = sums[(q + g) * RANK + c];
+#pragma unroll
+            for (int g = 0; g < ROWS_GROUP; ++g) f += v[g];
+        }
+        for (; q < last; ++q) f += sums[q * RANK + c];
+        sums[k * RANK + c] = f;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS) apr_phi_rows(
     double* __restrict__ phi,
     u64* __restrict__ kkt_bits,
     const double* __restrict__ a,
     const double* __restrict__ sums,
     const u64* __restrict__ piece_ptr,
-    u64 rows)
+    u64 rows,
+    const u32* __restrict__ stop)
 {
     __shared__ double s_max[THREADS];
+    // The same value in every thread, so no thread skips the barrier alone.
+    if (*stop) return;
     double worst = 0.0;
     const u64 n = rows * RANK;
     for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (u64)blockDim.x) {
         const u64 i = e / RANK;
         const int c = (int)(e % RANK);
         double f = 0.0;
-        const u64 end = piece_ptr[i + 1];
-        for (u64 k = piece_ptr[i]; k < end; ++k) f += sums[k * RANK + c];
+        const u64 first = piece_ptr[i], end = piece_ptr[i + 1];
+        const u64 step = end - first > CHUNK ? CHUNK : 1;
+        u64 k = first;
+        for (; k + (ROWS_GROUP - 1) * step < end; k += ROWS_GROUP * step) {
+            double v[ROWS_GROUP];
+#pragma unroll
+            for (int g = 0; g < ROWS_GROUP; ++g) v[g] = sums[(k + g * step) * RANK + c];
+#pragma unroll
+            for (int g = 0; g < ROWS_GROUP; ++g) f += v[g];
+        }
+        for (; k < end; k += step) f += sums[k * RANK + c];
         phi[e] = f;
         worst = fmax(worst, fabs(fmin(a[e], 1.0 - f)));
     }
@@ -182,16 +292,62 @@ extern "C" __global__ void __launch_bounds__(THREADS) apr_phi_rows(
 }
 
 // ---------------------------------------------------------------------------
-// apr_update: the multiplicative update A *= Phi, entry by entry.
+// apr_update: the multiplicative update A *= Phi, entry by entry, unless
+// the inner loop has ended.
+//
+// With parts = 0 the update always runs. Otherwise it is one inner
+// iteration's decision, taken on the device so that the host need not
+// wait for the KKT violation: nothing runs once `*stop` is set; the
+// violation is the largest of kkt[p * stride], p < parts (the bits of
+// non-negative doubles, each part's share of this iteration's violation);
+// below `tol` the loop ends here: `*stop` is set and A is left as it is,
+// as the host's loop breaks before its update. Every thread takes the
+// same decision from the same values, so it does not matter which of
+// them sees the flag set by another.
 // Thread mapping: grid-stride, one entry per thread.
 // ---------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(THREADS) apr_update(
     double* __restrict__ a,
     const double* __restrict__ phi,
-    u64 n)
+    u64 n,
+    const u64* __restrict__ kkt,
+    u32 parts,
+    u32 stride,
+    double tol,
+    u32* stop)
 {
+    if (parts > 0) {
+        if (*stop) return;
+        u64 worst = 0;
+        for (u32 p = 0; p < parts; ++p) worst = max(worst, kkt[(u64)p * stride]);
+        if (__longlong_as_double((long long)worst) < tol) {
+            if (blockIdx.x == 0 && threadIdx.x == 0) *stop = 1u;
+            return;
+        }
+    }
     for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (u64)blockDim.x)
         a[e] *= phi[e];
+}
+
+// ---------------------------------------------------------------------------
+// apr_share_kkt: this part's share of an inner iteration's KKT violation,
+// kkt[slot], stored into slot `slot` of every other part's KKT array
+// (peers[t] is part t's array, on its GPU: peer stores over NVLink, peer
+// access enabled). The other parts read it only after waiting for an
+// event recorded after this launch. One thread.
+// ---------------------------------------------------------------------------
+extern "C" __global__ void apr_share_kkt(
+    const u64* __restrict__ kkt,
+    u64 slot,
+    const u64* __restrict__ peers,
+    u32 parts,
+    u32 part)
+{
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const u64 v = kkt[slot];
+    for (u32 t = 0; t < parts; ++t)
+        if (t != part) reinterpret_cast<u64*>(peers[t])[slot] = v;
+    __threadfence_system();
 }
 
 // ---------------------------------------------------------------------------

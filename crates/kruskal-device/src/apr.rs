@@ -6,10 +6,15 @@
 //! rules) is `kruskal_cpd::apr_gpu`, which builds each mode's sorted copy
 //! of the nonzeros on the host and hands it to [`AprGpu::upload_copy`].
 //!
-//! Per inner iteration only the KKT violation (8 bytes) comes back; per
-//! mode, the kappa flag and the R column norms; per outer iteration, the
-//! log-likelihood. Every sum runs in a fixed order, so a run is
-//! bit-identical run to run on one GPU.
+//! A mode's inner loop runs without the host: every inner iteration is
+//! queued at once ([`AprGpu::begin_inner`], [`AprGpu::queue_phi`],
+//! [`AprGpu::queue_update`]); the update of an iteration whose KKT
+//! violation is below the tolerance is not done and sets a flag on the
+//! device that turns the iterations queued after it into empty launches.
+//! The violations of every iteration come back once, at the end of the
+//! mode ([`AprGpu::read_kkts`]); per mode also the kappa flag and the R
+//! column norms; per outer iteration, the log-likelihood. Every sum runs
+//! in a fixed order, so a run is bit-identical run to run on one GPU.
 //!
 //! A GPU may hold a *part* of the work ([`AprGpu::new_part`]): for each
 //! mode, a range of rows it owns and the sorted copy of those rows'
@@ -17,12 +22,15 @@
 //! its own rows of the mode's factor and `Phi`; [`share_rows`] copies each
 //! part's rows of a mode to every other part (peer copies) once the mode
 //! is done. CP-APR updates a mode's rows independently of one another, so
-//! parts on several GPUs compute what one GPU does.
+//! parts on several GPUs compute what one GPU does. The one thing they
+//! decide together is when a mode's inner loop ends: [`share_kkt`] copies
+//! each part's share of an iteration's KKT violation to every other part,
+//! and each part's update waits for the copies (events, not the host).
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaEvent, CudaSlice, LaunchConfig, PushKernelArg};
 use ndarray::Array2;
 
 use crate::kernels::Kernel;
@@ -47,6 +55,12 @@ const COLUMN_BLOCKS: usize = 1024;
 /// piece of a row, not each row, to a warp, so a row holding a large share
 /// of the nonzeros is spread over many warps.
 pub const PIECE_NNZ: usize = 256;
+
+/// Pieces per run of a row of more pieces than this (`CHUNK` in
+/// `apr.cu`): `apr_phi_chunks` sums such a row's runs of this many pieces
+/// first, then `apr_phi_rows` the runs, so the row's sum is spread over
+/// threads.
+pub const CHUNK_PIECES: u64 = 32;
 
 /// A sorted copy's rows cut into pieces of at most [`PIECE_NNZ`]
 /// consecutive nonzeros (an empty row has none).
@@ -126,6 +140,8 @@ struct DeviceCopy {
     piece_row: CudaSlice<u32>,
     piece_ptr: CudaSlice<u64>,
     npieces: usize,
+    /// Whether a row has more than [`CHUNK_PIECES`] pieces.
+    long_rows: bool,
     values: CudaSlice<f64>,
     other: CudaSlice<u32>,
     /// Where each other mode's factor starts in the factor buffer.
@@ -250,8 +266,30 @@ pub struct AprGpu {
     inv: CudaSlice<f64>,
     partials: CudaSlice<f64>,
     sums: CudaSlice<f64>,
+    /// The KKT violation of each inner iteration of the mode under way, as
+    /// the bits of a non-negative double: `parts` rows of `max_inner`
+    /// slots, this part's shares in row `part`, the other parts' copied
+    /// into theirs ([`AprGpu::begin_inner`]).
     kkt: CudaSlice<u64>,
+    inner: InnerLayout,
+    /// Set on the device when the mode's inner loop has ended.
+    stop: CudaSlice<u32>,
+    /// Recorded after this part's KKT shares go out ([`share_kkt`]).
+    shared: CudaEvent,
+    /// The device address of every part's KKT array, as `apr_share_kkt`
+    /// reads them, and the host's copy of what was uploaded.
+    peers: CudaSlice<u64>,
+    peer_bases: Vec<u64>,
     fixed: CudaSlice<u32>,
+}
+
+/// How [`AprGpu::begin_inner`] laid out the KKT slots: which row is this
+/// part's, of how many, and slots per row.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct InnerLayout {
+    part: usize,
+    parts: usize,
+    max_inner: usize,
 }
 
 impl AprGpu {
@@ -317,7 +355,19 @@ impl AprGpu {
             inv: gpu.alloc_zeros("the CP-APR column scales", rank)?,
             partials: gpu.alloc_zeros("the CP-APR partial sums", partials_len(rank))?,
             sums: gpu.alloc_zeros("the CP-APR sums", rank)?,
-            kkt: gpu.alloc_zeros("the KKT violation", 1)?,
+            kkt: gpu.alloc_zeros("the KKT violations", 1)?,
+            inner: InnerLayout {
+                part: 0,
+                parts: 1,
+                max_inner: 1,
+            },
+            stop: gpu.alloc_zeros("the inner loop's flag", 1)?,
+            shared: gpu
+                .context()
+                .new_event(None)
+                .map_err(driver("creating an event"))?,
+            peers: gpu.alloc_zeros("the KKT arrays' addresses", 1)?,
+            peer_bases: Vec::new(),
             fixed: gpu.alloc_zeros("the kappa flag", 1)?,
             copies: (0..dims.len()).map(|_| None).collect(),
             gpu,
@@ -409,6 +459,7 @@ impl AprGpu {
             piece_row: self.gpu.upload("CP-APR's pieces", &pieces.row)?,
             piece_ptr: self.gpu.upload("CP-APR's pieces", &pieces.ptr)?,
             npieces: pieces.len(),
+            long_rows: pieces.ptr.windows(2).any(|w| w[1] - w[0] > CHUNK_PIECES),
             values: self
                 .gpu
                 .upload("a CP-APR sorted copy's values", copy.values)?,
@@ -616,28 +667,84 @@ impl AprGpu {
     /// `max |min(A, 1 - Phi)|` (downloaded: synchronizes). Two kernels:
     /// the pieces' sums, then each row's.
     pub fn phi(&mut self, mode: usize, eps_div_zero: f64) -> Result<f64> {
-        self.queue_phi(mode, eps_div_zero)?;
-        self.read_kkt()
+        self.begin_inner(0, 1, 1)?;
+        self.queue_phi(mode, 0, eps_div_zero)?;
+        Ok(self.read_kkts()?[0])
     }
 
-    /// The KKT violation of the last [`AprGpu::queue_phi`] (synchronizes).
-    pub fn read_kkt(&self) -> Result<f64> {
-        let bits = self.read(&self.kkt, "the KKT violation")?;
-        Ok(f64::from_bits(bits.first().copied().unwrap_or(0)))
-    }
-
-    /// [`AprGpu::phi`] queued on the GPU's stream, without waiting (a
-    /// group queues every GPU's before it reads any);
-    /// [`AprGpu::read_kkt`] then gives the KKT violation (0 without rows).
-    pub fn queue_phi(&mut self, mode: usize, eps_div_zero: f64) -> Result<()> {
+    /// Starts a mode's inner loop of at most `max_inner` iterations as part
+    /// `part` of `parts` (0 of 1 on one GPU): clears the flag that ends the
+    /// loop and this part's row of KKT slots (the other parts' rows are
+    /// written whole by [`share_kkt`] before they are read). Queued.
+    pub fn begin_inner(&mut self, part: usize, parts: usize, max_inner: usize) -> Result<()> {
+        if part >= parts || max_inner == 0 {
+            return Err(DeviceError::Shape(format!(
+                "part {part} of {parts}, {max_inner} inner iterations"
+            )));
+        }
+        let slots = parts * max_inner;
+        if self.kkt.len() < slots {
+            self.kkt = self.gpu.alloc_zeros("the KKT violations", slots)?;
+            // Other parts copy into it from their streams: the allocation
+            // (ordered on this stream) must be done first. Once per run.
+            self.gpu
+                .stream()
+                .synchronize()
+                .map_err(driver("allocating the KKT violations"))?;
+        }
+        self.inner = InnerLayout {
+            part,
+            parts,
+            max_inner,
+        };
         let stream = self.gpu.stream().clone();
+        let row = part * max_inner;
+        let mut own = self.kkt.slice_mut(row..row + max_inner);
         stream
-            .memset_zeros(&mut self.kkt)
-            .map_err(driver("clearing the KKT violation"))?;
+            .memset_zeros(&mut own)
+            .map_err(driver("clearing the KKT violations"))?;
+        stream
+            .memset_zeros(&mut self.stop)
+            .map_err(driver("clearing the inner loop's flag"))
+    }
+
+    /// This part's slot of inner iteration `iteration`.
+    fn slot(&self, iteration: usize) -> Result<usize> {
+        let l = self.inner;
+        if iteration >= l.max_inner {
+            return Err(DeviceError::Shape(format!(
+                "inner iteration {iteration} of {}",
+                l.max_inner
+            )));
+        }
+        Ok(l.part * l.max_inner + iteration)
+    }
+
+    /// This part's KKT violation of each inner iteration since
+    /// [`AprGpu::begin_inner`] (synchronizes): `max_inner` values, 0 for
+    /// the iterations the loop did not reach and for a part without rows.
+    pub fn read_kkts(&self) -> Result<Vec<f64>> {
+        let row = self.slot(0)?;
+        let len = self.inner.max_inner;
+        let bits = self
+            .gpu
+            .stream()
+            .clone_dtoh(&self.kkt.slice(row..row + len))
+            .map_err(driver("downloading the KKT violations"))?;
+        Ok(bits.into_iter().map(f64::from_bits).collect())
+    }
+
+    /// `Phi` of mode `mode` for inner iteration `iteration` (after
+    /// [`AprGpu::begin_inner`]) and this part's KKT violation into its
+    /// slot, queued: nothing waits, and nothing runs on the device once
+    /// the loop has ended.
+    pub fn queue_phi(&mut self, mode: usize, iteration: usize, eps_div_zero: f64) -> Result<()> {
+        let slot = self.slot(iteration)?;
         let rows = self.rows(mode);
         if rows == 0 {
             return Ok(());
         }
+        let stream = self.gpu.stream().clone();
         let pieces_f = self.function(Kernel::AprPhi)?;
         let rows_f = self.function(Kernel::AprPhiRows)?;
         let copy = copy_of(&self.copies, mode)?;
@@ -654,35 +761,66 @@ impl AprGpu {
                 .arg(&copy.piece_begin)
                 .arg(&copy.piece_row)
                 .arg(&npieces)
-                .arg(&eps_div_zero);
+                .arg(&eps_div_zero)
+                .arg(&self.stop);
             // SAFETY: `piece_sums` holds at least npieces x rank doubles
             // (checked at upload); the pieces cover nonzeros below nnz
             // (built from a row pointer checked to run from 0 to nnz), where
             // `values` and `pi` (nnz x rank) are in bounds, and name rows
-            // below rows, inside `a` (rows x rank).
+            // below rows, inside `a` (rows x rank); `stop` is one u32.
             unsafe { launch.launch(blocks(piece_blocks(copy.npieces))) }
                 .map_err(driver("launching apr_phi"))?;
+            if copy.long_rows {
+                let f = self.function(Kernel::AprPhiChunks)?;
+                let mut launch = stream.launch_builder(&f);
+                launch
+                    .arg(&mut self.piece_sums)
+                    .arg(&copy.piece_row)
+                    .arg(&copy.piece_ptr)
+                    .arg(&npieces)
+                    .arg(&self.stop);
+                // SAFETY: as for apr_phi: npieces x rank sums; each piece
+                // names a row below rows, whose piece_ptr entries bound
+                // pieces below npieces.
+                unsafe { launch.launch(grid_stride(npieces * self.rank as u64, 256)) }
+                    .map_err(driver("launching apr_phi_chunks"))?;
+            }
         }
         let mut phi = self.phi.slice_mut(range);
+        let mut kkt = self.kkt.slice_mut(slot..slot + 1);
         let rows_u = rows as u64;
         let mut launch = stream.launch_builder(&rows_f);
         launch
             .arg(&mut phi)
-            .arg(&mut self.kkt)
+            .arg(&mut kkt)
             .arg(&a)
             .arg(&self.piece_sums)
             .arg(&copy.piece_ptr)
-            .arg(&rows_u);
+            .arg(&rows_u)
+            .arg(&self.stop);
         // SAFETY: `phi` and `a` hold rows x rank doubles; `piece_ptr` holds
         // rows + 1 nondecreasing entries up to npieces, so the pieces' sums
-        // read are inside `piece_sums`; `kkt` is one u64.
+        // read are inside `piece_sums`; `kkt` is one u64, `stop` one u32.
         unsafe { launch.launch(grid_stride(rows_u * self.rank as u64, 256)) }
             .map_err(driver("launching apr_phi_rows"))?;
         Ok(())
     }
 
-    /// The multiplicative update `A_mode *= Phi_mode`.
+    /// The multiplicative update `A_mode *= Phi_mode`, unconditionally.
     pub fn update(&mut self, mode: usize) -> Result<()> {
+        self.launch_update(mode, None)
+    }
+
+    /// The update of inner iteration `iteration`, queued: on the device,
+    /// unless the loop has ended; where the iteration's KKT violation (the
+    /// largest of every part's share, [`share_kkt`] having brought them
+    /// here) is below `tol` the loop ends instead, without the update.
+    pub fn queue_update(&mut self, mode: usize, iteration: usize, tol: f64) -> Result<()> {
+        self.slot(iteration)?;
+        self.launch_update(mode, Some((iteration, tol)))
+    }
+
+    fn launch_update(&mut self, mode: usize, decide: Option<(usize, f64)>) -> Result<()> {
         let n = self.len(mode) as u64;
         if n == 0 {
             return Ok(());
@@ -691,10 +829,28 @@ impl AprGpu {
         let range = self.range(mode);
         let mut a = self.factors.slice_mut(range.clone());
         let phi = self.phi.slice(range);
+        let l = self.inner;
+        let (first, parts, tol) = match decide {
+            Some((iteration, tol)) => (iteration, l.parts as u32, tol),
+            None => (0, 0, 0.0),
+        };
+        let kkt = self.kkt.slice(first..);
+        let stride = l.max_inner as u32;
         let stream = self.gpu.stream().clone();
         let mut launch = stream.launch_builder(&f);
-        launch.arg(&mut a).arg(&phi).arg(&n);
-        // SAFETY: `a` and `phi` hold n doubles each.
+        launch
+            .arg(&mut a)
+            .arg(&phi)
+            .arg(&n)
+            .arg(&kkt)
+            .arg(&parts)
+            .arg(&stride)
+            .arg(&tol)
+            .arg(&mut self.stop);
+        // SAFETY: `a` and `phi` hold n doubles each; with parts > 0 the
+        // kernel reads kkt[p * max_inner] for p < parts from slot
+        // `iteration` < max_inner on, inside the parts x max_inner slots
+        // begin_inner allocated; `stop` is one u32.
         unsafe { launch.launch(grid_stride(n, 256)) }.map_err(driver("launching apr_update"))?;
         Ok(())
     }
@@ -838,6 +994,167 @@ impl AprGpu {
     }
 }
 
+/// Copies `bytes` bytes at byte `offset` of part `s`'s buffer (device
+/// address `bases[s]`) to the same place in part `t`'s, on part `s`'s
+/// stream: a peer copy between GPUs, a device copy between parts on one.
+///
+/// # Safety
+///
+/// Both ranges must lie inside their buffers, and nothing may write
+/// either until the copy has run.
+unsafe fn copy_to_part(
+    contexts: &[Arc<cudarc::driver::CudaContext>],
+    streams: &[Arc<cudarc::driver::CudaStream>],
+    bases: &[u64],
+    (s, t): (usize, usize),
+    offset: u64,
+    bytes: usize,
+) -> std::result::Result<(), cudarc::driver::DriverError> {
+    contexts[s].bind_to_thread()?;
+    let (src, dst) = (bases[s] + offset, bases[t] + offset);
+    // SAFETY: the caller's.
+    unsafe {
+        if contexts[s].cu_ctx() == contexts[t].cu_ctx() {
+            cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, streams[s].cu_stream())
+        } else {
+            cudarc::driver::result::memcpy_peer_async(
+                contexts[t].cu_ctx(),
+                dst,
+                contexts[s].cu_ctx(),
+                src,
+                bytes,
+                streams[s].cu_stream(),
+            )
+        }
+    }
+}
+
+/// Brings every part's share of inner iteration `iteration`'s KKT
+/// violation to every other part, without the host waiting: each part's
+/// slot goes to the same slot of every other part (on the sender's stream,
+/// after its `Phi`), the sender records its event, and every part's
+/// stream waits for the others' events, so the updates queued next
+/// ([`AprGpu::queue_update`]) see all shares. The parts must have begun
+/// the loop as parts `0..parts.len()` of `parts.len()`.
+///
+/// `direct`: the GPUs reach each other's memory (peer access enabled, as
+/// `kruskal_group::enable_peer_access` reports it, or one GPU): one
+/// launch per part stores its share into the others' arrays
+/// (`apr_share_kkt`). Otherwise a copy per pair of parts (the driver
+/// stages them through the host).
+pub fn share_kkt(parts: &mut [AprGpu], iteration: usize, direct: bool) -> Result<()> {
+    let count = parts.len();
+    let max_inner = parts.first().map_or(1, |p| p.inner.max_inner);
+    for (k, p) in parts.iter().enumerate() {
+        let want = InnerLayout {
+            part: k,
+            parts: count,
+            max_inner,
+        };
+        if p.inner != want {
+            return Err(DeviceError::Shape(format!(
+                "part {k} began its inner loop as {:?}, not {want:?}",
+                p.inner
+            )));
+        }
+    }
+    if count < 2 {
+        return Ok(());
+    }
+    parts[0].slot(iteration)?;
+    // Every part's KKT array's address.
+    let streams: Vec<_> = parts.iter().map(|p| p.gpu.stream().clone()).collect();
+    let contexts: Vec<_> = parts.iter().map(|p| p.gpu.context().clone()).collect();
+    let mut bases = Vec::with_capacity(count);
+    let mut guards = Vec::with_capacity(count);
+    for (p, stream) in parts.iter_mut().zip(&streams) {
+        let (base, guard) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut p.kkt, stream);
+        bases.push(base);
+        guards.push(guard);
+    }
+    if direct {
+        drop(guards);
+        store_kkt(parts, iteration, &bases)?;
+    } else {
+        let bytes = std::mem::size_of::<u64>();
+        for s in 0..count {
+            let at = ((s * max_inner + iteration) * bytes) as u64;
+            for t in (0..count).filter(|&t| t != s) {
+                // SAFETY: every part holds parts x max_inner slots (checked
+                // layouts; begin_inner allocated them), so the slot lies in
+                // each; part t writes only its own row (this slot is in
+                // row s), and part s's kernels that write it are queued
+                // before, on this stream.
+                unsafe { copy_to_part(&contexts, &streams, &bases, (s, t), at, bytes) }
+                    .map_err(driver("copying a KKT violation to another GPU"))?;
+            }
+        }
+        drop(guards);
+    }
+    for (p, stream) in parts.iter().zip(&streams) {
+        p.shared
+            .record(stream)
+            .map_err(driver("recording an event"))?;
+    }
+    for (t, stream) in streams.iter().enumerate() {
+        for (s, p) in parts.iter().enumerate() {
+            if s != t {
+                stream
+                    .wait(&p.shared)
+                    .map_err(driver("waiting for another GPU's KKT violation"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// [`share_kkt`]'s direct stores: part k's share of `iteration` into slot
+/// (k, iteration) of every other part's KKT array (`bases`, their device
+/// addresses, uploaded to each part where they changed: once per run).
+fn store_kkt(parts: &mut [AprGpu], iteration: usize, bases: &[u64]) -> Result<()> {
+    let count = parts.len();
+    let max_inner = parts[0].inner.max_inner;
+    for (k, p) in parts.iter_mut().enumerate() {
+        if p.peer_bases != bases {
+            let stream = p.gpu.stream().clone();
+            if p.peers.len() < count {
+                p.peers = p.gpu.alloc_zeros("the KKT arrays' addresses", count)?;
+            }
+            stream
+                .memcpy_htod(bases, &mut p.peers)
+                .map_err(driver("uploading the KKT arrays' addresses"))?;
+            p.peer_bases = bases.to_vec();
+        }
+        let f = p.function(Kernel::AprShareKkt)?;
+        let at = (k * max_inner + iteration) as u64;
+        let (parts_u, part_u) = (count as u32, k as u32);
+        let stream = p.gpu.stream().clone();
+        let mut launch = stream.launch_builder(&f);
+        launch
+            .arg(&p.kkt)
+            .arg(&at)
+            .arg(&p.peers)
+            .arg(&parts_u)
+            .arg(&part_u);
+        // SAFETY: every part's KKT array holds parts x max_inner slots
+        // (the layouts checked above; begin_inner allocated them and
+        // synchronized), so slot `at` (row k) lies in each; `peers` holds
+        // their addresses, every one reachable from this GPU (peer access
+        // is enabled for a group); only part k writes row k of the other
+        // parts' arrays, and its kernels that write its own slot are
+        // queued before, on this stream.
+        unsafe {
+            launch.launch(LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (1, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }
+        .map_err(driver("launching apr_share_kkt"))?;
+    }
+    Ok(())
+}
+
 /// Copies each part's owned rows of mode `mode`'s factor into every other
 /// part (a peer copy per pair, on the sender's stream after the steps it
 /// queued; a device copy between parts on one GPU), then waits for all of
@@ -879,36 +1196,14 @@ pub fn share_rows(parts: &mut [AprGpu], mode: usize) -> Result<()> {
         }
         let offset = (rows.start * std::mem::size_of::<f64>()) as u64;
         let bytes = rows.len() * std::mem::size_of::<f64>();
-        contexts[s]
-            .bind_to_thread()
-            .map_err(driver("binding a context"))?;
         for t in (0..ranges.len()).filter(|&t| t != s) {
-            let (src, dst) = (bases[s] + offset, bases[t] + offset);
             // SAFETY: both buffers hold the whole factor layout (the same
             // dims and rank, checked), so the owned rows of part s lie
             // inside each; nothing else writes them until the copies end
-            // (part s's steps on them are queued before, on this stream;
+            // (part s's steps on them are queued before, on its stream;
             // part t's steps touch only its own rows, disjoint, checked).
-            let r = unsafe {
-                if contexts[s].cu_ctx() == contexts[t].cu_ctx() {
-                    cudarc::driver::result::memcpy_dtod_async(
-                        dst,
-                        src,
-                        bytes,
-                        streams[s].cu_stream(),
-                    )
-                } else {
-                    cudarc::driver::result::memcpy_peer_async(
-                        contexts[t].cu_ctx(),
-                        dst,
-                        contexts[s].cu_ctx(),
-                        src,
-                        bytes,
-                        streams[s].cu_stream(),
-                    )
-                }
-            };
-            r.map_err(driver("copying CP-APR factor rows to another GPU"))?;
+            unsafe { copy_to_part(&contexts, &streams, &bases, (s, t), offset, bytes) }
+                .map_err(driver("copying CP-APR factor rows to another GPU"))?;
         }
     }
     drop(guards);
@@ -986,6 +1281,81 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_run_length_is_the_kernels() {
+        let source = include_str!("../kernels/apr.cu");
+        assert!(
+            source.contains(&format!("#define CHUNK {CHUNK_PIECES}\n")),
+            "CHUNK in apr.cu differs from CHUNK_PIECES"
+        );
+    }
+
+    /// Parts of a group (on the first GPU) bring their KKT shares to each
+    /// other, by stores and by copies, and decide alike on the largest.
+    #[test]
+    fn parts_share_their_kkt_violations_and_decide_on_the_largest() {
+        let Some(gpu) = crate::testing::gpu_or_skip(
+            "parts_share_their_kkt_violations_and_decide_on_the_largest",
+        ) else {
+            return;
+        };
+        let dims = [6u32, 3, 2];
+        let rank = 2;
+        let own = [[0..2, 0..1, 0..1], [2..5, 1..3, 1..2], [5..6, 3..3, 2..2]];
+        let factors: Vec<Array2<f64>> = dims
+            .iter()
+            .map(|&d| Array2::from_elem((d as usize, rank), 0.5))
+            .collect();
+        let shares = [0.5f64, 0.25, 0.75];
+        for direct in [true, false] {
+            for (tol, stops) in [(0.8, true), (0.7, false)] {
+                let mut parts: Vec<AprGpu> = own
+                    .iter()
+                    .map(|o| {
+                        let mut p =
+                            AprGpu::new_part(gpu.clone(), &dims, rank, o, &[4, 4, 4]).unwrap();
+                        p.set_factors(&factors).unwrap();
+                        p
+                    })
+                    .collect();
+                let (max_inner, iteration) = (4, 1);
+                for (k, p) in parts.iter_mut().enumerate() {
+                    p.begin_inner(k, own.len(), max_inner).unwrap();
+                    let at = p.slot(iteration).unwrap();
+                    let mut slot = p.kkt.slice_mut(at..at + 1);
+                    p.gpu
+                        .stream()
+                        .memcpy_htod(&[shares[k].to_bits()], &mut slot)
+                        .unwrap();
+                }
+                share_kkt(&mut parts, iteration, direct).unwrap();
+                for p in parts.iter_mut() {
+                    // Phi is still zero: an update zeroes the owned rows.
+                    p.queue_update(0, iteration, tol).unwrap();
+                }
+                for (k, p) in parts.iter().enumerate() {
+                    let what = format!("direct {direct}, tol {tol}, part {k}");
+                    let all = p.gpu.stream().clone_dtoh(&p.kkt).unwrap();
+                    for (s, &share) in shares.iter().enumerate() {
+                        assert_eq!(
+                            f64::from_bits(all[s * max_inner + iteration]),
+                            share,
+                            "{what}: the share of part {s}"
+                        );
+                    }
+                    let stop = p.gpu.stream().clone_dtoh(&p.stop).unwrap();
+                    assert_eq!(stop[0] == 1, stops, "{what}: the flag");
+                    let a = &p.factors().unwrap()[0];
+                    for i in 0..dims[0] as usize {
+                        let zeroed = !stops && p.owned(0).contains(&i);
+                        let want = if zeroed { 0.0 } else { 0.5 };
+                        assert!(a.row(i).iter().all(|&x| x == want), "{what}: row {i}");
+                    }
+                }
+            }
+        }
+    }
+
     /// Phi and the KKT violation of every mode against a naive f64
     /// computation straight from the coordinates.
     #[test]
@@ -997,9 +1367,15 @@ mod tests {
         // 4 modes, repeated rows, an empty row (index 5 of mode 0 never
         // occurs), a row of mode 0 cut into three pieces (row 2: six of
         // every seven nonzeros), rank 33 (two columns per lane for one
-        // lane).
+        // lane); with 12,000 nonzeros row 2 has 41 pieces, more than
+        // CHUNK_PIECES (two runs for apr_phi_chunks, one short).
         let dims = [7u32, 5, 4, 3];
-        let nnz = 700;
+        for (nnz, ranks) in [(700, vec![3usize, 33]), (12_000, vec![8])] {
+            phi_case(&gpu, dims, nnz, &ranks);
+        }
+    }
+
+    fn phi_case(gpu: &Arc<Gpu>, dims: [u32; 4], nnz: usize, ranks: &[usize]) {
         let mut x = 12345u64;
         let mut next = |m: u64| {
             x ^= x << 13;
@@ -1025,7 +1401,7 @@ mod tests {
             })
             .collect();
         let values: Vec<f64> = (0..nnz).map(|_| (next(5) + 1) as f64).collect();
-        for rank in [3usize, 33] {
+        for &rank in ranks {
             let factors: Vec<Array2<f64>> = dims
                 .iter()
                 .map(|&d| {
@@ -1060,6 +1436,13 @@ mod tests {
                     },
                 )
                 .unwrap();
+                // Row 2 of mode 0 holds six sevenths of the nonzeros.
+                let long = nnz * 6 / 7 > CHUNK_PIECES as usize * PIECE_NNZ;
+                assert_eq!(
+                    apr.copies[n].as_ref().unwrap().long_rows,
+                    long && n == 0,
+                    "mode {n}"
+                );
                 apr.form_pi(n).unwrap();
                 let kkt = apr.phi(n, 1e-10).unwrap();
                 let got = apr.phi_host(n).unwrap();

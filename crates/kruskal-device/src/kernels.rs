@@ -155,7 +155,9 @@ pub enum Kernel {
     AprPi,
     AprPhi,
     AprPhiRows,
+    AprPhiChunks,
     AprUpdate,
+    AprShareKkt,
     AprKappaFold,
     AprColumnSums,
     AprSumPartials,
@@ -165,7 +167,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every entry function of every source.
-    pub const ALL: [Kernel; 53] = [
+    pub const ALL: [Kernel; 55] = [
         Kernel::MttkrpCooAtomic,
         Kernel::StoreF32,
         Kernel::MttkrpFcoo,
@@ -213,7 +215,9 @@ impl Kernel {
         Kernel::AprPi,
         Kernel::AprPhi,
         Kernel::AprPhiRows,
+        Kernel::AprPhiChunks,
         Kernel::AprUpdate,
+        Kernel::AprShareKkt,
         Kernel::AprKappaFold,
         Kernel::AprColumnSums,
         Kernel::AprSumPartials,
@@ -272,7 +276,9 @@ impl Kernel {
             Kernel::AprPi => (KernelSource::Apr, "apr_pi"),
             Kernel::AprPhi => (KernelSource::Apr, "apr_phi"),
             Kernel::AprPhiRows => (KernelSource::Apr, "apr_phi_rows"),
+            Kernel::AprPhiChunks => (KernelSource::Apr, "apr_phi_chunks"),
             Kernel::AprUpdate => (KernelSource::Apr, "apr_update"),
+            Kernel::AprShareKkt => (KernelSource::Apr, "apr_share_kkt"),
             Kernel::AprKappaFold => (KernelSource::Apr, "apr_kappa_fold"),
             Kernel::AprColumnSums => (KernelSource::Apr, "apr_column_sums"),
             Kernel::AprSumPartials => (KernelSource::Apr, "apr_sum_partials"),
