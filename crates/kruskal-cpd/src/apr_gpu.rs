@@ -118,6 +118,25 @@ fn inverse_norms(norms: &[f64], lambda: &mut [f64]) -> Vec<f64> {
         .collect()
 }
 
+/// The log-likelihood from the nonzeros' sum `sum_nz x log(m)`: minus
+/// the model's total, lambda_r times the product of every mode's column
+/// sums (the factors are non-negative, so their 1-norms; `column_sums(m)`
+/// gives mode m's).
+fn minus_model_total(
+    sum: f64,
+    lambda: &[f64],
+    nmodes: usize,
+    mut column_sums: impl FnMut(usize) -> Result<Vec<f64>>,
+) -> Result<f64> {
+    let mut totals = lambda.to_vec();
+    for m in 0..nmodes {
+        for (t, s) in totals.iter_mut().zip(column_sums(m)?) {
+            *t *= s;
+        }
+    }
+    Ok(sum - totals.iter().sum::<f64>())
+}
+
 /// The steps on one GPU.
 struct GpuSteps {
     apr: AprGpu,
@@ -186,15 +205,7 @@ impl AprSteps for GpuSteps {
 
     fn log_likelihood(&mut self, lambda: &[f64]) -> Result<f64> {
         let sum = self.apr.log_likelihood_sum(lambda)?;
-        // The whole model's sum: lambda_r times the product of column sums
-        // (the factors are non-negative, so the 1-norms).
-        let mut totals = lambda.to_vec();
-        for m in 0..self.nmodes {
-            for (t, s) in totals.iter_mut().zip(self.apr.column_sums(m)?) {
-                *t *= s;
-            }
-        }
-        Ok(sum - totals.iter().sum::<f64>())
+        minus_model_total(sum, lambda, self.nmodes, |m| Ok(self.apr.column_sums(m)?))
     }
 
     fn factors(&mut self) -> Result<Vec<Array2<f64>>> {
@@ -355,16 +366,14 @@ impl GroupSteps {
 
 impl AprSteps for GroupSteps {
     fn kappa_fold(&mut self, n: usize, kappa: Option<(f64, f64)>, lambda: &[f64]) -> Result<bool> {
-        if kappa.is_none() {
-            for p in self.parts.iter_mut() {
-                p.queue_kappa_fold(n, kappa, lambda)?;
-            }
-            return Ok(false);
-        }
+        // Without the fix there is no flag to wait for.
         let fixed = on_each(
             &mut self.parts,
             |p| p.queue_kappa_fold(n, kappa, lambda),
-            AprGpu::read_fixed,
+            |p| match kappa {
+                Some(_) => p.read_fixed(),
+                None => Ok(false),
+            },
         )?;
         Ok(fixed.into_iter().any(|f| f))
     }
@@ -418,13 +427,8 @@ impl AprSteps for GroupSteps {
             |p| p.read_sums(1),
         )?;
         let sum: f64 = sums.iter().map(|s| s[0]).sum();
-        let mut totals = lambda.to_vec();
-        for m in 0..self.nmodes {
-            for (t, s) in totals.iter_mut().zip(self.column_sums(m)?) {
-                *t *= s;
-            }
-        }
-        Ok(sum - totals.iter().sum::<f64>())
+        let nmodes = self.nmodes;
+        minus_model_total(sum, lambda, nmodes, |m| self.column_sums(m))
     }
 
     fn factors(&mut self) -> Result<Vec<Array2<f64>>> {
