@@ -46,6 +46,44 @@
 #define MIN_BLOCKS 1
 #endif
 
+// Tensor-core path (sm_80 and later; RANK 8, 16 or 32; blocks of 32
+// rows): Ht = rhs W on f64 MMAs (mma.m8n8k4), whose operands come from
+// registers, instead of each thread's broadcast reads of every
+// right-hand-side row from shared memory, which bound the scalar path
+// (Nsight Compute, an H200, nell-1's 25.5M-row mode at rank 32: L1/shared
+// 72% busy, the FP64 pipe 42%).
+//
+// The block's 32 x RANK output is cut into 8 x 8 tiles, tile t = (row
+// group t / NBLK, column block t % NBLK); warp w takes tiles w, w + 8, ...:
+// NBLK divides 8, so all of a warp's tiles share its column block, whose W
+// fragments it keeps in registers. Lane l = 4 g + q holds, of each of its
+// tiles, row g and columns 2q, 2q + 1 of the block (K, H, U and the
+// products in registers, as the scalar path's thread holds a column). The
+// right-hand side goes through shared memory once per iteration: each
+// lane writes its entries, and reads as the MMA's A operand its row's
+// UKSTEPS contiguous columns q UKSTEPS .. (step s gives k = q UKSTEPS +
+// s: any order of the k's is the same product).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && (RANK == 8 || RANK == 16 || RANK == 32) && \
+    BLOCK_ROWS == 32
+#define ADMM_MMA 1
+#define NBLK (RANK / 8)
+#define UKSTEPS (RANK / 4)
+#define TILES ((BLOCK_ROWS / 8) * NBLK)
+#define TPW ((TILES + WARPS - 1) / WARPS)
+// Row stride of the staged right-hand side (doubles): two more than the
+// rank, so the lanes' 16-byte reads of different rows fall in other banks.
+#define SROW (RANK + 2)
+
+// D = A B + D for one m8n8k4 f64 MMA: a = A(g, q), b = B(q, g), d = D(g,
+// 2q .. 2q + 1) of lane 4 g + q.
+__device__ __forceinline__ void admm_mma(double (&d)[2], double a, double b)
+{
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+                 : "+d"(d[0]), "+d"(d[1])
+                 : "d"(a), "d"(b));
+}
+#endif
+
 // The proximal step of the mode's penalty at rho: the soft threshold by
 // `threshold` (l1 / rho; on a non-negative mode, the shift and the clamp
 // at 0), times `shrink` (1 / (1 + 2 l2 / rho)).
@@ -119,6 +157,134 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) admm_blocks(
     double eps,
     double* __restrict__ partials)
 {
+#if defined(ADMM_MMA)
+    __shared__ __align__(16) double rhs[BLOCK_ROWS * SROW];
+    __shared__ double red[WARPS * 4];
+    __shared__ double fin[THREADS * 2];
+    const int t = threadIdx.x, lane = t % WARP, warp = t / WARP;
+    const int q = lane % 4, g = lane / 4;
+    const int nb = warp % NBLK;
+    // This warp's W fragments: B(q, g) of step s is W(q UKSTEPS + s, 8 nb + g).
+    double wfr[UKSTEPS];
+#pragma unroll
+    for (int st = 0; st < UKSTEPS; ++st) wfr[st] = w[(q * UKSTEPS + st) * RANK + nb * 8 + g];
+    double sumsq[2] = {0.0, 0.0}, inner[2] = {0.0, 0.0};
+    float maxabs[2] = {0.f, 0.f};
+    u32 most = 0;
+    const u64 blocks = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS;
+    for (u64 b = blockIdx.x; b < blocks; b += gridDim.x) {
+        const u64 row0 = b * BLOCK_ROWS;
+        const int nrows = (int)min((u64)BLOCK_ROWS, rows - row0);
+        // Tile i of this warp: rows 8 rg .. of the block, rg = (warp + 8 i) / NBLK.
+        float kv[TPW][2];
+        double hv[TPW][2], uv[TPW][2];
+        bool mine[TPW];
+#pragma unroll
+        for (int i = 0; i < TPW; ++i) {
+            const int tile = warp + i * WARPS;
+            const int r = (tile / NBLK) * 8 + g;
+            mine[i] = tile < TILES && r < nrows;
+            const u64 e = (row0 + r) * RANK + nb * 8 + 2 * q;
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                kv[i][c] = mine[i] ? k[e + c] : 0.f;
+                hv[i][c] = mine[i] ? h[e + c] : 0.0;
+                uv[i][c] = mine[i] ? u[e + c] : 0.0;
+            }
+        }
+        u32 it = 0;
+        while (true) {
+            ++it;
+            // Every lane has read the previous right-hand side (the
+            // residual sum's barrier came after), so it can be replaced.
+            // Rows past the block's end are written as zeros.
+#pragma unroll
+            for (int i = 0; i < TPW; ++i) {
+                const int tile = warp + i * WARPS;
+                if (tile >= TILES) continue;
+                const int r = (tile / NBLK) * 8 + g;
+                double2 v;
+                // Rounded step by step (no fused multiply-add), as the
+                // host's loop does.
+                v.x = __dadd_rn((double)kv[i][0], __dmul_rn(rho, __dadd_rn(hv[i][0], uv[i][0])));
+                v.y = __dadd_rn((double)kv[i][1], __dmul_rn(rho, __dadd_rn(hv[i][1], uv[i][1])));
+                *reinterpret_cast<double2*>(rhs + r * SROW + nb * 8 + 2 * q) = v;
+            }
+            __syncthreads();
+            double res[4] = {0.0, 0.0, 0.0, 0.0};  // primal, dual, |H|^2, |U|^2
+#pragma unroll
+            for (int i = 0; i < TPW; ++i) {
+                const int tile = warp + i * WARPS;
+                if (tile >= TILES) continue;  // the same for the whole warp
+                const int r = (tile / NBLK) * 8 + g;
+                double av[UKSTEPS];
+#pragma unroll
+                for (int st = 0; st < UKSTEPS; st += 2) {
+                    const double2 x = *reinterpret_cast<const double2*>(rhs + r * SROW + q * UKSTEPS + st);
+                    av[st] = x.x;
+                    av[st + 1] = x.y;
+                }
+                double d[2] = {0.0, 0.0};
+#pragma unroll
+                for (int st = 0; st < UKSTEPS; ++st) admm_mma(d, av[st], wfr[st]);
+                if (!mine[i]) continue;
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const double ht = d[c];
+                    const double fresh = admm_prox(ht - uv[i][c], nonneg, threshold, shrink);
+                    uv[i][c] += fresh - ht;
+                    const double dp = fresh - ht, dd = fresh - hv[i][c];
+                    res[0] = __dadd_rn(res[0], __dmul_rn(dp, dp));
+                    res[1] = __dadd_rn(res[1], __dmul_rn(dd, dd));
+                    res[2] = __dadd_rn(res[2], __dmul_rn(fresh, fresh));
+                    res[3] = __dadd_rn(res[3], __dmul_rn(uv[i][c], uv[i][c]));
+                    hv[i][c] = fresh;
+                }
+            }
+            admm_block_sum4(res, red);
+            if ((res[0] <= eps * res[2] && res[1] <= eps * res[3]) || it >= max_inner) break;
+        }
+        most = max(most, it);
+#pragma unroll
+        for (int i = 0; i < TPW; ++i) {
+            if (!mine[i]) continue;
+            const int tile = warp + i * WARPS;
+            const int r = (tile / NBLK) * 8 + g;
+            const u64 e = (row0 + r) * RANK + nb * 8 + 2 * q;
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                h[e + c] = hv[i][c];
+                u[e + c] = uv[i][c];
+                // The statistics of the factor as stored (f32), as the CPU's.
+                const float x = (float)hv[i][c];
+                sumsq[c] += (double)x * (double)x;
+                inner[c] += (double)kv[i][c] * (double)x;
+                maxabs[c] = fmaxf(maxabs[c], fabsf(x));
+            }
+        }
+    }
+    // Column j = 8 nb + 2 q + c is held by lanes 4 g + q (g = 0..7) of the
+    // warps w with w % NBLK = nb: thread j adds them warp by warp, g by g.
+    double* out = partials + (u64)blockIdx.x * (3 * RANK + 1);
+    for (int stat = 0; stat < 3; ++stat) {
+        __syncthreads();
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+            fin[t * 2 + c] = stat == 0 ? sumsq[c] : stat == 1 ? inner[c] : (double)maxabs[c];
+        __syncthreads();
+        if (t < RANK) {
+            const int jb = t / 8, jq = (t % 8) / 2, c = t % 2;
+            double acc = 0.0;
+            for (int wp = jb; wp < WARPS; wp += NBLK)
+                for (int gj = 0; gj < 8; ++gj) {
+                    const double x = fin[(wp * WARP + gj * 4 + jq) * 2 + c];
+                    acc = stat == 2 ? fmax(acc, x) : acc + x;
+                }
+            out[stat * RANK + t] = acc;
+        }
+    }
+    if (t == 0) out[3 * RANK] = (double)most;
+#else
     __shared__ __align__(16) double rhs[BLOCK_ROWS * KP];
     __shared__ double red[WARPS * 4];
     __shared__ double fin[THREADS];
@@ -252,6 +418,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) admm_blocks(
         }
     }
     if (t == 0) out[3 * RANK] = (double)most;
+#endif
 }
 
 // admm_scale: column j of H and U times inv[j] (f64, in place), and the
