@@ -14,12 +14,22 @@
 //! For each outer iteration and each mode n (H = `A_n`, U its scaled dual,
 //! both `I_n x R` in f64, kept for every mode and warm-started from the
 //! previous outer iteration; on the host, or on the device where the
-//! backend runs the inner loop itself, [`Backend::runs_admm`]):
+//! backend runs the inner loop itself, [`Backend::runs_admm`]). The first
+//! outer iteration starts cold, from H = U = 0: the initial factors enter
+//! through the other modes' Grams and MTTKRPs only. (A warm start from
+//! random factors is off the solution's scale by the Gram's size, 1e8 on
+//! a tensor with 1e5-row modes: the inner loop's 50 iterations did not
+//! undo it, and a whole factor could come out 0.)
 //! 1. `K = MTTKRP(X, n)` (the backend's; copied to the host for the host's
 //!    loop), `G = hadamard(A_w^T A_w for w != n)`;
-//! 2. `rho = trace(G) / R`, and `W = (G + rho I)^{-1}` by one Cholesky
-//!    (`dense::solve_matrix`), on the host (R x R);
-//! 3. up to `max_inner_iters` times: `Ht = (K + rho (H + U)) W`,
+//! 2. `rho = sqrt(lambda_min lambda_max)` of G's eigenvalues ([`penalty`];
+//!    the paper's `trace(G) / R` left most blocks at the inner limit), and
+//!    `W = (G + rho I)^{-1}` by one Cholesky (`dense::solve_matrix`), on
+//!    the host (R x R);
+//! 3. every row whose K is all zero (a row no nonzero touches: most rows
+//!    of a long sparse mode) gets H = U = 0, its exact solution, which the
+//!    iteration keeps (see `zero_rows_without_data`); then up to
+//!    `max_inner_iters` times: `Ht = (K + rho (H + U)) W`,
 //!    `H_prev = H`, `H = prox(Ht - U)`, `U += H - Ht`; stop when the primal
 //!    residual `||H - Ht||^2 / ||H||^2` and the dual residual
 //!    `||H - H_prev||^2 / ||U||^2` are both at most `eps`, summed over the
@@ -39,7 +49,7 @@
 //! group of GPUs (`GroupBackend`, one process) each GPU runs the same
 //! launch on the rows it owns (its H and U only), the statistics and
 //! partial Grams are summed on the host, and the rows are exchanged after
-//! step 4 as ALS's are (every row: an empty row's H is not zero). The
+//! step 4 as ALS's are (every row, though an empty row's is 0). The
 //! CPU's [`InnerStop::RowBlocks`] runs the same blocks to the same rule,
 //! which the GPU tests compare against.
 //!
@@ -243,6 +253,51 @@ impl AdmmOptions {
     }
 }
 
+/// The ADMM penalty rho for `G` (the Hadamard product of the other modes'
+/// Grams, before rho is added): `sqrt(lambda_min lambda_max)` of G's
+/// eigenvalues, the penalty under which ADMM on a strongly convex
+/// quadratic converges fastest (Ghadimi, Teixeira, Shames and Johansson,
+/// "Optimal parameter selection for the alternating direction method of
+/// multipliers", IEEE TAC 2015). The paper's `trace(G) / R` is the mean
+/// eigenvalue; the Gram of non-negative factors has one large eigenvalue
+/// and many small ones, and the error along an eigenvector of eigenvalue
+/// `l` shrinks by `rho / (l + rho)` per inner iteration, so with the mean
+/// most directions barely moved: blocks ran to the 50-iteration limit and
+/// the fit per outer iteration was lower (see `docs/performance.md`).
+///
+/// `lambda_min` is taken as at least `1e-4 lambda_max`, so rho is at
+/// least `lambda_max / 100`: a singular G (a mode of one row makes its
+/// Gram rank one) would otherwise give a rho near 0, and `W = (G + rho
+/// I)^{-1}` would multiply the last bits of K by `1 / rho` (a group of
+/// GPUs, whose MTTKRP sums in another order, then ended with other
+/// factors than one GPU). Where G is 0 (all-zero other factors) or its
+/// eigenvalues cannot be found, the mean eigenvalue, or 1: any rho > 0
+/// keeps the system solvable.
+///
+/// Cost: one symmetric eigenvalue decomposition of `R x R`.
+pub fn penalty(g: &Array2<f64>) -> f64 {
+    let rank = g.nrows();
+    let trace: f64 = (0..rank).map(|r| g[[r, r]]).sum();
+    let mean = if trace > 0.0 && trace.is_finite() {
+        trace / rank as f64
+    } else {
+        return 1.0;
+    };
+    let gf = faer::Mat::<f64>::from_fn(rank, rank, |i, j| g[[i, j]]);
+    match gf.self_adjoint_eigenvalues(faer::Side::Lower) {
+        Ok(ev) => {
+            let (low, high) = (ev[0], ev[rank - 1]);
+            let rho = (low.max(1e-4 * high) * high).sqrt();
+            if high > 0.0 && rho.is_finite() && rho > 0.0 {
+                rho
+            } else {
+                mean
+            }
+        }
+        Err(_) => mean,
+    }
+}
+
 /// The proximal operator of one mode's penalty at a given rho.
 #[derive(Clone, Copy, Debug)]
 struct Prox {
@@ -440,6 +495,35 @@ fn inner_step(
     r
 }
 
+/// Sets H and U to 0 on every row whose K is all zero (a row of the mode
+/// that no nonzero touches, most rows of a long sparse mode): there the
+/// row's problem `min 0.5 h G h^T - k h^T + r(h)` has the exact solution
+/// `h = 0` (G is positive semidefinite and every penalty is at least 0,
+/// and 0 at 0), with dual `u = 0`, a fixed point of the iteration, so the
+/// rows stay there. Left to the iteration from a warm start, such rows
+/// only shrink geometrically towards 0, and their residuals, relative to
+/// their own shrinking norms, never meet `eps`: a block of them ran to
+/// `max_inner` every time. A block whose rows are all such rows now stops
+/// after one iteration (all its sums are 0).
+fn zero_rows_without_data(k: &[f64], h: &mut [f64], u: &mut [f64], rank: usize) {
+    let chunk = ROWS_PER_TASK * rank;
+    h.par_chunks_mut(chunk)
+        .zip(u.par_chunks_mut(chunk))
+        .zip(k.par_chunks(chunk))
+        .for_each(|((h, u), k)| {
+            for ((h, u), k) in h
+                .chunks_exact_mut(rank)
+                .zip(u.chunks_exact_mut(rank))
+                .zip(k.chunks_exact(rank))
+            {
+                if k.iter().all(|&x| x == 0.0) {
+                    h.fill(0.0);
+                    u.fill(0.0);
+                }
+            }
+        });
+}
+
 /// One mode's ADMM for `min 0.5 ||K - H G||` terms plus `prox`'s penalty:
 /// runs up to `max_inner` iterations on `h` and `u` (row-major
 /// `rows x rank`), from `k` (the MTTKRP, the same shape) and `w =
@@ -463,6 +547,7 @@ fn admm_rows(
 ) -> usize {
     let w = MatRef::from_row_major_slice(w, rank, rank);
     let chunk = ROWS_PER_TASK * rank;
+    zero_rows_without_data(k, h, u, rank);
     if stop == InnerStop::RowBlocks {
         // Each block of BLOCK_ROWS rows runs to its own rule: the blocks
         // are independent, so neither the thread count nor the tasks'
@@ -529,8 +614,8 @@ struct AdmmUpdate<'a> {
 }
 
 impl Update for AdmmUpdate<'_> {
-    /// On the host, H starts from the initial factors; a backend that runs
-    /// the inner loop starts H from the factors it holds.
+    /// The host's loop sizes its H and U by the initial factors; a backend
+    /// that runs the inner loop sizes them itself. Both start at 0.
     fn keeps_initial(&self) -> bool {
         !self.on_backend
     }
@@ -543,11 +628,9 @@ impl Update for AdmmUpdate<'_> {
         if self.on_backend {
             return;
         }
-        self.h = initial
-            .iter()
-            .map(|f| f.iter().map(|&x| f64::from(x)).collect())
-            .collect();
-        self.u = self.h.iter().map(|h| vec![0f64; h.len()]).collect();
+        // A cold start (see the module's description).
+        self.h = initial.iter().map(|f| vec![0f64; f.len()]).collect();
+        self.u = self.h.clone();
     }
 
     fn update(
@@ -559,14 +642,7 @@ impl Update for AdmmUpdate<'_> {
     ) -> Result<ModeUpdate> {
         let rank = grams[mode].nrows();
         let mut g = hadamard_except(grams, Some(mode));
-        let trace: f64 = (0..rank).map(|r| g[[r, r]]).sum();
-        // All-zero other factors give G = 0: any rho > 0 keeps the system
-        // solvable (and H then goes to prox(0)).
-        let rho = if trace > 0.0 && trace.is_finite() {
-            trace / rank as f64
-        } else {
-            1.0
-        };
+        let rho = penalty(&g);
         for r in 0..rank {
             g[[r, r]] += rho;
         }
@@ -979,6 +1055,96 @@ mod tests {
         assert_ne!(global.factors, blocks.factors);
         for (g, b) in global.iterations.iter().zip(&blocks.iterations) {
             assert!((g.fit - b.fit).abs() < 0.05, "fits {} {}", g.fit, b.fit);
+        }
+    }
+
+    /// A long mode whose rows mostly hold no nonzero, and random initial
+    /// factors far off the solution's scale (the Gram of a 250,000-row
+    /// factor): the run neither collapses to a zero model nor spends the
+    /// inner limit on the empty rows, whose rows of H are exactly 0. (With
+    /// a warm start from those factors its fit was 0 after the first
+    /// outer iteration, and the all-empty blocks ran to the limit.)
+    #[test]
+    fn the_penalty_is_the_geometric_mean_of_the_extreme_eigenvalues() {
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1e-300);
+        // Eigenvalues 1, 4 and 100.
+        let g = ndarray::arr2(&[[4.0, 0.0, 0.0], [0.0, 100.0, 0.0], [0.0, 0.0, 1.0]]);
+        assert!(close(penalty(&g), 10.0), "{}", penalty(&g));
+        // Rotated: eigenvalues 1 and 9 of [[5, 4], [4, 5]].
+        let g = ndarray::arr2(&[[5.0, 4.0], [4.0, 5.0]]);
+        assert!(close(penalty(&g), 3.0), "{}", penalty(&g));
+        // Singular: eigenvalues 0 and 2, the smallest taken as 2e-4.
+        let g = ndarray::arr2(&[[1.0, 1.0], [1.0, 1.0]]);
+        assert!(close(penalty(&g), 0.02), "{}", penalty(&g));
+        // Ill-conditioned: eigenvalues 1e-6 and 1, the smallest as 1e-4.
+        let g = ndarray::arr2(&[[1.0, 0.0], [0.0, 1e-6]]);
+        assert!(close(penalty(&g), 0.01), "{}", penalty(&g));
+        // Zero or not finite: 1.
+        assert_eq!(penalty(&Array2::zeros((3, 3))), 1.0);
+        assert_eq!(penalty(&ndarray::arr2(&[[f64::NAN]])), 1.0);
+    }
+
+    #[test]
+    fn empty_rows_are_zero_and_cost_one_iteration() {
+        let dims = [300u32, 200, 250_000];
+        let (mut idx, mut vals) = (vec![Vec::new(); 3], Vec::new());
+        let mut x = 12345u64;
+        let mut next = |below: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((x >> 33) % below) as u32
+        };
+        for _ in 0..6000 {
+            idx[0].push(next(300));
+            idx[1].push(next(200));
+            // The long mode's nonzeros on 500 of its rows only.
+            idx[2].push(next(500) * 499);
+            vals.push(1.0 + next(7) as f32);
+        }
+        let t = kruskal_formats::SparseTensor::new(dims.to_vec(), idx, vals).unwrap();
+        let used: std::collections::HashSet<u32> = t.indices()[2].iter().copied().collect();
+        for inner in [InnerStop::AllRows, InnerStop::RowBlocks] {
+            let model = cpd_admm(
+                &mut CpuBackend::new(&t),
+                &options(4, 8, 0.0),
+                &AdmmOptions {
+                    inner,
+                    ..AdmmOptions::nonneg()
+                },
+            )
+            .unwrap();
+            // Random nonzeros fit poorly at any rank 4; ALS from the same
+            // start is the yardstick.
+            let als = cpd_als(&mut CpuBackend::new(&t), &options(4, 8, 0.0)).unwrap();
+            assert!(
+                model.fit() > 0.9 * als.fit() && als.fit() > 0.0,
+                "{inner:?}: fit {}, ALS {}",
+                model.fit(),
+                als.fit()
+            );
+            assert!(model.lambda.iter().all(|&l| l > 0.0), "{inner:?}");
+            let long = &model.factors[2];
+            for (i, row) in long.rows().into_iter().enumerate() {
+                if !used.contains(&(i as u32)) {
+                    assert!(row.iter().all(|&x| x == 0.0), "{inner:?}: row {i}");
+                }
+            }
+            assert!(long.iter().any(|&x| x > 0.0));
+        }
+        // Only empty rows: one iteration, H = U = 0.
+        let (rank, rows) = (3, 100);
+        let k = vec![0f64; rows * rank];
+        let mut h: Vec<f64> = (0..rows * rank).map(|e| e as f64).collect();
+        let mut u = h.clone();
+        let w: Vec<f64> = (0..rank * rank)
+            .map(|e| if e % (rank + 1) == 0 { 0.5 } else { 0.0 })
+            .collect();
+        for stop in [InnerStop::AllRows, InnerStop::RowBlocks] {
+            let p = inner_params(true, 0.0, 0.0, 1.0, 50, 1e-2);
+            let iters = inner_loop_host(&k, &mut h, &mut u, &w, rank, &p, stop).unwrap();
+            assert_eq!(iters, 1, "{stop:?}");
+            assert!(h.iter().chain(&u).all(|&x| x == 0.0), "{stop:?}");
         }
     }
 

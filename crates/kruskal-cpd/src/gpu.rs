@@ -547,12 +547,10 @@ impl Backend for GpuBackend {
             });
         }
         let admm = self.admm.as_mut().expect("made above");
-        let factors = self.factors.as_ref().expect("checked by rank()");
         if admm.h[mode].is_none() {
-            let mut h = self.gpu.alloc_zeros("ADMM's H", rows * rank)?;
-            admm.kernels.widen(&factors.mode(mode), &mut h, rows)?;
+            // A cold start: H = U = 0 (see kruskal_cpd::admm).
+            admm.h[mode] = Some(self.gpu.alloc_zeros("ADMM's H", rows * rank)?);
             admm.u[mode] = Some(self.gpu.alloc_zeros("ADMM's U", rows * rank)?);
-            admm.h[mode] = Some(h);
         }
         let (h, u) = match (admm.h[mode].as_mut(), admm.u[mode].as_mut()) {
             (Some(h), Some(u)) => (h, u),

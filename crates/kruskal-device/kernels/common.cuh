@@ -34,3 +34,15 @@ typedef unsigned long long u64;
 #define TL (RANK / 4)
 #define NT (WARP / TL)
 #endif
+
+// f64 tensor cores (sm_80 and later): D = A B + D for one m8n8k4 MMA of a
+// warp, a = A(g, q), b = B(q, g), d = D(g, 2q .. 2q + 1) of lane 4 g + q
+// (dense.cu's cpd_update and Gram, admm.cu's admm_blocks).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void mma_884(double (&d)[2], double a, double b)
+{
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+                 : "+d"(d[0]), "+d"(d[1])
+                 : "d"(a), "d"(b));
+}
+#endif

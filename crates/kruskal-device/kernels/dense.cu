@@ -87,15 +87,6 @@ __device__ __forceinline__ void fetch_tile(
 #define UNB (RANK / 8)
 #define UKSTEPS (RANK / 4)
 
-// D = A B + D for one m8n8k4 f64 MMA: a = A(g, q), b = B(q, g), d = D(g,
-// 2q .. 2q + 1) of lane 4 g + q.
-__device__ __forceinline__ void mma_884(double (&d)[2], double a, double b)
-{
-    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
-                 : "+d"(d[0]), "+d"(d[1])
-                 : "d"(a), "d"(b));
-}
-
 // This lane's UKSTEPS floats of group `gi` (row 8 gi + g, columns q UKSTEPS
 // ..), zeros past the last row.
 __device__ __forceinline__ void load_group(const float* __restrict__ m, u64 rows, u64 gi, int g,

@@ -514,10 +514,7 @@ impl AprGpu {
         let host = if range.is_empty() {
             Vec::new()
         } else {
-            self.gpu
-                .stream()
-                .clone_dtoh(&buf.slice(range))
-                .map_err(driver(format!("downloading {what}")))?
+            self.read(&buf.slice(range), what)?
         };
         Array2::from_shape_vec((rows, r), host).map_err(|e| DeviceError::Shape(e.to_string()))
     }
@@ -569,7 +566,7 @@ impl AprGpu {
     /// `buf` on the host, after the work queued before (synchronizes).
     fn read<T: cudarc::driver::DeviceRepr>(
         &self,
-        buf: &CudaSlice<T>,
+        buf: &impl cudarc::driver::DevicePtr<T>,
         what: &str,
     ) -> Result<Vec<T>> {
         self.gpu
@@ -726,11 +723,7 @@ impl AprGpu {
     pub fn read_kkts(&self) -> Result<Vec<f64>> {
         let row = self.slot(0)?;
         let len = self.inner.max_inner;
-        let bits = self
-            .gpu
-            .stream()
-            .clone_dtoh(&self.kkt.slice(row..row + len))
-            .map_err(driver("downloading the KKT violations"))?;
+        let bits = self.read(&self.kkt.slice(row..row + len), "the KKT violations")?;
         Ok(bits.into_iter().map(f64::from_bits).collect())
     }
 
@@ -806,21 +799,12 @@ impl AprGpu {
         Ok(())
     }
 
-    /// The multiplicative update `A_mode *= Phi_mode`, unconditionally.
-    pub fn update(&mut self, mode: usize) -> Result<()> {
-        self.launch_update(mode, None)
-    }
-
     /// The update of inner iteration `iteration`, queued: on the device,
     /// unless the loop has ended; where the iteration's KKT violation (the
     /// largest of every part's share, [`share_kkt`] having brought them
     /// here) is below `tol` the loop ends instead, without the update.
     pub fn queue_update(&mut self, mode: usize, iteration: usize, tol: f64) -> Result<()> {
         self.slot(iteration)?;
-        self.launch_update(mode, Some((iteration, tol)))
-    }
-
-    fn launch_update(&mut self, mode: usize, decide: Option<(usize, f64)>) -> Result<()> {
         let n = self.len(mode) as u64;
         if n == 0 {
             return Ok(());
@@ -830,11 +814,8 @@ impl AprGpu {
         let mut a = self.factors.slice_mut(range.clone());
         let phi = self.phi.slice(range);
         let l = self.inner;
-        let (first, parts, tol) = match decide {
-            Some((iteration, tol)) => (iteration, l.parts as u32, tol),
-            None => (0, 0, 0.0),
-        };
-        let kkt = self.kkt.slice(first..);
+        let parts = l.parts as u32;
+        let kkt = self.kkt.slice(iteration..);
         let stride = l.max_inner as u32;
         let stream = self.gpu.stream().clone();
         let mut launch = stream.launch_builder(&f);
@@ -847,8 +828,8 @@ impl AprGpu {
             .arg(&stride)
             .arg(&tol)
             .arg(&mut self.stop);
-        // SAFETY: `a` and `phi` hold n doubles each; with parts > 0 the
-        // kernel reads kkt[p * max_inner] for p < parts from slot
+        // SAFETY: `a` and `phi` hold n doubles each; the kernel reads
+        // kkt[p * max_inner] for p < parts from slot
         // `iteration` < max_inner on, inside the parts x max_inner slots
         // begin_inner allocated; `stop` is one u32.
         unsafe { launch.launch(grid_stride(n, 256)) }.map_err(driver("launching apr_update"))?;

@@ -130,7 +130,6 @@ pub enum Kernel {
     UniformFill,
     AdmmBlocks,
     AdmmScale,
-    AdmmWiden,
     L2Gather,
     FcooKeys32,
     FcooKeys64,
@@ -167,7 +166,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every entry function of every source.
-    pub const ALL: [Kernel; 55] = [
+    pub const ALL: [Kernel; 54] = [
         Kernel::MttkrpCooAtomic,
         Kernel::StoreF32,
         Kernel::MttkrpFcoo,
@@ -190,7 +189,6 @@ impl Kernel {
         Kernel::UniformFill,
         Kernel::AdmmBlocks,
         Kernel::AdmmScale,
-        Kernel::AdmmWiden,
         Kernel::L2Gather,
         Kernel::FcooKeys32,
         Kernel::FcooKeys64,
@@ -251,7 +249,6 @@ impl Kernel {
             Kernel::UniformFill => (KernelSource::Dense, "uniform_fill"),
             Kernel::AdmmBlocks => (KernelSource::Admm, "admm_blocks"),
             Kernel::AdmmScale => (KernelSource::Admm, "admm_scale"),
-            Kernel::AdmmWiden => (KernelSource::Admm, "admm_widen"),
             Kernel::L2Gather => (KernelSource::Probe, "l2_gather"),
             Kernel::FcooKeys32 => (KernelSource::FcooBuild, "fcoo_keys32"),
             Kernel::FcooKeys64 => (KernelSource::FcooBuild, "fcoo_keys64"),

@@ -768,18 +768,11 @@ impl Worker {
         }
         self.output(mode)?;
         let at = self.output_rows(mode).start as usize * r;
-        let factors = self
-            .factors
-            .as_ref()
-            .ok_or_else(|| DeviceError::Shape("no factors loaded".into()))?;
         let admm = self.admm.as_mut().expect("made above");
         if admm.h[mode].is_none() {
-            let mut h = self.gpu.alloc_zeros("ADMM's H", rows * r)?;
-            let a = factors.mode(mode);
-            let a = a.slice(own.start as usize * r..own.end as usize * r);
-            admm.kernels.widen(&a, &mut h, rows)?;
+            // A cold start: H = U = 0 (see kruskal_cpd::admm).
+            admm.h[mode] = Some(self.gpu.alloc_zeros("ADMM's H", rows * r)?);
             admm.u[mode] = Some(self.gpu.alloc_zeros("ADMM's U", rows * r)?);
-            admm.h[mode] = Some(h);
         }
         let k = self.outputs[mode].as_ref().expect("allocated above");
         let k = k.slice(at..);

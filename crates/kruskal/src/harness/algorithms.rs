@@ -17,7 +17,8 @@
 //!   non-negative mode), solved case by case;
 //! - `ao-admm inner`: the inner loop of one mode on a small problem (a
 //!   random Gram G, `rho = trace(G) / R`, `W = (G + rho I)^{-1}`, `K = H*
-//!   G` for a factor H* with some negative entries, H and U warm near it)
+//!   G` for a factor H* with some negative entries, every seventh row's K
+//!   0, H and U warm near it)
 //!   at each rank: [`FIXED_ITERS`] iterations (`eps` 0, so no row stops
 //!   early), and the stopping rule at the runs' `eps` of 1e-2, for all
 //!   rows together and for row blocks (the GPU runs row blocks only). The
@@ -341,7 +342,8 @@ pub fn prox_reference(p: &ProxWeights, v: f64) -> f64 {
 /// (all of them, or each [`BLOCK_ROWS`]), iterations of
 /// `Ht = (K + rho (H + U)) W`, `H = prox(Ht - U)`, `U += H - Ht`, row by
 /// row, until both `||H - Ht||^2 <= eps ||H||^2` and
-/// `||H - H_prev||^2 <= eps ||U||^2` over the group, or `max_inner`.
+/// `||H - H_prev||^2 <= eps ||U||^2` over the group, or `max_inner`; a
+/// row whose K is all zero starts at H = U = 0 (its exact solution).
 /// Returns H, U and the most iterations a group ran.
 pub fn inner_reference(p: &InnerProblem, stop: InnerStop) -> (Vec<f64>, Vec<f64>, usize) {
     let (rank, rows, rho) = (p.rank, p.rows(), p.prox.rho);
@@ -350,6 +352,12 @@ pub fn inner_reference(p: &InnerProblem, stop: InnerStop) -> (Vec<f64>, Vec<f64>
         InnerStop::RowBlocks => BLOCK_ROWS,
     };
     let (mut h, mut u) = (p.h0.clone(), p.u0.clone());
+    for i in 0..rows {
+        if p.k[i * rank..(i + 1) * rank].iter().all(|&x| x == 0.0) {
+            h[i * rank..(i + 1) * rank].fill(0.0);
+            u[i * rank..(i + 1) * rank].fill(0.0);
+        }
+    }
     let mut ht = vec![0f64; rank];
     let mut most = 0;
     for first in (0..rows).step_by(group) {
@@ -418,7 +426,13 @@ pub fn inner_problem(
     // some entries below 0 (which a non-negative mode's prox cuts), and
     // H and U warm, as an outer iteration after the first leaves them.
     let target = draw(rows, seed.wrapping_add(2)).mapv(|x| x - 0.2);
-    let k = target.dot(&g);
+    let mut k = target.dot(&g);
+    // Rows without data (K = 0), as most rows of a long sparse mode are.
+    for (i, mut row) in k.rows_mut().into_iter().enumerate() {
+        if i % 7 == 2 {
+            row.fill(0.0);
+        }
+    }
     for r in 0..rank {
         g[[r, r]] += rho;
     }
