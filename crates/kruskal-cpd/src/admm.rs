@@ -1058,12 +1058,6 @@ mod tests {
         }
     }
 
-    /// A long mode whose rows mostly hold no nonzero, and random initial
-    /// factors far off the solution's scale (the Gram of a 250,000-row
-    /// factor): the run neither collapses to a zero model nor spends the
-    /// inner limit on the empty rows, whose rows of H are exactly 0. (With
-    /// a warm start from those factors its fit was 0 after the first
-    /// outer iteration, and the all-empty blocks ran to the limit.)
     #[test]
     fn the_penalty_is_the_geometric_mean_of_the_extreme_eigenvalues() {
         let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1e-300);
@@ -1084,6 +1078,12 @@ mod tests {
         assert_eq!(penalty(&ndarray::arr2(&[[f64::NAN]])), 1.0);
     }
 
+    /// A long mode whose rows mostly hold no nonzero, and random initial
+    /// factors far off the solution's scale (the Gram of a 250,000-row
+    /// factor): the run neither collapses to a zero model nor spends the
+    /// inner limit on the empty rows, whose rows of H are exactly 0. (With
+    /// a warm start from those factors its fit was 0 after the first
+    /// outer iteration, and the all-empty blocks ran to the limit.)
     #[test]
     fn empty_rows_are_zero_and_cost_one_iteration() {
         let dims = [300u32, 200, 250_000];
