@@ -14,6 +14,9 @@ use kruskal_formats::SparseTensor;
 use ndarray::Array2;
 use rayon::prelude::*;
 
+use std::sync::Arc;
+
+use crate::admm::DataRows;
 use crate::error::{CpdError, Result};
 
 /// Rows handled by one task of the dense row-wise kernels.
@@ -132,6 +135,19 @@ pub trait Backend {
             mode + 1
         )))
     }
+    /// Gives AO-ADMM the rows of each mode that hold a nonzero: its inner
+    /// loop then runs on those rows only (every other row's solution is
+    /// 0), and its row blocks are blocks of those rows. The default keeps
+    /// nothing: the loop runs on every row. Set before the run starts.
+    fn set_data_rows(&mut self, rows: Arc<DataRows>) -> Result<()> {
+        let _ = rows;
+        Ok(())
+    }
+    /// The rows [`Backend::set_data_rows`] gave, where the backend keeps
+    /// them for the host's inner loop.
+    fn data_rows(&self) -> Option<Arc<DataRows>> {
+        None
+    }
     /// Replaces factor `mode` with `factor` (`dims[mode] x rank`), computed
     /// on the host. The default is an error, as for `mttkrp_output`.
     fn set_factor(&mut self, mode: usize, factor: Array2<f32>) -> Result<()> {
@@ -152,6 +168,8 @@ pub struct CpuBackend {
     factors: Vec<Array2<f32>>,
     /// MTTKRP output, one per mode (allocated on first use).
     mttkrp_out: Vec<Option<Array2<f32>>>,
+    /// AO-ADMM's rows with data ([`Backend::set_data_rows`]).
+    data_rows: Option<Arc<DataRows>>,
 }
 
 impl CpuBackend {
@@ -173,6 +191,7 @@ impl CpuBackend {
             norm_sq: tensor.norm_sq(),
             factors: Vec::new(),
             mttkrp_out: vec![None; tensor.nmodes()],
+            data_rows: None,
         }
     }
 
@@ -396,6 +415,16 @@ impl Backend for CpuBackend {
 
     fn mttkrp_output(&mut self, mode: usize) -> Result<Array2<f32>> {
         Ok(self.output(mode)?.clone())
+    }
+
+    fn set_data_rows(&mut self, rows: Arc<DataRows>) -> Result<()> {
+        rows.check(self.engine.dims())?;
+        self.data_rows = Some(rows);
+        Ok(())
+    }
+
+    fn data_rows(&self) -> Option<Arc<DataRows>> {
+        self.data_rows.clone()
     }
 
     fn set_factor(&mut self, mode: usize, factor: Array2<f32>) -> Result<()> {

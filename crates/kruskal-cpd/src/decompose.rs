@@ -261,6 +261,15 @@ pub fn decompose(
         &prepare,
     )?;
     drop(scaled);
+    if opts.cpd.constraints.is_some() {
+        // AO-ADMM's inner loop runs on the rows with data (DataRows).
+        let start = Instant::now();
+        let rows = crate::admm::DataRows::of(tensor);
+        backend.as_dyn().set_data_rows(std::sync::Arc::new(rows))?;
+        let mut t = prepare.get();
+        t.build_s += start.elapsed().as_secs_f64();
+        prepare.set(t);
+    }
     let prepare = prepare.get();
     let prep_s = prep.elapsed().as_secs_f64();
     let _ = progress(Event::Ready {

@@ -15,7 +15,9 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, DriverError};
 use kruskal_device::DeviceFactors;
-use kruskal_device::admm::{AdmmKernels, InnerParams, InnerStats};
+use kruskal_device::admm::{AdmmKernels, InnerParams, InnerStats, RowList};
+
+use crate::admm::DataRows;
 use kruskal_device::dense::{DenseKernels, check_rank};
 use kruskal_device::engines::flycoo::element_stride;
 use kruskal_device::{DeviceError, Gpu, GpuEngine, GpuMttkrp, GpuOptions, build_engines};
@@ -90,15 +92,19 @@ pub struct GpuBackend {
     inner: Vec<Option<InnerSums>>,
     /// AO-ADMM's H and U, once a constrained run's first inner loop ran.
     admm: Option<DeviceAdmm>,
+    /// AO-ADMM's rows with data ([`Backend::set_data_rows`]).
+    data_rows: Option<Arc<DataRows>>,
 }
 
 /// AO-ADMM on the device: the kernels, and H and U (f64, `dims[m] x
-/// rank`) of every mode, made at the mode's first inner loop and kept
-/// until the factors are loaded again or handed back.
+/// rank`, or a row per row with data) of every mode with its list of rows,
+/// made at the mode's first inner loop and kept until the factors are
+/// loaded again or handed back.
 struct DeviceAdmm {
     kernels: AdmmKernels,
     h: Vec<Option<CudaSlice<f64>>>,
     u: Vec<Option<CudaSlice<f64>>>,
+    lists: Vec<Option<RowList>>,
 }
 
 /// `sum_i M(i, r) A(i, r)` from a mode's update, and the column scales
@@ -199,6 +205,7 @@ impl GpuBackend {
             outputs: (0..n).map(|_| None).collect(),
             inner: vec![None; n],
             admm: None,
+            data_rows: None,
         })
     }
 
@@ -544,13 +551,27 @@ impl Backend for GpuBackend {
                 kernels: AdmmKernels::new(self.gpu.clone(), rank)?,
                 h: (0..n).map(|_| None).collect(),
                 u: (0..n).map(|_| None).collect(),
+                lists: (0..n).map(|_| None).collect(),
             });
         }
         let admm = self.admm.as_mut().expect("made above");
         if admm.h[mode].is_none() {
-            // A cold start: H = U = 0 (see kruskal_cpd::admm).
-            admm.h[mode] = Some(self.gpu.alloc_zeros("ADMM's H", rows * rank)?);
-            admm.u[mode] = Some(self.gpu.alloc_zeros("ADMM's U", rows * rank)?);
+            // A cold start: H = U = 0 (see kruskal_cpd::admm). With rows
+            // with data, H and U hold those rows only, and the factor's
+            // other rows are 0 from now on (their solution; no launch
+            // writes them again).
+            let list = self.data_rows.as_deref().and_then(|d| d.mode(mode));
+            let count = list.map_or(rows, <[u32]>::len);
+            if let Some(list) = list {
+                admm.lists[mode] = Some(RowList::upload(&self.gpu, list, rows)?);
+                let factors = self.factors.as_mut().ok_or(CpdError::NoFactors)?;
+                self.gpu
+                    .stream()
+                    .memset_zeros(&mut factors.mode_mut(mode))
+                    .map_err(|e| CpdError::Gpu(format!("zeroing the factor: {e}")))?;
+            }
+            admm.h[mode] = Some(self.gpu.alloc_zeros("ADMM's H", count * rank)?);
+            admm.u[mode] = Some(self.gpu.alloc_zeros("ADMM's U", count * rank)?);
         }
         let (h, u) = match (admm.h[mode].as_mut(), admm.u[mode].as_mut()) {
             (Some(h), Some(u)) => (h, u),
@@ -563,6 +584,7 @@ impl Backend for GpuBackend {
             h,
             u,
             rows,
+            admm.lists[mode].as_ref(),
             params,
         )?;
         self.inner[mode] = Some(InnerSums::new(stats.inner.clone()));
@@ -585,8 +607,14 @@ impl Backend for GpuBackend {
                 mode + 1
             )));
         };
-        admm.kernels
-            .scale(h, u, &mut factors.mode_mut(mode), divisors, rows)?;
+        admm.kernels.scale(
+            h,
+            u,
+            &mut factors.mode_mut(mode),
+            divisors,
+            rows,
+            admm.lists[mode].as_ref(),
+        )?;
         // The inner products as the ALS path keeps them: the update's sums
         // times the f32 scales.
         let inv: Vec<f32> = divisors.iter().map(|&d| (1.0 / d) as f32).collect();
@@ -596,6 +624,13 @@ impl Backend for GpuBackend {
         let dense = self.dense.as_mut().expect("made with the factors");
         let g = dense.scale_gram(&mut factors.mode_mut(mode), None, rows)?;
         square(g, rank)
+    }
+
+    fn set_data_rows(&mut self, rows: Arc<DataRows>) -> Result<()> {
+        rows.check(&self.dims)?;
+        self.data_rows = Some(rows);
+        self.admm = None;
+        Ok(())
     }
 
     fn take_factors(&mut self) -> Result<Vec<Array2<f32>>> {

@@ -38,7 +38,7 @@ pub mod scale;
 pub mod score;
 pub mod warnings;
 
-pub use admm::{AdmmOptions, InnerStop, NonNeg, cpd_admm, cpd_admm_with};
+pub use admm::{AdmmOptions, DataRows, InnerStop, NonNeg, cpd_admm, cpd_admm_with};
 pub(crate) use als::check_factor_shapes;
 pub use als::{Arrangement, CpdOptions, Init, arrange, cpd_als, cpd_als_with, random_factors};
 pub use apr::{AprInit, AprIteration, AprModel, AprOptions, cp_apr};

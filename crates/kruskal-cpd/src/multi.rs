@@ -4,12 +4,14 @@
 //! factor for the next mode. Only R x R matrices and length-R vectors reach
 //! the host, as with one GPU.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use kruskal_group::{GpuGroup, MttkrpTimes};
 use ndarray::Array2;
 use serde::Serialize;
 
+use crate::admm::DataRows;
 use crate::backend::{Backend, ColumnNorms};
 use crate::error::{CpdError, Result};
 use crate::gpu::{InnerSums, square};
@@ -275,6 +277,18 @@ impl Backend for GroupBackend {
         }
         self.inner[mode] = Some(InnerSums::new(stats.inner.clone()));
         Ok(stats)
+    }
+
+    /// Each GPU runs on its own rows with data, which the group's plan
+    /// knows already (the first of its rows under the plan's labels; the
+    /// lists themselves are not needed). Several processes run the host's
+    /// loop on every row.
+    fn set_data_rows(&mut self, rows: Arc<DataRows>) -> Result<()> {
+        rows.check(self.dims())?;
+        if self.group.process().is_some() {
+            return Ok(());
+        }
+        self.group.admm_on_rows_with_data().map_err(CpdError::from)
     }
 
     fn admm_scale(&mut self, mode: usize, divisors: &[f64]) -> Result<Array2<f64>> {

@@ -13,7 +13,8 @@ mod common;
 
 use common::{ITERS, generated, options};
 use kruskal_cpd::{
-    AdmmOptions, CpdOptions, CpuBackend, GpuBackend, InnerStop, KruskalModel, NonNeg, cpd_admm,
+    AdmmOptions, Backend, CpdOptions, CpuBackend, DataRows, GpuBackend, InnerStop, KruskalModel,
+    NonNeg, cpd_admm,
 };
 use kruskal_device::{GpuEngine, GpuOptions};
 use kruskal_formats::SparseTensor;
@@ -176,6 +177,80 @@ fn gpu_admm_matches_the_cpus_row_blocks() {
             assert_same_run(&cpu, &model, &admm, &tol, &what);
             for (f, &d) in model.factors.iter().zip(t.dims()) {
                 assert_eq!(f.dim(), (d as usize, rank), "{what}");
+            }
+        }
+    }
+}
+
+/// With the rows with data (as `decompose` gives them), the GPU's loop
+/// runs on those rows only, in blocks of them, as the CPU's does: the same
+/// run, and the empty rows exactly 0.
+#[test]
+fn gpu_admm_on_rows_with_data_matches_the_cpu() {
+    let Some(gpu) =
+        kruskal_device::testing::gpu_or_skip("gpu_admm_on_rows_with_data_matches_the_cpu")
+    else {
+        return;
+    };
+    // The planted tensor with empty rows between its rows: mode 1's
+    // indices spread by 5, mode 3's by 3.
+    let (_, planted) = tensors().remove(0);
+    let spread = [5u32, 1, 3];
+    let dims: Vec<u32> = planted
+        .dims()
+        .iter()
+        .zip(spread)
+        .map(|(&d, s)| d * s)
+        .collect();
+    let indices: Vec<Vec<u32>> = planted
+        .indices()
+        .iter()
+        .zip(spread)
+        .map(|(idx, s)| idx.iter().map(|&i| i * s + s / 2).collect())
+        .collect();
+    let t = SparseTensor::new(dims, indices, planted.values().to_vec()).unwrap();
+    let rows = std::sync::Arc::new(DataRows::of(&t));
+    assert!(rows.mode(0).is_some() && rows.mode(2).is_some());
+    for (rank, admm) in [
+        (8, AdmmOptions::nonneg()),
+        (
+            5,
+            AdmmOptions {
+                nonneg: NonNeg::Modes(vec![0]),
+                l1: 0.05,
+                ..AdmmOptions::default()
+            },
+        ),
+    ] {
+        let what = format!("rows with data, rank {rank}, {}", admm.describe());
+        let opts = options(&t, rank);
+        let blocked = AdmmOptions {
+            inner: InnerStop::RowBlocks,
+            ..admm.clone()
+        };
+        let mut cpu_backend = CpuBackend::new(&t);
+        cpu_backend.set_data_rows(rows.clone()).unwrap();
+        let cpu = cpd_admm(&mut cpu_backend, &opts, &blocked).unwrap();
+        let candidates = [(GpuEngine::CooAtomic, GpuOptions::default())];
+        let mut backend = GpuBackend::new(gpu.clone(), &t, &candidates).unwrap();
+        backend.set_data_rows(rows.clone()).unwrap();
+        let model = cpd_admm(&mut backend, &opts, &admm).unwrap();
+        eprintln!(
+            "{what}: fit {} on the CPU, {} on the GPU",
+            cpu.fit(),
+            model.fit()
+        );
+        assert_same_run(&cpu, &model, &admm, &STRICT, &what);
+        for m in [0, 2] {
+            let list = rows.mode(m).unwrap();
+            for (i, row) in model.factors[m].rows().into_iter().enumerate() {
+                if list.binary_search(&(i as u32)).is_err() {
+                    assert!(
+                        row.iter().all(|&x| x == 0.0),
+                        "{what}: mode {} row {i}",
+                        m + 1
+                    );
+                }
             }
         }
     }

@@ -8,6 +8,14 @@
 // (f64, kept on the device between outer iterations), W = (G + rho I)^-1
 // (f64, R x R). Every operation of the inner loop is f64, as on the CPU.
 //
+// The rows the loop runs on: every row of the mode (list == nullptr), or
+// the rows of `list` (`count` row numbers, in order: the rows that hold a
+// nonzero of the tensor, a tenth of a long sparse mode's). With a list, H
+// and U are compact (`count x RANK`, entry i for row list[i]) and the row
+// blocks are blocks of list entries; K and the factor are indexed by row.
+// A row outside the list has K = 0 and the solution H = 0: the caller
+// zeroes the factor's other rows once.
+//
 // A row whose K is all zero (no nonzero of the tensor in it) gets H = U = 0
 // before the loop: its exact solution and dual, and a fixed point of the
 // loop (kruskal_cpd::admm's rule, which the CPU applies too).
@@ -79,6 +87,12 @@
 #define SROW (RANK + 2)
 #endif
 
+// The row of K and of the factor that entry i of the loop's rows is.
+__device__ __forceinline__ u64 admm_row(const u32* __restrict__ list, u64 i)
+{
+    return list ? (u64)list[i] : i;
+}
+
 // The proximal step of the mode's penalty at rho: the soft threshold by
 // `threshold` (l1 / rho; on a non-negative mode, the shift and the clamp
 // at 0), times `shrink` (1 / (1 + 2 l2 / rho)).
@@ -143,6 +157,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) admm_blocks(
     const double* __restrict__ w,
     double* __restrict__ h,
     double* __restrict__ u,
+    const u32* __restrict__ list,
     u64 rows,
     double rho,
     double threshold,
@@ -184,9 +199,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) admm_blocks(
             const int r = (tile / NBLK) * 8 + g;
             mine[i] = tile < TILES && r < nrows;
             const u64 e = (row0 + r) * RANK + nb * 8 + 2 * q;
+            const u64 ek = mine[i] ? admm_row(list, row0 + r) * RANK + nb * 8 + 2 * q : 0;
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-                kv[i][c] = mine[i] ? k[e + c] : 0.f;
+                kv[i][c] = mine[i] ? k[ek + c] : 0.f;
                 hv[i][c] = mine[i] ? h[e + c] : 0.0;
                 uv[i][c] = mine[i] ? u[e + c] : 0.0;
             }
@@ -333,7 +349,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) admm_blocks(
             const int r = slot * RPT + q;
             const bool mine = active && r < nrows;
             const u64 e = (row0 + r) * RANK + j;
-            kv[q] = mine ? k[e] : 0.f;
+            kv[q] = mine ? k[admm_row(list, row0 + r) * RANK + j] : 0.f;
             hv[q] = mine ? h[e] : 0.0;
             uv[q] = mine ? u[e] : 0.0;
             if (mine && kv[q] != 0.f) tag[r] = b;
@@ -445,20 +461,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) admm_blocks(
 }
 
 // admm_scale: column j of H and U times inv[j] (f64, in place), and the
-// factor A = the f32 rounding of the scaled H: the normalization that
-// follows the inner loop. Grid-stride, one entry per thread.
+// factor A = the f32 rounding of the scaled H (row list[i] of A from entry
+// i of H with a list, as in admm_blocks): the normalization that follows
+// the inner loop. Grid-stride, one entry per thread.
 extern "C" __global__ void admm_scale(
     double* __restrict__ h,
     double* __restrict__ u,
     float* __restrict__ a,
     const double* __restrict__ inv,
+    const u32* __restrict__ list,
     u64 n)
 {
     for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < n; e += gridDim.x * (u64)blockDim.x) {
-        const double s = inv[e % RANK];
+        const u64 j = e % RANK;
+        const double s = inv[j];
         const double x = h[e] * s;
         h[e] = x;
         u[e] *= s;
-        a[e] = (float)x;
+        a[admm_row(list, e / RANK) * RANK + j] = (float)x;
     }
 }

@@ -79,6 +79,54 @@ pub struct InnerStats {
     pub iters: usize,
 }
 
+/// The rows of a mode the inner loop runs on (see `admm.cu`): row numbers
+/// in increasing order below a bound (the mode's length), on the device.
+/// With a list, H and U are compact (`len() x rank`, entry i for row
+/// `list[i]`) and the row blocks are blocks of list entries.
+pub struct RowList {
+    rows: CudaSlice<u32>,
+    len: usize,
+    bound: usize,
+}
+
+impl RowList {
+    /// Uploads `rows` (strictly increasing, each below `bound`).
+    pub fn upload(gpu: &Gpu, rows: &[u32], bound: usize) -> Result<Self> {
+        if let Some(w) = rows.windows(2).find(|w| w[0] >= w[1]) {
+            return Err(DeviceError::Shape(format!(
+                "the ADMM's rows are not in increasing order: {} before {}",
+                w[0], w[1]
+            )));
+        }
+        if let Some(&last) = rows.last()
+            && last as usize >= bound
+        {
+            return Err(DeviceError::Shape(format!(
+                "the ADMM's row {last} is past the mode's {bound} rows"
+            )));
+        }
+        Ok(RowList {
+            rows: gpu.upload("the ADMM's rows", rows)?,
+            len: rows.len(),
+            bound,
+        })
+    }
+
+    /// Rows in the list.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The mode's rows, which every entry is below.
+    pub fn bound(&self) -> usize {
+        self.bound
+    }
+}
+
 /// AO-ADMM's kernels of one rank on one GPU, with their small buffers.
 pub struct AdmmKernels {
     gpu: Arc<Gpu>,
@@ -139,15 +187,30 @@ impl AdmmKernels {
             .function(self.gpu.context(), kernel, &defines(self.rank))
     }
 
-    /// The inner loop of one mode on `h` and `u` (`rows x rank`, f64, in
-    /// place) from its MTTKRP `k` (at least `rows x rank`; the first
-    /// `rows` rows are read) and `w = (G + rho I)^{-1}` (rank x rank,
-    /// row-major): every block of [`BLOCK_ROWS`] rows to its own stopping
-    /// rule. Returns the new H's column statistics. Synchronizes the
-    /// stream.
+    /// Rows of H and U for a mode of `rows` rows under `list`, after
+    /// checking that the list is the mode's.
+    fn loop_rows(rows: usize, list: Option<&RowList>) -> Result<usize> {
+        match list {
+            None => Ok(rows),
+            Some(l) if l.bound == rows => Ok(l.len),
+            Some(l) => Err(DeviceError::Shape(format!(
+                "a list of rows below {} for a mode of {rows} rows",
+                l.bound
+            ))),
+        }
+    }
+
+    /// The inner loop of one mode on `h` and `u` (f64, in place; `rows x
+    /// rank`, or `list.len() x rank` with a list) from its MTTKRP `k` (at
+    /// least `rows x rank`; the first `rows` rows are read) and `w = (G +
+    /// rho I)^{-1}` (rank x rank, row-major): every block of
+    /// [`BLOCK_ROWS`] rows (of the list's rows, with one) to its own
+    /// stopping rule. Returns the new H's column statistics. Synchronizes
+    /// the stream.
     ///
     /// Cost per inner iteration of a row block: `BLOCK_ROWS * rank^2` f64
     /// multiply-adds; K, H and U are read once and H and U written once.
+    #[allow(clippy::too_many_arguments)]
     pub fn inner_loop(
         &mut self,
         k: &CudaView<f32>,
@@ -155,14 +218,26 @@ impl AdmmKernels {
         h: &mut CudaSlice<f64>,
         u: &mut CudaSlice<f64>,
         rows: usize,
+        list: Option<&RowList>,
         params: &InnerParams,
     ) -> Result<InnerStats> {
         let r = self.rank;
         if k.len() < rows * r {
             self.check("the MTTKRP output", k.len(), rows)?;
         }
-        self.check("H", h.len(), rows)?;
-        self.check("U", u.len(), rows)?;
+        let count = Self::loop_rows(rows, list)?;
+        if count == 0 {
+            // No row to run (H and U hold the device's one-entry stand-in
+            // for an empty buffer): the statistics of an empty factor.
+            return Ok(InnerStats {
+                sumsq: vec![0.0; r],
+                inner: vec![0.0; r],
+                max_abs: vec![0.0; r],
+                iters: 0,
+            });
+        }
+        self.check("H", h.len(), count)?;
+        self.check("U", u.len(), count)?;
         if w.len() != r * r {
             return Err(DeviceError::Shape(format!(
                 "W has {} entries, rank {r} needs {}",
@@ -180,16 +255,18 @@ impl AdmmKernels {
             .memcpy_htod(w, &mut self.w)
             .map_err(driver("uploading W"))?;
         let f = self.function(Kernel::AdmmBlocks)?;
-        let blocks = rows.div_ceil(BLOCK_ROWS).clamp(1, self.grid) as u32;
-        let rows_u = rows as u64;
+        let blocks = count.div_ceil(BLOCK_ROWS).clamp(1, self.grid) as u32;
+        let count_u = count as u64;
         let nonneg = i32::from(params.nonneg);
+        let null = 0u64;
         let mut launch = stream.launch_builder(&f);
+        launch.arg(k).arg(&self.w).arg(&mut *h).arg(&mut *u);
+        match list {
+            Some(l) => launch.arg(&l.rows),
+            None => launch.arg(&null),
+        };
         launch
-            .arg(k)
-            .arg(&self.w)
-            .arg(&mut *h)
-            .arg(&mut *u)
-            .arg(&rows_u)
+            .arg(&count_u)
             .arg(&params.rho)
             .arg(&params.threshold)
             .arg(&params.shrink)
@@ -197,9 +274,12 @@ impl AdmmKernels {
             .arg(&params.max_inner)
             .arg(&params.eps)
             .arg(&mut self.partials);
-        // SAFETY: `k` holds at least rows x rank floats and `h`, `u` rows x
-        // rank doubles (checked); the kernel touches rows below `rows`
-        // only; `w` holds rank^2 doubles; thread block b writes partial
+        // SAFETY: `k` holds at least rows x rank floats and `h`, `u` count
+        // x rank doubles (checked); the kernel touches entries below
+        // `count` of H and U, and rows of K that are below `count` or (with
+        // a list of `count` entries, the null pointer otherwise) list
+        // entries, each below `rows` (checked by RowList::upload and
+        // loop_rows); `w` holds rank^2 doubles; thread block b writes partial
         // row b < blocks <= grid of 3 x rank + 1 doubles, and `partials`
         // holds grid such rows.
         unsafe {
@@ -251,7 +331,7 @@ impl AdmmKernels {
         let d_k = self.gpu.upload("the ADMM's MTTKRP", k)?;
         let mut d_h = self.gpu.upload("the ADMM's H", h)?;
         let mut d_u = self.gpu.upload("the ADMM's U", u)?;
-        let stats = self.inner_loop(&d_k.as_view(), w, &mut d_h, &mut d_u, rows, params)?;
+        let stats = self.inner_loop(&d_k.as_view(), w, &mut d_h, &mut d_u, rows, None, params)?;
         let stream = self.gpu.stream().clone();
         let new_h = stream
             .clone_dtoh(&d_h)
@@ -265,8 +345,9 @@ impl AdmmKernels {
     }
 
     /// Divides column r of `h` and `u` by `divisors[r]` (f64, in place) and
-    /// writes the f32 rounding of the scaled H into the factor `a` (all
-    /// `rows x rank`). Queued on the stream.
+    /// writes the f32 rounding of the scaled H into the factor `a` (`rows x
+    /// rank`; H and U as [`AdmmKernels::inner_loop`] has them: with a list,
+    /// only its rows of `a` are written). Queued on the stream.
     pub fn scale(
         &mut self,
         h: &mut CudaSlice<f64>,
@@ -274,10 +355,15 @@ impl AdmmKernels {
         a: &mut CudaViewMut<f32>,
         divisors: &[f64],
         rows: usize,
+        list: Option<&RowList>,
     ) -> Result<()> {
         let r = self.rank;
-        self.check("H", h.len(), rows)?;
-        self.check("U", u.len(), rows)?;
+        let count = Self::loop_rows(rows, list)?;
+        if count == 0 {
+            return Ok(());
+        }
+        self.check("H", h.len(), count)?;
+        self.check("U", u.len(), count)?;
         self.check("the factor", a.len(), rows)?;
         if divisors.len() != r {
             return Err(DeviceError::Shape(format!(
@@ -291,17 +377,20 @@ impl AdmmKernels {
             .memcpy_htod(&inv, &mut self.inv)
             .map_err(driver("uploading the ADMM column scales"))?;
         let f = self.function(Kernel::AdmmScale)?;
-        let n = (rows * r) as u64;
+        let n = (count * r) as u64;
+        let null = 0u64;
         let mut launch = stream.launch_builder(&f);
-        launch
-            .arg(&mut *h)
-            .arg(&mut *u)
-            .arg(&mut *a)
-            .arg(&self.inv)
-            .arg(&n);
-        // SAFETY: `h`, `u` and `a` hold n values (checked) and `inv` rank
-        // doubles; the kernel reads inv[e % RANK] and touches entries below
-        // n only.
+        launch.arg(&mut *h).arg(&mut *u).arg(&mut *a).arg(&self.inv);
+        match list {
+            Some(l) => launch.arg(&l.rows),
+            None => launch.arg(&null),
+        };
+        launch.arg(&n);
+        // SAFETY: `h` and `u` hold n values and `a` rows x rank (checked),
+        // `inv` rank doubles; the kernel reads inv[e % RANK], touches
+        // entries below n of H and U, and writes row e / RANK of `a` or
+        // (with a list of n / rank entries, each below `rows`: checked)
+        // row list[e / RANK].
         unsafe { launch.launch(grid_stride(n, 256)) }.map_err(driver("launching admm_scale"))?;
         Ok(())
     }
@@ -386,6 +475,18 @@ mod tests {
         most
     }
 
+    /// Non-negative, no weights, rho 1, five iterations at most.
+    fn plain_params() -> InnerParams {
+        InnerParams {
+            rho: 1.0,
+            nonneg: true,
+            threshold: 0.0,
+            shrink: 1.0,
+            max_inner: 5,
+            eps: 1e-4,
+        }
+    }
+
     fn largest(v: &[f64]) -> f64 {
         v.iter().fold(0f64, |s, x| s.max(x.abs()))
     }
@@ -421,13 +522,14 @@ mod tests {
                 let seed = (rank * 131 + rows) as u64;
                 let k = factors(&[rows as u32], rank, seed).remove(0);
                 // Rows without data, as most rows of a long sparse mode
-                // are: every fifth row, and rows 32..64 (a whole block).
+                // are: every fifth row, rows 32..64 (a whole block), and
+                // every seventh, which the list variant leaves out.
                 let k: Vec<f32> = k
                     .iter()
                     .enumerate()
                     .map(|(e, &x)| {
                         let row = e / rank;
-                        if row % 5 == 3 || (32..64).contains(&row) {
+                        if row % 5 == 3 || row % 7 == 6 || (32..64).contains(&row) {
                             0.0
                         } else {
                             4.0 * x
@@ -438,6 +540,22 @@ mod tests {
                     .iter()
                     .map(|&x| f64::from(x) + 0.5)
                     .collect();
+                // The list keeps rows with K = 0 (every fifth, 32..64):
+                // the kernel's zero rule runs on listed rows too.
+                let listed: Vec<u32> = (0..rows as u32).filter(|r| r % 7 != 6).collect();
+                let gather = |v: &[f64]| -> Vec<f64> {
+                    listed
+                        .iter()
+                        .flat_map(|&r| &v[r as usize * rank..(r as usize + 1) * rank])
+                        .copied()
+                        .collect()
+                };
+                let k_listed: Vec<f32> = listed
+                    .iter()
+                    .flat_map(|&r| &k[r as usize * rank..(r as usize + 1) * rank])
+                    .copied()
+                    .collect();
+                let d_list = RowList::upload(&gpu, &listed, rows).unwrap();
                 // Not the inverse of a G + rho I: any W under which the
                 // loop stays bounded checks the arithmetic.
                 let rho = 1.5;
@@ -451,6 +569,7 @@ mod tests {
                         }
                     })
                     .collect();
+                let d_k = gpu.upload("k", &k).unwrap();
                 for (nonneg, threshold, shrink, max_inner) in [
                     (true, 0.0, 1.0, 1u32),
                     (true, 0.05, 0.9, 50),
@@ -465,68 +584,162 @@ mod tests {
                         max_inner,
                         eps: 1e-4,
                     };
-                    let what = format!("rank {rank}, {rows} rows, {p:?}");
-                    let d_k = gpu.upload("k", &k).unwrap();
-                    // H and U start warm (as after an outer iteration),
-                    // the same on both sides.
-                    let u0: Vec<f64> = h0.iter().map(|&x| 0.01 * (x - 1.0)).collect();
-                    let mut d_h = gpu.upload("h", &h0).unwrap();
-                    let mut d_u = gpu.upload("u", &u0).unwrap();
-                    let (mut h, mut u_host) = (h0.clone(), u0.clone());
-                    let most = host_inner(&k, &w, &mut h, &mut u_host, rank, &p);
-                    let stats = kernels
-                        .inner_loop(&d_k.as_view(), &w, &mut d_h, &mut d_u, rows, &p)
-                        .unwrap();
-                    assert_eq!(stats.iters, most, "{what}: iterations");
-                    let got_h = gpu.stream().clone_dtoh(&d_h).unwrap();
-                    let got_u = gpu.stream().clone_dtoh(&d_u).unwrap();
-                    close(&got_h, &h, 1e-11, &format!("{what}: H"));
-                    // U's rounding is H's: where U is 0 on the host (no
-                    // threshold, no clamp: U goes to exactly 0 there), the
-                    // kernel's products in another order leave 1e-19s.
-                    let scale = largest(&h).max(largest(&u_host)).max(1e-300);
-                    close_to(&got_u, &u_host, 1e-11 * scale, &format!("{what}: U"));
-                    if nonneg {
-                        assert!(got_h.iter().all(|&x| x >= 0.0), "{what}: H < 0");
-                    }
-                    // The statistics of the f32 rounding of H.
-                    let hr = &h;
-                    let col = |j: usize| (0..rows).map(move |r| hr[r * rank + j] as f32);
-                    let sumsq: Vec<f64> = (0..rank)
-                        .map(|j| col(j).map(|x| f64::from(x).powi(2)).sum())
-                        .collect();
-                    let max_abs: Vec<f64> = (0..rank)
-                        .map(|j| col(j).fold(0f64, |s, x| s.max(f64::from(x.abs()))))
-                        .collect();
-                    let inner: Vec<f64> = (0..rank)
-                        .map(|j| {
-                            (0..rows)
-                                .map(|r| {
-                                    f64::from(k[r * rank + j]) * f64::from(h[r * rank + j] as f32)
-                                })
-                                .sum()
-                        })
-                        .collect();
-                    close(&stats.sumsq, &sumsq, 1e-6, &format!("{what}: sumsq"));
-                    close(&stats.max_abs, &max_abs, 1e-6, &format!("{what}: max"));
-                    close(&stats.inner, &inner, 1e-6, &format!("{what}: inner"));
-                    // The scaling: H and U divided in f64, the factor their
-                    // f32 rounding.
-                    let divisors: Vec<f64> = (0..rank).map(|j| 1.0 + j as f64 / 3.0).collect();
-                    let mut d_f = gpu.alloc_zeros::<f32>("a", rows * rank).unwrap();
-                    kernels
-                        .scale(&mut d_h, &mut d_u, &mut d_f.slice_mut(..), &divisors, rows)
-                        .unwrap();
-                    let scaled = gpu.stream().clone_dtoh(&d_h).unwrap();
-                    let f = gpu.stream().clone_dtoh(&d_f).unwrap();
-                    for (e, (&x, &y)) in got_h.iter().zip(&scaled).enumerate() {
-                        let want = x * (1.0 / divisors[e % rank]);
-                        assert_eq!(y, want, "{what}: scaled H[{e}]");
-                        assert_eq!(f[e], want as f32, "{what}: factor[{e}]");
+                    for list in [None, Some(&d_list)] {
+                        let what =
+                            format!("rank {rank}, {rows} rows, list {}, {p:?}", list.is_some());
+                        // H and U start warm (as after an outer iteration),
+                        // the same on both sides; compact with a list.
+                        let h0 = if list.is_some() {
+                            gather(&h0)
+                        } else {
+                            h0.clone()
+                        };
+                        let k_host = if list.is_some() { &k_listed } else { &k };
+                        let u0: Vec<f64> = h0.iter().map(|&x| 0.01 * (x - 1.0)).collect();
+                        let mut d_h = gpu.upload("h", &h0).unwrap();
+                        let mut d_u = gpu.upload("u", &u0).unwrap();
+                        let (mut h, mut u_host) = (h0.clone(), u0.clone());
+                        let most = host_inner(k_host, &w, &mut h, &mut u_host, rank, &p);
+                        let stats = kernels
+                            .inner_loop(&d_k.as_view(), &w, &mut d_h, &mut d_u, rows, list, &p)
+                            .unwrap();
+                        assert_eq!(stats.iters, most, "{what}: iterations");
+                        let got_h = gpu.stream().clone_dtoh(&d_h).unwrap();
+                        let got_u = gpu.stream().clone_dtoh(&d_u).unwrap();
+                        close(&got_h, &h, 1e-11, &format!("{what}: H"));
+                        // U's rounding is H's: where U is 0 on the host (no
+                        // threshold, no clamp: U goes to exactly 0 there),
+                        // the kernel's products in another order leave
+                        // 1e-19s.
+                        let scale = largest(&h).max(largest(&u_host)).max(1e-300);
+                        close_to(&got_u, &u_host, 1e-11 * scale, &format!("{what}: U"));
+                        if nonneg {
+                            assert!(got_h.iter().all(|&x| x >= 0.0), "{what}: H < 0");
+                        }
+                        // The statistics of the f32 rounding of H.
+                        let (hr, n) = (&h, h.len() / rank);
+                        let col = |j: usize| (0..n).map(move |r| hr[r * rank + j] as f32);
+                        let sumsq: Vec<f64> = (0..rank)
+                            .map(|j| col(j).map(|x| f64::from(x).powi(2)).sum())
+                            .collect();
+                        let max_abs: Vec<f64> = (0..rank)
+                            .map(|j| col(j).fold(0f64, |s, x| s.max(f64::from(x.abs()))))
+                            .collect();
+                        let inner: Vec<f64> = (0..rank)
+                            .map(|j| {
+                                (0..n)
+                                    .map(|r| {
+                                        f64::from(k_host[r * rank + j])
+                                            * f64::from(h[r * rank + j] as f32)
+                                    })
+                                    .sum()
+                            })
+                            .collect();
+                        close(&stats.sumsq, &sumsq, 1e-6, &format!("{what}: sumsq"));
+                        close(&stats.max_abs, &max_abs, 1e-6, &format!("{what}: max"));
+                        close(&stats.inner, &inner, 1e-6, &format!("{what}: inner"));
+                        // The scaling: H and U divided in f64, the factor
+                        // their f32 rounding; with a list, only its rows
+                        // of the factor are written.
+                        let divisors: Vec<f64> = (0..rank).map(|j| 1.0 + j as f64 / 3.0).collect();
+                        let mut d_f = gpu.upload("a", &vec![7f32; rows * rank]).unwrap();
+                        kernels
+                            .scale(
+                                &mut d_h,
+                                &mut d_u,
+                                &mut d_f.slice_mut(..),
+                                &divisors,
+                                rows,
+                                list,
+                            )
+                            .unwrap();
+                        let scaled = gpu.stream().clone_dtoh(&d_h).unwrap();
+                        let f = gpu.stream().clone_dtoh(&d_f).unwrap();
+                        let row_of = |i: usize| {
+                            if list.is_some() {
+                                listed[i] as usize
+                            } else {
+                                i
+                            }
+                        };
+                        let mut written = vec![false; rows];
+                        for (e, (&x, &y)) in got_h.iter().zip(&scaled).enumerate() {
+                            let want = x * (1.0 / divisors[e % rank]);
+                            assert_eq!(y, want, "{what}: scaled H[{e}]");
+                            let row = row_of(e / rank);
+                            written[row] = true;
+                            assert_eq!(
+                                f[row * rank + e % rank],
+                                want as f32,
+                                "{what}: factor[{e}]"
+                            );
+                        }
+                        for (row, _) in written.iter().enumerate().filter(|(_, w)| !**w) {
+                            assert!(
+                                f[row * rank..(row + 1) * rank].iter().all(|&x| x == 7.0),
+                                "{what}: unlisted row {row} written"
+                            );
+                        }
                     }
                 }
             }
+            // An empty list runs nothing and writes nothing.
+            let empty = RowList::upload(&gpu, &[], 40).unwrap();
+            let (mut d_h, mut d_u) = (
+                gpu.alloc_zeros::<f64>("h", 0).unwrap(),
+                gpu.alloc_zeros::<f64>("u", 0).unwrap(),
+            );
+            let d_k = gpu.upload("k", &vec![1f32; 40 * rank]).unwrap();
+            let w = vec![0.5; rank * rank];
+            let p = plain_params();
+            let stats = kernels
+                .inner_loop(&d_k.as_view(), &w, &mut d_h, &mut d_u, 40, Some(&empty), &p)
+                .unwrap();
+            assert_eq!(stats.iters, 0);
+            assert!(stats.sumsq.iter().all(|&x| x == 0.0));
         }
+    }
+
+    #[test]
+    fn row_lists_must_be_increasing_and_below_the_mode() {
+        let Some(gpu) =
+            crate::testing::gpu_or_skip("row_lists_must_be_increasing_and_below_the_mode")
+        else {
+            return;
+        };
+        assert!(RowList::upload(&gpu, &[0, 3, 9], 10).is_ok());
+        let e = RowList::upload(&gpu, &[0, 3, 3], 10)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("increasing"), "{e}");
+        let e = RowList::upload(&gpu, &[0, 10], 10)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("past the mode"), "{e}");
+        let mut kernels = AdmmKernels::new(gpu.clone(), 4).unwrap();
+        let list = RowList::upload(&gpu, &[1, 2], 10).unwrap();
+        let k = gpu.alloc_zeros::<f32>("k", 20 * 4).unwrap();
+        let (mut h, mut u) = (
+            gpu.alloc_zeros::<f64>("h", 8).unwrap(),
+            gpu.alloc_zeros::<f64>("u", 8).unwrap(),
+        );
+        let p = plain_params();
+        // A list for a mode of 10 rows does not serve one of 20.
+        let e = kernels
+            .inner_loop(
+                &k.as_view(),
+                &[0.0; 16],
+                &mut h,
+                &mut u,
+                20,
+                Some(&list),
+                &p,
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("below 10"), "{e}");
     }
 
     #[test]

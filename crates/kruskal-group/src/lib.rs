@@ -771,6 +771,7 @@ impl GpuGroup {
                 updated: vec![false; n],
                 exchanged: vec![false; n],
                 admm: None,
+                admm_rows: false,
                 copy_stream: if copying {
                     Some(
                         gpu.context()
@@ -1200,6 +1201,21 @@ impl GpuGroup {
             }
         }
         Ok(total)
+    }
+
+    /// Has AO-ADMM's inner loop run on the rows with data: each GPU's
+    /// own rows that hold a nonzero, the first of its rows under the
+    /// plan's labels (`RowShards::rows_with_nonzeros`), with H and U for
+    /// those rows only; its other rows of the factor are 0 after the
+    /// mode's first update (their solution). One process only.
+    pub fn admm_on_rows_with_data(&mut self) -> Result<()> {
+        if self.process().is_some() {
+            return Err(DeviceError::Shape(
+                "AO-ADMM runs on the GPUs of one process".into(),
+            ));
+        }
+        self.all(|| Cmd::AdmmRows, "the ADMM's rows")?;
+        Ok(())
     }
 
     /// AO-ADMM's scaling of `mode` on every GPU (H and U divided by

@@ -58,6 +58,8 @@ pub(super) enum Cmd {
     /// AO-ADMM's column scaling of the mode (H, U and the factor rows by
     /// the divisors); replies with the partial Gram.
     AdmmScale(usize, Arc<Vec<f64>>),
+    /// AO-ADMM's inner loop runs on each GPU's own rows with data only.
+    AdmmRows,
 }
 
 /// A worker's answer to a [`Cmd`].
@@ -72,11 +74,15 @@ pub(super) enum Reply {
 }
 
 /// AO-ADMM's state on one GPU: the kernels and, per mode, H and U of the
-/// GPU's own rows (f64), kept between outer iterations.
+/// GPU's own rows (f64; those with data only, where it has a list of
+/// them), kept between outer iterations.
 pub(super) struct AdmmState {
     kernels: AdmmKernels,
     h: Vec<Option<CudaSlice<f64>>>,
     u: Vec<Option<CudaSlice<f64>>>,
+    /// Per mode, the own rows the loop runs on: every one, or (with
+    /// [`Cmd::AdmmRows`]) those with data, the first of them.
+    rows: Vec<Range<u32>>,
 }
 
 /// A shard on the device, or in pinned host memory.
@@ -138,6 +144,8 @@ pub(super) struct Worker {
     pub(super) exchanged: Vec<bool>,
     /// AO-ADMM's kernels, H and U (made at the first inner loop).
     pub(super) admm: Option<AdmmState>,
+    /// AO-ADMM runs on the rows with data ([`Cmd::AdmmRows`]).
+    pub(super) admm_rows: bool,
     /// The stream of the copies of a reduction by peer copies.
     pub(super) copy_stream: Option<Arc<CudaStream>>,
     /// Per mode, the receive buffer of its reduction by peer copies.
@@ -218,6 +226,12 @@ impl Worker {
             }
             Cmd::AdmmInner(mode, w, params) => self.admm_inner(mode, &w, &params).map(Reply::Admm),
             Cmd::AdmmScale(mode, divisors) => self.admm_scale(mode, &divisors).map(Reply::Gram),
+            Cmd::AdmmRows => {
+                self.admm_rows = true;
+                // H and U start again, sized by the new rows.
+                self.admm = None;
+                Ok(Reply::Done)
+            }
             Cmd::Factor(mode) => {
                 let f = self
                     .factors
@@ -742,9 +756,9 @@ impl Worker {
         Ok(stats)
     }
 
-    /// AO-ADMM's inner loop of `mode` on every row this GPU owns (empty
-    /// rows included: with K = 0 their H is not zero), in blocks as one
-    /// GPU runs it; H starts from the factor at the mode's first call.
+    /// AO-ADMM's inner loop of `mode` on every row this GPU owns, or on
+    /// those with data ([`Cmd::AdmmRows`]: the first of its rows under the
+    /// plan's labels), in blocks as one GPU runs it; H and U start from 0.
     fn admm_inner(&mut self, mode: usize, w: &[f64], params: &InnerParams) -> Result<InnerStats> {
         let r = self.rank;
         let own = self.shared.rows[mode][self.g].clone();
@@ -764,33 +778,61 @@ impl Worker {
                 kernels: AdmmKernels::new(self.gpu.clone(), r)?,
                 h: (0..n).map(|_| None).collect(),
                 u: (0..n).map(|_| None).collect(),
+                rows: vec![0..0; n],
             });
         }
         self.output(mode)?;
         let at = self.output_rows(mode).start as usize * r;
         let admm = self.admm.as_mut().expect("made above");
         if admm.h[mode].is_none() {
-            // A cold start: H = U = 0 (see kruskal_cpd::admm).
-            admm.h[mode] = Some(self.gpu.alloc_zeros("ADMM's H", rows * r)?);
-            admm.u[mode] = Some(self.gpu.alloc_zeros("ADMM's U", rows * r)?);
+            // A cold start: H = U = 0 (see kruskal_cpd::admm). With rows
+            // with data, H and U hold this GPU's such rows only, and its
+            // other factor rows are 0 from now on (their solution).
+            let mut run = own.clone();
+            if self.admm_rows {
+                // The rows with data are the first of this GPU's rows.
+                run = self.shared.live[mode][self.g].clone();
+                let factors = self
+                    .factors
+                    .as_mut()
+                    .ok_or_else(|| DeviceError::Shape("no factors loaded".into()))?;
+                if run.end < own.end {
+                    self.gpu
+                        .stream()
+                        .memset_zeros(&mut factors.rows_mut(mode, run.end..own.end))
+                        .map_err(driver("zeroing the factor's rows"))?;
+                }
+            }
+            let count = run.len();
+            admm.rows[mode] = run;
+            admm.h[mode] = Some(self.gpu.alloc_zeros("ADMM's H", count * r)?);
+            admm.u[mode] = Some(self.gpu.alloc_zeros("ADMM's U", count * r)?);
         }
+        let count = admm.rows[mode].len();
         let k = self.outputs[mode].as_ref().expect("allocated above");
         let k = k.slice(at..);
         let (Some(h), Some(u)) = (admm.h[mode].as_mut(), admm.u[mode].as_mut()) else {
             unreachable!("made together above");
         };
-        admm.kernels.inner_loop(&k, w, h, u, rows, params)
+        admm.kernels.inner_loop(&k, w, h, u, count, None, params)
     }
 
     /// AO-ADMM's scaling of `mode`: H and U divided by `divisors`, the
     /// factor rows written from H, and their partial Gram. The mode's next
-    /// all-gather sends every row (ADMM's empty rows are not zero).
+    /// all-gather sends every row, or (on the rows with data) the rows with
+    /// data once the mode was all-gathered after its first update.
     fn admm_scale(&mut self, mode: usize, divisors: &[f64]) -> Result<Vec<f64>> {
         let r = self.rank;
         let own = self.shared.rows[mode][self.g].clone();
-        let rows = own.len();
-        self.exchanged[mode] = false;
-        if rows == 0 {
+        if self.admm_rows {
+            // The rows without data are 0 on every GPU once the first
+            // all-gather after the mode's first update has run: the
+            // exchanges after it send the rows with data only, as ALS's.
+            self.updated[mode] = true;
+        } else {
+            self.exchanged[mode] = false;
+        }
+        if own.is_empty() {
             return Ok(vec![0.0; r * r]);
         }
         let admm = self.admm.as_mut().ok_or_else(|| {
@@ -812,12 +854,18 @@ impl Worker {
         admm.kernels.scale(
             h,
             u,
-            &mut factors.rows_mut(mode, own.clone()),
+            &mut factors.rows_mut(mode, admm.rows[mode].clone()),
             divisors,
-            rows,
+            admm.rows[mode].len(),
+            None,
         )?;
-        let (dense, mut a) = own_rows(&mut self.factors, &mut self.dense, mode, own)?;
-        dense.scale_gram(&mut a, None, rows)
+        // The Gram of the rows the loop ran on: the others are 0.
+        let run = admm.rows[mode].clone();
+        if run.is_empty() {
+            return Ok(vec![0.0; r * r]);
+        }
+        let (dense, mut a) = own_rows(&mut self.factors, &mut self.dense, mode, run.clone())?;
+        dense.scale_gram(&mut a, None, run.len())
     }
 
     fn scale_gram(&mut self, mode: usize, inv: Option<&[f32]>) -> Result<Vec<f64>> {
