@@ -236,7 +236,7 @@ pub enum InnerStop {
 }
 
 impl InnerStop {
-    /// A few words for output: "all rows together", "blocks of 32 rows".
+    /// A few words for output: "all rows together", "blocks of 8 rows".
     pub fn describe(self) -> String {
         match self {
             InnerStop::AllRows => "all rows together".into(),
@@ -1210,9 +1210,9 @@ mod tests {
     fn one_block_per_mode_is_the_global_rule_and_more_blocks_stop_apart() {
         // Every mode within one block: the two rules are the same loop.
         let small = planted(&PlantedSpec {
-            dims: vec![BLOCK_ROWS as u32, 20, 9],
+            dims: vec![BLOCK_ROWS as u32; 3],
             rank: 3,
-            nnz: 2_000,
+            nnz: 300,
             noise: 0.1,
             seed: 4,
         })

@@ -58,33 +58,37 @@
 #define MIN_BLOCKS 1
 #endif
 
-// Tensor-core path (sm_80 and later; RANK 8, 16 or 32; blocks of 32
-// rows): Ht = rhs W on f64 MMAs (mma.m8n8k4), whose operands come from
-// registers, instead of each thread's broadcast reads of every
-// right-hand-side row from shared memory, which bound the scalar path
-// (Nsight Compute, an H200, nell-1's 25.5M-row mode at rank 32: L1/shared
-// 72% busy, the FP64 pipe 42%).
+// Tensor-core path (sm_80 and later; RANK 8, 16 or 32; blocks of 8
+// rows): one warp runs a row block's whole inner loop on its own, Ht =
+// rhs W on f64 MMAs (mma.m8n8k4) with W's fragments in registers; no
+// barrier of the thread block inside the loop. (The earlier path, blocks
+// of 32 rows over the 8 warps of a thread block, spent its time in two
+// barriers and a cross-warp sum per inner iteration and in staging the
+// right-hand side for every warp: Nsight Compute, an H200, nell-1's third
+// mode: L1/shared 77% busy, occupancy 24%.)
 //
-// The block's 32 x RANK output is cut into 8 x 8 tiles, tile t = (row
-// group t / NBLK, column block t % NBLK); warp w takes tiles w, w + 8, ...:
-// NBLK divides 8, so all of a warp's tiles share its column block, whose W
-// fragments it keeps in registers. Lane l = 4 g + q holds, of each of its
-// tiles, row g and columns 2q, 2q + 1 of the block (K, H, U and the
-// products in registers, as the scalar path's thread holds a column). The
-// right-hand side goes through shared memory once per iteration: each
-// lane writes its entries, and reads as the MMA's A operand its row's
-// UKSTEPS contiguous columns q UKSTEPS .. (step s gives k = q UKSTEPS +
-// s: any order of the k's is the same product).
+// The block's 8 x RANK output is NBLK tiles of 8 x 8 (column block nb).
+// Lane l = 4 g + q holds row g, columns 8 nb + 2q and 8 nb + 2q + 1 of
+// every tile: K, H, U and the products in registers. Per iteration the
+// warp stages its right-hand side in its own rows of shared memory
+// (__syncwarp only), and each lane reads as the MMA's A operand its row's
+// UK = RANK / 4 columns q UK .. q UK + UK - 1, in a rotated order (pair
+// (i + q) mod (UK / 2) in round i) that spreads the quarter-warps' 16-byte
+// reads over the banks; its W fragment of step s is W's row of the same k
+// (any order of the k's is the same product). The residuals are summed
+// over the warp by shuffles: every lane takes the same decision.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && (RANK == 8 || RANK == 16 || RANK == 32) && \
-    BLOCK_ROWS == 32
+    BLOCK_ROWS == 8
 #define ADMM_MMA 1
 #define NBLK (RANK / 8)
-#define UKSTEPS (RANK / 4)
-#define TILES ((BLOCK_ROWS / 8) * NBLK)
-#define TPW ((TILES + WARPS - 1) / WARPS)
-// Row stride of the staged right-hand side (doubles): two more than the
-// rank, so the lanes' 16-byte reads of different rows fall in other banks.
-#define SROW (RANK + 2)
+#define UK (RANK / 4)
+// Row stride of the staged right-hand side (doubles): half of it is 4
+// modulo 8 16-byte units, so rows g and g + 1 of a quarter-warp's writes
+// fall in other banks.
+#define SROW (RANK == 8 ? 24 : RANK + 8)
+// Warps (row blocks at a time) per thread block: kruskal_device::admm's
+// MMA_THREADS / 32.
+#define MMA_WARPS 2
 #endif
 
 // The row of K and of the factor that entry i of the loop's rows is.
@@ -152,7 +156,18 @@ __device__ __forceinline__ void admm_block_sum4(double (&v)[4], double* red)
 // rounding, its largest magnitude; then the most inner iterations a row
 // block of this thread block ran.
 // ---------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) admm_blocks(
+#if defined(ADMM_MMA)
+#define LAUNCH_THREADS (MMA_WARPS * WARP)
+// At rank 32 a lane keeps 32 W fragments, its rows' K, H, U, operands and
+// products and its columns' statistics: about 190 registers. Six blocks an
+// SM (170 at most) spilled 392 bytes (ptxas, sm_90); four leave it the
+// registers it needs (five blocks, ten warps, an SM).
+#define LAUNCH_BLOCKS (RANK == 32 ? 4 : 6)
+#else
+#define LAUNCH_THREADS THREADS
+#define LAUNCH_BLOCKS MIN_BLOCKS
+#endif
+extern "C" __global__ void __launch_bounds__(LAUNCH_THREADS, LAUNCH_BLOCKS) admm_blocks(
     const float* __restrict__ k,
     const double* __restrict__ w,
     double* __restrict__ h,
@@ -168,149 +183,171 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) admm_blocks(
     double* __restrict__ partials)
 {
 #if defined(ADMM_MMA)
-    __shared__ __align__(16) double rhs[BLOCK_ROWS * SROW];
-    __shared__ double red[WARPS * 4];
-    __shared__ double fin[THREADS * 2];
-    // tag[r] == b: row r of row block b holds a nonzero of K.
-    __shared__ u64 tag[BLOCK_ROWS];
-    const int t = threadIdx.x, lane = t % WARP, warp = t / WARP;
-    if (t < BLOCK_ROWS) tag[t] = ~(u64)0;
-    __syncthreads();
+    __shared__ __align__(16) double rhs[MMA_WARPS][8 * SROW];
+    __shared__ double fin[MMA_WARPS][3 * RANK];
+    __shared__ u32 fin_most[MMA_WARPS];
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const int q = lane % 4, g = lane / 4;
-    const int nb = warp % NBLK;
-    // This warp's W fragments: B(q, g) of step s is W(q UKSTEPS + s, 8 nb + g).
-    double wfr[UKSTEPS];
+    double* const rw = rhs[warp];
+    // W's fragments: step s = 2 i + c of tile nb is B(q, g) = W(k, 8 nb + g),
+    // k = q UK + 2 ((i + q) mod (UK / 2)) + c, the column this lane reads
+    // as A in that step.
+    double wfr[UK][NBLK];
 #pragma unroll
-    for (int st = 0; st < UKSTEPS; ++st) wfr[st] = w[(q * UKSTEPS + st) * RANK + nb * 8 + g];
-    double sumsq[2] = {0.0, 0.0}, inner[2] = {0.0, 0.0};
-    float maxabs[2] = {0.f, 0.f};
+    for (int i = 0; i < UK / 2; ++i)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const int kk = q * UK + 2 * ((i + q) % (UK / 2)) + c;
+#pragma unroll
+            for (int nb = 0; nb < NBLK; ++nb) wfr[2 * i + c][nb] = w[kk * RANK + nb * 8 + g];
+        }
+    double sumsq[NBLK][2], inner[NBLK][2];
+    float maxabs[NBLK][2];
+#pragma unroll
+    for (int nb = 0; nb < NBLK; ++nb)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            sumsq[nb][c] = inner[nb][c] = 0.0;
+            maxabs[nb][c] = 0.f;
+        }
     u32 most = 0;
     const u64 blocks = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS;
-    for (u64 b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const u64 stride = (u64)gridDim.x * MMA_WARPS;
+    for (u64 b = (u64)blockIdx.x * MMA_WARPS + warp; b < blocks; b += stride) {
         const u64 row0 = b * BLOCK_ROWS;
-        const int nrows = (int)min((u64)BLOCK_ROWS, rows - row0);
-        // Tile i of this warp: rows 8 rg .. of the block, rg = (warp + 8 i) / NBLK.
-        float kv[TPW][2];
-        double hv[TPW][2], uv[TPW][2];
-        bool mine[TPW];
+        const bool mine = (u64)g < rows - row0;
+        float kv[NBLK][2];
+        double hv[NBLK][2], uv[NBLK][2];
+        const u64 ek = mine ? admm_row(list, row0 + g) * RANK + 2 * q : 0;
+        const u64 e = (row0 + g) * RANK + 2 * q;
+        bool data = false;
 #pragma unroll
-        for (int i = 0; i < TPW; ++i) {
-            const int tile = warp + i * WARPS;
-            const int r = (tile / NBLK) * 8 + g;
-            mine[i] = tile < TILES && r < nrows;
-            const u64 e = (row0 + r) * RANK + nb * 8 + 2 * q;
-            const u64 ek = mine[i] ? admm_row(list, row0 + r) * RANK + nb * 8 + 2 * q : 0;
+        for (int nb = 0; nb < NBLK; ++nb)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-                kv[i][c] = mine[i] ? k[ek + c] : 0.f;
-                hv[i][c] = mine[i] ? h[e + c] : 0.0;
-                uv[i][c] = mine[i] ? u[e + c] : 0.0;
+                kv[nb][c] = mine ? k[ek + nb * 8 + c] : 0.f;
+                hv[nb][c] = mine ? h[e + nb * 8 + c] : 0.0;
+                uv[nb][c] = mine ? u[e + nb * 8 + c] : 0.0;
+                data = data || kv[nb][c] != 0.f;
             }
-            if (mine[i] && (kv[i][0] != 0.f || kv[i][1] != 0.f)) tag[(tile / NBLK) * 8 + g] = b;
-        }
-        // The tags of the previous row block were read an iteration's
-        // barrier ago, so they could be replaced above.
-        __syncthreads();
+        // Row g's K is spread over the lanes 4 g .. 4 g + 3: a row whose K
+        // is all zero gets H = U = 0.
+        data = __shfl_xor_sync(0xffffffffu, (int)data, 1) != 0 || data;
+        data = __shfl_xor_sync(0xffffffffu, (int)data, 2) != 0 || data;
+        if (!data) {
 #pragma unroll
-        for (int i = 0; i < TPW; ++i) {
-            const int tile = warp + i * WARPS;
-            if (mine[i] && tag[(tile / NBLK) * 8 + g] != b) {
-                hv[i][0] = hv[i][1] = 0.0;
-                uv[i][0] = uv[i][1] = 0.0;
-            }
+            for (int nb = 0; nb < NBLK; ++nb) hv[nb][0] = hv[nb][1] = uv[nb][0] = uv[nb][1] = 0.0;
         }
         u32 it = 0;
         while (true) {
             ++it;
-            // Every lane has read the previous right-hand side (the
-            // residual sum's barrier came after), so it can be replaced.
-            // Rows past the block's end are written as zeros.
+            // Rounded step by step (no fused multiply-add), as the host's
+            // loop does. Rows past the block's end are written as zeros.
 #pragma unroll
-            for (int i = 0; i < TPW; ++i) {
-                const int tile = warp + i * WARPS;
-                if (tile >= TILES) continue;
-                const int r = (tile / NBLK) * 8 + g;
+            for (int nb = 0; nb < NBLK; ++nb) {
                 double2 v;
-                // Rounded step by step (no fused multiply-add), as the
-                // host's loop does.
-                v.x = __dadd_rn((double)kv[i][0], __dmul_rn(rho, __dadd_rn(hv[i][0], uv[i][0])));
-                v.y = __dadd_rn((double)kv[i][1], __dmul_rn(rho, __dadd_rn(hv[i][1], uv[i][1])));
-                *reinterpret_cast<double2*>(rhs + r * SROW + nb * 8 + 2 * q) = v;
+                v.x = __dadd_rn((double)kv[nb][0], __dmul_rn(rho, __dadd_rn(hv[nb][0], uv[nb][0])));
+                v.y = __dadd_rn((double)kv[nb][1], __dmul_rn(rho, __dadd_rn(hv[nb][1], uv[nb][1])));
+                *reinterpret_cast<double2*>(rw + g * SROW + nb * 8 + 2 * q) = v;
             }
-            __syncthreads();
+            __syncwarp();
+            double av[UK];
+#pragma unroll
+            for (int i = 0; i < UK / 2; ++i) {
+                const int ii = (i + q) % (UK / 2);
+                const double2 x = *reinterpret_cast<const double2*>(rw + g * SROW + q * UK + 2 * ii);
+                av[2 * i] = x.x;
+                av[2 * i + 1] = x.y;
+            }
+            // Every lane has its operands before the next iteration's
+            // right-hand side replaces them.
+            __syncwarp();
+            double d[NBLK][2];
+#pragma unroll
+            for (int nb = 0; nb < NBLK; ++nb) d[nb][0] = d[nb][1] = 0.0;
+#pragma unroll
+            for (int st = 0; st < UK; ++st)
+#pragma unroll
+                for (int nb = 0; nb < NBLK; ++nb) mma_884(d[nb], av[st], wfr[st][nb]);
             double res[4] = {0.0, 0.0, 0.0, 0.0};  // primal, dual, |H|^2, |U|^2
+            if (mine) {
 #pragma unroll
-            for (int i = 0; i < TPW; ++i) {
-                const int tile = warp + i * WARPS;
-                if (tile >= TILES) continue;  // the same for the whole warp
-                const int r = (tile / NBLK) * 8 + g;
-                double av[UKSTEPS];
+                for (int nb = 0; nb < NBLK; ++nb)
 #pragma unroll
-                for (int st = 0; st < UKSTEPS; st += 2) {
-                    const double2 x = *reinterpret_cast<const double2*>(rhs + r * SROW + q * UKSTEPS + st);
-                    av[st] = x.x;
-                    av[st + 1] = x.y;
-                }
-                double d[2] = {0.0, 0.0};
-#pragma unroll
-                for (int st = 0; st < UKSTEPS; ++st) mma_884(d, av[st], wfr[st]);
-                if (!mine[i]) continue;
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    const double ht = d[c];
-                    const double fresh = admm_prox(ht - uv[i][c], nonneg, threshold, shrink);
-                    uv[i][c] += fresh - ht;
-                    const double dp = fresh - ht, dd = fresh - hv[i][c];
-                    res[0] = __dadd_rn(res[0], __dmul_rn(dp, dp));
-                    res[1] = __dadd_rn(res[1], __dmul_rn(dd, dd));
-                    res[2] = __dadd_rn(res[2], __dmul_rn(fresh, fresh));
-                    res[3] = __dadd_rn(res[3], __dmul_rn(uv[i][c], uv[i][c]));
-                    hv[i][c] = fresh;
-                }
+                    for (int c = 0; c < 2; ++c) {
+                        const double ht = d[nb][c];
+                        const double fresh = admm_prox(ht - uv[nb][c], nonneg, threshold, shrink);
+                        uv[nb][c] += fresh - ht;
+                        const double dp = fresh - ht, dd = fresh - hv[nb][c];
+                        // Fused: the sums are in another order than the
+                        // host's anyway, and the FP64 pipe is this path's
+                        // bound (Nsight Compute: SM 73% busy).
+                        res[0] = fma(dp, dp, res[0]);
+                        res[1] = fma(dd, dd, res[1]);
+                        res[2] = fma(fresh, fresh, res[2]);
+                        res[3] = fma(uv[nb][c], uv[nb][c], res[3]);
+                        hv[nb][c] = fresh;
+                    }
             }
-            admm_block_sum4(res, red);
+            // The warp's sums, the same in every lane (a butterfly).
+#pragma unroll
+            for (int r = 0; r < 4; ++r)
+#pragma unroll
+                for (int off = WARP / 2; off > 0; off /= 2) res[r] += __shfl_xor_sync(0xffffffffu, res[r], off);
             if ((res[0] <= eps * res[2] && res[1] <= eps * res[3]) || it >= max_inner) break;
         }
         most = max(most, it);
+        if (mine) {
 #pragma unroll
-        for (int i = 0; i < TPW; ++i) {
-            if (!mine[i]) continue;
-            const int tile = warp + i * WARPS;
-            const int r = (tile / NBLK) * 8 + g;
-            const u64 e = (row0 + r) * RANK + nb * 8 + 2 * q;
+            for (int nb = 0; nb < NBLK; ++nb)
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                h[e + c] = hv[i][c];
-                u[e + c] = uv[i][c];
-                // The statistics of the factor as stored (f32), as the CPU's.
-                const float x = (float)hv[i][c];
-                sumsq[c] += (double)x * (double)x;
-                inner[c] += (double)kv[i][c] * (double)x;
-                maxabs[c] = fmaxf(maxabs[c], fabsf(x));
-            }
+                for (int c = 0; c < 2; ++c) {
+                    h[e + nb * 8 + c] = hv[nb][c];
+                    u[e + nb * 8 + c] = uv[nb][c];
+                    // The statistics of the factor as stored (f32), as the CPU's.
+                    const float x = (float)hv[nb][c];
+                    sumsq[nb][c] += (double)x * (double)x;
+                    inner[nb][c] += (double)kv[nb][c] * (double)x;
+                    maxabs[nb][c] = fmaxf(maxabs[nb][c], fabsf(x));
+                }
         }
     }
-    // Column j = 8 nb + 2 q + c is held by lanes 4 g + q (g = 0..7) of the
-    // warps w with w % NBLK = nb: thread j adds them warp by warp, g by g.
-    double* out = partials + (u64)blockIdx.x * (3 * RANK + 1);
-    for (int stat = 0; stat < 3; ++stat) {
-        __syncthreads();
+    // Column 8 nb + 2 q + c: summed over the rows g by shuffles (lanes q,
+    // q + 4, ..., a fixed butterfly), then over the warps in order.
+#pragma unroll
+    for (int nb = 0; nb < NBLK; ++nb)
 #pragma unroll
         for (int c = 0; c < 2; ++c)
-            fin[t * 2 + c] = stat == 0 ? sumsq[c] : stat == 1 ? inner[c] : (double)maxabs[c];
-        __syncthreads();
-        if (t < RANK) {
-            const int jb = t / 8, jq = (t % 8) / 2, c = t % 2;
-            double acc = 0.0;
-            for (int wp = jb; wp < WARPS; wp += NBLK)
-                for (int gj = 0; gj < 8; ++gj) {
-                    const double x = fin[(wp * WARP + gj * 4 + jq) * 2 + c];
-                    acc = stat == 2 ? fmax(acc, x) : acc + x;
-                }
-            out[stat * RANK + t] = acc;
-        }
+#pragma unroll
+            for (int off = WARP / 2; off >= 4; off /= 2) {
+                sumsq[nb][c] += __shfl_xor_sync(0xffffffffu, sumsq[nb][c], off);
+                inner[nb][c] += __shfl_xor_sync(0xffffffffu, inner[nb][c], off);
+                maxabs[nb][c] = fmaxf(maxabs[nb][c], __shfl_xor_sync(0xffffffffu, maxabs[nb][c], off));
+            }
+    if (g == 0) {
+#pragma unroll
+        for (int nb = 0; nb < NBLK; ++nb)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int col = nb * 8 + 2 * q + c;
+                fin[warp][col] = sumsq[nb][c];
+                fin[warp][RANK + col] = inner[nb][c];
+                fin[warp][2 * RANK + col] = (double)maxabs[nb][c];
+            }
     }
-    if (t == 0) out[3 * RANK] = (double)most;
+    if (lane == 0) fin_most[warp] = most;
+    __syncthreads();
+    double* out = partials + (u64)blockIdx.x * (3 * RANK + 1);
+    for (int x = threadIdx.x; x < 3 * RANK; x += blockDim.x) {
+        double acc = fin[0][x];
+        for (int wp = 1; wp < MMA_WARPS; ++wp) acc = x >= 2 * RANK ? fmax(acc, fin[wp][x]) : acc + fin[wp][x];
+        out[x] = acc;
+    }
+    if (threadIdx.x == 0) {
+        u32 m = 0;
+        for (int wp = 0; wp < MMA_WARPS; ++wp) m = max(m, fin_most[wp]);
+        out[3 * RANK] = (double)m;
+    }
 #else
     __shared__ __align__(16) double rhs[BLOCK_ROWS * KP];
     __shared__ double red[WARPS * 4];

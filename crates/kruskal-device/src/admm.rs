@@ -18,15 +18,34 @@ use crate::kernels::Kernel;
 use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 
 /// Rows of one ADMM block: the unit that stops on its own, on the GPU and
-/// in the CPU's blocked variant alike.
-pub const BLOCK_ROWS: usize = 32;
+/// in the CPU's blocked variant alike. Eight: one warp runs a block alone
+/// on the tensor cores (`admm.cu`), and a block of rows that converge
+/// early stops without waiting for 24 others (32 before: on nell-1's
+/// shape the slowest rows of a block held up the rest).
+pub const BLOCK_ROWS: usize = 8;
 
-/// The largest rank the inner loop takes: a row block's right-hand side
-/// is staged in shared memory (`BLOCK_ROWS x rank` doubles, 32 KiB at 128).
+/// The largest rank the inner loop takes (a thread's column of W and its
+/// rows in registers on the scalar path).
 pub const MAX_RANK: usize = 128;
 
-/// Threads per block of `admm_blocks` (`THREADS` in `admm.cu`).
+/// Threads per block of `admm_blocks`' scalar path (`THREADS` in
+/// `admm.cu`).
 const THREADS: u32 = 256;
+
+/// Threads per block of its tensor-core path (`MMA_WARPS` warps of
+/// `admm.cu`, each running row blocks on its own).
+const MMA_THREADS: u32 = 64;
+
+/// The threads per block `admm_blocks` is compiled for at `rank` on a GPU
+/// of compute capability `cc`: the tensor-core path's (sm_80 and later,
+/// ranks 8, 16 and 32; `ADMM_MMA` in `admm.cu`) or the scalar path's.
+fn launch_threads(rank: usize, cc: (i32, i32)) -> u32 {
+    if cc.0 >= 8 && matches!(rank, 8 | 16 | 32) {
+        MMA_THREADS
+    } else {
+        THREADS
+    }
+}
 
 /// Waves of thread blocks one launch of `admm_blocks` takes at most: the
 /// row blocks stop after different numbers of iterations, and several
@@ -140,6 +159,8 @@ pub struct AdmmKernels {
     reduced: CudaSlice<f64>,
     /// Thread blocks of one launch at most.
     grid: usize,
+    /// Threads per block of `admm_blocks` ([`launch_threads`]).
+    threads: u32,
 }
 
 impl AdmmKernels {
@@ -150,8 +171,9 @@ impl AdmmKernels {
         let f = gpu
             .kernels()
             .function(gpu.context(), Kernel::AdmmBlocks, &defines(rank))?;
+        let threads = launch_threads(rank, gpu.properties().compute_capability);
         let per_sm = f
-            .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
+            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
             .map_err(driver("reading the occupancy of admm_blocks"))?;
         let grid = WAVES * gpu.properties().sms.max(1) * (per_sm as usize).max(1);
         let width = 3 * rank + 1;
@@ -163,6 +185,7 @@ impl AdmmKernels {
             gpu,
             rank,
             grid,
+            threads,
         })
     }
 
@@ -255,7 +278,13 @@ impl AdmmKernels {
             .memcpy_htod(w, &mut self.w)
             .map_err(driver("uploading W"))?;
         let f = self.function(Kernel::AdmmBlocks)?;
-        let blocks = count.div_ceil(BLOCK_ROWS).clamp(1, self.grid) as u32;
+        // A thread block of the tensor-core path runs a row block per warp.
+        let per_block = if self.threads == MMA_THREADS {
+            (MMA_THREADS / 32) as usize
+        } else {
+            1
+        };
+        let blocks = count.div_ceil(BLOCK_ROWS * per_block).clamp(1, self.grid) as u32;
         let count_u = count as u64;
         let nonneg = i32::from(params.nonneg);
         let null = 0u64;
@@ -285,7 +314,7 @@ impl AdmmKernels {
         unsafe {
             launch.launch(LaunchConfig {
                 grid_dim: (blocks, 1, 1),
-                block_dim: (THREADS, 1, 1),
+                block_dim: (self.threads, 1, 1),
                 shared_mem_bytes: 0,
             })
         }
