@@ -98,6 +98,18 @@ pub struct InnerStats {
     pub iters: usize,
 }
 
+impl InnerStats {
+    /// The statistics of no rows at `rank`: zeros, no iteration.
+    pub fn empty(rank: usize) -> Self {
+        InnerStats {
+            sumsq: vec![0.0; rank],
+            inner: vec![0.0; rank],
+            max_abs: vec![0.0; rank],
+            iters: 0,
+        }
+    }
+}
+
 /// The rows of a mode the inner loop runs on (see `admm.cu`): row numbers
 /// in increasing order below a bound (the mode's length), on the device.
 /// With a list, H and U are compact (`len() x rank`, entry i for row
@@ -252,12 +264,7 @@ impl AdmmKernels {
         if count == 0 {
             // No row to run (H and U hold the device's one-entry stand-in
             // for an empty buffer): the statistics of an empty factor.
-            return Ok(InnerStats {
-                sumsq: vec![0.0; r],
-                inner: vec![0.0; r],
-                max_abs: vec![0.0; r],
-                iters: 0,
-            });
+            return Ok(InnerStats::empty(r));
         }
         self.check("H", h.len(), count)?;
         self.check("U", u.len(), count)?;

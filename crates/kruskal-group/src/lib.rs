@@ -1184,12 +1184,7 @@ impl GpuGroup {
             || Cmd::AdmmInner(mode, w.clone(), *params),
             "the ADMM inner loop",
         )?;
-        let mut total = kruskal_device::admm::InnerStats {
-            sumsq: vec![0.0; r],
-            inner: vec![0.0; r],
-            max_abs: vec![0.0; r],
-            iters: 0,
-        };
+        let mut total = kruskal_device::admm::InnerStats::empty(r);
         for reply in replies {
             if let Reply::Admm(s) = reply {
                 for c in 0..r {

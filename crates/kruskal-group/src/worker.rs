@@ -764,12 +764,7 @@ impl Worker {
         let own = self.shared.rows[mode][self.g].clone();
         let rows = own.len();
         if rows == 0 {
-            return Ok(InnerStats {
-                sumsq: vec![0.0; r],
-                inner: vec![0.0; r],
-                max_abs: vec![0.0; r],
-                iters: 0,
-            });
+            return Ok(InnerStats::empty(r));
         }
         self.wait(&self.gpu.stream().clone(), "the MTTKRP")?;
         let n = self.dims.len();
