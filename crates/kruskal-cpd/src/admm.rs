@@ -34,17 +34,19 @@
 //!    residual `||H - Ht||^2 / ||H||^2` and the dual residual
 //!    `||H - H_prev||^2 / ||U||^2` are both at most `eps`, summed over the
 //!    rows that stop together ([`InnerStop`]): all the mode's rows (the
-//!    CPU's default), or each block of [`BLOCK_ROWS`] rows on its own (the
-//!    paper's blocked variant: most blocks stop after a few iterations);
+//!    CPU's default), or each row on its own (the paper's blocked variant
+//!    with blocks of [`BLOCK_ROWS`] = one row: most rows stop after a few
+//!    iterations);
 //! 4. the columns of H are normalized into lambda as ALS does (2-norms on
 //!    the first iteration, `max(1, max |a|)` afterwards, from the f32
 //!    rounding of H; U is divided by the same weights, so it stays H's
 //!    dual), and the f32 rounding of H becomes the new factor.
 //!
 //! On one GPU (`GpuBackend`) the whole of step 3 is one kernel launch per
-//! mode (`kruskal_device::admm`, `kernels/admm.cu`): always row blocks, a
-//! thread block keeping its rows of K, H and U in registers across the
-//! inner iterations; only W goes up and the column statistics come back.
+//! mode (`kruskal_device::admm`, `kernels/admm.cu`): always each row on
+//! its own, a warp keeping several rows of K, H and U in registers across
+//! their inner iterations and taking the next row as one stops; only W
+//! goes up and the column statistics come back.
 //! Step 4 divides H and U on the device and writes the factor there. On a
 //! group of GPUs (`GroupBackend`, one process) each GPU runs the same
 //! launch on the rows it owns (its H and U only), the statistics and
@@ -67,14 +69,15 @@
 //! The fit is ALS's: `1 - ||X - M|| / ||X||` from the Grams, lambda and the
 //! last mode's MTTKRP. The rows are independent in step 3; on the CPU they
 //! are updated in blocks in parallel and the residuals summed in block
-//! order (or each row block alone), so the result does not depend on the
-//! thread count. With row blocks, an iteration's `inner_iters` counts the
-//! block that ran most.
+//! order (or each row alone), so the result does not depend on the
+//! thread count. With rows on their own, an iteration's `inner_iters`
+//! counts the row that ran most.
 //!
 //! Memory beyond ALS's: H, U and K in f64, `3 * dims[n] * R * 8` bytes per
 //! mode on the host (H and U kept for every mode); on one GPU, H and U of
-//! every mode on the device (`memory::admm_gpu_need`) and nothing sized by
-//! the rows on the host.
+//! every mode on the device, and an f32 copy of a mode's rows with data
+//! for their Gram (`memory::admm_gpu_need`), and nothing sized by the rows
+//! on the host.
 
 use std::ops::ControlFlow;
 
@@ -103,10 +106,13 @@ pub const DEFAULT_EPS: f64 = 1e-2;
 pub(crate) const ROWS_PER_TASK: usize = 1024;
 
 /// Rows of one block of the blocked inner loop ([`InnerStop::RowBlocks`]),
-/// the GPU's block too (`kruskal_device::admm::BLOCK_ROWS`).
+/// the GPU's too (`kruskal_device::admm::BLOCK_ROWS`): one, every row to
+/// its own rule.
 pub use kruskal_device::admm::BLOCK_ROWS;
 
-// A task holds whole blocks, so the blocks do not depend on the tasks.
+// A task holds whole blocks, so the blocks do not depend on the tasks
+// (whatever BLOCK_ROWS is; with one row, trivially).
+#[allow(clippy::modulo_one)]
 const _: () = assert!(ROWS_PER_TASK % BLOCK_ROWS == 0);
 
 /// Per mode, the rows that hold a nonzero of the tensor, in increasing
@@ -114,8 +120,7 @@ const _: () = assert!(ROWS_PER_TASK % BLOCK_ROWS == 0);
 /// ([`Backend::set_data_rows`]). Every other row's MTTKRP is 0, and so is
 /// its solution (see `zero_rows_without_data`): its H, U and factor row
 /// stay 0 without a pass over them. On nell-1's third mode at 20M nonzeros
-/// that is 2.6M rows of 25.5M. The row blocks of [`InnerStop::RowBlocks`]
-/// are then blocks of these rows.
+/// that is 2.6M rows of 25.5M.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DataRows {
     dims: Vec<u32>,
@@ -230,17 +235,19 @@ pub enum InnerStop {
     /// `eps` (the default on the CPU).
     #[default]
     AllRows,
-    /// Each block of [`BLOCK_ROWS`] rows runs until its own residuals meet
-    /// `eps` (the paper's blocked variant); a one-GPU run always runs this.
+    /// Each block of [`BLOCK_ROWS`] rows (one: each row) runs until its
+    /// own residuals meet `eps` (the paper's blocked variant); a one-GPU
+    /// run always runs this.
     RowBlocks,
 }
 
 impl InnerStop {
-    /// A few words for output: "all rows together", "blocks of 8 rows".
+    /// A few words for output: "all rows together", "each row on its own".
     pub fn describe(self) -> String {
-        match self {
-            InnerStop::AllRows => "all rows together".into(),
-            InnerStop::RowBlocks => format!("blocks of {BLOCK_ROWS} rows"),
+        match (self, BLOCK_ROWS) {
+            (InnerStop::AllRows, _) => "all rows together".into(),
+            (InnerStop::RowBlocks, 1) => "each row on its own".into(),
+            (InnerStop::RowBlocks, b) => format!("blocks of {b} rows"),
         }
     }
 }
@@ -276,7 +283,8 @@ pub struct AdmmOptions {
     pub l2: f64,
     pub max_inner_iters: usize,
     pub eps: f64,
-    /// Which rows stop together on the CPU (a GPU always runs row blocks).
+    /// Which rows stop together on the CPU (a GPU always runs each row on
+    /// its own).
     pub inner: InnerStop,
 }
 
@@ -493,8 +501,8 @@ pub fn prox_host(params: &InnerParams, v: &[f64]) -> Vec<f64> {
 /// `rows x rank`, in place) from the MTTKRP `k` (the same shape) and
 /// `w = (G + rho I)^{-1}` (`rank x rank`, row-major), under the stopping
 /// rule `stop`: what a run on the CPU does in step 3. Returns the
-/// iterations run (with row blocks, those of the block that ran most).
-/// For `kruskal check`.
+/// iterations run (with rows on their own, those of the row that ran
+/// most). For `kruskal check`.
 ///
 /// Cost per iteration: `rows * rank^2` multiply-adds.
 #[doc(hidden)]
@@ -579,25 +587,36 @@ fn inner_step(
     k: &[f64],
     h: &mut [f64],
     u: &mut [f64],
-    w: MatRef<'_, f64>,
+    w: &[f64],
+    rank: usize,
     rho: f64,
     prox: Prox,
     rhs: &mut [f64],
     ht: &mut [f64],
 ) -> Residuals {
-    let rank = w.nrows();
     let rows = k.len() / rank;
     for (r, (&k, (&h, &u))) in rhs.iter_mut().zip(k.iter().zip(h.iter().zip(u.iter()))) {
         *r = k + rho * (h + u);
     }
-    matmul(
-        MatMut::from_row_major_slice_mut(ht, rows, rank),
-        Accum::Replace,
-        MatRef::from_row_major_slice(rhs, rows, rank),
-        w,
-        1.0,
-        Par::Seq,
-    );
+    if rows == 1 {
+        // One row (the blocked variant's blocks): the product by hand, W's
+        // rows scaled into Ht (a matrix product's call costs more here).
+        ht.fill(0.0);
+        for (&x, wr) in rhs.iter().zip(w.chunks_exact(rank)) {
+            for (o, &wv) in ht.iter_mut().zip(wr) {
+                *o += x * wv;
+            }
+        }
+    } else {
+        matmul(
+            MatMut::from_row_major_slice_mut(ht, rows, rank),
+            Accum::Replace,
+            MatRef::from_row_major_slice(rhs, rows, rank),
+            MatRef::from_row_major_slice(w, rank, rank),
+            1.0,
+            Par::Seq,
+        );
+    }
     let mut r = Residuals::default();
     for ((h, u), &ht) in h.iter_mut().zip(u.iter_mut()).zip(ht.iter()) {
         let new = prox.apply(ht - *u);
@@ -644,7 +663,8 @@ fn zero_rows_without_data(k: &[f64], h: &mut [f64], u: &mut [f64], rank: usize) 
 /// runs up to `max_inner` iterations on `h` and `u` (row-major
 /// `rows x rank`), from `k` (the MTTKRP, the same shape) and `w =
 /// (G + rho I)^{-1}`, under the stopping rule `stop` says. Returns the
-/// iterations run (with row blocks, those of the block that ran most).
+/// iterations run (with rows on their own, those of the row that ran
+/// most).
 ///
 /// Cost per iteration: `rows * rank^2` multiply-adds and a few passes over
 /// `rows * rank` values.
@@ -661,7 +681,6 @@ fn admm_rows(
     eps: f64,
     stop: InnerStop,
 ) -> usize {
-    let w = MatRef::from_row_major_slice(w, rank, rank);
     let chunk = ROWS_PER_TASK * rank;
     zero_rows_without_data(k, h, u, rank);
     if stop == InnerStop::RowBlocks {
@@ -684,7 +703,7 @@ fn admm_rows(
                 {
                     let (rhs, ht) = (&mut rhs[..k.len()], &mut ht[..k.len()]);
                     let mut it = 1;
-                    while !inner_step(k, h, u, w, rho, prox, rhs, ht).converged(eps)
+                    while !inner_step(k, h, u, w, rank, rho, prox, rhs, ht).converged(eps)
                         && it < max_inner
                     {
                         it += 1;
@@ -704,7 +723,7 @@ fn admm_rows(
             .map(|((h, u), k)| {
                 let mut rhs = vec![0f64; k.len()];
                 let mut ht = vec![0f64; k.len()];
-                inner_step(k, h, u, w, rho, prox, &mut rhs, &mut ht)
+                inner_step(k, h, u, w, rank, rho, prox, &mut rhs, &mut ht)
             })
             // Partials summed in block order: the stopping decision must
             // not depend on how rayon split the work.
@@ -1207,26 +1226,60 @@ mod tests {
     }
 
     #[test]
-    fn one_block_per_mode_is_the_global_rule_and_more_blocks_stop_apart() {
-        // Every mode within one block: the two rules are the same loop.
-        let small = planted(&PlantedSpec {
-            dims: vec![BLOCK_ROWS as u32; 3],
-            rank: 3,
-            nnz: 300,
-            noise: 0.1,
-            seed: 4,
-        })
-        .unwrap();
+    fn each_row_alone_is_the_global_rule_on_that_row_and_rows_stop_apart() {
+        // The blocked loop on 40 rows equals the global loop run on each
+        // row by itself, and reports the most iterations of any row.
+        let (rank, rows) = (5, 40);
+        let mut x = 99u64;
+        let mut next = || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 11) as f64 / (1u64 << 53) as f64
+        };
+        // A mode's problem: G = B^T B, K = H* G for an H* with some
+        // negative entries, W = (G + rho I)^{-1}, H and U from elsewhere.
+        let b = Array2::from_shape_fn((8, rank), |_| next());
+        let mut g = b.t().dot(&b);
+        let rho = penalty(&g);
+        let hstar = Array2::from_shape_fn((rows, rank), |_| 1.2 * next() - 0.2);
+        let k: Vec<f64> = hstar.dot(&g).iter().copied().collect();
+        let h0: Vec<f64> = (0..rows * rank).map(|_| next()).collect();
+        let u0: Vec<f64> = (0..rows * rank).map(|_| 0.1 * next() - 0.05).collect();
+        for r in 0..rank {
+            g[[r, r]] += rho;
+        }
+        let w: Vec<f64> = solve_matrix(&g).0.iter().copied().collect();
+        let p = inner_params(true, 0.01, 0.0, rho, 50, 1e-2);
+        let (mut h, mut u) = (h0.clone(), u0.clone());
+        let most = inner_loop_host(&k, &mut h, &mut u, &w, rank, &p, InnerStop::RowBlocks).unwrap();
+        let mut counts = Vec::new();
+        for r in 0..rows {
+            let at = r * rank..(r + 1) * rank;
+            let (mut hr, mut ur) = (h0[at.clone()].to_vec(), u0[at.clone()].to_vec());
+            let it = inner_loop_host(
+                &k[at.clone()],
+                &mut hr,
+                &mut ur,
+                &w,
+                rank,
+                &p,
+                InnerStop::AllRows,
+            )
+            .unwrap();
+            assert_eq!(hr, h[at.clone()], "row {r}: H");
+            assert_eq!(ur, u[at], "row {r}: U");
+            counts.push(it);
+        }
+        assert_eq!(most, *counts.iter().max().unwrap());
+        // The rows stop apart: not all after the same count.
+        assert!(counts.iter().any(|&c| c != most), "{counts:?}");
         let opts = options(3, 6, 0.0);
         let run = |t: &kruskal_formats::SparseTensor, admm: &AdmmOptions| {
             cpd_admm(&mut CpuBackend::new(t), &opts, admm).unwrap()
         };
-        let global = run(&small.tensor, &AdmmOptions::nonneg());
-        let blocks = run(&small.tensor, &blocked(AdmmOptions::nonneg()));
-        assert_eq!(global.factors, blocks.factors);
-        assert_eq!(global.lambda, blocks.lambda);
-        // Many blocks: the slowest block runs at least as long as the
-        // global loop would stop at for it alone, and the results differ.
+        // A whole run: the rows stopping apart give other factors than the
+        // global rule, at a fit close to it.
         let p = noisy(6);
         let global = run(&p.tensor, &AdmmOptions::nonneg());
         let blocks = run(&p.tensor, &blocked(AdmmOptions::nonneg()));

@@ -103,8 +103,8 @@ pub trait Backend {
     fn runs_admm(&self) -> bool {
         false
     }
-    /// AO-ADMM's inner loop of `mode` in blocks of
-    /// [`crate::admm::BLOCK_ROWS`] rows, each to its own stopping rule, from
+    /// AO-ADMM's inner loop of `mode`, each row to its own stopping rule
+    /// ([`crate::admm::BLOCK_ROWS`] = 1), from
     /// the last `mttkrp(mode)` and `w = (G + rho I)^{-1}` (rank x rank);
     /// H starts from the current factor at the mode's first call (U from
     /// 0) and is kept between calls. Returns the column statistics of the
@@ -137,7 +137,7 @@ pub trait Backend {
     }
     /// Gives AO-ADMM the rows of each mode that hold a nonzero: its inner
     /// loop then runs on those rows only (every other row's solution is
-    /// 0), and its row blocks are blocks of those rows. The default keeps
+    /// 0). The default keeps
     /// nothing: the loop runs on every row. Set before the run starts.
     fn set_data_rows(&mut self, rows: Arc<DataRows>) -> Result<()> {
         let _ = rows;

@@ -467,8 +467,8 @@ impl Chosen {
     }
 
     /// The inner loop a constrained run that asked for `asked` runs on
-    /// this backend: row blocks where the backend runs it itself (one
-    /// GPU), else what was asked.
+    /// this backend: each row on its own where the backend runs it
+    /// itself (one GPU), else what was asked.
     pub fn admm_inner(&self, asked: InnerStop) -> InnerStop {
         let on_backend = match self {
             Chosen::Cpu(b) => b.runs_admm(),

@@ -105,6 +105,10 @@ struct DeviceAdmm {
     h: Vec<Option<CudaSlice<f64>>>,
     u: Vec<Option<CudaSlice<f64>>>,
     lists: Vec<Option<RowList>>,
+    /// The f32 rows with data of the last mode scaled that has a list
+    /// (`admm_scale` writes them): their Gram is the factor's, at a
+    /// fraction of its rows. Sized for the longest list so far.
+    compact: Option<CudaSlice<f32>>,
 }
 
 /// `sum_i M(i, r) A(i, r)` from a mode's update, and the column scales
@@ -528,7 +532,7 @@ impl Backend for GpuBackend {
     }
 
     /// The inner loop runs on the device ([`AdmmKernels`]), one launch per
-    /// mode, in row blocks that stop on their own: H and U stay there.
+    /// mode, each row stopping on its own: H and U stay there.
     fn runs_admm(&self) -> bool {
         true
     }
@@ -552,6 +556,7 @@ impl Backend for GpuBackend {
                 h: (0..n).map(|_| None).collect(),
                 u: (0..n).map(|_| None).collect(),
                 lists: (0..n).map(|_| None).collect(),
+                compact: None,
             });
         }
         let admm = self.admm.as_mut().expect("made above");
@@ -607,10 +612,23 @@ impl Backend for GpuBackend {
                 mode + 1
             )));
         };
+        // With a list, the Gram is taken over the rows with data only (a
+        // compact copy that admm_scale writes beside the factor).
+        let count = admm.lists[mode].as_ref().map(RowList::len);
+        if let Some(count) = count {
+            if admm.compact.as_ref().is_none_or(|c| c.len() < count * rank) {
+                admm.compact = None;
+                admm.compact = Some(
+                    self.gpu
+                        .alloc_zeros("ADMM's rows with data", count * rank)?,
+                );
+            }
+        }
         admm.kernels.scale(
             h,
             u,
             &mut factors.mode_mut(mode),
+            count.and(admm.compact.as_mut()),
             divisors,
             rows,
             admm.lists[mode].as_ref(),
@@ -622,7 +640,13 @@ impl Backend for GpuBackend {
             inner.scale(&inv);
         }
         let dense = self.dense.as_mut().expect("made with the factors");
-        let g = dense.scale_gram(&mut factors.mode_mut(mode), None, rows)?;
+        let g = match (count, admm.compact.as_mut()) {
+            (Some(count), Some(c)) if count > 0 => {
+                dense.scale_gram(&mut c.slice_mut(..count * rank), None, count)?
+            }
+            (Some(_), _) => vec![0.0; rank * rank],
+            (None, _) => dense.scale_gram(&mut factors.mode_mut(mode), None, rows)?,
+        };
         square(g, rank)
     }
 

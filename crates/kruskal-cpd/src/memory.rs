@@ -131,14 +131,23 @@ pub fn admm_need(dims: &[u32], rank: usize, threads: usize) -> MemoryNeed {
 
 /// What constrained CP (AO-ADMM) allocates on one GPU beyond
 /// [`gpu_need`]: H and U of every mode in f64, kept on the device between
-/// iterations (the inner loop's other buffers are a few R x R matrices and
-/// per-block sums, under a megabyte).
+/// iterations, and an f32 copy of the longest mode's rows for the Gram of
+/// its rows with data (the inner loop's other buffers are a few R x R
+/// matrices and per-block sums, under a megabyte). Every row counted: an
+/// upper bound where modes have empty rows.
 pub fn admm_gpu_need(dims: &[u32], rank: usize) -> MemoryNeed {
+    let longest = dims.iter().copied().max().unwrap_or(0) as u64;
     MemoryNeed {
-        parts: vec![(
-            "ADMM H and U",
-            rows(dims).saturating_mul(rank as u64).saturating_mul(16),
-        )],
+        parts: vec![
+            (
+                "ADMM H and U",
+                rows(dims).saturating_mul(rank as u64).saturating_mul(16),
+            ),
+            (
+                "ADMM rows with data (f32)",
+                longest.saturating_mul(rank as u64).saturating_mul(4),
+            ),
+        ],
     }
 }
 
@@ -413,11 +422,14 @@ mod tests {
         assert_eq!(both.parts.len(), als.parts.len() + 3);
         assert!(both.total() - als.total() >= 4 * als.parts[0].1);
         // On one GPU: H and U of every mode, beside the GPU's own need,
-        // which holds one factor's worth per mode: four more.
+        // which holds one factor's worth per mode: four more, and an f32
+        // copy of the longest mode (4 rows).
         let gpu = gpu_need(&[4, 3, 2], 100, 2);
         let with = gpu.clone().and(admm_gpu_need(&[4, 3, 2], 2));
-        assert_eq!(with.parts.last(), Some(&("ADMM H and U", 9 * 2 * 16)));
-        assert_eq!(with.total() - gpu.total(), 4 * gpu.parts[1].1);
+        let n = with.parts.len();
+        assert_eq!(with.parts[n - 2], ("ADMM H and U", 9 * 2 * 16));
+        assert_eq!(with.parts[n - 1], ("ADMM rows with data (f32)", 4 * 2 * 4));
+        assert_eq!(with.total() - gpu.total(), 4 * gpu.parts[1].1 + 4 * 2 * 4);
     }
 
     #[test]

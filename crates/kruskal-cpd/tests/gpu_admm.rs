@@ -1,5 +1,5 @@
 //! Constrained CP (AO-ADMM) on one GPU gives the CPU's blocked variant's
-//! answer (`InnerStop::RowBlocks`, the same blocks and stopping rule):
+//! answer (`InnerStop::RowBlocks`, each row to the same stopping rule):
 //! from the same initial factors, with the coo engine (whose MTTKRP sums
 //! as the CPU's does), the fit of each of 20 iterations agrees within 1e-4
 //! and the weights and factors within 1e-4 (of their largest entry); with
@@ -55,8 +55,8 @@ struct Tolerance {
 }
 
 /// The coo engine sums the MTTKRP as the CPU's does (f32 products, f64
-/// sums), so only the ADMM can differ: the two sides add a row block's
-/// residuals and products in other orders, so a block can stop one inner
+/// sums), so only the ADMM can differ: the two sides add a row's
+/// residuals and products in other orders, so a row can stop one inner
 /// iteration apart, which moves the fits of the next few iterations
 /// (on one H100, 2026-11-27: 1.01e-5 at iteration 13 of the planted rank-8
 /// case, 4e-8 at its end). fcoo's f32 sums differ from the CPU's by about
@@ -167,7 +167,7 @@ fn gpu_admm_matches_the_cpus_row_blocks() {
             let what = format!("{what}, {}", engine.name());
             let candidates = [(engine, GpuOptions::default())];
             let mut backend = GpuBackend::new(gpu.clone(), t, &candidates).unwrap();
-            // The GPU runs row blocks whatever the options ask for.
+            // The GPU runs each row on its own whatever the options ask.
             let model = cpd_admm(&mut backend, &opts, &admm).unwrap();
             eprintln!(
                 "{what}: fit {} on the CPU, {} on the GPU",
@@ -183,7 +183,7 @@ fn gpu_admm_matches_the_cpus_row_blocks() {
 }
 
 /// With the rows with data (as `decompose` gives them), the GPU's loop
-/// runs on those rows only, in blocks of them, as the CPU's does: the same
+/// runs on those rows only, as the CPU's does: the same
 /// run, and the empty rows exactly 0.
 #[test]
 fn gpu_admm_on_rows_with_data_matches_the_cpu() {

@@ -1,84 +1,59 @@
-// AO-ADMM's inner loop of one mode on the GPU, in blocks of BLOCK_ROWS rows
-// that each run to their own stopping rule, and the column scaling that
-// follows it.
+// AO-ADMM's inner loop of one mode on the GPU, every row to its own
+// stopping rule, and the column scaling that follows it.
 //
-// Compiled with -DRANK and -DBLOCK_ROWS (kruskal_device::admm::BLOCK_ROWS;
-// the CPU's blocked variant uses the same). Matrices are row-major, RANK
-// columns: K the mode's MTTKRP (f32), H the factor and U its scaled dual
-// (f64, kept on the device between outer iterations), W = (G + rho I)^-1
-// (f64, R x R). Every operation of the inner loop is f64, as on the CPU.
+// Compiled with -DRANK. Matrices are row-major, RANK columns: K the mode's
+// MTTKRP (f32), H the factor and U its scaled dual (f64, kept on the
+// device between outer iterations), W = (G + rho I)^-1 (f64, R x R). Every
+// operation of the inner loop is f64, as on the CPU.
 //
 // The rows the loop runs on: every row of the mode (list == nullptr), or
 // the rows of `list` (`count` row numbers, in order: the rows that hold a
 // nonzero of the tensor, a tenth of a long sparse mode's). With a list, H
-// and U are compact (`count x RANK`, entry i for row list[i]) and the row
-// blocks are blocks of list entries; K and the factor are indexed by row.
-// A row outside the list has K = 0 and the solution H = 0: the caller
-// zeroes the factor's other rows once.
+// and U are compact (`count x RANK`, entry i for row list[i]); K and the
+// factor are indexed by row. A row outside the list has K = 0 and the
+// solution H = 0: the caller zeroes the factor's other rows once.
 //
 // A row whose K is all zero (no nonzero of the tensor in it) gets H = U = 0
 // before the loop: its exact solution and dual, and a fixed point of the
 // loop (kruskal_cpd::admm's rule, which the CPU applies too).
 //
-// Per block of rows, up to max_inner times:
+// Per row, up to max_inner times:
 //   Ht = (K + rho (H + U)) W,  H_prev = H,  H = prox(Ht - U),  U += H - Ht,
 // stopping once ||H - Ht||^2 <= eps ||H||^2 and ||H - H_prev||^2 <= eps
-// ||U||^2 over the block's rows. The rows of different blocks never meet,
-// so a block's result does not depend on the launch shape.
+// ||U||^2 over the row. The rows never meet, so a row's result does not
+// depend on the launch shape or on which rows run beside it.
 //
-// Determinism: a thread block walks row blocks blockIdx.x, blockIdx.x +
-// gridDim.x, ...; every sum runs in a fixed order, and cpd_reduce (dense.cu)
-// adds the thread blocks' partials in block order.
+// Scheduling: a warp runs SLOTS rows at once, one per slot of lanes, over
+// its own contiguous range of the rows (the ranges split the rows evenly
+// over the launch's warps). When a slot's row stops, the slot writes it
+// back and takes the warp's next row, so a warp's work is the sum of its
+// rows' iterations over SLOTS, not a block's slowest row times its rows.
+// Rows are handed out in the order they stop (a ballot of the finished
+// slots, lowest slot first), which depends on the data only.
+//
+// Determinism: every row's iterations are its own; the column statistics
+// are summed per lane in the order its rows stop, then over the lanes and
+// warps in a fixed order, and cpd_reduce (dense.cu) adds the thread blocks'
+// partials in block order.
 
 #define RANK_ONLY
 #include "common.cuh"
 
-#ifndef BLOCK_ROWS
-#error "BLOCK_ROWS must be defined (-DBLOCK_ROWS=...)"
-#endif
+#define FULL 0xffffffffu
 
-#define THREADS 256
-#define WARPS (THREADS / WARP)
-// Rank columns padded to a multiple of 4, so staged rows load as double2 pairs.
-#define KP ((RANK + 3) / 4 * 4)
-// THREADS / RANK row slots of RANK threads; RPT rows per slot.
-#define SLOTS (THREADS / RANK > 0 ? THREADS / RANK : 1)
-#define USED (SLOTS * RANK)
-#define RPT ((BLOCK_ROWS + SLOTS - 1) / SLOTS)
-#if RANK <= 32
-#define W_REGISTERS 1
-#endif
-// Two thread blocks per SM up to rank 32 (at most 128 registers a thread;
-// ptxas for sm_90 spills 16 bytes at 32): their barriers and residual sums
-// overlap each other's arithmetic. Above, the rows' registers need more
-// (two blocks spilled 200 bytes at rank 48; one spills none up to 128).
-#if RANK <= 32
-#define MIN_BLOCKS 2
-#else
-#define MIN_BLOCKS 1
-#endif
-
-// Tensor-core path (sm_80 and later; RANK 8, 16 or 32; blocks of 8
-// rows): one warp runs a row block's whole inner loop on its own, Ht =
-// rhs W on f64 MMAs (mma.m8n8k4) with W's fragments in registers; no
-// barrier of the thread block inside the loop. (The earlier path, blocks
-// of 32 rows over the 8 warps of a thread block, spent its time in two
-// barriers and a cross-warp sum per inner iteration and in staging the
-// right-hand side for every warp: Nsight Compute, an H200, nell-1's third
-// mode: L1/shared 77% busy, occupancy 24%.)
-//
-// The block's 8 x RANK output is NBLK tiles of 8 x 8 (column block nb).
-// Lane l = 4 g + q holds row g, columns 8 nb + 2q and 8 nb + 2q + 1 of
-// every tile: K, H, U and the products in registers. Per iteration the
-// warp stages its right-hand side in its own rows of shared memory
-// (__syncwarp only), and each lane reads as the MMA's A operand its row's
-// UK = RANK / 4 columns q UK .. q UK + UK - 1, in a rotated order (pair
-// (i + q) mod (UK / 2) in round i) that spreads the quarter-warps' 16-byte
-// reads over the banks; its W fragment of step s is W's row of the same k
-// (any order of the k's is the same product). The residuals are summed
-// over the warp by shuffles: every lane takes the same decision.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && (RANK == 8 || RANK == 16 || RANK == 32) && \
-    BLOCK_ROWS == 8
+// Tensor-core path (sm_80 and later; RANK 8, 16 or 32): a warp runs 8 rows
+// at once, Ht = rhs W on f64 MMAs (mma.m8n8k4) with W's fragments in
+// registers. Lane l = 4 g + q is slot g's: it holds row g's columns
+// 8 nb + 2q and 8 nb + 2q + 1 of every 8 x 8 tile nb (NBLK tiles): K, H, U
+// and the products in registers. Per iteration the warp stages its right-
+// hand side in its own rows of shared memory (__syncwarp only), and each
+// lane reads as the MMA's A operand its row's UK = RANK / 4 columns q UK
+// .. q UK + UK - 1, in a rotated order (pair (i + q) mod (UK / 2) in round
+// i) that spreads the quarter-warps' 16-byte reads over the banks; its W
+// fragment of step s is W's row of the same k (any order of the k's is
+// the same product). A row's residuals are summed over its four lanes by
+// shuffles.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && (RANK == 8 || RANK == 16 || RANK == 32)
 #define ADMM_MMA 1
 #define NBLK (RANK / 8)
 #define UK (RANK / 4)
@@ -86,10 +61,42 @@
 // modulo 8 16-byte units, so rows g and g + 1 of a quarter-warp's writes
 // fall in other banks.
 #define SROW (RANK == 8 ? 24 : RANK + 8)
-// Warps (row blocks at a time) per thread block: kruskal_device::admm's
-// MMA_THREADS / 32.
-#define MMA_WARPS 2
+// Warps per thread block: kruskal_device::admm's MMA_THREADS / 32.
+#define WARPS 2
+#define LANES 4
+#define SLOTS 8
+#else
+// Scalar path (other ranks, or before sm_80): a slot of LANES lanes (the
+// power of two at or above RANK, at most 32) runs a row, lane c of the
+// slot holding columns c, c + LANES, ... (COLS of them); W's column in
+// registers up to rank 32, through the read-only cache above.
+#define WARPS 8
+#if RANK <= 1
+#define LANES 1
+#elif RANK <= 2
+#define LANES 2
+#elif RANK <= 4
+#define LANES 4
+#elif RANK <= 8
+#define LANES 8
+#elif RANK <= 16
+#define LANES 16
+#else
+#define LANES 32
 #endif
+#define SLOTS (WARP / LANES)
+#define COLS ((RANK + LANES - 1) / LANES)
+#endif
+#define THREADS (WARPS * WARP)
+
+// The lanes that lead a slot (lane 0 of each): a ballot's bits of slots.
+__device__ __forceinline__ u32 admm_leaders()
+{
+    u32 m = 0;
+#pragma unroll
+    for (int l = 0; l < WARP; l += LANES) m |= 1u << l;
+    return m;
+}
 
 // The row of K and of the factor that entry i of the loop's rows is.
 __device__ __forceinline__ u64 admm_row(const u32* __restrict__ list, u64 i)
@@ -115,59 +122,43 @@ __device__ __forceinline__ double admm_prox(double v, int nonneg, double thresho
     return t * shrink;
 }
 
-// The sums of v[0..4] over the thread block, in every thread: each warp by
-// a butterfly of shuffles (every lane ends with the warp's sum), then the
-// warps in order. One __syncthreads; `red` (WARPS * 4 doubles) may be
-// written again only after the next __syncthreads.
-__device__ __forceinline__ void admm_block_sum4(double (&v)[4], double* red)
+// The sum of v over a slot's LANES lanes, in each of them (a butterfly).
+__device__ __forceinline__ double admm_slot_sum(double v)
 {
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-        for (int off = WARP / 2; off > 0; off /= 2) v[i] += __shfl_xor_sync(0xffffffffu, v[i], off);
-        if (lane == 0) red[warp * 4 + i] = v[i];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        double s = 0.0;
-        for (int w = 0; w < WARPS; ++w) s += red[w * 4 + i];
-        v[i] = s;
-    }
+    for (int off = LANES / 2; off > 0; off /= 2) v += __shfl_xor_sync(FULL, v, off);
+    return v;
+}
+
+// The warp's first row and the end of its range: the rows split evenly
+// over the launch's warps.
+__device__ __forceinline__ void admm_range(u64 rows, u64& beg, u64& end)
+{
+    const u64 warps = (u64)gridDim.x * WARPS;
+    const u64 per = (rows + warps - 1) / warps;
+    const u64 w = (u64)blockIdx.x * WARPS + threadIdx.x / WARP;
+    beg = min(rows, w * per);
+    end = min(rows, beg + per);
 }
 
 // ---------------------------------------------------------------------------
-// admm_blocks: the whole inner loop of every row block of one mode.
-//
-// Thread mapping: SLOTS row slots of RANK threads; thread (slot, j) owns
-// column j of rows slot * RPT .. slot * RPT + RPT - 1 of the row block and
-// keeps their K (f32), H and U (f64) in registers for the whole inner loop:
-// K, H and U are read once and H and U written once per row block. Per
-// inner iteration the right-hand side K + rho (H + U) is staged in shared
-// memory (f64) and read as double2 broadcasts against column j of W (in
-// registers up to rank 32, through the read-only cache above; each entry
-// of W once per iteration for all the thread's rows); the
-// residuals are summed over the thread block (admm_block_sum4), so every
-// thread takes the same decision to stop.
+// admm_blocks: the whole inner loop of every row of one mode.
 //
 // partials: gridDim.x rows of 3 * RANK + 1 doubles: per column the sum of
 // squares of the f32 rounding of the new H, the sum of K(i, j) times that
-// rounding, its largest magnitude; then the most inner iterations a row
-// block of this thread block ran.
+// rounding, its largest magnitude; then the most inner iterations a row of
+// this thread block ran.
 // ---------------------------------------------------------------------------
 #if defined(ADMM_MMA)
-#define LAUNCH_THREADS (MMA_WARPS * WARP)
-// At rank 32 a lane keeps 32 W fragments, its rows' K, H, U, operands and
-// products and its columns' statistics: about 190 registers. Six blocks an
-// SM (170 at most) spilled 392 bytes (ptxas, sm_90); four leave it the
-// registers it needs (five blocks, ten warps, an SM).
+// At rank 32 a lane keeps 32 W fragments, its row's K, H, U, operands and
+// products and its columns' statistics: about 200 registers. Six blocks an
+// SM (170 at most) spilled 392 bytes (ptxas, sm_90, blocks of 8 rows); four
+// leave it the registers it needs.
 #define LAUNCH_BLOCKS (RANK == 32 ? 4 : 6)
 #else
-#define LAUNCH_THREADS THREADS
-#define LAUNCH_BLOCKS MIN_BLOCKS
+#define LAUNCH_BLOCKS 2
 #endif
-extern "C" __global__ void __launch_bounds__(LAUNCH_THREADS, LAUNCH_BLOCKS) admm_blocks(
+extern "C" __global__ void __launch_bounds__(THREADS, LAUNCH_BLOCKS) admm_blocks(
     const float* __restrict__ k,
     const double* __restrict__ w,
     double* __restrict__ h,
@@ -182,12 +173,19 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_THREADS, LAUNCH_BLOCKS) admm
     double eps,
     double* __restrict__ partials)
 {
-#if defined(ADMM_MMA)
-    __shared__ __align__(16) double rhs[MMA_WARPS][8 * SROW];
-    __shared__ double fin[MMA_WARPS][3 * RANK];
-    __shared__ u32 fin_most[MMA_WARPS];
+    __shared__ double fin[WARPS][3 * RANK];
+    __shared__ u32 fin_most[WARPS];
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    const int q = lane % 4, g = lane / 4;
+    const int slot = lane / LANES, c0 = lane % LANES;
+    const u32 below = admm_leaders() & ((1u << (slot * LANES)) - 1);
+    u64 beg, end;
+    admm_range(rows, beg, end);
+    u64 next = beg + SLOTS, cur = beg + slot;
+    bool live = cur < end;
+    u32 it = 0, most = 0;
+#if defined(ADMM_MMA)
+    __shared__ __align__(16) double rhs[WARPS][8 * SROW];
+    const int q = c0, g = slot;
     double* const rw = rhs[warp];
     // W's fragments: step s = 2 i + c of tile nb is B(q, g) = W(k, 8 nb + g),
     // k = q UK + 2 ((i + q) mod (UK / 2)) + c, the column this lane reads
@@ -201,67 +199,84 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_THREADS, LAUNCH_BLOCKS) admm
 #pragma unroll
             for (int nb = 0; nb < NBLK; ++nb) wfr[2 * i + c][nb] = w[kk * RANK + nb * 8 + g];
         }
-    double sumsq[NBLK][2], inner[NBLK][2];
-    float maxabs[NBLK][2];
+#define NV (2 * NBLK)
+    // Entry v = 2 nb + c of a lane is column 8 nb + 2 q + c.
+#define COL(v) (((v) / 2) * 8 + 2 * q + (v) % 2)
+#define HAS(v) true
+#else
+    __shared__ double rhs[WARPS][SLOTS][RANK];
+    double* const rw = rhs[warp][slot];
+#if RANK <= 32
+    double wcol[RANK];
 #pragma unroll
-    for (int nb = 0; nb < NBLK; ++nb)
+    for (int kk = 0; kk < RANK; ++kk) wcol[kk] = c0 < RANK ? w[kk * RANK + c0] : 0.0;
+#endif
+#define NV COLS
+#define COL(v) (c0 + (v) * LANES)
+#define HAS(v) (COL(v) < RANK)
+#endif
+    double sumsq[NV], inner[NV];
+    float maxabs[NV];
+    float kv[NV];
+    double hv[NV], uv[NV];
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            sumsq[nb][c] = inner[nb][c] = 0.0;
-            maxabs[nb][c] = 0.f;
-        }
-    u32 most = 0;
-    const u64 blocks = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS;
-    const u64 stride = (u64)gridDim.x * MMA_WARPS;
-    for (u64 b = (u64)blockIdx.x * MMA_WARPS + warp; b < blocks; b += stride) {
-        const u64 row0 = b * BLOCK_ROWS;
-        const bool mine = (u64)g < rows - row0;
-        float kv[NBLK][2];
-        double hv[NBLK][2], uv[NBLK][2];
-        const u64 ek = mine ? admm_row(list, row0 + g) * RANK + 2 * q : 0;
-        const u64 e = (row0 + g) * RANK + 2 * q;
+    for (int v = 0; v < NV; ++v) {
+        sumsq[v] = inner[v] = 0.0;
+        maxabs[v] = 0.f;
+    }
+    // Loads row `cur` into the lanes of the slots that take one (`take`),
+    // zeroes those of slots left without a row (`drop`); every lane runs
+    // it (the shuffles of the zero rule).
+    auto load = [&](bool take, bool drop) {
         bool data = false;
+        const u64 ek = take ? admm_row(list, cur) * RANK : 0, e = cur * RANK;
 #pragma unroll
-        for (int nb = 0; nb < NBLK; ++nb)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                kv[nb][c] = mine ? k[ek + nb * 8 + c] : 0.f;
-                hv[nb][c] = mine ? h[e + nb * 8 + c] : 0.0;
-                uv[nb][c] = mine ? u[e + nb * 8 + c] : 0.0;
-                data = data || kv[nb][c] != 0.f;
+        for (int v = 0; v < NV; ++v) {
+            if (take && HAS(v)) {
+                kv[v] = k[ek + COL(v)];
+                hv[v] = h[e + COL(v)];
+                uv[v] = u[e + COL(v)];
+                data = data || kv[v] != 0.f;
+            } else if (drop || take) {
+                kv[v] = 0.f;
+                hv[v] = uv[v] = 0.0;
             }
-        // Row g's K is spread over the lanes 4 g .. 4 g + 3: a row whose K
-        // is all zero gets H = U = 0.
-        data = __shfl_xor_sync(0xffffffffu, (int)data, 1) != 0 || data;
-        data = __shfl_xor_sync(0xffffffffu, (int)data, 2) != 0 || data;
-        if (!data) {
-#pragma unroll
-            for (int nb = 0; nb < NBLK; ++nb) hv[nb][0] = hv[nb][1] = uv[nb][0] = uv[nb][1] = 0.0;
         }
-        u32 it = 0;
-        while (true) {
-            ++it;
-            // Rounded step by step (no fused multiply-add), as the host's
-            // loop does. Rows past the block's end are written as zeros.
+        // A row whose K is all zero gets H = U = 0.
 #pragma unroll
-            for (int nb = 0; nb < NBLK; ++nb) {
-                double2 v;
-                v.x = __dadd_rn((double)kv[nb][0], __dmul_rn(rho, __dadd_rn(hv[nb][0], uv[nb][0])));
-                v.y = __dadd_rn((double)kv[nb][1], __dmul_rn(rho, __dadd_rn(hv[nb][1], uv[nb][1])));
-                *reinterpret_cast<double2*>(rw + g * SROW + nb * 8 + 2 * q) = v;
-            }
-            __syncwarp();
-            double av[UK];
+        for (int off = LANES / 2; off > 0; off /= 2) data = __shfl_xor_sync(FULL, (int)data, off) != 0 || data;
+        if (take && !data) {
 #pragma unroll
-            for (int i = 0; i < UK / 2; ++i) {
-                const int ii = (i + q) % (UK / 2);
-                const double2 x = *reinterpret_cast<const double2*>(rw + g * SROW + q * UK + 2 * ii);
-                av[2 * i] = x.x;
-                av[2 * i + 1] = x.y;
-            }
-            // Every lane has its operands before the next iteration's
-            // right-hand side replaces them.
-            __syncwarp();
+            for (int v = 0; v < NV; ++v) hv[v] = uv[v] = 0.0;
+        }
+    };
+    load(live, !live);
+    while (__any_sync(FULL, live)) {
+        ++it;
+        // The right-hand side, rounded step by step (no fused multiply-
+        // add) as the host's loop does; a slot without a row stages 0s.
+        double ht[NV];
+#if defined(ADMM_MMA)
+#pragma unroll
+        for (int nb = 0; nb < NBLK; ++nb) {
+            double2 x;
+            x.x = __dadd_rn((double)kv[2 * nb], __dmul_rn(rho, __dadd_rn(hv[2 * nb], uv[2 * nb])));
+            x.y = __dadd_rn((double)kv[2 * nb + 1], __dmul_rn(rho, __dadd_rn(hv[2 * nb + 1], uv[2 * nb + 1])));
+            *reinterpret_cast<double2*>(rw + g * SROW + nb * 8 + 2 * q) = x;
+        }
+        __syncwarp();
+        double av[UK];
+#pragma unroll
+        for (int i = 0; i < UK / 2; ++i) {
+            const int ii = (i + q) % (UK / 2);
+            const double2 x = *reinterpret_cast<const double2*>(rw + g * SROW + q * UK + 2 * ii);
+            av[2 * i] = x.x;
+            av[2 * i + 1] = x.y;
+        }
+        // Every lane has its operands before the next iteration's
+        // right-hand side replaces them.
+        __syncwarp();
+        {
             double d[NBLK][2];
 #pragma unroll
             for (int nb = 0; nb < NBLK; ++nb) d[nb][0] = d[nb][1] = 0.0;
@@ -269,242 +284,127 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_THREADS, LAUNCH_BLOCKS) admm
             for (int st = 0; st < UK; ++st)
 #pragma unroll
                 for (int nb = 0; nb < NBLK; ++nb) mma_884(d[nb], av[st], wfr[st][nb]);
-            double res[4] = {0.0, 0.0, 0.0, 0.0};  // primal, dual, |H|^2, |U|^2
-            if (mine) {
 #pragma unroll
-                for (int nb = 0; nb < NBLK; ++nb)
-#pragma unroll
-                    for (int c = 0; c < 2; ++c) {
-                        const double ht = d[nb][c];
-                        const double fresh = admm_prox(ht - uv[nb][c], nonneg, threshold, shrink);
-                        uv[nb][c] += fresh - ht;
-                        const double dp = fresh - ht, dd = fresh - hv[nb][c];
-                        // Fused: the sums are in another order than the
-                        // host's anyway, and the FP64 pipe is this path's
-                        // bound (Nsight Compute: SM 73% busy).
-                        res[0] = fma(dp, dp, res[0]);
-                        res[1] = fma(dd, dd, res[1]);
-                        res[2] = fma(fresh, fresh, res[2]);
-                        res[3] = fma(uv[nb][c], uv[nb][c], res[3]);
-                        hv[nb][c] = fresh;
-                    }
+            for (int nb = 0; nb < NBLK; ++nb) {
+                ht[2 * nb] = d[nb][0];
+                ht[2 * nb + 1] = d[nb][1];
             }
-            // The warp's sums, the same in every lane (a butterfly).
-#pragma unroll
-            for (int r = 0; r < 4; ++r)
-#pragma unroll
-                for (int off = WARP / 2; off > 0; off /= 2) res[r] += __shfl_xor_sync(0xffffffffu, res[r], off);
-            if ((res[0] <= eps * res[2] && res[1] <= eps * res[3]) || it >= max_inner) break;
         }
-        most = max(most, it);
-        if (mine) {
+#else
 #pragma unroll
-            for (int nb = 0; nb < NBLK; ++nb)
+        for (int v = 0; v < NV; ++v)
+            if (HAS(v)) rw[COL(v)] = __dadd_rn((double)kv[v], __dmul_rn(rho, __dadd_rn(hv[v], uv[v])));
+        __syncwarp();
 #pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    h[e + nb * 8 + c] = hv[nb][c];
-                    u[e + nb * 8 + c] = uv[nb][c];
-                    // The statistics of the factor as stored (f32), as the CPU's.
-                    const float x = (float)hv[nb][c];
-                    sumsq[nb][c] += (double)x * (double)x;
-                    inner[nb][c] += (double)kv[nb][c] * (double)x;
-                    maxabs[nb][c] = fmaxf(maxabs[nb][c], fabsf(x));
-                }
+        for (int v = 0; v < NV; ++v) ht[v] = 0.0;
+#if RANK <= 32
+#pragma unroll
+        for (int kk = 0; kk < RANK; ++kk) ht[0] = fma(rw[kk], wcol[kk], ht[0]);
+#else
+#pragma unroll 4
+        for (int kk = 0; kk < RANK; ++kk) {
+            const double x = rw[kk];
+#pragma unroll
+            for (int v = 0; v < NV; ++v)
+                if (HAS(v)) ht[v] = fma(x, __ldg(w + kk * RANK + COL(v)), ht[v]);
+        }
+#endif
+        __syncwarp();
+#endif
+        double res[4] = {0.0, 0.0, 0.0, 0.0};  // primal, dual, |H|^2, |U|^2
+#pragma unroll
+        for (int v = 0; v < NV; ++v) {
+            if (!HAS(v)) continue;
+            const double fresh = admm_prox(ht[v] - uv[v], nonneg, threshold, shrink);
+            uv[v] += fresh - ht[v];
+            const double dp = fresh - ht[v], dd = fresh - hv[v];
+            res[0] = fma(dp, dp, res[0]);
+            res[1] = fma(dd, dd, res[1]);
+            res[2] = fma(fresh, fresh, res[2]);
+            res[3] = fma(uv[v], uv[v], res[3]);
+            hv[v] = fresh;
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r) res[r] = admm_slot_sum(res[r]);
+        const bool done = live && ((res[0] <= eps * res[2] && res[1] <= eps * res[3]) || it >= max_inner);
+        if (done) {
+            most = max(most, it);
+            const u64 e = cur * RANK;
+#pragma unroll
+            for (int v = 0; v < NV; ++v) {
+                if (!HAS(v)) continue;
+                h[e + COL(v)] = hv[v];
+                u[e + COL(v)] = uv[v];
+                // The statistics of the factor as stored (f32), as the CPU's.
+                const float x = (float)hv[v];
+                sumsq[v] += (double)x * (double)x;
+                inner[v] += (double)kv[v] * (double)x;
+                maxabs[v] = fmaxf(maxabs[v], fabsf(x));
+            }
+        }
+        // The finished slots take the next rows, lowest slot first.
+        const u32 fin_slots = __ballot_sync(FULL, done) & admm_leaders();
+        if (fin_slots) {
+            if (done) {
+                cur = next + __popc(fin_slots & below);
+                live = cur < end;
+                it = 0;
+            }
+            next += __popc(fin_slots);
+            load(done && live, done && !live);
         }
     }
-    // Column 8 nb + 2 q + c: summed over the rows g by shuffles (lanes q,
-    // q + 4, ..., a fixed butterfly), then over the warps in order.
+    // Per column: the slots' lanes of a column summed by shuffles (a fixed
+    // butterfly over the lanes LANES apart), then the warps in order.
 #pragma unroll
-    for (int nb = 0; nb < NBLK; ++nb)
+    for (int v = 0; v < NV; ++v)
 #pragma unroll
-        for (int c = 0; c < 2; ++c)
+        for (int off = WARP / 2; off >= LANES; off /= 2) {
+            sumsq[v] += __shfl_xor_sync(FULL, sumsq[v], off);
+            inner[v] += __shfl_xor_sync(FULL, inner[v], off);
+            maxabs[v] = fmaxf(maxabs[v], __shfl_xor_sync(FULL, maxabs[v], off));
+        }
 #pragma unroll
-            for (int off = WARP / 2; off >= 4; off /= 2) {
-                sumsq[nb][c] += __shfl_xor_sync(0xffffffffu, sumsq[nb][c], off);
-                inner[nb][c] += __shfl_xor_sync(0xffffffffu, inner[nb][c], off);
-                maxabs[nb][c] = fmaxf(maxabs[nb][c], __shfl_xor_sync(0xffffffffu, maxabs[nb][c], off));
-            }
-    if (g == 0) {
+    for (int off = WARP / 2; off > 0; off /= 2) most = max(most, __shfl_xor_sync(FULL, most, off));
+    if (slot == 0) {
 #pragma unroll
-        for (int nb = 0; nb < NBLK; ++nb)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const int col = nb * 8 + 2 * q + c;
-                fin[warp][col] = sumsq[nb][c];
-                fin[warp][RANK + col] = inner[nb][c];
-                fin[warp][2 * RANK + col] = (double)maxabs[nb][c];
-            }
+        for (int v = 0; v < NV; ++v) {
+            if (!HAS(v)) continue;
+            fin[warp][COL(v)] = sumsq[v];
+            fin[warp][RANK + COL(v)] = inner[v];
+            fin[warp][2 * RANK + COL(v)] = (double)maxabs[v];
+        }
     }
     if (lane == 0) fin_most[warp] = most;
     __syncthreads();
     double* out = partials + (u64)blockIdx.x * (3 * RANK + 1);
     for (int x = threadIdx.x; x < 3 * RANK; x += blockDim.x) {
         double acc = fin[0][x];
-        for (int wp = 1; wp < MMA_WARPS; ++wp) acc = x >= 2 * RANK ? fmax(acc, fin[wp][x]) : acc + fin[wp][x];
+        for (int wp = 1; wp < WARPS; ++wp) acc = x >= 2 * RANK ? fmax(acc, fin[wp][x]) : acc + fin[wp][x];
         out[x] = acc;
     }
     if (threadIdx.x == 0) {
         u32 m = 0;
-        for (int wp = 0; wp < MMA_WARPS; ++wp) m = max(m, fin_most[wp]);
+        for (int wp = 0; wp < WARPS; ++wp) m = max(m, fin_most[wp]);
         out[3 * RANK] = (double)m;
     }
-#else
-    __shared__ __align__(16) double rhs[BLOCK_ROWS * KP];
-    __shared__ double red[WARPS * 4];
-    __shared__ double fin[THREADS];
-    // tag[r] == b: row r of row block b holds a nonzero of K.
-    __shared__ u64 tag[BLOCK_ROWS];
-    const int t = threadIdx.x;
-    const bool active = t < USED;
-    const int slot = t / RANK;
-    const int j = t % RANK;
-#if defined(W_REGISTERS)
-    double wcol[KP];
-#pragma unroll
-    for (int q = 0; q < KP; ++q) wcol[q] = (active && q < RANK) ? w[q * RANK + j] : 0.0;
-#define W_AT(q) wcol[q]
-#else
-#define W_AT(q) ((q) < RANK ? __ldg(w + (q) * RANK + j) : 0.0)
-#endif
-    // The padding columns stay 0 (only columns below RANK are written), so
-    // they add nothing, not even a NaN of uninitialized memory.
-    for (int e = t; e < BLOCK_ROWS * KP; e += THREADS) rhs[e] = 0.0;
-    for (int r = t; r < BLOCK_ROWS; r += THREADS) tag[r] = ~(u64)0;
-    __syncthreads();
-
-    double sumsq = 0.0, inner = 0.0;
-    float maxabs = 0.f;
-    u32 most = 0;
-    const u64 blocks = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS;
-    for (u64 b = blockIdx.x; b < blocks; b += gridDim.x) {
-        const u64 row0 = b * BLOCK_ROWS;
-        const int nrows = (int)min((u64)BLOCK_ROWS, rows - row0);
-        float kv[RPT];
-        double hv[RPT], uv[RPT];
-#pragma unroll
-        for (int q = 0; q < RPT; ++q) {
-            const int r = slot * RPT + q;
-            const bool mine = active && r < nrows;
-            const u64 e = (row0 + r) * RANK + j;
-            kv[q] = mine ? k[admm_row(list, row0 + r) * RANK + j] : 0.f;
-            hv[q] = mine ? h[e] : 0.0;
-            uv[q] = mine ? u[e] : 0.0;
-            if (mine && kv[q] != 0.f) tag[r] = b;
-        }
-        // The tags of the previous row block were read an iteration's
-        // barrier ago, so they could be replaced above.
-        __syncthreads();
-#pragma unroll
-        for (int q = 0; q < RPT; ++q) {
-            const int r = slot * RPT + q;
-            if (active && r < nrows && tag[r] != b) hv[q] = uv[q] = 0.0;
-        }
-        u32 it = 0;
-        while (true) {
-            ++it;
-            // Every thread has read the previous right-hand side (the
-            // residual sum's barrier came after), so it can be replaced.
-#pragma unroll
-            for (int q = 0; q < RPT; ++q) {
-                const int r = slot * RPT + q;
-                // Rounded step by step (no fused multiply-add), as the
-                // host's loop does: where H is clamped at 0 the loop can
-                // stop only when this is exactly 0.
-                if (active && r < BLOCK_ROWS)
-                    rhs[r * KP + j] = __dadd_rn((double)kv[q], __dmul_rn(rho, __dadd_rn(hv[q], uv[q])));
-            }
-            __syncthreads();
-            double res[4] = {0.0, 0.0, 0.0, 0.0};  // primal, dual, |H|^2, |U|^2
-            if (active) {
-                // Ht's column j for the thread's rows: each four entries of
-                // W's column loaded once for all of them. A slot's rows
-                // past the block (when BLOCK_ROWS is not a multiple of
-                // RPT) read row 0 and are not used.
-                double acc[RPT];
-#pragma unroll
-                for (int q = 0; q < RPT; ++q) acc[q] = 0.0;
-#if defined(W_REGISTERS)
-#pragma unroll
-#else
-#pragma unroll 2  // fully unrolled, W's cached loads took 212 registers at 64
-#endif
-                for (int c = 0; c < KP; c += 4) {
-                    const double w0 = W_AT(c), w1 = W_AT(c + 1), w2 = W_AT(c + 2), w3 = W_AT(c + 3);
-#pragma unroll
-                    for (int q = 0; q < RPT; ++q) {
-                        const int r = slot * RPT + q;
-                        const double* row = rhs + (r < BLOCK_ROWS ? r : 0) * KP + c;
-                        const double2 lo = *reinterpret_cast<const double2*>(row);
-                        const double2 hi = *reinterpret_cast<const double2*>(row + 2);
-                        double s = acc[q];
-                        s = fma(lo.x, w0, s);
-                        s = fma(lo.y, w1, s);
-                        s = fma(hi.x, w2, s);
-                        s = fma(hi.y, w3, s);
-                        acc[q] = s;
-                    }
-                }
-#pragma unroll
-                for (int q = 0; q < RPT; ++q) {
-                    const int r = slot * RPT + q;
-                    if (r >= nrows) continue;
-                    const double ht = acc[q];
-                    const double fresh = admm_prox(ht - uv[q], nonneg, threshold, shrink);
-                    uv[q] += fresh - ht;
-                    const double dp = fresh - ht, dd = fresh - hv[q];
-                    res[0] = __dadd_rn(res[0], __dmul_rn(dp, dp));
-                    res[1] = __dadd_rn(res[1], __dmul_rn(dd, dd));
-                    res[2] = __dadd_rn(res[2], __dmul_rn(fresh, fresh));
-                    res[3] = __dadd_rn(res[3], __dmul_rn(uv[q], uv[q]));
-                    hv[q] = fresh;
-                }
-            }
-            admm_block_sum4(res, red);
-            if ((res[0] <= eps * res[2] && res[1] <= eps * res[3]) || it >= max_inner) break;
-        }
-        most = max(most, it);
-#pragma unroll
-        for (int q = 0; q < RPT; ++q) {
-            const int r = slot * RPT + q;
-            if (!active || r >= nrows) continue;
-            const u64 e = (row0 + r) * RANK + j;
-            h[e] = hv[q];
-            u[e] = uv[q];
-            // The statistics of the factor as stored (f32), as the CPU's.
-            const float x = (float)hv[q];
-            sumsq += (double)x * (double)x;
-            inner += (double)kv[q] * (double)x;
-            maxabs = fmaxf(maxabs, fabsf(x));
-        }
-    }
-#undef W_AT
-    // Combine the slots of each column in slot order, one statistic at a time.
-    double* out = partials + (u64)blockIdx.x * (3 * RANK + 1);
-    for (int stat = 0; stat < 3; ++stat) {
-        __syncthreads();
-        if (active) fin[t] = stat == 0 ? sumsq : stat == 1 ? inner : (double)maxabs;
-        __syncthreads();
-        if (t < RANK) {
-            double s = fin[t];
-            for (int sl = 1; sl < SLOTS; ++sl) {
-                const double x = fin[sl * RANK + t];
-                s = stat == 2 ? fmax(s, x) : s + x;
-            }
-            out[stat * RANK + t] = s;
-        }
-    }
-    if (t == 0) out[3 * RANK] = (double)most;
-#endif
+#undef NV
+#undef COL
+#undef HAS
 }
 
 // admm_scale: column j of H and U times inv[j] (f64, in place), and the
 // factor A = the f32 rounding of the scaled H (row list[i] of A from entry
 // i of H with a list, as in admm_blocks): the normalization that follows
-// the inner loop. Grid-stride, one entry per thread.
+// the inner loop. Where `compact` is not null, the same f32 rows go there
+// too, entry i for entry i of H: the factor's rows with data, whose Gram
+// is the factor's (its other rows are 0) at a fraction of the rows.
+// Grid-stride, one entry per thread.
 extern "C" __global__ void admm_scale(
     double* __restrict__ h,
     double* __restrict__ u,
     float* __restrict__ a,
+    float* __restrict__ compact,
     const double* __restrict__ inv,
     const u32* __restrict__ list,
     u64 n)
@@ -516,5 +416,6 @@ extern "C" __global__ void admm_scale(
         h[e] = x;
         u[e] *= s;
         a[admm_row(list, e / RANK) * RANK + j] = (float)x;
+        if (compact) compact[e] = (float)x;
     }
 }

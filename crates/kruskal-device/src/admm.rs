@@ -1,14 +1,14 @@
 //! AO-ADMM's inner loop on the device (`kernels/admm.cu`): for one mode,
-//! the ADMM iterations of the factor H and its scaled dual U run in row
-//! blocks of [`BLOCK_ROWS`] rows, each block to its own stopping rule (the
-//! blocked variant of Smith, Beri and Karypis, ICPP 2017). One launch runs
-//! every block's whole inner loop: a thread block reads its rows of the
-//! MTTKRP, H and U once, keeps them in registers across the inner
-//! iterations, and writes H and U once.
+//! the ADMM iterations of the factor H and its scaled dual U run row by
+//! row, each row to its own stopping rule (the blocked variant of Smith,
+//! Beri and Karypis, ICPP 2017, with blocks of [`BLOCK_ROWS`] = one row).
+//! One launch runs every row's whole inner loop: a warp runs several rows
+//! at once (8 on the tensor cores), keeps their MTTKRP, H and U in
+//! registers across the inner iterations, and when a row stops writes it
+//! back and takes the next row of its range.
 //!
 //! The CPU runs the same variant when asked
-//! (`kruskal_cpd::InnerStop::RowBlocks`), with the same block size, so the
-//! two can be compared.
+//! (`kruskal_cpd::InnerStop::RowBlocks`), so the two can be compared.
 
 use std::sync::Arc;
 
@@ -18,11 +18,13 @@ use crate::kernels::Kernel;
 use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 
 /// Rows of one ADMM block: the unit that stops on its own, on the GPU and
-/// in the CPU's blocked variant alike. Eight: one warp runs a block alone
-/// on the tensor cores (`admm.cu`), and a block of rows that converge
-/// early stops without waiting for 24 others (32 before: on nell-1's
-/// shape the slowest rows of a block held up the rest).
-pub const BLOCK_ROWS: usize = 8;
+/// in the CPU's blocked variant alike. One: every row runs to its own
+/// rule. (Blocks of 32, then 8 rows: a block's rows all ran as long as
+/// its slowest; on nell-1's shape at rank 32 single rows take a quarter
+/// fewer row-iterations than blocks of 8, at a slightly higher fit, see
+/// docs/performance.md. The GPU still runs 8 rows per warp, each to its
+/// own rule.)
+pub const BLOCK_ROWS: usize = 1;
 
 /// The largest rank the inner loop takes (a thread's column of W and its
 /// rows in registers on the scalar path).
@@ -32,8 +34,8 @@ pub const MAX_RANK: usize = 128;
 /// `admm.cu`).
 const THREADS: u32 = 256;
 
-/// Threads per block of its tensor-core path (`MMA_WARPS` warps of
-/// `admm.cu`, each running row blocks on its own).
+/// Threads per block of its tensor-core path (`WARPS` warps of
+/// `admm.cu`'s `ADMM_MMA`, each running its own rows).
 const MMA_THREADS: u32 = 64;
 
 /// The threads per block `admm_blocks` is compiled for at `rank` on a GPU
@@ -47,14 +49,25 @@ fn launch_threads(rank: usize, cc: (i32, i32)) -> u32 {
     }
 }
 
+/// Rows one warp of `admm_blocks` runs at once: 8 on the tensor-core
+/// path, else one per slot of lanes (the power of two at or above the
+/// rank, at most 32; `SLOTS` in `admm.cu`).
+fn rows_per_warp(rank: usize, threads: u32) -> usize {
+    if threads == MMA_THREADS {
+        8
+    } else {
+        32 / rank.next_power_of_two().min(32)
+    }
+}
+
 /// Waves of thread blocks one launch of `admm_blocks` takes at most: the
-/// row blocks stop after different numbers of iterations, and several
-/// row blocks per thread block even out what each thread block runs.
+/// rows stop after different numbers of iterations, and thread blocks
+/// that start as others finish even out what each SM runs.
 const WAVES: usize = 4;
 
 /// The defines of `admm.cu` at `rank`.
 fn defines(rank: usize) -> Vec<(&'static str, i64)> {
-    vec![("RANK", rank as i64), ("BLOCK_ROWS", BLOCK_ROWS as i64)]
+    vec![("RANK", rank as i64)]
 }
 
 /// Errors unless the inner loop takes `rank`.
@@ -94,7 +107,7 @@ pub struct InnerStats {
     pub inner: Vec<f64>,
     /// Largest magnitude.
     pub max_abs: Vec<f64>,
-    /// Inner iterations of the row block that ran most.
+    /// Inner iterations of the row that ran most.
     pub iters: usize,
 }
 
@@ -113,7 +126,7 @@ impl InnerStats {
 /// The rows of a mode the inner loop runs on (see `admm.cu`): row numbers
 /// in increasing order below a bound (the mode's length), on the device.
 /// With a list, H and U are compact (`len() x rank`, entry i for row
-/// `list[i]`) and the row blocks are blocks of list entries.
+/// `list[i]`).
 pub struct RowList {
     rows: CudaSlice<u32>,
     len: usize,
@@ -238,13 +251,12 @@ impl AdmmKernels {
     /// The inner loop of one mode on `h` and `u` (f64, in place; `rows x
     /// rank`, or `list.len() x rank` with a list) from its MTTKRP `k` (at
     /// least `rows x rank`; the first `rows` rows are read) and `w = (G +
-    /// rho I)^{-1}` (rank x rank, row-major): every block of
-    /// [`BLOCK_ROWS`] rows (of the list's rows, with one) to its own
-    /// stopping rule. Returns the new H's column statistics. Synchronizes
-    /// the stream.
+    /// rho I)^{-1}` (rank x rank, row-major): every row (of the list's
+    /// rows, with one) to its own stopping rule. Returns the new H's
+    /// column statistics. Synchronizes the stream.
     ///
-    /// Cost per inner iteration of a row block: `BLOCK_ROWS * rank^2` f64
-    /// multiply-adds; K, H and U are read once and H and U written once.
+    /// Cost per inner iteration of a row: `rank^2` f64 multiply-adds; K, H
+    /// and U are read once and H and U written once.
     #[allow(clippy::too_many_arguments)]
     pub fn inner_loop(
         &mut self,
@@ -285,13 +297,9 @@ impl AdmmKernels {
             .memcpy_htod(w, &mut self.w)
             .map_err(driver("uploading W"))?;
         let f = self.function(Kernel::AdmmBlocks)?;
-        // A thread block of the tensor-core path runs a row block per warp.
-        let per_block = if self.threads == MMA_THREADS {
-            (MMA_THREADS / 32) as usize
-        } else {
-            1
-        };
-        let blocks = count.div_ceil(BLOCK_ROWS * per_block).clamp(1, self.grid) as u32;
+        // At least a warp's rows for every warp of a thread block.
+        let per_block = (self.threads / 32) as usize * rows_per_warp(r, self.threads);
+        let blocks = count.div_ceil(per_block).clamp(1, self.grid) as u32;
         let count_u = count as u64;
         let nonneg = i32::from(params.nonneg);
         let null = 0u64;
@@ -383,12 +391,16 @@ impl AdmmKernels {
     /// Divides column r of `h` and `u` by `divisors[r]` (f64, in place) and
     /// writes the f32 rounding of the scaled H into the factor `a` (`rows x
     /// rank`; H and U as [`AdmmKernels::inner_loop`] has them: with a list,
-    /// only its rows of `a` are written). Queued on the stream.
+    /// only its rows of `a` are written), and into `compact` where given
+    /// (at least H's length; entry i of H to entry i: with a list, the
+    /// factor's rows with data in the list's order). Queued on the stream.
+    #[allow(clippy::too_many_arguments)]
     pub fn scale(
         &mut self,
         h: &mut CudaSlice<f64>,
         u: &mut CudaSlice<f64>,
         a: &mut CudaViewMut<f32>,
+        compact: Option<&mut CudaSlice<f32>>,
         divisors: &[f64],
         rows: usize,
         list: Option<&RowList>,
@@ -401,6 +413,14 @@ impl AdmmKernels {
         self.check("H", h.len(), count)?;
         self.check("U", u.len(), count)?;
         self.check("the factor", a.len(), rows)?;
+        if let Some(c) = &compact {
+            if c.len() < count * r {
+                return Err(DeviceError::Shape(format!(
+                    "a compact copy of {} values for {count} rows at rank {r}",
+                    c.len()
+                )));
+            }
+        }
         if divisors.len() != r {
             return Err(DeviceError::Shape(format!(
                 "{} column divisors for rank {r}",
@@ -416,15 +436,21 @@ impl AdmmKernels {
         let n = (count * r) as u64;
         let null = 0u64;
         let mut launch = stream.launch_builder(&f);
-        launch.arg(&mut *h).arg(&mut *u).arg(&mut *a).arg(&self.inv);
+        launch.arg(&mut *h).arg(&mut *u).arg(&mut *a);
+        match compact {
+            Some(c) => launch.arg(c),
+            None => launch.arg(&null),
+        };
+        launch.arg(&self.inv);
         match list {
             Some(l) => launch.arg(&l.rows),
             None => launch.arg(&null),
         };
         launch.arg(&n);
         // SAFETY: `h` and `u` hold n values and `a` rows x rank (checked),
-        // `inv` rank doubles; the kernel reads inv[e % RANK], touches
-        // entries below n of H and U, and writes row e / RANK of `a` or
+        // `compact` (where not null) at least n, `inv` rank doubles; the
+        // kernel reads inv[e % RANK], touches entries below n of H, U and
+        // `compact`, and writes row e / RANK of `a` or
         // (with a list of n / rank entries, each below `rows`: checked)
         // row list[e / RANK].
         unsafe { launch.launch(grid_stride(n, 256)) }.map_err(driver("launching admm_scale"))?;
@@ -438,7 +464,8 @@ mod tests {
     use crate::testutil::factors;
 
     /// The inner loop of `admm.cu` on the host, in f64: every block of
-    /// [`BLOCK_ROWS`] rows to its own rule. Returns the most iterations.
+    /// [`BLOCK_ROWS`] rows (one: every row) to its own rule. Returns the
+    /// most iterations.
     fn host_inner(
         k: &[f32],
         w: &[f64],
@@ -546,20 +573,21 @@ mod tests {
         else {
             return;
         };
-        for rank in [1usize, 3, 7, 16, 32, 33, 64, 100, 128] {
+        for rank in [1usize, 3, 7, 8, 16, 32, 33, 64, 100, 128] {
             let mut kernels = AdmmKernels::new(gpu.clone(), rank).unwrap();
-            // Row counts around a block, and (at small ranks) more row
-            // blocks than one launch has thread blocks.
-            let mut row_counts = vec![1usize, 31, 32, 33, 1000];
-            if rank <= 16 {
+            // Row counts around a warp's rows, and (up to rank 32) more
+            // rows than one launch has warps' rows at once: warps take
+            // rows as their earlier rows stop.
+            let mut row_counts = vec![1usize, 7, 31, 32, 33, 1000];
+            if rank <= 32 {
                 row_counts.push(100_001);
             }
             for rows in row_counts {
                 let seed = (rank * 131 + rows) as u64;
                 let k = factors(&[rows as u32], rank, seed).remove(0);
                 // Rows without data, as most rows of a long sparse mode
-                // are: every fifth row, rows 32..64 (a whole block), and
-                // every seventh, which the list variant leaves out.
+                // are: every fifth row, rows 32..64, and every seventh,
+                // which the list variant leaves out.
                 let k: Vec<f32> = k
                     .iter()
                     .enumerate()
@@ -679,11 +707,14 @@ mod tests {
                         // of the factor are written.
                         let divisors: Vec<f64> = (0..rank).map(|j| 1.0 + j as f64 / 3.0).collect();
                         let mut d_f = gpu.upload("a", &vec![7f32; rows * rank]).unwrap();
+                        // With a list, the compact copy too.
+                        let mut d_c = gpu.upload("c", &vec![7f32; got_h.len() + 3]).unwrap();
                         kernels
                             .scale(
                                 &mut d_h,
                                 &mut d_u,
                                 &mut d_f.slice_mut(..),
+                                list.map(|_| &mut d_c),
                                 &divisors,
                                 rows,
                                 list,
@@ -691,6 +722,20 @@ mod tests {
                             .unwrap();
                         let scaled = gpu.stream().clone_dtoh(&d_h).unwrap();
                         let f = gpu.stream().clone_dtoh(&d_f).unwrap();
+                        let c = gpu.stream().clone_dtoh(&d_c).unwrap();
+                        let n = got_h.len();
+                        if list.is_some() {
+                            for (e, &x) in c[..n].iter().enumerate() {
+                                let row = listed[e / rank] as usize;
+                                assert_eq!(x, f[row * rank + e % rank], "{what}: compact[{e}]");
+                            }
+                        } else {
+                            assert!(c[..n].iter().all(|&x| x == 7.0), "{what}: compact written");
+                        }
+                        assert!(
+                            c[n..].iter().all(|&x| x == 7.0),
+                            "{what}: past the compact rows"
+                        );
                         let row_of = |i: usize| {
                             if list.is_some() {
                                 listed[i] as usize

@@ -95,7 +95,7 @@ pub const SOURCES: &[SourceVariants] = &[
     SourceVariants {
         source: KernelSource::Admm,
         per_mode: false,
-        variants: &[&[("BLOCK_ROWS", crate::admm::BLOCK_ROWS as i64)]],
+        variants: &[&[]],
     },
     SourceVariants {
         source: KernelSource::Probe,

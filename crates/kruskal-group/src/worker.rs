@@ -850,6 +850,7 @@ impl Worker {
             h,
             u,
             &mut factors.rows_mut(mode, admm.rows[mode].clone()),
+            None,
             divisors,
             admm.rows[mode].len(),
             None,

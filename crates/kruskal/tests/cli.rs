@@ -1468,7 +1468,7 @@ fn nonneg_l1_and_l2_run_ao_admm_with_non_negative_factors() {
     assert_eq!(v["admm_inner"], "all rows together", "{v}");
     // The GPU's blocked inner loop, asked of the CPU.
     let (b, _) = common::cpd_json(&file, "4", &["--l1", "0.1", "--admm-blocks"]);
-    assert_eq!(b["admm_inner"], "blocks of 8 rows", "{b}");
+    assert_eq!(b["admm_inner"], "each row on its own", "{b}");
     assert!(common::fits(&b).iter().all(|&f| f > 0.0 && f < 1.0), "{b}");
     let fits = common::fits(&v);
     assert!(fits.iter().all(|&f| f > 0.0 && f < 1.0), "{fits:?}");
@@ -1488,7 +1488,7 @@ fn nonneg_l1_and_l2_run_ao_admm_with_non_negative_factors() {
     assert!(als["constraints"].is_null());
     assert!(als["admm_inner"].is_null());
     // Chosen modes and penalties, with --backend auto: where an ALS run
-    // would go (a GPU runs the inner loop in row blocks).
+    // would go (a GPU runs the inner loop on each row on its own).
     let o = kruskal(&[
         "cpd",
         file.to_str().unwrap(),
@@ -1510,7 +1510,7 @@ fn nonneg_l1_and_l2_run_ao_admm_with_non_negative_factors() {
         "{text}"
     );
     let (backend, inner) = if has_gpu() {
-        ("backend    gpu", "(inner loop: blocks of 8 rows)")
+        ("backend    gpu", "(inner loop: each row on its own)")
     } else {
         ("backend    cpu", "(inner loop: all rows together)")
     };

@@ -332,7 +332,7 @@ def cp_als(
         ``l1``, ``l2`` makes the run constrained CP by AO-ADMM (each factor
         found by ADMM steps instead of ALS's exact solve), on one GPU or
         the CPU, where an unconstrained run would go (a GPU runs the inner
-        loop in blocks of 8 rows, each stopping on its own; the
+        loop with each row stopping on its own; the
         ``"method"`` note of ``info["notes"]`` says which ran);
         ``gpus >= 2`` refuses it.
     l1 : float, optional

@@ -101,9 +101,9 @@ pub struct CpdArgs {
     /// L2 penalty weight W on every factor (W ||A||_F^2; AO-ADMM).
     #[arg(long, value_name = "W", allow_negative_numbers = true, value_parser = parse_weight)]
     pub l2: Option<f64>,
-    /// With --nonneg, --l1 or --l2 on the CPU: run AO-ADMM's inner loop in
-    /// blocks of 8 rows that each stop on their own, as a GPU always does
-    /// (default on the CPU: all rows stop together).
+    /// With --nonneg, --l1 or --l2 on the CPU: run AO-ADMM's inner loop
+    /// with each row stopping on its own, as a GPU always does (default on
+    /// the CPU: all rows stop together).
     #[arg(long)]
     pub admm_blocks: bool,
     /// Worker threads (default: one per core).

@@ -21,7 +21,7 @@
 //!   0, H and U warm near it)
 //!   at each rank: [`FIXED_ITERS`] iterations (`eps` 0, so no row stops
 //!   early), and the stopping rule at the runs' `eps` of 1e-2, for all
-//!   rows together and for row blocks (the GPU runs row blocks only). The
+//!   rows together and for each row on its own (all the GPU runs). The
 //!   iterations run must equal the reference's.
 //!
 //! Errors are relative Frobenius errors; the bounds ([`PHI_TOLERANCE`],
@@ -339,7 +339,7 @@ pub fn prox_reference(p: &ProxWeights, v: f64) -> f64 {
 }
 
 /// The inner loop, naively: for each group of rows that stop together
-/// (all of them, or each [`BLOCK_ROWS`]), iterations of
+/// (all of them, or each [`BLOCK_ROWS`] = one row), iterations of
 /// `Ht = (K + rho (H + U)) W`, `H = prox(Ht - U)`, `U += H - Ht`, row by
 /// row, until both `||H - Ht||^2 <= eps ||H||^2` and
 /// `||H - H_prev||^2 <= eps ||U||^2` over the group, or `max_inner`; a
@@ -616,8 +616,8 @@ pub fn run_algorithms(
             continue;
         }
         // Above 1,024 rows the CPU's all-rows loop sums its residuals over
-        // several tasks; at the larger ranks a block and a quarter keep the
-        // naive reference quick.
+        // several tasks; at the larger ranks 40 rows keep the naive
+        // reference quick.
         let rows = if rank <= 8 { 1_100 } else { 40 };
         for weights in INNER_WEIGHTS {
             for (what, max_inner, eps) in [
@@ -929,7 +929,7 @@ mod tests {
                 .all(|c| !c.tensor.contains("l2 0,"))
         );
         // Every fixed-length case shows the missing iteration (a case
-        // stopped by the rule shows it only where a block ran to the
+        // stopped by the rule shows it only where a row ran to the
         // limit).
         let short: Vec<_> = report
             .failures()

@@ -65,8 +65,8 @@ pub struct ConstraintFlags {
     pub l1: Option<f64>,
     /// `--l2 W` ([`parse_weight`]).
     pub l2: Option<f64>,
-    /// `--admm-blocks`: AO-ADMM's inner loop in blocks of rows that each
-    /// stop on their own ([`InnerStop::RowBlocks`]).
+    /// `--admm-blocks`: AO-ADMM's inner loop with each row stopping on
+    /// its own ([`InnerStop::RowBlocks`]).
     pub admm_blocks: bool,
 }
 
