@@ -26,8 +26,9 @@ use crate::{DeviceError, Gpu, Result, driver, grid_stride};
 /// own rule.)
 pub const BLOCK_ROWS: usize = 1;
 
-/// The largest rank the inner loop takes (a thread's column of W and its
-/// rows in registers on the scalar path).
+/// The largest rank the inner loop takes (the scalar path's static shared
+/// memory: 8 warps' staged rows and column sums, 33 KB at rank 128, under
+/// the 48 KB a kernel may declare).
 pub const MAX_RANK: usize = 128;
 
 /// Threads per block of `admm_blocks`' scalar path (`THREADS` in
