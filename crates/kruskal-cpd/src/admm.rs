@@ -244,10 +244,9 @@ pub enum InnerStop {
 impl InnerStop {
     /// A few words for output: "all rows together", "each row on its own".
     pub fn describe(self) -> String {
-        match (self, BLOCK_ROWS) {
-            (InnerStop::AllRows, _) => "all rows together".into(),
-            (InnerStop::RowBlocks, 1) => "each row on its own".into(),
-            (InnerStop::RowBlocks, b) => format!("blocks of {b} rows"),
+        match self {
+            InnerStop::AllRows => "all rows together".into(),
+            InnerStop::RowBlocks => "each row on its own".into(),
         }
     }
 }
@@ -587,36 +586,25 @@ fn inner_step(
     k: &[f64],
     h: &mut [f64],
     u: &mut [f64],
-    w: &[f64],
-    rank: usize,
+    w: MatRef<'_, f64>,
     rho: f64,
     prox: Prox,
     rhs: &mut [f64],
     ht: &mut [f64],
 ) -> Residuals {
+    let rank = w.nrows();
     let rows = k.len() / rank;
     for (r, (&k, (&h, &u))) in rhs.iter_mut().zip(k.iter().zip(h.iter().zip(u.iter()))) {
         *r = k + rho * (h + u);
     }
-    if rows == 1 {
-        // One row (the blocked variant's blocks): the product by hand, W's
-        // rows scaled into Ht (a matrix product's call costs more here).
-        ht.fill(0.0);
-        for (&x, wr) in rhs.iter().zip(w.chunks_exact(rank)) {
-            for (o, &wv) in ht.iter_mut().zip(wr) {
-                *o += x * wv;
-            }
-        }
-    } else {
-        matmul(
-            MatMut::from_row_major_slice_mut(ht, rows, rank),
-            Accum::Replace,
-            MatRef::from_row_major_slice(rhs, rows, rank),
-            MatRef::from_row_major_slice(w, rank, rank),
-            1.0,
-            Par::Seq,
-        );
-    }
+    matmul(
+        MatMut::from_row_major_slice_mut(ht, rows, rank),
+        Accum::Replace,
+        MatRef::from_row_major_slice(rhs, rows, rank),
+        w,
+        1.0,
+        Par::Seq,
+    );
     let mut r = Residuals::default();
     for ((h, u), &ht) in h.iter_mut().zip(u.iter_mut()).zip(ht.iter()) {
         let new = prox.apply(ht - *u);
@@ -681,6 +669,7 @@ fn admm_rows(
     eps: f64,
     stop: InnerStop,
 ) -> usize {
+    let w = MatRef::from_row_major_slice(w, rank, rank);
     let chunk = ROWS_PER_TASK * rank;
     zero_rows_without_data(k, h, u, rank);
     if stop == InnerStop::RowBlocks {
@@ -703,7 +692,7 @@ fn admm_rows(
                 {
                     let (rhs, ht) = (&mut rhs[..k.len()], &mut ht[..k.len()]);
                     let mut it = 1;
-                    while !inner_step(k, h, u, w, rank, rho, prox, rhs, ht).converged(eps)
+                    while !inner_step(k, h, u, w, rho, prox, rhs, ht).converged(eps)
                         && it < max_inner
                     {
                         it += 1;
@@ -723,7 +712,7 @@ fn admm_rows(
             .map(|((h, u), k)| {
                 let mut rhs = vec![0f64; k.len()];
                 let mut ht = vec![0f64; k.len()];
-                inner_step(k, h, u, w, rank, rho, prox, &mut rhs, &mut ht)
+                inner_step(k, h, u, w, rho, prox, &mut rhs, &mut ht)
             })
             // Partials summed in block order: the stopping decision must
             // not depend on how rayon split the work.
