@@ -11,7 +11,10 @@
 # GPU counts and what each runs (e.g. "4:all 4:rows 4:auto": all = every
 # row all-gathered by owner, rows = rows by owner (--gpu-plan rows), split
 # = --gpu-plan split, auto = the defaults, nccl = the defaults with a split
-# plan's partial sums reduced by NCCL, --partial-reduce nccl); QUICK=1 skips nell-1's p2p,
+# plan's partial sums reduced by NCCL, --partial-reduce nccl, allx = the
+# defaults with every row exchanged and reduced, --exchange-rows all, read =
+# only the rows read, --exchange-rows read, pull = read with
+# --partial-reduce pull); QUICK=1 skips nell-1's p2p,
 # host-built and --gpus all runs; REUSE=1 keeps /tmp/nell1.ktns,
 # /tmp/full.ktns and /tmp/amazon.ktns when they exist.
 set -u
@@ -65,7 +68,7 @@ EOF
 
 run_cpd() { # label file args...
   local label=$1 file=$2; shift 2
-  local f=$R/cpd-$(echo "$label" | tr ' /' '__').json
+  local f=$R/cpd-$(echo "$label" | tr -d ',' | tr ' /' '__').json
   timeout 400 $K cpd $file -r 32 --tol 0 --json "$@" > $f 2> ${f%.json}.err
   summary "$label" $f | tee -a $R/summary.txt
 }
@@ -92,6 +95,9 @@ cpd_set() { # name file iters counts...
       rows) run_cpd "$name $g GPUs rows plan" $file --iters $iters --gpus $g --gpu-plan rows ;;
       split) run_cpd "$name $g GPUs split plan" $file --iters $iters --gpus $g --gpu-plan split ;;
       nccl) run_cpd "$name $g GPUs auto, NCCL reduce" $file --iters $iters --gpus $g --partial-reduce nccl ;;
+      allx) run_cpd "$name $g GPUs auto, all rows" $file --iters $iters --gpus $g --exchange-rows all ;;
+      read) run_cpd "$name $g GPUs auto, rows read" $file --iters $iters --gpus $g --exchange-rows read ;;
+      pull) run_cpd "$name $g GPUs auto, rows read pulled" $file --iters $iters --gpus $g --exchange-rows read --partial-reduce pull ;;
       *) run_cpd "$name $g GPUs auto" $file --iters $iters --gpus $g ;;
     esac
   done

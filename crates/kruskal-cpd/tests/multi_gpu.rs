@@ -82,6 +82,25 @@ fn configurations(gpus: usize) -> Vec<(String, GroupOptions)> {
             },
         ));
         out.push((
+            "nccl split read (partial sums of the rows read)".to_string(),
+            GroupOptions {
+                exchange: Some(Exchange::Nccl),
+                plan: PlanChoice::Split(None),
+                rows: RowExchange::Read,
+                ..base.clone()
+            },
+        ));
+        out.push((
+            "nccl split read, pulled".to_string(),
+            GroupOptions {
+                exchange: Some(Exchange::Nccl),
+                plan: PlanChoice::Split(None),
+                rows: RowExchange::Read,
+                reduce: PartialReduce::Pull,
+                ..base.clone()
+            },
+        ));
+        out.push((
             "nccl split:1, host-built shards".to_string(),
             GroupOptions {
                 exchange: Some(Exchange::Nccl),
@@ -405,42 +424,57 @@ fn split_plans_give_the_rows_plans_cpd() {
     tensors.extend(real());
     for (name, t) in &tensors {
         let opts = options(t, 16);
-        let run = |plan: PlanChoice, reduce: PartialReduce| {
+        let run = |plan: PlanChoice, reduce: PartialReduce, rows: RowExchange| {
             let g = GroupOptions {
                 exchange: Some(Exchange::Nccl),
                 plan,
                 reduce,
+                rows,
                 timeout: Duration::from_secs(120),
                 ..GroupOptions::default()
             };
             let group = GpuGroup::new(&gpus, t, 16, &g, &mut |_| {}).unwrap();
             let note = group.plan_note().unwrap().to_string();
-            if reduce == PartialReduce::Nccl {
-                assert_eq!(group.exchange_note(), None, "{name}");
+            match reduce {
+                PartialReduce::Nccl => assert_eq!(group.exchange_note(), None, "{name}"),
+                PartialReduce::Pull if plan != PlanChoice::Rows => assert!(
+                    group
+                        .exchange_note()
+                        .is_some_and(|n| n.contains("peer reads")),
+                    "{name}: {:?}",
+                    group.exchange_note()
+                ),
+                _ => {}
             }
             eprintln!("{name}, {note}: exchange {:?}", group.exchange_note());
             let mut backend = GroupBackend::new(group, t);
             let model = cpd_als(&mut backend, &opts).unwrap();
             (model, backend.breakdown().to_vec(), note)
         };
-        let (rows, _, _) = run(PlanChoice::Rows, PartialReduce::Copies);
+        let (rows, _, _) = run(PlanChoice::Rows, PartialReduce::Copies, RowExchange::Auto);
         // Split by the last mode, and by the first: the long sparse mode's
         // first mode has one row, so one GPU holds every nonzero and the
         // others' shards are empty. The partial sums reach their owners by
-        // peer copies (where every pair has peer access) and by NCCL.
-        for (cut, reduce) in [
-            (t.nmodes() - 1, PartialReduce::Copies),
-            (t.nmodes() - 1, PartialReduce::Nccl),
-            (0, PartialReduce::Copies),
-            (0, PartialReduce::Nccl),
+        // peer copies (where every pair has peer access) and by NCCL; with
+        // only the rows read exchanged, only their partial sums travel
+        // back, by NCCL or by peer reads.
+        for (cut, reduce, read) in [
+            (t.nmodes() - 1, PartialReduce::Copies, RowExchange::Auto),
+            (t.nmodes() - 1, PartialReduce::Nccl, RowExchange::Auto),
+            (t.nmodes() - 1, PartialReduce::Nccl, RowExchange::Read),
+            (t.nmodes() - 1, PartialReduce::Pull, RowExchange::Read),
+            (0, PartialReduce::Copies, RowExchange::Auto),
+            (0, PartialReduce::Nccl, RowExchange::Auto),
+            (0, PartialReduce::Pull, RowExchange::Read),
         ] {
             let what = format!(
-                "{name}, split by mode {} on {} GPUs, reduced by {}",
+                "{name}, split by mode {} on {} GPUs, reduced by {}, rows {}",
                 cut + 1,
                 gpus.len(),
-                reduce.name()
+                reduce.name(),
+                read.name()
             );
-            let (split, breakdown, note) = run(PlanChoice::Split(Some(cut)), reduce);
+            let (split, breakdown, note) = run(PlanChoice::Split(Some(cut)), reduce, read);
             assert!(
                 note.starts_with(&format!("split by mode {}", cut + 1)),
                 "{what}: {note}"
@@ -451,6 +485,12 @@ fn split_plans_give_the_rows_plans_cpd() {
                     assert_eq!(b.reduce_bytes, 0, "{what}");
                 } else {
                     assert!(b.reduce_ms >= 0.0, "{what}: {b:?}");
+                    if read == RowExchange::Read {
+                        // The reduction sends back what the exchange sends.
+                        assert_eq!(b.exchange_rows, "read", "{what}");
+                        assert_eq!(b.reduce_bytes, b.exchange_bytes, "{what}");
+                        assert!(b.reduce_bytes <= b.all_gather_bytes, "{what}");
+                    }
                 }
             }
             // The sums run in another order (partial sums per GPU, then

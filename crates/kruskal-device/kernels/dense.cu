@@ -600,6 +600,38 @@ extern "C" __global__ void copy_rows(
     }
 }
 
+// add_rows: dst row (dst_rows ? dst_rows[i] : i) += src row (src_rows ?
+// src_rows[i] : i) for i < count: a split plan's partial sums of the rows
+// one other GPU reads, added onto their owner's (received packed, or
+// pulled straight out of that GPU's output: src then lies on the peer). A
+// launch's destination rows are distinct; the GPUs' parts are added one
+// launch after another, in GPU order. Thread mapping as copy_rows'.
+extern "C" __global__ void add_rows(
+    const float* __restrict__ src,
+    const u32* __restrict__ src_rows,
+    float* __restrict__ dst,
+    const u32* __restrict__ dst_rows,
+    u64 count)
+{
+    const u64 per = ROW_PIECES;
+    GRID_STRIDE(e, count * per) {
+        const u64 i = e / per, c = e % per;
+        const u64 s = src_rows ? (u64)src_rows[i] : i;
+        const u64 d = dst_rows ? (u64)dst_rows[i] : i;
+#if RANK % 4 == 0
+        const float4 x = reinterpret_cast<const float4*>(src + s * RANK)[c];
+        float4 acc = reinterpret_cast<float4*>(dst + d * RANK)[c];
+        acc.x += x.x;
+        acc.y += x.y;
+        acc.z += x.z;
+        acc.w += x.w;
+        reinterpret_cast<float4*>(dst + d * RANK)[c] = acc;
+#else
+        dst[d * RANK + c] += src[s * RANK + c];
+#endif
+    }
+}
+
 // ---------------------------------------------------------------------------
 // cpd_column_stats: per column j of a rows x RANK factor, the sum of squares
 // (f64) and the entry of largest magnitude with its row, the first such row

@@ -125,6 +125,7 @@ pub enum Kernel {
     CpdScale,
     CpdReduce,
     CopyRows,
+    AddRows,
     SumParts,
     CpdColumnStats,
     UniformFill,
@@ -166,7 +167,7 @@ pub enum Kernel {
 
 impl Kernel {
     /// Every entry function of every source.
-    pub const ALL: [Kernel; 54] = [
+    pub const ALL: [Kernel; 55] = [
         Kernel::MttkrpCooAtomic,
         Kernel::StoreF32,
         Kernel::MttkrpFcoo,
@@ -184,6 +185,7 @@ impl Kernel {
         Kernel::CpdScale,
         Kernel::CpdReduce,
         Kernel::CopyRows,
+        Kernel::AddRows,
         Kernel::SumParts,
         Kernel::CpdColumnStats,
         Kernel::UniformFill,
@@ -244,6 +246,7 @@ impl Kernel {
             Kernel::CpdScale => (KernelSource::Dense, "cpd_scale"),
             Kernel::CpdReduce => (KernelSource::Dense, "cpd_reduce"),
             Kernel::CopyRows => (KernelSource::Dense, "copy_rows"),
+            Kernel::AddRows => (KernelSource::Dense, "add_rows"),
             Kernel::SumParts => (KernelSource::Dense, "sum_parts"),
             Kernel::CpdColumnStats => (KernelSource::Dense, "cpd_column_stats"),
             Kernel::UniformFill => (KernelSource::Dense, "uniform_fill"),

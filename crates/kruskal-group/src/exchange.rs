@@ -43,6 +43,13 @@ pub(super) struct Shared {
     pub(super) barrier: TimedBarrier,
     /// Device address of each local GPU's factor buffer.
     pub(super) factor_ptrs: Mutex<Vec<u64>>,
+    /// Per mode, the device address of each local GPU's MTTKRP output (0
+    /// until its first MTTKRP of the mode).
+    pub(super) output_ptrs: Mutex<Vec<Vec<u64>>>,
+    /// Whether rows exchanged sparsely, and the partial sums of the rows
+    /// read, travel by peer reads (one process, peer access between every
+    /// pair; `--partial-reduce pull`) rather than by NCCL.
+    pub(super) pull: bool,
     /// Each local GPU's context.
     pub(super) contexts: Vec<Arc<cudarc::driver::CudaContext>>,
     /// Per mode, per GPU of the whole group (all processes): the rows it
@@ -146,6 +153,8 @@ pub(super) struct ChosenExchange {
     ///
     /// [`RowShards::owner_counts`]: kruskal_partition::RowShards::owner_counts
     pub(super) copy_reduce: Vec<Option<Vec<u64>>>,
+    /// Rows read travel by peer reads (see [`Shared::pull`]).
+    pub(super) pull: bool,
 }
 
 /// The exchange of a group of `gpus` (opened from `ordinals`) in one
@@ -204,6 +213,7 @@ pub(super) fn choose(
         collective: comms,
         direct,
         copy_reduce: Vec::new(),
+        pull: false,
     })
 }
 

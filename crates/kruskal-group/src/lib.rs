@@ -109,9 +109,10 @@ pub struct GroupOptions {
     /// Longest wait for any GPU operation.
     pub timeout: Duration,
     /// How a split plan's partial sums reach their owners in one process:
-    /// by NCCL's reductions (the default) or by peer copies beside the
-    /// MTTKRP (where every pair of GPUs has peer access and every shard
-    /// stays resident).
+    /// by NCCL (the default), by peer reads of the rows read where only
+    /// those are exchanged (where every pair of GPUs has peer access), or
+    /// by peer copies beside the MTTKRP (where every pair has peer access
+    /// and every shard stays resident). See [`PartialReduce`].
     pub reduce: PartialReduce,
     /// Test hook: GPU `.0` runs a trapping kernel before its `.1`-th
     /// MTTKRP (counted from 0), putting it into a real CUDA error. Used
@@ -218,17 +219,16 @@ impl GpuGroup {
                 .collect();
             let plan = RowShards::new(t, m).map_err(prepare).and_then(|mut plan| {
                 let note = choose_plan(&mut plan, opts)?;
-                if plan.split().is_none() {
-                    // Rows of a mode read by few GPUs go to one of
-                    // their readers, so a sparse exchange sends them
-                    // to fewer.
-                    for (mode, prefer) in sparse::modes_to_prefer(&plan, opts.rows)
-                        .into_iter()
-                        .enumerate()
-                    {
-                        if prefer {
-                            plan.prefer_readers(t, mode).map_err(prepare)?;
-                        }
+                // Rows of a mode read by few GPUs go to one of their
+                // readers, so a sparse exchange (and a split plan's
+                // reduction) sends them to fewer.
+                let pull = opts.reduce == PartialReduce::Pull;
+                for (mode, prefer) in sparse::modes_to_prefer(&plan, opts.rows, pull)
+                    .into_iter()
+                    .enumerate()
+                {
+                    if prefer {
+                        plan.prefer_readers(t, mode).map_err(prepare)?;
                     }
                 }
                 Ok((plan, note))
@@ -343,6 +343,13 @@ impl GpuGroup {
         {
             chosen.copy_reduce = pairs;
         }
+        // Peer reads of the rows read, where asked for and every pair has
+        // peer access.
+        chosen.pull = m > 1
+            && opts.reduce == PartialReduce::Pull
+            && plan.split().is_some()
+            && chosen.exchange == Some(Exchange::Nccl)
+            && exchange::enable_peer_access(&gpus)?;
 
         // Which rows travel.
         let members: Vec<usize> = (0..m).collect();
@@ -353,7 +360,7 @@ impl GpuGroup {
             opts.rows
         };
         let t0 = Instant::now();
-        let sparse = sparse::plan_modes(&plan, &readers, &marked, rows, &members)?;
+        let sparse = sparse::plan_modes(&plan, &readers, &marked, rows, &members, chosen.pull)?;
         drop(readers);
         if marked.iter().any(|&x| x) {
             progress(&format!(
@@ -580,7 +587,7 @@ impl GpuGroup {
             }
         }
         drop(shards);
-        let sparse = sparse::plan_modes(&plan, &readers, &marked, opts.rows, &[g])?;
+        let sparse = sparse::plan_modes(&plan, &readers, &marked, opts.rows, &[g], false)?;
         drop(readers);
         if marked.iter().any(|&x| x) {
             progress(&format!(
@@ -595,6 +602,7 @@ impl GpuGroup {
             collective: Some(Collective::Process(Arc::new(pc))),
             direct: false,
             copy_reduce: Vec::new(),
+            pull: false,
         };
         let mut group = Self::start(
             vec![gpu],
@@ -630,6 +638,7 @@ impl GpuGroup {
             note: mut exchange_note,
             collective,
             copy_reduce,
+            pull,
             ..
         } = chosen;
         let SparsePlan {
@@ -698,11 +707,22 @@ impl GpuGroup {
                 Err(_) => reduce_bufs.iter_mut().flatten().for_each(|b| *b = None),
             }
         }
+        // Peer reads carry only the modes exchanged sparsely.
+        let pull = pull && sparse_modes.iter().any(Option::is_some);
+        if pull {
+            exchange_note = Some(
+                "nccl; the rows exchanged sparsely, and a split plan's partial sums of them, \
+                 travel by peer reads"
+                    .into(),
+            );
+        }
         let copying = copy_modes.iter().any(Option::is_some);
         let shared = Arc::new(Shared {
             abort: AtomicBool::new(false),
             barrier: TimedBarrier::new(m),
             factor_ptrs: Mutex::new(vec![0; m]),
+            output_ptrs: Mutex::new(vec![vec![0; m]; n]),
+            pull,
             contexts: gpus.iter().map(|g| g.context().clone()).collect(),
             rows: (0..n)
                 .map(|mode| (0..plan.gpus()).map(|g| plan.rows(mode, g)).collect())
@@ -1349,9 +1369,21 @@ pub enum PartialReduce {
     /// 0.12 ms per mode of nell-1, but the MTTKRP beside the copies rose
     /// from 3.12 to 3.84 ms (docs/performance.md).
     Copies,
-    /// One NCCL reduction per owner after the whole MTTKRP.
+    /// After the whole MTTKRP: one NCCL reduction per owner, or, for a
+    /// mode whose exchange sends only the rows read, NCCL sends and
+    /// receives of those rows' partial sums (the exchange run backwards).
     #[default]
     Nccl,
+    /// Peer reads, for the modes exchanged by the rows read: once every
+    /// GPU's MTTKRP is done, each owner reads the partial sums of its rows
+    /// out of the GPUs that read them and adds them, and after the update
+    /// each reader reads its rows out of their owners; no NCCL kernel and
+    /// no packing. Needs one process and peer access between every pair;
+    /// NCCL otherwise, and for the modes all-gathered. Not the default:
+    /// faster on 2 x H200 (nell-1-like 144M: 13.73 against 14.29 ms per
+    /// iteration), slower on 4 (10.84 against 10.32; the peer reads ran at
+    /// about half the all-gather's rate per GPU there), docs/performance.md.
+    Pull,
 }
 
 impl PartialReduce {
@@ -1360,6 +1392,7 @@ impl PartialReduce {
         match self {
             PartialReduce::Copies => "copies",
             PartialReduce::Nccl => "nccl",
+            PartialReduce::Pull => "pull",
         }
     }
 }
@@ -1371,7 +1404,8 @@ impl std::str::FromStr for PartialReduce {
         match s {
             "copies" => Ok(PartialReduce::Copies),
             "nccl" => Ok(PartialReduce::Nccl),
-            other => Err(format!("takes copies or nccl, not '{other}'")),
+            "pull" => Ok(PartialReduce::Pull),
+            other => Err(format!("takes copies, nccl or pull, not '{other}'")),
         }
     }
 }

@@ -19,8 +19,9 @@
 //! nonzeros to every GPU but its owner), or the predicted rows read
 //! (weighted by [`SPARSE_WEIGHT`]: the sparse exchange moves rows at about
 //! two thirds of the all-gather's rate), whichever the exchange would
-//! take; plus, in a split plan, one all-gather's worth per partial mode for
-//! the reduction. The split plan of the mode that saves most is taken
+//! take; plus, in a split plan, as many again per partial mode for the
+//! reduction (which sends each row's partial sums from the GPUs the
+//! exchange sends it to). The split plan of the mode that saves most is taken
 //! where it sends at most [`SPLIT_SHARE`] of the rows plan's rows and its
 //! shards stay within [`SPLIT_BALANCE`] of the mean nonzeros.
 
@@ -92,7 +93,7 @@ pub struct PlanCount {
     /// `None`: rows by owner; else the cut mode.
     pub split: Option<usize>,
     /// Per mode: rows exchanged after the update (weighted) and rows
-    /// reduced after the MTTKRP.
+    /// reduced after the MTTKRP (weighted alike).
     pub per_mode: Vec<(f64, f64)>,
     /// Largest nonzeros of a GPU over the mean, in the MTTKRP of the
     /// mode whose shards are least balanced.
@@ -164,7 +165,12 @@ fn count_with(
             match split {
                 _ if one => (0.0, 0.0),
                 Some(cut) if cut == mode => (0.0, 0.0),
-                Some(_) => (exchanged(f.all, f.share_split, rows), f.all),
+                Some(_) => {
+                    // The reduction sends back what the exchange sends:
+                    // every row, or each row read from its readers.
+                    let x = exchanged(f.all, f.share_split, rows);
+                    (x, x)
+                }
                 None => (exchanged(f.all, f.share_rows, rows), 0.0),
             }
         })

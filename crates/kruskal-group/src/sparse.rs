@@ -13,7 +13,8 @@
 //!
 //! Chosen per mode ([`RowExchange`]): `auto` sends only the rows read
 //! where that moves at most [`kruskal_partition::readers::CHEAPER_SHARE`]
-//! of the all-gather's rows to the GPU that receives most; a mode whose
+//! (by NCCL) or [`PULL_SHARE`] (by peer reads) of the all-gather's rows
+//! to the GPU that receives most; a mode whose
 //! rows nearly every GPU reads (a short, dense mode) keeps the all-gather.
 //! The rows each GPU reads are marked from its shards while they are
 //! built; under `auto`, a mode whose row counts predict nearly every row
@@ -86,7 +87,8 @@ pub struct ExchangeVolume {
     pub all_gather_bytes: u64,
     /// Bytes the reduction of a partial mode's sums onto their owners
     /// sends per MTTKRP (a split plan; 0 otherwise): each owner's rows
-    /// with nonzeros from every other GPU.
+    /// with nonzeros from every other GPU, or, where only the rows read
+    /// are exchanged, each row from the GPUs that read it.
     pub reduce_bytes: u64,
 }
 
@@ -192,15 +194,29 @@ pub(super) fn modes_to_mark(plan: &RowShards, rows: RowExchange) -> Vec<bool> {
 /// balance ([`RowShards::prefer_readers`]): those a sparse exchange may
 /// send (not under `all`) whose row counts predict at most
 /// [`PREFER_SHARE`] of the all-gather's rows (a long sparse mode: the pass
-/// over the nonzeros it takes pays only there).
-pub(super) fn modes_to_prefer(plan: &RowShards, rows: RowExchange) -> Vec<bool> {
+/// over the nonzeros it takes pays only there); in a split plan, the
+/// partial modes that are marked where the rows read are asked for or
+/// pulled (`pull`: [`crate::PartialReduce::Pull`]; their reduction sends
+/// the same rows again, so the pass pays twice).
+pub(super) fn modes_to_prefer(plan: &RowShards, rows: RowExchange, pull: bool) -> Vec<bool> {
     let n = plan.dims().len();
     let m = plan.gpus();
-    if m == 1 || m > MAX_GPUS || rows == RowExchange::All || plan.split().is_some() {
+    if m == 1 || m > MAX_GPUS || rows == RowExchange::All {
         return vec![false; n];
     }
+    // A split plan's partial modes, where their rows read are likely to
+    // travel alone: asked for, or pulled (`auto` then takes them up to
+    // PULL_SHARE). By NCCL under `auto` the busiest GPU's share stayed
+    // above CHEAPER_SHARE on nell-1-like 144M (0.60 and 0.70 of the
+    // all-gather on 4 GPUs), so the pass over the nonzeros would be lost.
+    let split_read = rows == RowExchange::Read || pull;
     (0..n)
-        .map(|mode| predicted_share(plan, mode) <= PREFER_SHARE)
+        .map(|mode| match plan.split() {
+            Some(cut) => {
+                split_read && mode != cut && predicted_share(plan, mode) <= PREDICTED_SHARE
+            }
+            None => predicted_share(plan, mode) <= PREFER_SHARE,
+        })
         .collect()
 }
 
@@ -249,6 +265,14 @@ pub(super) fn predicted_share_by(plan: &RowShards, mode: usize, draws: u64) -> f
     if all == 0 { 1.0 } else { sparse / all as f64 }
 }
 
+/// Where rows travel by peer reads ([`crate::PartialReduce::Pull`]), `auto`
+/// sends only the rows read of a mode where the GPU that receives most
+/// receives at most this share of the all-gather's rows: pulled rows
+/// moved at the all-gather's rate on 2 x H200 (nell-1-like 144M: 272 MB
+/// in 0.45 ms against 356 MB all-gathered in 0.58 ms; on 4 x H200 at about
+/// half of it per GPU), and the barrier before the pulls costs a little.
+pub const PULL_SHARE: f64 = 0.9;
+
 /// The sparse exchange of a group, as planned.
 pub(super) struct SparsePlan {
     /// Per mode, its counts (`None`: all-gathered).
@@ -266,6 +290,7 @@ pub(super) fn plan_modes(
     marked: &[bool],
     rows: RowExchange,
     members: &[usize],
+    pull: bool,
 ) -> Result<SparsePlan> {
     let n = plan.dims().len();
     let m = plan.gpus();
@@ -292,6 +317,7 @@ pub(super) fn plan_modes(
         let chosen = match rows {
             RowExchange::Read => true,
             RowExchange::All => false,
+            RowExchange::Auto if pull => l.cheaper_by(plan, mode, PULL_SHARE),
             RowExchange::Auto => l.cheaper_than_all_gather(plan, mode),
         };
         if !chosen {
@@ -324,12 +350,13 @@ pub(super) fn volume(
     let row_bytes = (rank * 4) as u64;
     let all: u64 = (0..m).map(|h| all_gather_received(plan, mode, h)).sum();
     let all_gather_bytes = if m > 1 { all * row_bytes } else { 0 };
-    let reduce_bytes = if plan.partial(mode) {
-        all * row_bytes
-    } else {
-        0
-    };
     let local = plan.split() == Some(mode) && m > 1;
+    // A partial mode's reduction sends back what its exchange sends.
+    let reduce_bytes = match sparse {
+        _ if !plan.partial(mode) => 0,
+        Some(s) => (0..m).map(|h| s.received(h)).sum::<u64>() * row_bytes,
+        None => all * row_bytes,
+    };
     let (read_only, bytes) = match sparse {
         _ if local => (false, 0),
         Some(s) => (true, (0..m).map(|h| s.received(h)).sum::<u64>() * row_bytes),
@@ -361,12 +388,46 @@ unsafe fn copy_rows(
     dst: (u64, u64),
     count: u64,
 ) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { move_rows(gpu, stream, Kernel::CopyRows, rank, src, dst, count) }
+}
+
+/// [`copy_rows`] adding the rows onto the destination's (`add_rows`)
+/// instead of overwriting them.
+///
+/// # Safety
+/// As [`copy_rows`]; the destination rows must be distinct.
+unsafe fn add_rows(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    rank: usize,
+    src: (u64, u64),
+    dst: (u64, u64),
+    count: u64,
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { move_rows(gpu, stream, Kernel::AddRows, rank, src, dst, count) }
+}
+
+/// Queues `kernel` (`copy_rows` or `add_rows`, one argument list).
+///
+/// # Safety
+/// As [`copy_rows`].
+unsafe fn move_rows(
+    gpu: &Gpu,
+    stream: &Arc<CudaStream>,
+    kernel: Kernel,
+    rank: usize,
+    src: (u64, u64),
+    dst: (u64, u64),
+    count: u64,
+) -> Result<()> {
     if count == 0 {
         return Ok(());
     }
     let f = gpu
         .kernels()
-        .function(gpu.context(), Kernel::CopyRows, &[("RANK", rank as i64)])?;
+        .function(gpu.context(), kernel, &[("RANK", rank as i64)])?;
     let per = if rank % 4 == 0 { rank / 4 } else { rank } as u64;
     let mut l = stream.launch_builder(&f);
     l.arg(&src.0)
@@ -375,7 +436,7 @@ unsafe fn copy_rows(
         .arg(&dst.1)
         .arg(&count);
     // SAFETY: the caller's contract.
-    unsafe { l.launch(grid_stride(count * per, 256)) }.map_err(driver("launching copy_rows"))?;
+    unsafe { l.launch(grid_stride(count * per, 256)) }.map_err(driver("launching a row copy"))?;
     Ok(())
 }
 
@@ -400,7 +461,12 @@ impl Worker {
             .as_ref()
             .ok_or_else(|| DeviceError::Shape(format!("no exchange lists for mode {mode}")))?;
         let recv_at = sparse.recv_offsets(g);
-        match &self.shared.collective {
+        let collective = self
+            .shared
+            .collective
+            .as_ref()
+            .filter(|_| !self.shared.pull);
+        match collective {
             Some(collective) => {
                 let (sent, received) = (sparse.sent(g), sparse.received(g));
                 ensure(&self.gpu, &mut self.send_buf, sent * r as u64)?;
@@ -517,6 +583,157 @@ impl Worker {
     }
 }
 
+impl Worker {
+    /// Sums a partial mode's sums of the rows read onto their owners, the
+    /// sparse exchange run backwards: GPU `g` holds partial sums of the
+    /// rows its shards read (its receive list, owners in order) and owns
+    /// the rows its send list gives to each reader. Each owner adds each
+    /// reader's part in reader order (`add_rows`, one launch per reader),
+    /// so the sums are the same on every run. Rows no other GPU reads
+    /// never travel. With NCCL the parts are packed and exchanged by
+    /// grouped sends and receives, queued on the main stream after the
+    /// MTTKRP; with pulls (one process, peer access) each owner reads them
+    /// straight out of the readers' outputs once every GPU's MTTKRP is done
+    /// (the host waits for its own and meets the others at a barrier).
+    pub(super) fn reduce_read(&mut self, mode: usize, sparse: &SparseMode) -> Result<()> {
+        let stream = self.gpu.stream().clone();
+        let r = self.rank;
+        let g = self.g;
+        let row_bytes = (r * 4) as u64;
+        if self.lists[mode].is_none() {
+            return Err(DeviceError::Shape(format!(
+                "no exchange lists for mode {mode}"
+            )));
+        }
+        let out_ptr = {
+            let out = self.outputs[mode]
+                .as_ref()
+                .ok_or_else(|| DeviceError::Shape("no MTTKRP output to reduce".into()))?;
+            out.device_ptr(&stream).0
+        };
+        // Reader h's rows of this GPU: send list from send_at[h].
+        let send_at = sparse.send_offsets(g);
+        let collective = self
+            .shared
+            .collective
+            .as_ref()
+            .filter(|_| !self.shared.pull);
+        match collective {
+            Some(collective) => {
+                // Parts out: the rows this GPU reads (its receive list),
+                // to their owners; parts in: its own rows, from each reader.
+                let (out_rows, in_rows) = (sparse.received(g), sparse.sent(g));
+                ensure(&self.gpu, &mut self.send_buf, out_rows * r as u64)?;
+                ensure(&self.gpu, &mut self.recv_buf, in_rows * r as u64)?;
+                let lists = self.lists[mode].as_ref().expect("checked above");
+                let send_buf = self.send_buf.as_ref().expect("made above");
+                let recv_buf = self.recv_buf.as_ref().expect("made above");
+                let (pack_ptr, _s) = send_buf.device_ptr(&stream);
+                let (parts_ptr, _r) = recv_buf.device_ptr(&stream);
+                let read_list = element_ptr(&lists.recv, &stream, 0);
+                // SAFETY: the receive list holds `out_rows` labels of this
+                // mode, rows of the partial output (every row of the
+                // mode); the pack buffer holds as many rows.
+                unsafe {
+                    copy_rows(
+                        &self.gpu,
+                        &stream,
+                        r,
+                        (out_ptr, read_list),
+                        (pack_ptr, 0),
+                        out_rows,
+                    )
+                }?;
+                let recv_at = sparse.recv_offsets(g);
+                let (nccl, comm) = collective.comm(self.slot);
+                let nccl_err = |e: crate::nccl::NcclError| DeviceError::Nccl(e.to_string());
+                nccl.group_start().map_err(nccl_err)?;
+                for peer in 0..sparse.counts.len() {
+                    let ways = [
+                        (
+                            Transfer::Send,
+                            sparse.counts[peer][g],
+                            pack_ptr + recv_at[peer] * row_bytes,
+                        ),
+                        (
+                            Transfer::Recv,
+                            sparse.counts[g][peer],
+                            parts_ptr + send_at[peer] * row_bytes,
+                        ),
+                    ];
+                    for (way, rows, at) in ways {
+                        if rows == 0 {
+                            continue;
+                        }
+                        // SAFETY: owner `peer`'s rows lie inside the pack
+                        // buffer, reader `peer`'s inside the parts buffer,
+                        // both kept in this worker until the stream has
+                        // run the transfers (the next sync waits for it).
+                        unsafe {
+                            nccl.transfer_f32(
+                                way,
+                                comm,
+                                at,
+                                (rows * r as u64) as usize,
+                                peer,
+                                stream.cu_stream() as _,
+                            )
+                        }
+                        .map_err(nccl_err)?;
+                    }
+                }
+                nccl.group_end().map_err(nccl_err)?;
+                for (h, &count) in sparse.counts[g].iter().enumerate() {
+                    let rows = element_ptr(&lists.send, &stream, send_at[h]);
+                    // SAFETY: reader h's part (`count` rows) lies in the
+                    // parts buffer at its offset; its labels (distinct
+                    // rows this GPU owns) in the send list.
+                    unsafe {
+                        add_rows(
+                            &self.gpu,
+                            &stream,
+                            r,
+                            (parts_ptr + send_at[h] * row_bytes, 0),
+                            (out_ptr, rows),
+                            count,
+                        )
+                    }?;
+                }
+            }
+            None => {
+                self.wait(&stream, "the MTTKRP before the reduction")?;
+                self.barrier()?;
+                let outputs = self.shared.output_ptrs.lock().expect("pointer table")[mode].clone();
+                let lists = self.lists[mode].as_ref().expect("checked above");
+                for (h, &count) in sparse.counts[g].iter().enumerate() {
+                    if h == g || count == 0 {
+                        continue;
+                    }
+                    let rows = element_ptr(&lists.send, &stream, send_at[h]);
+                    // SAFETY: every GPU's partial output of this mode holds
+                    // every row (one layout); reader h's is reachable (peer
+                    // access between every pair, checked when pulls were
+                    // chosen) and final (the barrier above), and h writes it
+                    // again only at this mode's next MTTKRP, after this
+                    // GPU's sync has waited for these reads. The labels are
+                    // distinct rows this GPU owns.
+                    unsafe {
+                        add_rows(
+                            &self.gpu,
+                            &stream,
+                            r,
+                            (outputs[h], rows),
+                            (out_ptr, rows),
+                            count,
+                        )
+                    }?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Grows `buf` to at least `len` floats (never shrinks it).
 fn ensure(gpu: &Gpu, buf: &mut Option<CudaSlice<f32>>, len: u64) -> Result<()> {
     let len = len.max(1) as usize;
@@ -563,5 +780,41 @@ mod tests {
         assert_eq!(modes_to_mark(&plan, RowExchange::All), vec![false; 3]);
         let one = RowShards::new(&t, 1).unwrap();
         assert_eq!(modes_to_mark(&one, RowExchange::Read), vec![false; 3]);
+    }
+
+    #[test]
+    fn a_split_plan_prefers_readers_in_its_light_partial_modes_only() {
+        // Two long modes of light rows and a short dense third.
+        let t = kruskal_formats::generate::power_law(
+            &kruskal_formats::generate::PowerLawSpec::new(vec![40_000, 30_000, 300], 30_000)
+                .with_seed(5),
+        )
+        .unwrap();
+        let mut plan = RowShards::new(&t, 4).unwrap();
+        plan.split_by(2).unwrap();
+        assert_eq!(
+            modes_to_prefer(&plan, RowExchange::Read, false),
+            vec![true, true, false]
+        );
+        assert_eq!(
+            modes_to_prefer(&plan, RowExchange::Auto, true),
+            vec![true, true, false]
+        );
+        // By NCCL under auto, and with every row sent, none.
+        assert_eq!(
+            modes_to_prefer(&plan, RowExchange::Auto, false),
+            vec![false; 3]
+        );
+        assert_eq!(
+            modes_to_prefer(&plan, RowExchange::All, true),
+            vec![false; 3]
+        );
+        // Split by a light mode, the dense one is read by every GPU.
+        let mut plan = RowShards::new(&t, 4).unwrap();
+        plan.split_by(0).unwrap();
+        assert_eq!(
+            modes_to_prefer(&plan, RowExchange::Read, false),
+            vec![false, true, false]
+        );
     }
 }

@@ -323,7 +323,11 @@ impl Worker {
                 self.shared.rows[mode][self.g].len()
             };
             let len = rows * self.rank;
-            self.outputs[mode] = Some(self.gpu.alloc_zeros("an MTTKRP output", len)?);
+            let out = self.gpu.alloc_zeros::<f32>("an MTTKRP output", len)?;
+            let (ptr, _sync) = out.device_ptr(self.gpu.stream());
+            self.shared.output_ptrs.lock().expect("pointer table")[mode][self.slot] = ptr;
+            drop(_sync);
+            self.outputs[mode] = Some(out);
         }
         Ok(self.outputs[mode].as_mut().expect("allocated above"))
     }
@@ -526,6 +530,8 @@ impl Worker {
         let reduced = if partial {
             if self.shared.copy_reduce[mode].is_some() {
                 self.sum_received(mode)?;
+            } else if let Some(sparse) = self.shared.sparse[mode].clone() {
+                self.reduce_read(mode, &sparse)?;
             } else {
                 self.reduce_partial(mode)?;
             }

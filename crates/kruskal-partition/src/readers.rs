@@ -313,13 +313,21 @@ impl ModeLists {
     /// mode `mode` of `plan`: the GPU that receives most receives at most
     /// [`CHEAPER_SHARE`] of what it receives in the all-gather.
     pub fn cheaper_than_all_gather(&self, plan: &RowShards, mode: usize) -> bool {
+        self.cheaper_by(plan, mode, CHEAPER_SHARE)
+    }
+
+    /// Whether the GPU that receives most rows of mode `mode` receives at
+    /// most `share` of what it receives in the all-gather (a way of
+    /// sending rows that costs what the all-gather does per row takes
+    /// the rows read where `share` is near 1).
+    pub fn cheaper_by(&self, plan: &RowShards, mode: usize, share: f64) -> bool {
         let m = self.gpus();
         let sparse = (0..m).map(|h| self.received(h)).max().unwrap_or(0);
         let all = (0..m)
             .map(|h| all_gather_received(plan, mode, h))
             .max()
             .unwrap_or(0);
-        all > 0 && (sparse as f64) <= CHEAPER_SHARE * all as f64
+        all > 0 && (sparse as f64) <= share * all as f64
     }
 }
 

@@ -162,8 +162,8 @@ impl RowShards {
     /// by several GPUs ([`RowShards::partial`]) and summed onto their owner
     /// before its update. The row ownership of every mode is unchanged.
     ///
-    /// Errors: a mode out of range. Call after any
-    /// [`RowShards::prefer_readers`].
+    /// Errors: a mode out of range. [`RowShards::prefer_readers`] may run
+    /// before (on a rows plan's owners) or after (on the partial modes).
     pub fn split_by(&mut self, mode: usize) -> Result<()> {
         if mode >= self.dims.len() {
             return Err(PartitionError::Argument(format!(
@@ -194,26 +194,27 @@ impl RowShards {
     }
 
     /// Gives each row of `mode` to a GPU that reads it where that keeps
-    /// the balance: the GPUs whose shards of the other modes hold one of
-    /// the row's nonzeros (from `t`'s nonzeros and the plan's other modes)
-    /// read the row, and only they receive it in a sparse exchange; owned
-    /// by one of them, the row travels to one GPU fewer. Rows go largest
-    /// first (as LPT) to their least loaded reader while its load stays
-    /// within [`PREFER_SLACK`] of the mode's mean (or of LPT's largest load,
-    /// if that is larger), else to the least loaded GPU; empty rows are
-    /// dealt out as before. Only worth it for a mode whose rows are read by
-    /// few GPUs (a long sparse mode).
+    /// the balance: only the GPUs that read a row receive it in a sparse
+    /// exchange (and, in a split plan, send their partial sums of it to its
+    /// owner), so owned by one of them the row travels to one GPU fewer
+    /// each way. Who reads a row: in a rows plan, the GPUs whose shards of
+    /// the other modes hold one of its nonzeros (the other modes' owners);
+    /// in a split plan, where `mode` is partial, the owners of its
+    /// nonzeros' rows of the cut mode (every shard of a nonzero lies
+    /// there). Rows go largest first (as LPT) to their least loaded reader
+    /// while its load stays within [`PREFER_SLACK`] of the mean (or of the
+    /// plan's largest load, if that is larger), else to the least loaded
+    /// GPU; empty rows are dealt out as before. The load is the owner's
+    /// nonzeros of the mode in a rows plan (its MTTKRP), its rows with
+    /// nonzeros in a split plan (its update; the MTTKRP follows the cut
+    /// mode). Only worth it for a mode whose rows are read by few GPUs.
     ///
-    /// Errors: a tensor of other dimensions, or a mode out of range.
+    /// Errors: a tensor of other dimensions, a mode out of range, or a
+    /// split plan's cut mode (read by its owners alone).
     ///
     /// Cost: one parallel pass over the nonzeros, then a sort of the rows.
     pub fn prefer_readers(&mut self, t: &SparseTensor, mode: usize) -> Result<()> {
         let n = self.dims.len();
-        if self.split.is_some() {
-            return Err(PartitionError::Argument(
-                "rows go to their readers before a plan is split".into(),
-            ));
-        }
         if t.dims() != self.dims.as_slice() || mode >= n {
             return Err(PartitionError::Argument(format!(
                 "a tensor of dims {:?} (mode {mode}) for a plan of dims {:?}",
@@ -221,13 +222,26 @@ impl RowShards {
                 self.dims
             )));
         }
+        if self.split == Some(mode) {
+            return Err(PartitionError::Argument(format!(
+                "mode {mode} is the split plan's cut mode: its rows are read by their owners alone"
+            )));
+        }
         let gpus = self.gpus;
         if gpus == 1 || gpus > 32 {
             return Ok(());
         }
-        // The GPU of every old row of every mode.
+        // The modes whose owners read a nonzero's row of `mode`.
+        let reading: Vec<usize> = match self.split {
+            Some(cut) => vec![cut],
+            None => (0..n).filter(|&m| m != mode).collect(),
+        };
+        // The GPU of every old row of the reading modes.
         let part_of: Vec<Vec<u8>> = (0..n)
             .map(|m| {
+                if !reading.contains(&m) {
+                    return Vec::new();
+                }
                 let ptr = &self.row_ptr[m];
                 self.relabel[m]
                     .par_iter()
@@ -246,7 +260,7 @@ impl RowShards {
             .with_min_len(SCATTER_CHUNK)
             .for_each(|k| {
                 let mut bits = 0u64;
-                for m in (0..n).filter(|&m| m != mode) {
+                for &m in &reading {
                     bits |= 1 << part_of[m][indices[m][k] as usize];
                 }
                 let slot = &masks[indices[mode][k] as usize];
@@ -259,18 +273,28 @@ impl RowShards {
             .par_iter()
             .map(|&label| self.counts[mode][label as usize])
             .collect();
-        let total: u64 = old_counts.iter().sum();
-        let mean = total as f64 / gpus as f64;
-        let lpt_max = self.loads[mode].iter().copied().max().unwrap_or(0) as f64;
-        let cap = (mean * (1.0 + PREFER_SLACK)).max(lpt_max);
         let mut order: Vec<u32> = (0..self.dims[mode])
             .filter(|&i| old_counts[i as usize] > 0)
             .collect();
+        // What a row weighs, and the plan's largest load now.
+        let split = self.split.is_some();
+        let weight = |c: u64| if split { 1 } else { c };
+        let (total, now_max) = if split {
+            let rows = self.nonempty[mode].iter().copied();
+            (order.len() as u64, rows.max().unwrap_or(0) as u64)
+        } else {
+            let loads = self.loads[mode].iter().copied();
+            (old_counts.iter().sum(), loads.max().unwrap_or(0))
+        };
+        let mean = total as f64 / gpus as f64;
+        let cap = (mean * (1.0 + PREFER_SLACK)).max(now_max as f64);
         order.par_sort_unstable_by_key(|&i| (std::cmp::Reverse(old_counts[i as usize]), i));
         let mut loads = vec![0u64; gpus];
+        let mut nonzeros = vec![0u64; gpus];
         let mut new_part = vec![0u32; self.dims[mode] as usize];
         for &row in &order {
             let c = old_counts[row as usize];
+            let w = weight(c);
             let readers = masks[row as usize].load(Ordering::Relaxed);
             let least = |allowed: u64| -> Option<usize> {
                 (0..gpus)
@@ -278,10 +302,11 @@ impl RowShards {
                     .min_by_key(|&g| (loads[g], g))
             };
             let g = match least(readers) {
-                Some(g) if (loads[g] + c) as f64 <= cap => g,
+                Some(g) if (loads[g] + w) as f64 <= cap => g,
                 _ => least(u64::MAX).expect("at least one GPU"),
             };
-            loads[g] += c;
+            loads[g] += w;
+            nonzeros[g] += c;
             new_part[row as usize] = g as u32;
         }
         spread_empty_rows(&old_counts, &mut new_part, gpus);
@@ -290,7 +315,7 @@ impl RowShards {
         self.row_ptr[mode] = l.ptr;
         self.counts[mode] = l.counts;
         self.nonempty[mode] = l.nonempty;
-        self.loads[mode] = loads;
+        self.loads[mode] = nonzeros;
         Ok(())
     }
 
@@ -1077,7 +1102,15 @@ mod tests {
                 }
             }
             prop_assert!(plan.split_by(3).is_err());
-            prop_assert!(plan.prefer_readers(&t, 0).is_err());
+            // The cut mode's rows are read by their owners alone; a
+            // partial mode's may go to their readers, the shards unchanged.
+            prop_assert!(plan.prefer_readers(&t, cut).is_err());
+            let partial = (cut + 1) % 3;
+            plan.prefer_readers(&t, partial).unwrap();
+            for g in 0..gpus {
+                prop_assert_eq!(plan.nnz(partial, g), rows_plan.nnz(cut, g));
+            }
+            check_local_elements(&t, &plan);
         }
     }
 
@@ -1242,24 +1275,27 @@ mod tests {
         }
     }
 
+    /// Rows of `mode` a sparse exchange sends under `plan`: every GPU's
+    /// shards marked as the group marks them, then the lists' total.
+    fn rows_sent(t: &SparseTensor, plan: &RowShards, mode: usize) -> u64 {
+        let readers = crate::readers::RowReaders::new(plan).unwrap();
+        let stride = plan.stride();
+        for m in 0..t.nmodes() {
+            let mut buf = vec![0u32; t.nnz() * stride];
+            let offsets = plan.fill_elements(t, m, &mut buf).unwrap();
+            for g in 0..plan.gpus() {
+                let part = &buf[offsets[g] as usize * stride..offsets[g + 1] as usize * stride];
+                readers.mark(g, m, part).unwrap();
+            }
+        }
+        readers.lists(plan).unwrap().mode(mode).total()
+    }
+
     #[test]
     fn rows_given_to_their_readers_stay_balanced_and_travel_less() {
-        use crate::readers::RowReaders;
         // A long third mode of light rows, read by few GPUs.
         let t = power_law(&PowerLawSpec::new(vec![300, 200, 40_000], 30_000).with_seed(4)).unwrap();
-        let volume = |plan: &RowShards| -> u64 {
-            let readers = RowReaders::new(plan).unwrap();
-            let stride = plan.stride();
-            for mode in 0..t.nmodes() {
-                let mut buf = vec![0u32; t.nnz() * stride];
-                let offsets = plan.fill_elements(&t, mode, &mut buf).unwrap();
-                for g in 0..plan.gpus() {
-                    let part = &buf[offsets[g] as usize * stride..offsets[g + 1] as usize * stride];
-                    readers.mark(g, mode, part).unwrap();
-                }
-            }
-            readers.lists(plan).unwrap().mode(2).total()
-        };
+        let volume = |plan: &RowShards| rows_sent(&t, plan, 2);
         for gpus in [2, 3, 4] {
             let lpt = RowShards::new(&t, gpus).unwrap();
             let mut preferred = lpt.clone();
@@ -1285,6 +1321,57 @@ mod tests {
                 after * 10 < before * 9,
                 "{gpus} GPUs: {before} rows sent, then {after}"
             );
+        }
+    }
+
+    #[test]
+    fn a_split_plans_partial_rows_go_to_their_readers_and_stay_balanced() {
+        // Two long modes of light rows, split by the short third: a light
+        // row's nonzeros fall on one or two GPUs.
+        let t =
+            power_law(&PowerLawSpec::new(vec![40_000, 30_000, 300], 30_000).with_seed(5)).unwrap();
+        let volume = |plan: &RowShards, mode: usize| rows_sent(&t, plan, mode);
+        for gpus in [2, 3, 4] {
+            let mut split = RowShards::new(&t, gpus).unwrap();
+            split.split_by(2).unwrap();
+            let mut preferred = split.clone();
+            // The cut mode is read by its owners alone: refused.
+            assert!(preferred.prefer_readers(&t, 2).is_err());
+            for mode in [0, 1] {
+                preferred.prefer_readers(&t, mode).unwrap();
+                let dim = t.dims()[mode];
+                let mut seen = preferred.relabel(mode).to_vec();
+                seen.sort_unstable();
+                assert_eq!(seen, (0..dim).collect::<Vec<u32>>());
+                // The shards still follow the cut mode.
+                for g in 0..gpus {
+                    assert_eq!(preferred.nnz(mode, g), split.nnz(2, g));
+                }
+                // Rows with nonzeros per owner within the slack of the
+                // mean (or of the plan before, if that was worse).
+                let rows: Vec<u64> = (0..gpus)
+                    .map(|g| preferred.rows_with_nonzeros(mode, g).len() as u64)
+                    .collect();
+                let before = (0..gpus)
+                    .map(|g| split.rows_with_nonzeros(mode, g).len())
+                    .max()
+                    .unwrap() as f64;
+                let mean = rows.iter().sum::<u64>() as f64 / gpus as f64;
+                let max = *rows.iter().max().unwrap() as f64;
+                assert!(
+                    max <= (mean * (1.0 + PREFER_SLACK)).max(before) + 1.0,
+                    "{gpus} GPUs, mode {mode}: {rows:?}"
+                );
+                let (lpt, after) = (volume(&split, mode), volume(&preferred, mode));
+                assert!(
+                    after * 10 < lpt * 7,
+                    "{gpus} GPUs, mode {mode}: {lpt} rows sent, then {after}"
+                );
+            }
+            let mut buf = vec![0u32; t.nnz() * preferred.stride()];
+            for mode in 0..t.nmodes() {
+                preferred.fill_elements(&t, mode, &mut buf).unwrap();
+            }
         }
     }
 

@@ -287,10 +287,15 @@ pub struct MultiGpuArgs {
     #[arg(long, value_name = "auto|rows|split[:MODE]", default_value = DEFAULT_GPU_PLAN)]
     pub gpu_plan: String,
     /// How a split plan's partial sums reach their owners in one process:
-    /// nccl (NCCL's reductions after the MTTKRP) or copies (peer copies on
-    /// the copy engines while the MTTKRP goes on, where every pair of GPUs
-    /// has peer access and every shard is resident; NCCL otherwise).
-    #[arg(long, value_name = "copies|nccl", default_value = DEFAULT_PARTIAL_REDUCE)]
+    /// nccl (NCCL after the MTTKRP: reductions, or sends of the rows read
+    /// where the exchange sends only those), pull (where only the rows
+    /// read are exchanged, each owner reads the partial sums of its rows
+    /// out of the GPUs that read them, and the rows travel back by peer
+    /// reads too; needs peer access between every pair) or copies (peer
+    /// copies on the copy engines while the MTTKRP goes on, where every
+    /// pair has peer access and every shard is resident); NCCL where the
+    /// choice cannot run.
+    #[arg(long, value_name = "nccl|pull|copies", default_value = DEFAULT_PARTIAL_REDUCE)]
     pub partial_reduce: String,
     /// Stream shards from pinned host memory: auto (only what does not
     /// fit), always, never.
