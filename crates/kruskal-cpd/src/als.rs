@@ -341,7 +341,14 @@ pub(crate) fn drive(
             inner_iters += done.inner_iters;
             lambda = done.lambda;
             grams[mode] = done.gram;
-            update_s += t.elapsed().as_secs_f64();
+            let mut updated_s = t.elapsed().as_secs_f64();
+            if let Some(waited) = backend.take_waited_mttkrp_s() {
+                // The update waited for the MTTKRP: move that part back.
+                let moved = (waited - mttkrp_modes_s[mode]).clamp(0.0, updated_s);
+                mttkrp_modes_s[mode] += moved;
+                updated_s -= moved;
+            }
+            update_s += updated_s;
         }
         let fit_start = Instant::now();
         let last = nmodes - 1;

@@ -54,6 +54,13 @@ pub trait Backend {
     fn sync(&mut self) -> Result<()> {
         Ok(())
     }
+    /// The last MTTKRP's time (s) where `sync` left the wait to
+    /// `solve_update` (a backend whose update waits for the MTTKRP on the
+    /// devices, with no round trip of its own); `None` elsewhere. The
+    /// driver then splits the host's time of the two by it.
+    fn take_waited_mttkrp_s(&mut self) -> Option<f64> {
+        None
+    }
     /// `A_mode = M W` (W: rank x rank); returns the new columns' norms.
     fn solve_update(&mut self, mode: usize, w: &Array2<f64>) -> Result<ColumnNorms>;
     /// Divides column r of `A_mode` by `divisors[r]`; returns its new Gram.

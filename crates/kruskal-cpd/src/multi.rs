@@ -62,6 +62,16 @@ pub struct GroupBackend {
     skip: Vec<usize>,
     /// The mode of the last queued MTTKRP.
     current: usize,
+    /// Whether `sync` left the wait for the last MTTKRP to the next call
+    /// (the update waits for it on the GPUs, with no round trip of its
+    /// own).
+    deferred: bool,
+    /// The last MTTKRP's time (s, slowest GPU, its reduction included)
+    /// when the update waited for it, until the driver takes it.
+    waited_s: Option<f64>,
+    /// Per mode, whether its exchange left running is to be counted when
+    /// its time arrives.
+    exchange_counted: Vec<bool>,
 }
 
 impl GroupBackend {
@@ -95,6 +105,9 @@ impl GroupBackend {
             breakdown,
             skip: vec![1; n],
             current: 0,
+            deferred: false,
+            waited_s: None,
+            exchange_counted: vec![false; n],
         }
     }
 
@@ -113,20 +126,27 @@ impl GroupBackend {
 
     /// After a mode's scaling (ALS's or AO-ADMM's, begun at `started`,
     /// giving the Gram `g`): the inner products scaled by `inv`, the rows
-    /// exchanged, the breakdown counted; returns the Gram as a matrix.
+    /// exchanged (unless `exchanged` gives the milliseconds of an exchange
+    /// already run or left running), the breakdown counted; returns the
+    /// Gram as a matrix.
     fn finish_mode(
         &mut self,
         mode: usize,
         g: Vec<f64>,
         inv: &[f32],
         started: Instant,
+        exchanged: Option<f64>,
     ) -> Result<Array2<f64>> {
         if let Some(inner) = &mut self.inner[mode] {
             inner.scale(inv);
         }
-        let update_ms = started.elapsed().as_secs_f64() * 1e3;
-        let exchange_ms = self.group.exchange_rows(mode)?;
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+        let (update_ms, exchange_ms) = match exchanged {
+            Some(ms) => ((elapsed_ms - ms).max(0.0), ms),
+            None => (elapsed_ms, self.group.exchange_rows(mode)?),
+        };
         let across_ms = self.group.take_across_ms();
+        self.exchange_counted[mode] = self.counting(mode);
         if self.counting(mode) {
             let b = &mut self.breakdown[mode];
             b.update_ms += update_ms;
@@ -136,6 +156,50 @@ impl GroupBackend {
             self.skip[mode] -= 1;
         }
         square(g, self.group.rank())
+    }
+
+    /// Counts one MTTKRP of the current mode from each GPU's times.
+    fn count_mttkrp(&mut self, times: &[MttkrpTimes]) {
+        let mode = self.current;
+        if !self.counting(mode) {
+            return;
+        }
+        let b = &mut self.breakdown[mode];
+        let slowest = |f: fn(&MttkrpTimes) -> f64| times.iter().map(f).fold(0.0, f64::max);
+        b.calls += 1;
+        b.h2d_ms += slowest(|t| t.h2d_ms);
+        b.kernel_ms += slowest(|t| t.kernel_ms);
+        b.mttkrp_ms += slowest(|t| t.total_ms);
+        b.reduce_ms += slowest(|t| t.reduce_ms);
+        b.per_gpu_mttkrp_ms.resize(times.len(), 0.0);
+        for (acc, t) in b.per_gpu_mttkrp_ms.iter_mut().zip(times) {
+            *acc += t.total_ms;
+        }
+    }
+
+    /// Counts the exchange left running that the GPUs' times report (the
+    /// slowest GPU's).
+    fn count_exchanges(&mut self, times: &[MttkrpTimes]) {
+        let mut slowest: Option<(usize, f64)> = None;
+        for (mode, ms) in times.iter().filter_map(|t| t.exchanged) {
+            let ms = slowest.map_or(ms, |(_, s)| s.max(ms));
+            slowest = Some((mode, ms));
+        }
+        if let Some((mode, ms)) = slowest {
+            if self.exchange_counted[mode] {
+                self.breakdown[mode].exchange_ms += ms;
+            }
+        }
+    }
+
+    /// Waits for the MTTKRP whose wait `sync` deferred, if any.
+    fn settle(&mut self) -> Result<()> {
+        if std::mem::take(&mut self.deferred) {
+            let times: Vec<MttkrpTimes> = self.group.sync()?;
+            self.count_mttkrp(&times);
+            self.count_exchanges(&times);
+        }
+        Ok(())
     }
 }
 
@@ -174,10 +238,11 @@ impl Backend for GroupBackend {
     }
 
     fn load_factors(&mut self, factors: Vec<Array2<f32>>) -> Result<()> {
+        self.settle()?;
         crate::check_factor_shapes(&self.dims, &factors)?;
         // Each mode dropped once it is uploaded.
         for (mode, f) in factors.into_iter().enumerate() {
-            self.group.load_mode(mode, &f)?;
+            self.group.load_mode(mode, f)?;
         }
         self.inner = vec![None; self.dims.len()];
         Ok(())
@@ -186,6 +251,7 @@ impl Backend for GroupBackend {
     /// [`crate::random_factors`], drawn and uploaded one mode at a time:
     /// the host never holds every factor.
     fn load_random(&mut self, rank: usize, seed: u64) -> Result<()> {
+        self.settle()?;
         if rank != self.group.rank() {
             return Err(CpdError::Shape(format!(
                 "factors of rank {rank} for a group built for rank {}",
@@ -194,41 +260,31 @@ impl Backend for GroupBackend {
         }
         for (mode, &dim) in self.dims.iter().enumerate() {
             let f = crate::als::random_factor(mode, dim, rank, seed);
-            self.group.load_mode(mode, &f)?;
+            self.group.load_mode(mode, f)?;
         }
         self.inner = vec![None; self.dims.len()];
         Ok(())
     }
 
     fn gram(&mut self, mode: usize) -> Result<Array2<f64>> {
+        self.settle()?;
         let g = self.group.scale_gram(mode, None)?;
         square(g, self.group.rank())
     }
 
     fn mttkrp(&mut self, mode: usize) -> Result<()> {
+        self.settle()?;
         self.inner[mode] = None;
         self.current = mode;
         self.group.mttkrp(mode).map_err(CpdError::from)
     }
 
+    /// Leaves the wait to the next call: the driver calls `solve_update`
+    /// right after, whose command waits for the MTTKRP on each GPU and
+    /// brings its times back (one round trip fewer per mode); any other
+    /// call waits first ([`GroupBackend::settle`]).
     fn sync(&mut self) -> Result<()> {
-        // The driver calls sync right after each mode's MTTKRP.
-        let times: Vec<MttkrpTimes> = self.group.sync()?;
-        let mode = self.current;
-        if !self.counting(mode) {
-            return Ok(());
-        }
-        let b = &mut self.breakdown[mode];
-        let slowest = |f: fn(&MttkrpTimes) -> f64| times.iter().map(f).fold(0.0, f64::max);
-        b.calls += 1;
-        b.h2d_ms += slowest(|t| t.h2d_ms);
-        b.kernel_ms += slowest(|t| t.kernel_ms);
-        b.mttkrp_ms += slowest(|t| t.total_ms);
-        b.reduce_ms += slowest(|t| t.reduce_ms);
-        b.per_gpu_mttkrp_ms.resize(times.len(), 0.0);
-        for (acc, t) in b.per_gpu_mttkrp_ms.iter_mut().zip(&times) {
-            *acc += t.total_ms;
-        }
+        self.deferred = true;
         Ok(())
     }
 
@@ -238,8 +294,24 @@ impl Backend for GroupBackend {
         let stats = self
             .group
             .update(mode, w.as_slice().expect("standard layout"))?;
+        let waited = self.group.take_waited();
+        // An exchange left running is reported by the first wait after it,
+        // whichever call made that wait.
+        self.count_exchanges(&waited.times);
+        let update_ms = if std::mem::take(&mut self.deferred) {
+            self.count_mttkrp(&waited.times);
+            let slowest = waited
+                .times
+                .iter()
+                .map(|t| t.total_ms + t.reduce_ms)
+                .fold(0.0, f64::max);
+            self.waited_s = Some(slowest / 1e3);
+            waited.update_ms
+        } else {
+            t.elapsed().as_secs_f64() * 1e3
+        };
         if self.counting(mode) {
-            self.breakdown[mode].update_ms += t.elapsed().as_secs_f64() * 1e3;
+            self.breakdown[mode].update_ms += update_ms;
         }
         self.inner[mode] = Some(InnerSums::new(stats.inner));
         Ok(ColumnNorms {
@@ -248,11 +320,19 @@ impl Backend for GroupBackend {
         })
     }
 
+    fn take_waited_mttkrp_s(&mut self) -> Option<f64> {
+        self.waited_s.take()
+    }
+
+    /// The scaling, the Gram and the exchange in one command: an exchange
+    /// by NCCL is left running behind the Gram, and the next MTTKRP
+    /// queues behind it.
     fn scale_and_gram(&mut self, mode: usize, divisors: &[f64]) -> Result<Array2<f64>> {
+        self.settle()?;
         let t = Instant::now();
         let inv: Vec<f32> = divisors.iter().map(|&d| (1.0 / d) as f32).collect();
-        let g = self.group.scale_gram(mode, Some(&inv))?;
-        self.finish_mode(mode, g, &inv, t)
+        let (g, exchange_ms) = self.group.scale_gram_exchange(mode, &inv)?;
+        self.finish_mode(mode, g, &inv, t, Some(exchange_ms))
     }
 
     /// AO-ADMM on the group: each GPU runs the one-GPU blocked inner loop
@@ -267,6 +347,7 @@ impl Backend for GroupBackend {
         w: &Array2<f64>,
         params: &kruskal_device::admm::InnerParams,
     ) -> Result<kruskal_device::admm::InnerStats> {
+        self.settle()?;
         let t = Instant::now();
         let w = w.as_standard_layout();
         let stats = self
@@ -284,6 +365,7 @@ impl Backend for GroupBackend {
     /// lists themselves are not needed). Several processes run the host's
     /// loop on every row.
     fn set_data_rows(&mut self, rows: Arc<DataRows>) -> Result<()> {
+        self.settle()?;
         rows.check(self.dims())?;
         if self.group.process().is_some() {
             return Ok(());
@@ -292,10 +374,11 @@ impl Backend for GroupBackend {
     }
 
     fn admm_scale(&mut self, mode: usize, divisors: &[f64]) -> Result<Array2<f64>> {
+        self.settle()?;
         let t = Instant::now();
         let g = self.group.admm_scale(mode, divisors)?;
         let inv: Vec<f32> = divisors.iter().map(|&d| (1.0 / d) as f32).collect();
-        self.finish_mode(mode, g, &inv, t)
+        self.finish_mode(mode, g, &inv, t, None)
     }
 
     fn inner_products(&mut self, mode: usize) -> Result<Vec<f64>> {
@@ -303,6 +386,11 @@ impl Backend for GroupBackend {
     }
 
     fn take_factors(&mut self) -> Result<Vec<Array2<f32>>> {
+        self.settle()?;
+        // The last exchange left running is counted before the factors
+        // come down.
+        let times: Vec<MttkrpTimes> = self.group.sync()?;
+        self.count_exchanges(&times);
         self.group.factors().map_err(CpdError::from)
     }
 }

@@ -192,10 +192,18 @@ impl DeviceFactors {
         self.data.slice_mut(first..first + rows.len() * self.rank)
     }
 
-    /// Mode `mode`'s factor, downloaded (`dims[mode] x rank` floats,
-    /// row-major; synchronizes the stream): the host holds one mode's rows
-    /// at a time.
-    pub fn download_mode(&self, gpu: &Gpu, mode: usize) -> Result<Vec<f32>> {
+    /// One mode's factor rows, in this buffer's row order, handed to
+    /// `sink(at, piece)` piece by piece (`at`: the piece's first float
+    /// within the mode; whole rows, at most [`STAGE_WORDS`] floats) as
+    /// they come through the page-locked staging buffers: the caller
+    /// writes them where they belong without a copy of the whole mode.
+    /// Synchronizes the stream.
+    pub fn download_mode_into(
+        &self,
+        gpu: &Gpu,
+        mode: usize,
+        sink: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<()> {
         let len = self.dims[mode] as usize * self.rank;
         let first = self.first_row(mode) * self.rank;
         let piece = (STAGE_WORDS / self.rank).max(1) * self.rank;
@@ -203,16 +211,9 @@ impl DeviceFactors {
             .step_by(piece.max(1))
             .map(|at| (first + at, piece.min(len - at)))
             .collect();
-        let mut out = vec![0f32; len];
-        let part = ((1 << 14) / self.rank).max(1) * self.rank;
         gpu.download_through_staging("a factor matrix", &self.data, &pieces, &mut |i, src| {
-            let at = i * piece;
-            out[at..at + src.len()]
-                .par_chunks_mut(part)
-                .zip(src.par_chunks(part))
-                .for_each(|(d, s)| d.copy_from_slice(s));
-        })?;
-        Ok(out)
+            sink(i * piece, src)
+        })
     }
 
     /// Every factor, downloaded (synchronizes the stream).

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{CUresult, cudaError_enum};
 
-use super::worker::Worker;
+use super::worker::{LeftRunning, Worker};
 use crate::nccl::{Comm, Nccl};
 use crate::process::ProcessComm;
 use kruskal_device::{DeviceError, Gpu, Result, driver};
@@ -340,7 +340,9 @@ impl Worker {
     /// buffer; returns the milliseconds it took. The first all-gather
     /// after the factors are loaded sends every row; later ones only the
     /// rows with nonzeros (the others are zero on every GPU by then).
-    pub(super) fn exchange(&mut self, mode: usize) -> Result<f64> {
+    /// With `leave`, an all-gather by NCCL is left running on the stream
+    /// and 0 is returned ([`Worker::leave_running`]).
+    pub(super) fn exchange(&mut self, mode: usize, leave: bool) -> Result<f64> {
         let started = Instant::now();
         let stream = self.gpu.stream().clone();
         let m = self.shared.rows[mode].len();
@@ -361,6 +363,7 @@ impl Worker {
             Some(collective) => {
                 let (nccl, comm) = collective.comm(self.slot);
                 let nccl_err = |e: crate::nccl::NcclError| DeviceError::Nccl(e.to_string());
+                let left = self.leave_running(leave)?;
                 nccl.group_start().map_err(nccl_err)?;
                 for b in 0..m {
                     let (offset, count) = block(b);
@@ -382,6 +385,12 @@ impl Worker {
                     .map_err(nccl_err)?;
                 }
                 nccl.group_end().map_err(nccl_err)?;
+                if let Some(start) = left {
+                    // The factor buffer lives with the worker, and every
+                    // later use of it is queued behind on this stream.
+                    self.running = Some(LeftRunning::ends_here(&stream, mode, start)?);
+                    return Ok(0.0);
+                }
                 self.wait(&stream, "the NCCL exchange")?;
             }
             None => {

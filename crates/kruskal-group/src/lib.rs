@@ -151,6 +151,21 @@ pub struct MttkrpTimes {
     /// After the MTTKRP, the reduction of a partial mode's sums onto
     /// their owners (a split plan; 0 otherwise).
     pub reduce_ms: f64,
+    /// The exchange left running before this MTTKRP
+    /// ([`GpuGroup::scale_gram_exchange`]): its mode and milliseconds
+    /// (CUDA events), read once the stream had passed it.
+    pub exchanged: Option<(usize, f64)>,
+}
+
+/// What a [`GpuGroup::update`] waited for before it ran, and its time.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Waited {
+    /// Per GPU, the MTTKRP the update waited for (empty when
+    /// [`GpuGroup::sync`] had taken its times already, the MTTKRP's own
+    /// fields 0), with any exchange left running before it.
+    pub times: Vec<MttkrpTimes>,
+    /// The update itself once the MTTKRP was done, slowest GPU (ms).
+    pub update_ms: f64,
 }
 
 /// Several GPUs running one CPD together.
@@ -177,6 +192,8 @@ pub struct GpuGroup {
     /// Wall time of the all-reduces across processes since the last
     /// [`GpuGroup::take_across_ms`] (ms).
     across_ms: f64,
+    /// What the last update's workers waited for, and its time.
+    waited: Waited,
 }
 
 impl GpuGroup {
@@ -802,6 +819,7 @@ impl GpuGroup {
                     None
                 },
                 reduce_bufs,
+                running: None,
                 calls: 0,
                 fault: opts
                     .fault
@@ -825,6 +843,7 @@ impl GpuGroup {
             timeout: opts.timeout,
             failed: None,
             across_ms: 0.0,
+            waited: Waited::default(),
         })
     }
 
@@ -1029,18 +1048,18 @@ impl GpuGroup {
             )));
         }
         for (mode, f) in factors.iter().enumerate() {
-            self.load_mode(mode, f)?;
+            self.load_mode(mode, f.clone())?;
         }
         Ok(())
     }
 
     /// Uploads mode `mode`'s factor (`dims[mode] x rank`, original row
-    /// order) to every GPU, relabeled: the host holds one relabeled copy of
-    /// one mode at a time, so a caller that draws or reads the factors
-    /// mode by mode never holds all of them twice. The mode's update and
-    /// exchange start again; every mode must be loaded before the first
-    /// MTTKRP.
-    pub fn load_mode(&mut self, mode: usize, factor: &Array2<f32>) -> Result<()> {
+    /// order) to every GPU, relabeled in place (the rows permuted along
+    /// the label cycles): the host holds no second copy, so a caller that
+    /// draws or reads the factors mode by mode holds one mode beyond the
+    /// tensor at a time. The mode's update and exchange start again; every
+    /// mode must be loaded before the first MTTKRP.
+    pub fn load_mode(&mut self, mode: usize, factor: Array2<f32>) -> Result<()> {
         self.check_mode(mode)?;
         let d = self.plan.dims()[mode] as usize;
         let r = self.rank;
@@ -1052,14 +1071,20 @@ impl GpuGroup {
                 mode + 1
             )));
         }
-        let labels = self.plan.relabel(mode);
-        let mut rows = vec![0f32; d * r];
-        for (old, row) in factor.outer_iter().enumerate() {
-            let at = labels[old] as usize * r;
-            for (dst, &x) in rows[at..at + r].iter_mut().zip(row.iter()) {
-                *dst = x;
-            }
+        let factor = if factor.is_standard_layout() {
+            factor
+        } else {
+            factor.as_standard_layout().into_owned()
+        };
+        // A standard-layout array's elements are contiguous in its buffer
+        // from the offset on; a buffer larger than them is cut to them.
+        let (mut rows, offset) = factor.into_raw_vec_and_offset();
+        let offset = offset.unwrap_or(0);
+        if offset != 0 || rows.len() != d * r {
+            rows.drain(..offset);
+            rows.truncate(d * r);
         }
+        permute_rows(&mut rows, r, self.plan.relabel(mode));
         let rows = Arc::new(rows);
         self.all(|| Cmd::Load(mode, rows.clone()), "loading the factors")?;
         Ok(())
@@ -1103,8 +1128,11 @@ impl GpuGroup {
             max_abs: vec![0.0; r],
             inner: vec![0.0; r],
         };
+        self.waited = Waited::default();
         for reply in replies {
-            if let Reply::Stats(s) = reply {
+            if let Reply::Stats(s, times, ms) = reply {
+                self.waited.times.push(times);
+                self.waited.update_ms = self.waited.update_ms.max(ms);
                 for c in 0..r {
                     total.sumsq[c] += s.sumsq[c];
                     total.max_abs[c] = total.max_abs[c].max(s.max_abs[c]);
@@ -1134,6 +1162,12 @@ impl GpuGroup {
             }
         }
         Ok(total)
+    }
+
+    /// What the last [`GpuGroup::update`] waited for and took (empty once
+    /// taken).
+    pub fn take_waited(&mut self) -> Waited {
+        std::mem::take(&mut self.waited)
     }
 
     /// All-reduces `data` across the processes (workers idle meanwhile, so
@@ -1172,6 +1206,39 @@ impl GpuGroup {
         }
         self.across(&mut gram, Reduce::Sum, "the Gram matrix")?;
         Ok(gram)
+    }
+
+    /// [`GpuGroup::scale_gram`] with the scales `inv`, then the mode's
+    /// exchange ([`GpuGroup::exchange_rows`]) in the same command, so no
+    /// GPU idles for a round trip between the two (across processes the
+    /// worker all-reduces the Gram before it queues the exchange). An
+    /// exchange by NCCL is left running: the next MTTKRP queues behind
+    /// it, and its time comes with the next [`GpuGroup::sync`] or
+    /// [`GpuGroup::update`] ([`MttkrpTimes::exchanged`]); pulls and
+    /// peer-copy rings are waited for. Returns the Gram and the exchange's
+    /// milliseconds when waited for (the slowest GPU's; 0 when left
+    /// running).
+    pub fn scale_gram_exchange(&mut self, mode: usize, inv: &[f32]) -> Result<(Vec<f64>, f64)> {
+        self.check_mode(mode)?;
+        if self.plan.gpus() == 1 {
+            return Ok((self.scale_gram(mode, Some(inv))?, 0.0));
+        }
+        let inv = Arc::new(inv.to_vec());
+        let replies = self.all(
+            || Cmd::ScaleGramExchange(mode, inv.clone()),
+            "the Gram matrix and the factor exchange",
+        )?;
+        let mut gram = vec![0f64; self.rank * self.rank];
+        let mut waited = 0f64;
+        for reply in replies {
+            if let Reply::GramExchanged(g, ms, across_ms) = reply {
+                // Across processes the one worker has all-reduced it.
+                gram.iter_mut().zip(&g).for_each(|(a, b)| *a += b);
+                waited = waited.max(ms);
+                self.across_ms += across_ms;
+            }
+        }
+        Ok((gram, waited))
     }
 
     /// AO-ADMM's blocked inner loop of `mode` on every GPU's own rows, from
@@ -1320,17 +1387,32 @@ impl GpuGroup {
                 self.workers.len()
             )));
         }
-        // One mode at a time: the host holds the model and one relabeled
-        // mode, never a second copy of every factor.
+        // One mode at a time, each row written where it belongs as the
+        // pieces come down: the host holds the model and no other copy.
         let mut out = Vec::new();
         for mode in 0..self.plan.dims().len() {
-            let reply = self.some(&[slot], || Cmd::Factor(mode), "downloading the factors")?;
-            let Some(Reply::Floats(rows)) = reply.into_iter().next() else {
+            let order = Arc::new(self.original_rows(mode));
+            let reply = self.some(
+                &[slot],
+                || Cmd::Factor(mode, order.clone()),
+                "downloading the factors",
+            )?;
+            let Some(Reply::Factor(f)) = reply.into_iter().next() else {
                 return Err(DeviceError::Shape("no factors came back".into()));
             };
-            out.push(self.unlabel(mode, &rows));
+            out.push(f);
         }
         Ok(out)
+    }
+
+    /// Per relabeled row of `mode`, its original row.
+    fn original_rows(&self, mode: usize) -> Vec<u32> {
+        let labels = self.plan.relabel(mode);
+        let mut order = vec![0u32; labels.len()];
+        for (old, &new) in labels.iter().enumerate() {
+            order[new as usize] = old as u32;
+        }
+        order
     }
 
     /// Rows in relabeled order back to the original order.
@@ -1496,9 +1578,65 @@ impl Drop for GpuGroup {
     }
 }
 
+/// Moves row `k` of `rows` (`rank` floats each) to row `labels[k]`, in
+/// place: each cycle of the permutation is walked once, carrying one row,
+/// and a flag per row marks the rows already placed.
+fn permute_rows(rows: &mut [f32], rank: usize, labels: &[u32]) {
+    let n = labels.len();
+    let mut placed = vec![false; n];
+    let mut carry = vec![0f32; rank];
+    let mut spare = vec![0f32; rank];
+    for start in 0..n {
+        if placed[start] {
+            continue;
+        }
+        carry.copy_from_slice(&rows[start * rank..(start + 1) * rank]);
+        let mut to = labels[start] as usize;
+        while to != start {
+            // Row `to` is displaced by the carried row, and carried on.
+            let dst = &mut rows[to * rank..(to + 1) * rank];
+            spare.copy_from_slice(dst);
+            dst.copy_from_slice(&carry);
+            std::mem::swap(&mut carry, &mut spare);
+            placed[to] = true;
+            to = labels[to] as usize;
+        }
+        rows[start * rank..(start + 1) * rank].copy_from_slice(&carry);
+        placed[start] = true;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rows_are_permuted_in_place_as_a_scatter_would() {
+        // Permutations with fixed points, 2-cycles and one long cycle.
+        let rank = 3;
+        for (n, seed) in [(1usize, 1u64), (2, 2), (7, 3), (50, 4), (257, 5)] {
+            let mut labels: Vec<u32> = (0..n as u32).collect();
+            let mut x = seed;
+            for i in (1..n).rev() {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let j = (x >> 33) as usize % (i + 1);
+                if j % 3 != 0 {
+                    labels.swap(i, j);
+                }
+            }
+            let rows: Vec<f32> = (0..n * rank).map(|v| v as f32).collect();
+            let mut want = vec![0f32; n * rank];
+            for (k, &to) in labels.iter().enumerate() {
+                let to = to as usize;
+                want[to * rank..(to + 1) * rank].copy_from_slice(&rows[k * rank..(k + 1) * rank]);
+            }
+            let mut got = rows.clone();
+            permute_rows(&mut got, rank, &labels);
+            assert_eq!(got, want, "n = {n}");
+        }
+    }
 
     #[test]
     fn bad_groups_are_errors_not_panics() {

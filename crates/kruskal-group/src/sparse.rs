@@ -26,7 +26,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, PushKernelArg};
 use kruskal_partition::RowShards;
 use kruskal_partition::readers::{ExchangeLists, MAX_GPUS, RowReaders, all_gather_received};
 
-use super::worker::Worker;
+use super::worker::{LeftRunning, Worker};
 use crate::nccl::Transfer;
 use kruskal_device::kernels::Kernel;
 use kruskal_device::{DeviceError, Gpu, Result, driver, grid_stride};
@@ -448,8 +448,15 @@ fn element_ptr(list: &CudaSlice<u32>, stream: &Arc<CudaStream>, at: u64) -> u64 
 
 impl Worker {
     /// Sends and receives the rows of `mode` that `sparse` lists; returns
-    /// the milliseconds it took.
-    pub(super) fn exchange_read(&mut self, mode: usize, sparse: &SparseMode) -> Result<f64> {
+    /// the milliseconds it took. With `leave`, an exchange by NCCL is left
+    /// running on the stream and 0 is returned ([`Worker::leave_running`]);
+    /// pulls are waited for.
+    pub(super) fn exchange_read(
+        &mut self,
+        mode: usize,
+        sparse: &SparseMode,
+        leave: bool,
+    ) -> Result<f64> {
         let started = std::time::Instant::now();
         let stream = self.gpu.stream().clone();
         let r = self.rank;
@@ -468,6 +475,7 @@ impl Worker {
             .filter(|_| !self.shared.pull);
         match collective {
             Some(collective) => {
+                let left = self.leave_running(leave)?;
                 let (sent, received) = (sparse.sent(g), sparse.received(g));
                 ensure(&self.gpu, &mut self.send_buf, sent * r as u64)?;
                 ensure(&self.gpu, &mut self.recv_buf, received * r as u64)?;
@@ -540,6 +548,14 @@ impl Worker {
                         received,
                     )
                 }?;
+                if let Some(start) = left {
+                    // The lists and packed buffers live with the worker,
+                    // and every later use of them (a larger buffer frees
+                    // the old one in stream order) is queued behind on
+                    // this stream.
+                    self.running = Some(LeftRunning::ends_here(&stream, mode, start)?);
+                    return Ok(0.0);
+                }
                 self.wait(&stream, "the sparse NCCL exchange")?;
             }
             None => {

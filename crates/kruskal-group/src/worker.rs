@@ -10,18 +10,21 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, Sender};
 
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{
     CudaEvent, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 
 use super::MttkrpTimes;
-use super::exchange::Shared;
+use super::exchange::{Collective, Shared};
 use super::sparse::DeviceLists;
+use crate::nccl::Reduce;
 use kruskal_device::admm::{AdmmKernels, InnerParams, InnerStats};
 use kruskal_device::dense::{DenseKernels, UpdateStats};
 use kruskal_device::factors::DeviceFactors;
 use kruskal_device::kernels::Kernel;
 use kruskal_device::{DeviceError, Gpu, Result, driver};
+use ndarray::Array2;
 
 /// Warps per block of the shard kernel (its P).
 pub const WARPS: usize = kruskal_device::kernels::SHARD_WARPS;
@@ -44,14 +47,21 @@ pub(super) enum Cmd {
     Sync,
     Update(usize, Arc<Vec<f64>>),
     ScaleGram(usize, Option<Arc<Vec<f32>>>),
+    /// The scaling and Gram of [`Cmd::ScaleGram`], then the mode's
+    /// exchange as planned, queued behind them; an exchange by NCCL is
+    /// left running (the next MTTKRP queues behind it on the stream, and
+    /// its time is read at the next wait).
+    ScaleGramExchange(usize, Arc<Vec<f32>>),
     /// The mode's exchange as planned (sparse or all-gather).
     Exchange(usize),
     /// The mode's all-gather, whatever was planned (every GPU then holds
     /// the whole factor).
     ExchangeAll(usize),
     Output(usize),
-    /// One mode's factor rows as this GPU holds them.
-    Factor(usize),
+    /// One mode's factor rows as this GPU holds them, written into a
+    /// `dims[mode] x rank` matrix as they come down: row `order[k]` of it
+    /// is relabeled row `k` (the host never holds the relabeled copy).
+    Factor(usize, Arc<Vec<u32>>),
     /// AO-ADMM's blocked inner loop of the mode on this GPU's rows, from
     /// W = (G + rho I)^{-1}.
     AdmmInner(usize, Arc<Vec<f64>>, InnerParams),
@@ -66,9 +76,16 @@ pub(super) enum Cmd {
 pub(super) enum Reply {
     Done,
     Times(MttkrpTimes),
-    Stats(UpdateStats),
+    /// The update's statistics, the times of the MTTKRP it waited for,
+    /// and the update's own milliseconds after that wait.
+    Stats(UpdateStats, MttkrpTimes, f64),
     Gram(Vec<f64>),
+    /// The partial Gram (across processes, the whole one), the exchange's
+    /// milliseconds when the worker waited for it (0 when left running),
+    /// and those of the Gram's all-reduce across processes.
+    GramExchanged(Vec<f64>, f64, f64),
     Floats(Vec<f32>),
+    Factor(Array2<f32>),
     Millis(f64),
     Admm(InnerStats),
 }
@@ -111,6 +128,27 @@ pub(super) struct Recorded {
     launches: Vec<(Option<(CudaEvent, CudaEvent)>, CudaEvent)>,
 }
 
+/// An exchange left running on the stream: its mode and the events around
+/// it, read once the stream has passed them.
+pub(super) struct LeftRunning {
+    mode: usize,
+    start: CudaEvent,
+    end: CudaEvent,
+}
+
+impl LeftRunning {
+    /// Marks the end of mode `mode`'s exchange, begun at `start`, queued
+    /// on `stream`.
+    pub(super) fn ends_here(stream: &CudaStream, mode: usize, start: CudaEvent) -> Result<Self> {
+        // Timed events (the default flags of `record_event` disable
+        // timing).
+        let end = stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(driver("recording an event"))?;
+        Ok(LeftRunning { mode, start, end })
+    }
+}
+
 /// One GPU's worker: owns everything on its device.
 pub(super) struct Worker {
     /// Index among this process's GPUs.
@@ -129,6 +167,8 @@ pub(super) struct Worker {
     pub(super) dense: Option<DenseKernels>,
     pub(super) outputs: Vec<Option<CudaSlice<f32>>>,
     pub(super) last: Option<Recorded>,
+    /// The last exchange, when it was left running.
+    pub(super) running: Option<LeftRunning>,
     /// Per mode, the rows this GPU sends and receives in a sparse
     /// exchange (`None`: the mode is all-gathered).
     pub(super) lists: Vec<Option<DeviceLists>>,
@@ -202,16 +242,34 @@ impl Worker {
             Cmd::Load(mode, rows) => self.load(mode, &rows).map(|()| Reply::Done),
             Cmd::Mttkrp(mode) => self.mttkrp(mode).map(|()| Reply::Done),
             Cmd::Sync => self.sync().map(Reply::Times),
-            Cmd::Update(mode, w) => self.update(mode, &w).map(Reply::Stats),
+            Cmd::Update(mode, w) => {
+                // The MTTKRP's times ride on the update's reply: no round
+                // trip of its own between the two.
+                let times = self.sync()?;
+                let started = std::time::Instant::now();
+                let stats = self.update(mode, &w)?;
+                let ms = started.elapsed().as_secs_f64() * 1e3;
+                Ok(Reply::Stats(stats, times, ms))
+            }
             Cmd::ScaleGram(mode, inv) => self
                 .scale_gram(mode, inv.as_deref().map(Vec::as_slice))
                 .map(Reply::Gram),
-            // A split plan's cut mode is read by its owners alone.
-            Cmd::Exchange(mode) => match self.shared.sparse[mode].clone() {
-                Some(sparse) => self.exchange_read(mode, &sparse).map(Reply::Millis),
-                None => self.exchange(mode).map(Reply::Millis),
-            },
-            Cmd::ExchangeAll(mode) => self.exchange(mode).map(Reply::Millis),
+            Cmd::ScaleGramExchange(mode, inv) => {
+                let mut gram = self.scale_gram(mode, Some(&inv))?;
+                // Across processes this GPU is its process's only one: the
+                // Gram is all-reduced here, before the exchange is queued,
+                // so the exchange can be left running behind it.
+                let mut across_ms = 0.0;
+                if let Some(Collective::Process(pc)) = &self.shared.collective {
+                    let t = std::time::Instant::now();
+                    pc.all_reduce(&mut gram, Reduce::Sum)?;
+                    across_ms = t.elapsed().as_secs_f64() * 1e3;
+                }
+                let ms = self.planned_exchange(mode, true)?;
+                Ok(Reply::GramExchanged(gram, ms, across_ms))
+            }
+            Cmd::Exchange(mode) => self.planned_exchange(mode, false).map(Reply::Millis),
+            Cmd::ExchangeAll(mode) => self.exchange(mode, false).map(Reply::Millis),
             Cmd::Output(mode) => {
                 let stream = self.gpu.stream().clone();
                 let out = self.output(mode)?;
@@ -232,15 +290,74 @@ impl Worker {
                 self.admm = None;
                 Ok(Reply::Done)
             }
-            Cmd::Factor(mode) => {
+            Cmd::Factor(mode, order) => {
                 let f = self
                     .factors
                     .as_ref()
                     .ok_or_else(|| DeviceError::Shape("no factors loaded".into()))?;
                 self.wait(self.gpu.stream(), "the last update")?;
-                Ok(Reply::Floats(f.download_mode(&self.gpu, mode)?))
+                let r = self.rank;
+                if order.len() != self.dims[mode] as usize {
+                    return Err(DeviceError::Shape(format!(
+                        "an order of {} rows for mode {} of {}",
+                        order.len(),
+                        mode + 1,
+                        self.dims[mode]
+                    )));
+                }
+                let mut out = Array2::<f32>::zeros((order.len(), r));
+                let dst = out.as_slice_mut().expect("standard layout");
+                f.download_mode_into(&self.gpu, mode, &mut |at, src| {
+                    let first = at / r;
+                    for (k, row) in src.chunks_exact(r).enumerate() {
+                        let to = order[first + k] as usize * r;
+                        dst[to..to + r].copy_from_slice(row);
+                    }
+                })?;
+                Ok(Reply::Factor(out))
             }
         }
+    }
+
+    /// The mode's exchange as planned: a split plan's cut mode is read by
+    /// its owners alone (no exchange), a sparse mode sends the rows read,
+    /// any other is all-gathered. With `leave`, an exchange by NCCL is
+    /// left running on the stream (0 ms returned; its time comes with the
+    /// next sync); pulls and peer-copy rings wait as always.
+    fn planned_exchange(&mut self, mode: usize, leave: bool) -> Result<f64> {
+        if self.shared.local[mode] {
+            return Ok(0.0);
+        }
+        match self.shared.sparse[mode].clone() {
+            Some(sparse) => self.exchange_read(mode, &sparse, leave),
+            None => self.exchange(mode, leave),
+        }
+    }
+
+    /// Whether an exchange by NCCL may be left running now (`leave`), with
+    /// the event that marks its start; `None` when it is waited for.
+    pub(super) fn leave_running(&self, leave: bool) -> Result<Option<CudaEvent>> {
+        if !leave {
+            return Ok(None);
+        }
+        self.gpu
+            .stream()
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map(Some)
+            .map_err(driver("recording an event"))
+    }
+
+    /// The mode and milliseconds of the exchange left running, once the
+    /// stream has passed it (the caller has waited for the stream).
+    fn finished_exchange(&mut self) -> Result<Option<(usize, f64)>> {
+        let Some(run) = self.running.take() else {
+            return Ok(None);
+        };
+        let ms = run
+            .start
+            .elapsed_ms(&run.end)
+            .map_err(driver("reading an event"))?;
+        Ok(Some((run.mode, f64::from(ms).max(0.0))))
     }
 
     /// Waits for `stream`'s queued work, up to the group's timeout, giving
@@ -694,8 +811,12 @@ impl Worker {
 
     fn sync(&mut self) -> Result<MttkrpTimes> {
         self.wait(&self.gpu.stream().clone(), "the MTTKRP")?;
+        let exchanged = self.finished_exchange()?;
         let Some(rec) = self.last.take() else {
-            return Ok(MttkrpTimes::default());
+            return Ok(MttkrpTimes {
+                exchanged,
+                ..MttkrpTimes::default()
+            });
         };
         let ms = |a: &CudaEvent, b: &CudaEvent| -> Result<f64> {
             Ok(f64::from(
@@ -738,6 +859,7 @@ impl Worker {
             h2d_ms,
             kernel_ms,
             reduce_ms,
+            exchanged,
         })
     }
 
