@@ -246,6 +246,46 @@ pub fn decompose(
     progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
     stop: &AtomicBool,
 ) -> Result<Decomposition> {
+    let prepared = prepare(tensor, opts, progress)?;
+    run_prepared(prepared, opts, progress, stop)
+}
+
+/// [`decompose`] of a tensor the caller gives up: once the backend is
+/// built it holds everything the iterations read (its own formats, or the
+/// shards on the GPUs), so the tensor is freed before the starts run. The
+/// model then comes back without the tensor beside it in host memory: a
+/// tensor of tens of gigabytes does not add its size to the peak at the
+/// end of the run. (Freed on a thread of its own beside the first start,
+/// the tensor's release slowed that start's setup on 4 GPUs: it is freed
+/// here, in the time the teardown spent on it before.)
+pub fn decompose_owned(
+    tensor: SparseTensor,
+    opts: &DecomposeOptions,
+    progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+    stop: &AtomicBool,
+) -> Result<Decomposition> {
+    let prepared = prepare(&tensor, opts, progress)?;
+    drop(tensor);
+    run_prepared(prepared, opts, progress, stop)
+}
+
+/// A backend built for a tensor, ready for its starts.
+struct Prepared {
+    backend: Chosen,
+    scale: ValueScale,
+    prep_s: f64,
+    prepare: PrepareTimes,
+    fallback: Option<String>,
+}
+
+/// The backend of `tensor` (built from a scaled copy for values far from
+/// 1), with the rows with data for AO-ADMM; tells `progress` it is ready.
+/// Nothing it returns refers to `tensor`.
+fn prepare(
+    tensor: &SparseTensor,
+    opts: &DecomposeOptions,
+    progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+) -> Result<Prepared> {
     opts.validate()?;
     let rank = opts.cpd.rank;
     let prep = Instant::now();
@@ -278,6 +318,29 @@ pub fn decompose(
         prepare,
         fallback: fallback.as_deref(),
     });
+    Ok(Prepared {
+        backend,
+        scale,
+        prep_s,
+        prepare,
+        fallback,
+    })
+}
+
+/// Every start on a prepared backend; keeps the best model.
+fn run_prepared(
+    prepared: Prepared,
+    opts: &DecomposeOptions,
+    progress: &mut dyn FnMut(Event<'_>) -> ControlFlow<()>,
+    stop: &AtomicBool,
+) -> Result<Decomposition> {
+    let Prepared {
+        mut backend,
+        scale,
+        prep_s,
+        prepare,
+        fallback,
+    } = prepared;
     let runs = run_scaled(backend.as_dyn(), opts, scale, progress, stop)?;
     Ok(Decomposition {
         model: runs.model,
@@ -818,6 +881,48 @@ mod tests {
             stop,
         );
         (done, seen)
+    }
+
+    #[test]
+    fn a_tensor_given_up_decomposes_as_one_lent() {
+        // decompose_owned frees the tensor once the backend is built; the
+        // model, events and steps are those of decompose, values far from
+        // one (a scaled copy) and AO-ADMM (rows with data) included.
+        let stop = AtomicBool::new(false);
+        let mut far = planted_tensor();
+        far.scale_values_pow2(90).unwrap();
+        let mut admm = cpu_options(3);
+        admm.cpd.max_iters = 5;
+        admm.cpd.constraints = Some(crate::AdmmOptions::nonneg());
+        for (t, opts) in [
+            (planted_tensor(), cpu_options(3)),
+            (far, cpu_options(3)),
+            (planted_tensor(), admm),
+        ] {
+            let (lent, lent_seen) = run(&t, &opts, &stop, |_| ControlFlow::Continue(()));
+            let lent = lent.unwrap();
+            let mut seen = Vec::new();
+            let given = decompose_owned(
+                t,
+                &opts,
+                &mut |e| {
+                    if let Event::Iteration(s) = &e {
+                        seen.push(format!("iteration {}", s.iteration));
+                    }
+                    ControlFlow::Continue(())
+                },
+                &stop,
+            )
+            .unwrap();
+            let lent_iters: Vec<&String> = lent_seen
+                .iter()
+                .filter(|e| e.starts_with("iteration"))
+                .collect();
+            assert_eq!(seen.iter().collect::<Vec<_>>(), lent_iters);
+            assert_eq!(given.model.lambda, lent.model.lambda);
+            assert_eq!(given.model.factors, lent.model.factors);
+            assert_eq!(given.model.fit(), lent.model.fit());
+        }
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub use apr_gpu::{AprRun, apr_all_gpus, cp_apr_gpu, cp_apr_gpus, cp_apr_on, cp_a
 pub use backend::{Backend, ColumnNorms, CpuBackend};
 pub use decompose::{
     BackendChoice, Chosen, DecomposeOptions, Decomposition, Event, PrepareTimes, StartSummary,
-    decompose,
+    decompose, decompose_owned,
 };
 pub use distributed::{DistributedDecomposition, decompose_distributed};
 pub use engine_choice::{EngineChoice, EngineRequest};

@@ -386,11 +386,14 @@ impl Backend for GroupBackend {
     }
 
     fn take_factors(&mut self) -> Result<Vec<Array2<f32>>> {
-        self.settle()?;
         // The last exchange left running is counted before the factors
-        // come down.
-        let times: Vec<MttkrpTimes> = self.group.sync()?;
-        self.count_exchanges(&times);
+        // come down: by the owed wait, or by a wait of its own.
+        if self.deferred {
+            self.settle()?;
+        } else {
+            let times: Vec<MttkrpTimes> = self.group.sync()?;
+            self.count_exchanges(&times);
+        }
         self.group.factors().map_err(CpdError::from)
     }
 }

@@ -541,7 +541,7 @@ extern "C" __global__ void cpd_reduce(
 // sum_parts: rows 0 .. count-1 of out plus the same rows of `parts` blocks
 // laid one after another in `parts_at` (`stride` rows apart), added in block
 // order: the partial sums of a split plan's rows that the other GPUs copied
-// to their owner, summed onto the owner's own. Thread mapping as copy_rows'.
+// to their owner, summed onto the owner's own. Thread mapping as move_rows'.
 extern "C" __global__ void sum_parts(
     float* __restrict__ out,
     const float* __restrict__ parts_at,
@@ -569,17 +569,49 @@ extern "C" __global__ void sum_parts(
     }
 }
 
-// copy_rows: dst row (dst_rows ? dst_rows[i] : i) = src row (src_rows ?
-// src_rows[i] : i) for i < count, RANK floats a row: the sparse exchange's
-// pack (factor rows into a send buffer), unpack (a receive buffer into
-// factor rows) and pull (a peer GPU's factor rows into this one's, src
-// then lies on the peer: peer access is enabled). src and dst never
-// overlap.
+// move_rows<ADD>: dst row (dst_rows ? dst_rows[i] : i) = (ADD: +=) src row
+// (src_rows ? src_rows[i] : i) for i < count, RANK floats a row; the loop
+// of copy_rows and add_rows below.
 //
 // Thread mapping: grid-stride over (row, piece of four columns) when RANK
 // is a multiple of 4 (16-byte loads and stores; rows start 16-byte
 // aligned), over (row, column) otherwise; consecutive threads take
 // consecutive pieces of one row, so every row moves in whole sectors.
+template <bool ADD>
+__device__ __forceinline__ void move_rows(
+    const float* __restrict__ src,
+    const u32* __restrict__ src_rows,
+    float* __restrict__ dst,
+    const u32* __restrict__ dst_rows,
+    u64 count)
+{
+    const u64 per = ROW_PIECES;
+    GRID_STRIDE(e, count * per) {
+        const u64 i = e / per, c = e % per;
+        const u64 s = src_rows ? (u64)src_rows[i] : i;
+        const u64 d = dst_rows ? (u64)dst_rows[i] : i;
+#if RANK % 4 == 0
+        float4 x = reinterpret_cast<const float4*>(src + s * RANK)[c];
+        if (ADD) {
+            const float4 acc = reinterpret_cast<const float4*>(dst + d * RANK)[c];
+            x.x += acc.x;
+            x.y += acc.y;
+            x.z += acc.z;
+            x.w += acc.w;
+        }
+        reinterpret_cast<float4*>(dst + d * RANK)[c] = x;
+#else
+        float x = src[s * RANK + c];
+        if (ADD) x += dst[d * RANK + c];
+        dst[d * RANK + c] = x;
+#endif
+    }
+}
+
+// copy_rows: the sparse exchange's pack (factor rows into a send buffer),
+// unpack (a receive buffer into factor rows) and pull (a peer GPU's factor
+// rows into this one's, src then lies on the peer: peer access is
+// enabled). src and dst never overlap.
 extern "C" __global__ void copy_rows(
     const float* __restrict__ src,
     const u32* __restrict__ src_rows,
@@ -587,25 +619,14 @@ extern "C" __global__ void copy_rows(
     const u32* __restrict__ dst_rows,
     u64 count)
 {
-    const u64 per = ROW_PIECES;
-    GRID_STRIDE(e, count * per) {
-        const u64 i = e / per, c = e % per;
-        const u64 s = src_rows ? (u64)src_rows[i] : i;
-        const u64 d = dst_rows ? (u64)dst_rows[i] : i;
-#if RANK % 4 == 0
-        reinterpret_cast<float4*>(dst + d * RANK)[c] = reinterpret_cast<const float4*>(src + s * RANK)[c];
-#else
-        dst[d * RANK + c] = src[s * RANK + c];
-#endif
-    }
+    move_rows<false>(src, src_rows, dst, dst_rows, count);
 }
 
-// add_rows: dst row (dst_rows ? dst_rows[i] : i) += src row (src_rows ?
-// src_rows[i] : i) for i < count: a split plan's partial sums of the rows
-// one other GPU reads, added onto their owner's (received packed, or
-// pulled straight out of that GPU's output: src then lies on the peer). A
-// launch's destination rows are distinct; the GPUs' parts are added one
-// launch after another, in GPU order. Thread mapping as copy_rows'.
+// add_rows: a split plan's partial sums of the rows one other GPU reads,
+// added onto their owner's (received packed, or pulled straight out of
+// that GPU's output: src then lies on the peer). A launch's destination
+// rows are distinct; the GPUs' parts are added one launch after another,
+// in GPU order.
 extern "C" __global__ void add_rows(
     const float* __restrict__ src,
     const u32* __restrict__ src_rows,
@@ -613,23 +634,7 @@ extern "C" __global__ void add_rows(
     const u32* __restrict__ dst_rows,
     u64 count)
 {
-    const u64 per = ROW_PIECES;
-    GRID_STRIDE(e, count * per) {
-        const u64 i = e / per, c = e % per;
-        const u64 s = src_rows ? (u64)src_rows[i] : i;
-        const u64 d = dst_rows ? (u64)dst_rows[i] : i;
-#if RANK % 4 == 0
-        const float4 x = reinterpret_cast<const float4*>(src + s * RANK)[c];
-        float4 acc = reinterpret_cast<float4*>(dst + d * RANK)[c];
-        acc.x += x.x;
-        acc.y += x.y;
-        acc.z += x.z;
-        acc.w += x.w;
-        reinterpret_cast<float4*>(dst + d * RANK)[c] = acc;
-#else
-        dst[d * RANK + c] += src[s * RANK + c];
-#endif
-    }
+    move_rows<true>(src, src_rows, dst, dst_rows, count);
 }
 
 // ---------------------------------------------------------------------------

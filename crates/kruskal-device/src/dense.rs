@@ -333,6 +333,34 @@ impl DenseKernels {
         Ok(out)
     }
 
+    /// Scales column j of `a` (`rows x rank`) by `inv[j]`: queued on the
+    /// GPU's stream, which it does not wait for.
+    pub fn scale(&mut self, a: &mut CudaViewMut<f32>, inv: &[f32], rows: usize) -> Result<()> {
+        let r = self.rank;
+        self.check("the factor", a.len(), rows)?;
+        if inv.len() != r {
+            return Err(DeviceError::Shape(format!(
+                "{} column scales for rank {r}",
+                inv.len()
+            )));
+        }
+        let stream = self.gpu.stream().clone();
+        stream
+            .memcpy_htod(inv, &mut self.inv)
+            .map_err(driver("uploading the column scales"))?;
+        let f =
+            self.gpu
+                .kernels()
+                .function(self.gpu.context(), Kernel::CpdScale, &self.defines())?;
+        let n = (rows * r) as u64;
+        let mut launch = stream.launch_builder(&f);
+        launch.arg(&mut *a).arg(&self.inv).arg(&n);
+        // SAFETY: `a` holds n floats (checked) and `inv` rank floats; the
+        // kernel reads inv[e % RANK] only.
+        unsafe { launch.launch(grid_stride(n, 256)) }.map_err(driver("launching cpd_scale"))?;
+        Ok(())
+    }
+
     /// Scales column j of `a` (`rows x rank`) by `inv[j]` when given, and
     /// returns `a^T a` (rank x rank, row-major, f64) of the result.
     /// Synchronizes the stream.
@@ -354,26 +382,15 @@ impl DenseKernels {
                     inv.len()
                 )));
             }
-            stream
-                .memcpy_htod(inv, &mut self.inv)
-                .map_err(driver("uploading the column scales"))?;
             if groups == 1 {
+                stream
+                    .memcpy_htod(inv, &mut self.inv)
+                    .map_err(driver("uploading the column scales"))?;
                 fused_scale = true;
             } else {
                 // Blocks of different blockIdx.y read the same rows: scale
                 // first, in a pass of its own.
-                let f = self.gpu.kernels().function(
-                    self.gpu.context(),
-                    Kernel::CpdScale,
-                    &self.defines(),
-                )?;
-                let n = (rows * r) as u64;
-                let mut launch = stream.launch_builder(&f);
-                launch.arg(&mut *a).arg(&self.inv).arg(&n);
-                // SAFETY: `a` holds n floats and `inv` rank floats; the
-                // kernel reads inv[e % RANK] only.
-                unsafe { launch.launch(grid_stride(n, 256)) }
-                    .map_err(driver("launching cpd_scale"))?;
+                self.scale(a, inv, rows)?;
             }
         }
         let f = self.gpu.kernels().function(
@@ -536,6 +553,16 @@ mod tests {
                     )
                     .unwrap();
                 assert_eq!(got, again, "{what}: repeat");
+                // The scaling alone, on the rows as the update wrote them.
+                dense.scale(&mut d_a.slice_mut(..), &inv, rows).unwrap();
+                let a: Vec<f64> = gpu
+                    .stream()
+                    .clone_dtoh(&d_a)
+                    .unwrap()
+                    .into_iter()
+                    .map(f64::from)
+                    .collect();
+                close(&a, &expect, 1e-6, &format!("{what} scaled alone"));
             }
         }
     }

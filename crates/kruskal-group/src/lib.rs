@@ -194,6 +194,11 @@ pub struct GpuGroup {
     across_ms: f64,
     /// What the last update's workers waited for, and its time.
     waited: Waited,
+    /// Across processes, the Gram of the rows the last update wrote before
+    /// their scaling (its mode), all-reduced with the update's statistics:
+    /// the mode's [`GpuGroup::scale_gram_exchange`] scales it on the host
+    /// instead of all-reducing a Gram of its own.
+    raw_gram: Option<(usize, Vec<f64>)>,
 }
 
 impl GpuGroup {
@@ -843,6 +848,7 @@ impl GpuGroup {
             timeout: opts.timeout,
             failed: None,
             across_ms: 0.0,
+            raw_gram: None,
             waited: Waited::default(),
         })
     }
@@ -960,6 +966,9 @@ impl GpuGroup {
     }
 
     fn some(&mut self, gpus: &[usize], cmd: impl Fn() -> Cmd, what: &str) -> Result<Vec<Reply>> {
+        // Any command may change the rows the last update wrote: its Gram
+        // serves only the mode's scaling that follows it at once.
+        self.raw_gram = None;
         if let Some(why) = &self.failed {
             return Err(DeviceError::Aborted(why.clone()));
         }
@@ -1121,45 +1130,68 @@ impl GpuGroup {
             )));
         }
         let w = Arc::new(w.to_vec());
-        let replies = self.all(|| Cmd::Update(mode, w.clone()), "the factor update")?;
+        // Across processes the update also brings the Gram of its rows,
+        // all-reduced below with the statistics.
+        let across = self.process();
+        let replies = if across.is_some() {
+            self.all(|| Cmd::UpdateGram(mode, w.clone()), "the factor update")?
+        } else {
+            self.all(|| Cmd::Update(mode, w.clone()), "the factor update")?
+        };
         let r = self.rank;
         let mut total = UpdateStats {
             sumsq: vec![0.0; r],
             max_abs: vec![0.0; r],
             inner: vec![0.0; r],
         };
+        let mut gram = vec![0f64; r * r];
         self.waited = Waited::default();
         for reply in replies {
-            if let Reply::Stats(s, times, ms) = reply {
-                self.waited.times.push(times);
-                self.waited.update_ms = self.waited.update_ms.max(ms);
-                for c in 0..r {
-                    total.sumsq[c] += s.sumsq[c];
-                    total.max_abs[c] = total.max_abs[c].max(s.max_abs[c]);
-                    total.inner[c] += s.inner[c];
+            let (s, times, ms) = match reply {
+                Reply::Stats(s, times, ms) => (s, times, ms),
+                Reply::StatsGram(s, g, times, ms) => {
+                    gram.iter_mut().zip(&g).for_each(|(a, b)| *a += b);
+                    (s, times, ms)
                 }
+                _ => continue,
+            };
+            self.waited.times.push(times);
+            self.waited.update_ms = self.waited.update_ms.max(ms);
+            for c in 0..r {
+                total.sumsq[c] += s.sumsq[c];
+                total.max_abs[c] = total.max_abs[c].max(s.max_abs[c]);
+                total.inner[c] += s.inner[c];
             }
         }
-        if let Some((me, world)) = self.process() {
-            // One collective for sums and maxima: every rank's three
-            // vectors gathered (an all-reduce of a buffer that is zero
-            // outside each rank's slot), combined in rank order.
-            let mut all = vec![0f64; world * 3 * r];
+        if let Some((me, world)) = across {
+            // One collective for sums, maxima and the Gram: every rank's
+            // three vectors gathered (an all-reduce of a buffer that is
+            // zero outside each rank's slot), combined in rank order, and
+            // the Gram summed after them.
+            let slots = world * 3 * r;
+            let mut all = vec![0f64; slots + r * r];
             let own = &mut all[me * 3 * r..(me + 1) * 3 * r];
             own[..r].copy_from_slice(&total.sumsq);
             own[r..2 * r].copy_from_slice(&total.inner);
             own[2 * r..].copy_from_slice(&total.max_abs);
-            self.across(&mut all, Reduce::Sum, "the column statistics")?;
+            all[slots..].copy_from_slice(&gram);
+            self.across(
+                &mut all,
+                Reduce::Sum,
+                "the column statistics and the Gram matrix",
+            )?;
             total.sumsq.fill(0.0);
             total.inner.fill(0.0);
             total.max_abs.fill(0.0);
-            for slot in all.chunks_exact(3 * r) {
+            for slot in all[..slots].chunks_exact(3 * r) {
                 for c in 0..r {
                     total.sumsq[c] += slot[c];
                     total.inner[c] += slot[r + c];
                     total.max_abs[c] = total.max_abs[c].max(slot[2 * r + c]);
                 }
             }
+            gram.copy_from_slice(&all[slots..]);
+            self.raw_gram = Some((mode, gram));
         }
         Ok(total)
     }
@@ -1223,7 +1255,29 @@ impl GpuGroup {
         if self.plan.gpus() == 1 {
             return Ok((self.scale_gram(mode, Some(inv))?, 0.0));
         }
+        if inv.len() != self.rank {
+            return Err(DeviceError::Shape(format!(
+                "{} column scales for rank {}",
+                inv.len(),
+                self.rank
+            )));
+        }
         let inv = Arc::new(inv.to_vec());
+        if let Some((_, raw)) = self.raw_gram.take().filter(|(m, _)| *m == mode) {
+            let gram = scaled_gram(raw, &inv);
+            let replies = self.all(
+                || Cmd::ScaleExchange(mode, inv.clone()),
+                "the scaling and the factor exchange",
+            )?;
+            let waited = replies
+                .into_iter()
+                .map(|r| match r {
+                    Reply::Millis(ms) => ms,
+                    _ => 0.0,
+                })
+                .fold(0.0, f64::max);
+            return Ok((gram, waited));
+        }
         let replies = self.all(
             || Cmd::ScaleGramExchange(mode, inv.clone()),
             "the Gram matrix and the factor exchange",
@@ -1526,6 +1580,19 @@ fn split_ok(m: usize, opts: &GroupOptions) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// The Gram matrix (rank x rank, row-major) of a factor whose column j is
+/// scaled by `inv[j]`, from `raw`, the Gram of the factor before:
+/// `raw_ij inv_i inv_j`.
+fn scaled_gram(mut raw: Vec<f64>, inv: &[f32]) -> Vec<f64> {
+    let r = inv.len();
+    for (i, row) in raw.chunks_exact_mut(r).enumerate() {
+        for (j, g) in row.iter_mut().enumerate() {
+            *g *= f64::from(inv[i]) * f64::from(inv[j]);
+        }
+    }
+    raw
+}
+
 /// A partitioning error while preparing the shards or the exchange.
 fn prepare(e: kruskal_partition::PartitionError) -> DeviceError {
     DeviceError::Prepare {
@@ -1609,6 +1676,42 @@ fn permute_rows(rows: &mut [f32], rank: usize, labels: &[u32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gram_scaled_on_the_host_equals_the_gram_of_the_scaled_rows() {
+        // Across processes the Gram of the scaled factor is made from the
+        // Gram of the update's rows; it must match the Gram of the rows
+        // scaled first, to rounding, for scales far from one too.
+        let (rows, rank) = (40usize, 5usize);
+        let a: Vec<f32> = (0..rows * rank)
+            .map(|k| ((k * 37 % 101) as f32 - 50.0) * 3.0)
+            .collect();
+        let inv: Vec<f32> = vec![1.0, 0.5, 1e-3, 2f32.powi(-60), 7.25];
+        let gram = |a: &[f32]| {
+            let mut g = vec![0f64; rank * rank];
+            for row in a.chunks_exact(rank) {
+                for i in 0..rank {
+                    for j in 0..rank {
+                        g[i * rank + j] += f64::from(row[i]) * f64::from(row[j]);
+                    }
+                }
+            }
+            g
+        };
+        let scaled: Vec<f32> = a
+            .chunks_exact(rank)
+            .flat_map(|row| row.iter().zip(&inv).map(|(x, s)| x * s))
+            .collect();
+        let want = gram(&scaled);
+        let got = scaled_gram(gram(&a), &inv);
+        for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+            let scale = (want[(k / rank) * (rank + 1)] * want[(k % rank) * (rank + 1)]).sqrt();
+            assert!(
+                (g - w).abs() <= 1e-6 * scale,
+                "entry {k}: {g} from the raw Gram, {w} from the scaled rows"
+            );
+        }
+    }
 
     #[test]
     fn rows_are_permuted_in_place_as_a_scatter_would() {

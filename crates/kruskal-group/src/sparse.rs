@@ -26,6 +26,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, PushKernelArg};
 use kruskal_partition::RowShards;
 use kruskal_partition::readers::{ExchangeLists, MAX_GPUS, RowReaders, all_gather_received};
 
+use super::exchange::Collective;
 use super::worker::{LeftRunning, Worker};
 use crate::nccl::Transfer;
 use kruskal_device::kernels::Kernel;
@@ -440,6 +441,49 @@ unsafe fn move_rows(
     Ok(())
 }
 
+/// One grouped NCCL round on `stream` over `peers` GPUs: to each peer, the
+/// rows `send(peer)` gives (a count of rows of `rank` floats and the
+/// address of the first) sent, then those `recv(peer)` gives received;
+/// a count of 0 moves nothing.
+///
+/// # Safety
+/// Every address must hold its rows on this GPU, and stay allocated and
+/// untouched until the stream has run the transfers.
+#[allow(clippy::too_many_arguments)]
+unsafe fn send_and_receive(
+    collective: &Collective,
+    slot: usize,
+    stream: &Arc<CudaStream>,
+    rank: usize,
+    peers: usize,
+    send: impl Fn(usize) -> (u64, u64),
+    recv: impl Fn(usize) -> (u64, u64),
+) -> Result<()> {
+    let (nccl, comm) = collective.comm(slot);
+    let nccl_err = |e: crate::nccl::NcclError| DeviceError::Nccl(e.to_string());
+    nccl.group_start().map_err(nccl_err)?;
+    for peer in 0..peers {
+        for (way, (rows, at)) in [(Transfer::Send, send(peer)), (Transfer::Recv, recv(peer))] {
+            if rows == 0 {
+                continue;
+            }
+            // SAFETY: the caller's contract.
+            unsafe {
+                nccl.transfer_f32(
+                    way,
+                    comm,
+                    at,
+                    (rows * rank as u64) as usize,
+                    peer,
+                    stream.cu_stream() as _,
+                )
+            }
+            .map_err(nccl_err)?;
+        }
+    }
+    nccl.group_end().map_err(nccl_err)
+}
+
 /// The device address of element `at` of `list`.
 fn element_ptr(list: &CudaSlice<u32>, stream: &Arc<CudaStream>, at: u64) -> u64 {
     let (ptr, _sync) = list.device_ptr(stream);
@@ -498,44 +542,22 @@ impl Worker {
                         sent,
                     )
                 }?;
-                let (nccl, comm) = collective.comm(self.slot);
-                let nccl_err = |e: crate::nccl::NcclError| DeviceError::Nccl(e.to_string());
                 let send_at = sparse.send_offsets(g);
-                nccl.group_start().map_err(nccl_err)?;
-                for peer in 0..sparse.counts.len() {
-                    let ways = [
-                        (
-                            Transfer::Send,
-                            sparse.counts[g][peer],
-                            send_ptr + send_at[peer] * row_bytes,
-                        ),
-                        (
-                            Transfer::Recv,
-                            sparse.counts[peer][g],
-                            recv_ptr + recv_at[peer] * row_bytes,
-                        ),
-                    ];
-                    for (way, rows, at) in ways {
-                        if rows == 0 {
-                            continue;
-                        }
-                        // SAFETY: reader `peer`'s rows lie inside the send
-                        // buffer, owner `peer`'s inside the receive buffer,
-                        // both alive until the wait below.
-                        unsafe {
-                            nccl.transfer_f32(
-                                way,
-                                comm,
-                                at,
-                                (rows * r as u64) as usize,
-                                peer,
-                                stream.cu_stream() as _,
-                            )
-                        }
-                        .map_err(nccl_err)?;
-                    }
-                }
-                nccl.group_end().map_err(nccl_err)?;
+                // SAFETY: reader `peer`'s rows lie inside the send buffer,
+                // owner `peer`'s inside the receive buffer, both kept in
+                // this worker until the stream has run the transfers (the
+                // wait below, or the next one when left running).
+                unsafe {
+                    send_and_receive(
+                        collective,
+                        self.slot,
+                        &stream,
+                        r,
+                        sparse.counts.len(),
+                        |peer| (sparse.counts[g][peer], send_ptr + send_at[peer] * row_bytes),
+                        |peer| (sparse.counts[peer][g], recv_ptr + recv_at[peer] * row_bytes),
+                    )
+                }?;
                 // SAFETY: the receive list holds `received` labels of this
                 // mode, the receive buffer as many rows.
                 unsafe {
@@ -661,44 +683,26 @@ impl Worker {
                     )
                 }?;
                 let recv_at = sparse.recv_offsets(g);
-                let (nccl, comm) = collective.comm(self.slot);
-                let nccl_err = |e: crate::nccl::NcclError| DeviceError::Nccl(e.to_string());
-                nccl.group_start().map_err(nccl_err)?;
-                for peer in 0..sparse.counts.len() {
-                    let ways = [
-                        (
-                            Transfer::Send,
-                            sparse.counts[peer][g],
-                            pack_ptr + recv_at[peer] * row_bytes,
-                        ),
-                        (
-                            Transfer::Recv,
-                            sparse.counts[g][peer],
-                            parts_ptr + send_at[peer] * row_bytes,
-                        ),
-                    ];
-                    for (way, rows, at) in ways {
-                        if rows == 0 {
-                            continue;
-                        }
-                        // SAFETY: owner `peer`'s rows lie inside the pack
-                        // buffer, reader `peer`'s inside the parts buffer,
-                        // both kept in this worker until the stream has
-                        // run the transfers (the next sync waits for it).
-                        unsafe {
-                            nccl.transfer_f32(
-                                way,
-                                comm,
-                                at,
-                                (rows * r as u64) as usize,
-                                peer,
-                                stream.cu_stream() as _,
+                // SAFETY: owner `peer`'s rows lie inside the pack buffer,
+                // reader `peer`'s inside the parts buffer, both kept in
+                // this worker until the stream has run the transfers (the
+                // next sync waits for it).
+                unsafe {
+                    send_and_receive(
+                        collective,
+                        self.slot,
+                        &stream,
+                        r,
+                        sparse.counts.len(),
+                        |peer| (sparse.counts[peer][g], pack_ptr + recv_at[peer] * row_bytes),
+                        |peer| {
+                            (
+                                sparse.counts[g][peer],
+                                parts_ptr + send_at[peer] * row_bytes,
                             )
-                        }
-                        .map_err(nccl_err)?;
-                    }
-                }
-                nccl.group_end().map_err(nccl_err)?;
+                        },
+                    )
+                }?;
                 for (h, &count) in sparse.counts[g].iter().enumerate() {
                     let rows = element_ptr(&lists.send, &stream, send_at[h]);
                     // SAFETY: reader h's part (`count` rows) lies in the

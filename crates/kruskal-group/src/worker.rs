@@ -46,7 +46,15 @@ pub(super) enum Cmd {
     Mttkrp(usize),
     Sync,
     Update(usize, Arc<Vec<f64>>),
+    /// [`Cmd::Update`], then the Gram of the updated rows before any
+    /// scaling (across processes: the coordinator all-reduces it with the
+    /// statistics, one collective per mode instead of two).
+    UpdateGram(usize, Arc<Vec<f64>>),
     ScaleGram(usize, Option<Arc<Vec<f32>>>),
+    /// The scaling of [`Cmd::ScaleGram`] without the Gram (the
+    /// coordinator has it from [`Cmd::UpdateGram`]), then the mode's
+    /// exchange as [`Cmd::ScaleGramExchange`] queues it.
+    ScaleExchange(usize, Arc<Vec<f32>>),
     /// The scaling and Gram of [`Cmd::ScaleGram`], then the mode's
     /// exchange as planned, queued behind them; an exchange by NCCL is
     /// left running (the next MTTKRP queues behind it on the stream, and
@@ -79,6 +87,8 @@ pub(super) enum Reply {
     /// The update's statistics, the times of the MTTKRP it waited for,
     /// and the update's own milliseconds after that wait.
     Stats(UpdateStats, MttkrpTimes, f64),
+    /// [`Reply::Stats`] with the partial Gram of the updated rows.
+    StatsGram(UpdateStats, Vec<f64>, MttkrpTimes, f64),
     Gram(Vec<f64>),
     /// The partial Gram (across processes, the whole one), the exchange's
     /// milliseconds when the worker waited for it (0 when left running),
@@ -250,6 +260,18 @@ impl Worker {
                 let stats = self.update(mode, &w)?;
                 let ms = started.elapsed().as_secs_f64() * 1e3;
                 Ok(Reply::Stats(stats, times, ms))
+            }
+            Cmd::UpdateGram(mode, w) => {
+                let times = self.sync()?;
+                let started = std::time::Instant::now();
+                let stats = self.update(mode, &w)?;
+                let gram = self.scale_gram(mode, None)?;
+                let ms = started.elapsed().as_secs_f64() * 1e3;
+                Ok(Reply::StatsGram(stats, gram, times, ms))
+            }
+            Cmd::ScaleExchange(mode, inv) => {
+                self.scale(mode, &inv)?;
+                self.planned_exchange(mode, true).map(Reply::Millis)
             }
             Cmd::ScaleGram(mode, inv) => self
                 .scale_gram(mode, inv.as_deref().map(Vec::as_slice))
@@ -990,6 +1012,16 @@ impl Worker {
         }
         let (dense, mut a) = own_rows(&mut self.factors, &mut self.dense, mode, run.clone())?;
         dense.scale_gram(&mut a, None, run.len())
+    }
+
+    /// Scales this GPU's rows of `mode` by `inv` (queued, not waited for).
+    fn scale(&mut self, mode: usize, inv: &[f32]) -> Result<()> {
+        let rows = self.dense_rows(mode);
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let (dense, mut own) = own_rows(&mut self.factors, &mut self.dense, mode, rows.clone())?;
+        dense.scale(&mut own, inv, rows.len())
     }
 
     fn scale_gram(&mut self, mode: usize, inv: Option<&[f32]>) -> Result<Vec<f64>> {

@@ -20,7 +20,7 @@ use super::common::{
 use super::{cleanup, compact, preflight};
 use kruskal::console::{count_of, dims_text};
 use kruskal::input::Loaded;
-use kruskal::measure::{self, ConstraintFlags, cpd_report, parse_weight};
+use kruskal::measure::{self, ConstraintFlags, TensorReport, cpd_report, parse_weight};
 
 /// Where the decomposition runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -244,7 +244,8 @@ pub fn run(args: CpdArgs) -> Result<()> {
         None => None,
     };
     let opts = decompose_options(&args, loaded.tensor.dims())?;
-    let done = super::show::decompose(&opts, &loaded, args.json, stop)?;
+    let (tensor, load_s) = (TensorReport::of(&loaded), loaded.load_s);
+    let done = super::show::decompose(&opts, loaded, args.json, stop)?;
     drop(opening);
     let model = &done.model;
     let fms = truth
@@ -269,8 +270,9 @@ pub fn run(args: CpdArgs) -> Result<()> {
     }
     let write_s = writing.elapsed().as_secs_f64();
     // The wall time's parts; the teardown (the backend's device memory and
-    // threads, the tensor and its page lock) is timed before the report.
-    let (load_s, prepare_s, cpd_s) = (loaded.load_s, done.prep_s, done.cpd_s);
+    // threads) is timed before the report. (The tensor was freed during
+    // the run, once the backend was built.)
+    let (prepare_s, cpd_s) = (done.prep_s, done.cpd_s);
     // One start: its factors' setup (drawn, handed to the backend) and
     // finish (taken back, arranged) apart from its iterations; several:
     // all starts as one part.
@@ -280,10 +282,9 @@ pub fn run(args: CpdArgs) -> Result<()> {
         (0.0, 0.0)
     };
     let (interrupted, fit) = (model.interrupted, model.fit());
-    let teardown = |done: Decomposition, loaded: Loaded| {
+    let teardown = |done: Decomposition| {
         let start = Instant::now();
         drop(done);
-        drop(loaded);
         start.elapsed().as_secs_f64()
     };
     let wall = |teardown_s: f64| {
@@ -298,7 +299,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
         ])
     };
     if args.json {
-        let mut value = serde_json::to_value(cpd_report(&loaded, &done, fms, args.out.as_deref()))?;
+        let mut value = serde_json::to_value(cpd_report(tensor, &done, fms, args.out.as_deref()))?;
         if let Some(map) = &compaction {
             value["compact"] = compact::json(map);
         }
@@ -308,7 +309,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
             args.constraints()
                 .map(|c| done.backend.admm_inner(c.inner).describe())
         );
-        value["wall"] = wall(teardown(done, loaded)).json();
+        value["wall"] = wall(teardown(done)).json();
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
         if let Some(plan) = &done.backend.plan() {
@@ -327,7 +328,7 @@ pub fn run(args: CpdArgs) -> Result<()> {
             );
         }
         print_summary(model, done.cpd_s, done.starts, fms, args.out.as_ref());
-        println!("wall       {}", wall(teardown(done, loaded)).line());
+        println!("wall       {}", wall(teardown(done)).line());
     }
     // (The kept model may be an earlier start's, which ran to its end.)
     if interrupted || stop.load(Ordering::SeqCst) {

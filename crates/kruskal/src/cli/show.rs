@@ -24,7 +24,7 @@ use kruskal_formats::SparseTensor;
 /// current iteration once `stop` is set.
 pub(super) fn decompose(
     opts: &DecomposeOptions,
-    loaded: &Loaded,
+    loaded: Loaded,
     quiet: bool,
     stop: &AtomicBool,
 ) -> Result<Decomposition> {
@@ -42,7 +42,9 @@ pub(super) fn decompose(
         );
     }
     let mut printer = Printer::new(quiet, cpd);
-    let done = kruskal_cpd::decompose(tensor, opts, &mut |e| printer.event(e), stop);
+    // The tensor goes with the call: freed once the backend is built, so
+    // the model does not come back beside it.
+    let done = kruskal_cpd::decompose_owned(loaded.tensor, opts, &mut |e| printer.event(e), stop);
     printer.finish();
     let done = done?;
     if !quiet {

@@ -65,7 +65,7 @@ pub fn cpd(opts: &CpdRunOptions, loaded: &Loaded) -> Result<CpdReport> {
         &mut |_| ControlFlow::Continue(()),
         &NEVER,
     )?;
-    Ok(cpd_report(loaded, &done, None, None))
+    Ok(cpd_report(TensorReport::of(loaded), &done, None, None))
 }
 
 /// The tensor a report is about.
@@ -80,6 +80,21 @@ pub struct TensorReport {
     pub load_s: f64,
     /// Seconds of the load spent on repeated coordinates.
     pub coalesce_s: f64,
+}
+
+impl TensorReport {
+    /// What a report says of `loaded`'s tensor, taken before the tensor
+    /// is handed on (and freed) by [`kruskal_cpd::decompose_owned`].
+    pub fn of(loaded: &Loaded) -> Self {
+        TensorReport {
+            source: loaded.source.clone(),
+            dims: loaded.tensor.dims().to_vec(),
+            nnz: loaded.tensor.nnz(),
+            duplicates_merged: loaded.merged,
+            load_s: loaded.load_s,
+            coalesce_s: loaded.coalesce_s,
+        }
+    }
 }
 
 /// The MTTKRP engine a CPD ran with: a CPU engine's name, the one-GPU
@@ -158,17 +173,17 @@ pub struct CpdReport {
     pub out: Option<String>,
 }
 
-/// The report of a decomposition of `loaded`: with the factor match score
-/// against planted factors (`fms`, `kruskal cpd --demo`) and the folder
-/// the model was written to (`out`), when there are.
+/// The report of a decomposition of `tensor` ([`TensorReport::of`]): with
+/// the factor match score against planted factors (`fms`, `kruskal cpd
+/// --demo`) and the folder the model was written to (`out`), when there
+/// are.
 pub fn cpd_report(
-    loaded: &Loaded,
+    tensor: TensorReport,
     done: &Decomposition,
     fms: Option<f64>,
     out: Option<&Path>,
 ) -> CpdReport {
     let model = &done.model;
-    let t = &loaded.tensor;
     let (kernel, device) = match &done.backend {
         Chosen::Cpu(b) => (KernelReport::Cpu(b.kernel_name()), None),
         Chosen::Gpu(b) => (
@@ -204,14 +219,7 @@ pub fn cpd_report(
         _ => Vec::new(),
     };
     CpdReport {
-        tensor: TensorReport {
-            source: loaded.source.clone(),
-            dims: t.dims().to_vec(),
-            nnz: t.nnz(),
-            duplicates_merged: loaded.merged,
-            load_s: loaded.load_s,
-            coalesce_s: loaded.coalesce_s,
-        },
+        tensor,
         backend: done.backend.name(),
         device,
         gpu_not_used: done.fallback.clone(),
