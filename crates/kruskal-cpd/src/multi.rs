@@ -248,8 +248,9 @@ impl Backend for GroupBackend {
         Ok(())
     }
 
-    /// [`crate::random_factors`], drawn and uploaded one mode at a time:
-    /// the host never holds every factor.
+    /// [`crate::random_factors`], one mode at a time, drawn on the GPUs
+    /// ([`GpuGroup::draw_mode`]) or, where a GPU lacks the room, on the
+    /// host and uploaded: the host never holds every factor.
     fn load_random(&mut self, rank: usize, seed: u64) -> Result<()> {
         self.settle()?;
         if rank != self.group.rank() {
@@ -259,8 +260,12 @@ impl Backend for GroupBackend {
             )));
         }
         for (mode, &dim) in self.dims.iter().enumerate() {
-            let f = crate::als::random_factor(mode, dim, rank, seed);
-            self.group.load_mode(mode, f)?;
+            // Drawn on the GPUs where they have room for a scratch copy of
+            // the mode, else on the host and uploaded (the same numbers).
+            if !self.group.draw_mode(mode, seed, crate::als::RANDOM_BLOCK)? {
+                let f = crate::als::random_factor(mode, dim, rank, seed);
+                self.group.load_mode(mode, f)?;
+            }
         }
         self.inner = vec![None; self.dims.len()];
         Ok(())

@@ -243,6 +243,74 @@ fn group_fits_match_one_gpu() {
     }
 }
 
+/// Initial factors drawn on the GPUs, each mode into a scratch copy and
+/// moved to its rows' labels, and brought back in the original order
+/// (put in order on the GPU), are the host's draw bit for bit; so are
+/// factors loaded from the host and brought back. Rows plan and split
+/// plan, on every GPU of the machine (one included); the sparse tensor
+/// has a one-row mode and a long, mostly empty one.
+#[test]
+#[ignore = "needs CUDA GPUs"]
+fn factors_drawn_on_the_gpus_are_the_hosts_draw_bit_for_bit() {
+    use kruskal_cpd::Backend;
+    let gpus = ordinals();
+    let mut tensors = vec![("sparse".to_string(), sparse_tensor())];
+    tensors.extend(generated().into_iter().take(1));
+    for (name, t) in &tensors {
+        for (rank, plan) in [
+            (16, PlanChoice::Rows),
+            (7, PlanChoice::Rows),
+            (32, PlanChoice::Auto),
+        ] {
+            let what = format!("{name} rank {rank} {plan:?} on {} GPU(s)", gpus.len());
+            let gopts = GroupOptions {
+                plan,
+                timeout: Duration::from_secs(120),
+                ..GroupOptions::default()
+            };
+            let group = GpuGroup::new(&gpus, t, rank, &gopts, &mut |_| {}).unwrap();
+            // The labels move rows (empty rows go last, even on one GPU):
+            // a draw left in the original order would fail below.
+            let moved = (0..t.nmodes()).any(|m| {
+                let labels = group.plan().relabel(m);
+                labels.iter().enumerate().any(|(k, &l)| l as usize != k)
+            });
+            assert!(moved, "{what}: every label is its own row");
+            let mut backend = GroupBackend::new(group, t);
+            let seed = 20 + rank as u64;
+            backend.load_random(rank, seed).unwrap();
+            let host = random_factors(t.dims(), rank, seed);
+            let back = backend.take_factors().unwrap();
+            assert_eq!(back.len(), host.len(), "{what}");
+            for (mode, (b, h)) in back.iter().zip(&host).enumerate() {
+                assert_eq!(b.dim(), h.dim(), "{what}, mode {mode}");
+                let same = b
+                    .iter()
+                    .zip(h.iter())
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(
+                    same,
+                    "{what}, mode {mode}: drawn on the GPUs differs from the host"
+                );
+            }
+            // Loaded from the host (other values: the draw of another seed,
+            // scaled) and brought back unchanged.
+            let loaded: Vec<_> = random_factors(t.dims(), rank, seed + 1)
+                .into_iter()
+                .map(|f| f * 3.0)
+                .collect();
+            backend.load_factors(loaded.clone()).unwrap();
+            let back = backend.take_factors().unwrap();
+            for (mode, (b, h)) in back.iter().zip(&loaded).enumerate() {
+                assert!(
+                    b == h,
+                    "{what}, mode {mode}: loaded factors came back changed"
+                );
+            }
+        }
+    }
+}
+
 /// A tensor whose first mode has one row (every GPU but its owner holds
 /// an empty shard of it) and whose third mode is long and mostly empty
 /// (most rows are read by no GPU).

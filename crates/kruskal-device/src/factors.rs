@@ -89,28 +89,11 @@ impl DeviceFactors {
         }
         let total: usize = dims.iter().map(|&d| d as usize * rank).sum();
         let mut data = gpu.alloc_zeros::<f32>("the factor matrices", total)?;
-        let f =
-            gpu.kernels()
-                .function(gpu.context(), Kernel::UniformFill, &[("RANK", rank as i64)])?;
-        let key = chacha_key(seed);
-        let block_u = block as u64;
         let mut first = 0;
         for (mode, &d) in dims.iter().enumerate() {
             let n = d as usize * rank;
-            if n > 0 {
-                let stream_u = mode_stream(mode);
-                let n_u = n as u64;
-                let mut out = data.slice_mut(first..first + n);
-                let mut launch = gpu.stream().launch_builder(&f);
-                launch.arg(&mut out).arg(&n_u).arg(&block_u).arg(&stream_u);
-                for k in &key {
-                    launch.arg(k);
-                }
-                // SAFETY: `out` holds n floats and the kernel writes entries
-                // below n only; the other arguments are plain values.
-                unsafe { launch.launch(grid_stride(n.div_ceil(16) as u64, 256)) }
-                    .map_err(driver("launching uniform_fill"))?;
-            }
+            let mut out = data.slice_mut(first..first + n);
+            queue_uniform_fill(gpu, &mut out, rank, seed, mode, block)?;
             first += n;
         }
         Ok(DeviceFactors {
@@ -302,4 +285,43 @@ pub(crate) fn check_operands(
         )));
     }
     Ok(rank)
+}
+
+/// Queues mode `mode`'s seeded uniform draw into `out` (all of it: `rows x
+/// rank` floats in the original row order), in blocks of `block` floats (a
+/// multiple of 16): what [`DeviceFactors::random`] writes for that mode,
+/// bit for bit. The group draws a mode into a scratch buffer with it and
+/// moves the rows to their labels.
+pub fn queue_uniform_fill(
+    gpu: &Gpu,
+    out: &mut CudaViewMut<'_, f32>,
+    rank: usize,
+    seed: u64,
+    mode: usize,
+    block: usize,
+) -> Result<()> {
+    if block == 0 || block % 16 != 0 {
+        return Err(DeviceError::Shape(format!(
+            "random blocks of {block} floats (a positive multiple of 16 is needed)"
+        )));
+    }
+    let n = out.len();
+    if n == 0 {
+        return Ok(());
+    }
+    let f = gpu
+        .kernels()
+        .function(gpu.context(), Kernel::UniformFill, &[("RANK", rank as i64)])?;
+    let key = chacha_key(seed);
+    let (n_u, block_u, stream_u) = (n as u64, block as u64, mode_stream(mode));
+    let mut launch = gpu.stream().launch_builder(&f);
+    launch.arg(out).arg(&n_u).arg(&block_u).arg(&stream_u);
+    for k in &key {
+        launch.arg(k);
+    }
+    // SAFETY: `out` holds n floats and the kernel writes entries below n
+    // only; the other arguments are plain values.
+    unsafe { launch.launch(grid_stride(n.div_ceil(16) as u64, 256)) }
+        .map_err(driver("launching uniform_fill"))?;
+    Ok(())
 }

@@ -1099,6 +1099,25 @@ impl GpuGroup {
         Ok(())
     }
 
+    /// Draws mode `mode`'s seeded initial factor on every GPU, in blocks
+    /// of `block` floats: each GPU draws the mode in the original row
+    /// order into a scratch copy (`uniform_fill`, the host's draw of the
+    /// same seed bit for bit) and moves every row to its label, so nothing
+    /// is drawn, permuted or uploaded on the host (on nell-1-like, 3.3 GB
+    /// for its longest mode, per GPU). Returns false when some GPU has no
+    /// room for the scratch copy: the caller then draws on the host and
+    /// loads the mode ([`GpuGroup::load_mode`]), which overwrites whatever
+    /// the others drew. The mode's update and exchange start again.
+    pub fn draw_mode(&mut self, mode: usize, seed: u64, block: usize) -> Result<bool> {
+        self.check_mode(mode)?;
+        let labels = Arc::new(self.plan.relabel(mode).to_vec());
+        let replies = self.all(
+            || Cmd::Draw(mode, seed, block, labels.clone()),
+            "drawing the factors",
+        )?;
+        Ok(replies.iter().all(|r| matches!(r, Reply::Drawn(true))))
+    }
+
     /// Queues `M = MTTKRP(mode)` on every GPU (returns before it is done).
     pub fn mttkrp(&mut self, mode: usize) -> Result<()> {
         self.check_mode(mode)?;
@@ -1441,14 +1460,17 @@ impl GpuGroup {
                 self.workers.len()
             )));
         }
-        // One mode at a time, each row written where it belongs as the
-        // pieces come down: the host holds the model and no other copy.
+        // One mode at a time, put back in the original row order on the
+        // GPU and downloaded into the model's matrix (or, without room on
+        // the GPU, each row written where it belongs as the pieces come
+        // down): the host holds the model and no other copy.
         let mut out = Vec::new();
         for mode in 0..self.plan.dims().len() {
             let order = Arc::new(self.original_rows(mode));
+            let labels = Arc::new(self.plan.relabel(mode).to_vec());
             let reply = self.some(
                 &[slot],
-                || Cmd::Factor(mode, order.clone()),
+                || Cmd::Factor(mode, order.clone(), labels.clone()),
                 "downloading the factors",
             )?;
             let Some(Reply::Factor(f)) = reply.into_iter().next() else {

@@ -381,7 +381,7 @@ pub(super) fn volume(
 /// written inside the memory at `dst` (device addresses this GPU can reach,
 /// a peer's with peer access), both alive until the stream has run the
 /// copy; the lists, when not 0, must hold `count` u32 each.
-unsafe fn copy_rows(
+pub(crate) unsafe fn copy_rows(
     gpu: &Gpu,
     stream: &Arc<CudaStream>,
     rank: usize,

@@ -12,7 +12,8 @@ use std::sync::mpsc::{self, Receiver, Sender};
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{
-    CudaEvent, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
+    CudaEvent, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PinnedHostSlice,
+    PushKernelArg,
 };
 
 use super::MttkrpTimes;
@@ -21,10 +22,12 @@ use super::sparse::DeviceLists;
 use crate::nccl::Reduce;
 use kruskal_device::admm::{AdmmKernels, InnerParams, InnerStats};
 use kruskal_device::dense::{DenseKernels, UpdateStats};
-use kruskal_device::factors::DeviceFactors;
+use kruskal_device::factors::{DeviceFactors, queue_uniform_fill};
+use kruskal_device::gpu::STAGE_WORDS;
 use kruskal_device::kernels::Kernel;
 use kruskal_device::{DeviceError, Gpu, Result, driver};
 use ndarray::Array2;
+use rayon::prelude::*;
 
 /// Warps per block of the shard kernel (its P).
 pub const WARPS: usize = kruskal_device::kernels::SHARD_WARPS;
@@ -43,6 +46,10 @@ pub(super) struct WorkerHandle {
 pub(super) enum Cmd {
     /// One mode's factor rows (relabeled), written into this GPU's copy.
     Load(usize, Arc<Vec<f32>>),
+    /// One mode's seeded initial factor (mode, seed, random block), drawn
+    /// on this GPU in the original row order and moved to the rows' labels
+    /// (the mode's relabeling, one label per original row).
+    Draw(usize, u64, usize, Arc<Vec<u32>>),
     Mttkrp(usize),
     Sync,
     Update(usize, Arc<Vec<f64>>),
@@ -66,10 +73,14 @@ pub(super) enum Cmd {
     /// the whole factor).
     ExchangeAll(usize),
     Output(usize),
-    /// One mode's factor rows as this GPU holds them, written into a
-    /// `dims[mode] x rank` matrix as they come down: row `order[k]` of it
-    /// is relabeled row `k` (the host never holds the relabeled copy).
-    Factor(usize, Arc<Vec<u32>>),
+    /// One mode's factor rows as this GPU holds them, in the original row
+    /// order: row `order[k]` of the matrix is relabeled row `k`, and
+    /// original row `k` is relabeled row `labels[k]` (the two arrays are
+    /// inverse permutations). Put back in order on the GPU into a scratch
+    /// copy and downloaded straight into the matrix; where the GPU has no
+    /// room for the copy, each row is written where it belongs as the
+    /// pieces come down (the host never holds the relabeled copy).
+    Factor(usize, Arc<Vec<u32>>, Arc<Vec<u32>>),
     /// AO-ADMM's blocked inner loop of the mode on this GPU's rows, from
     /// W = (G + rho I)^{-1}.
     AdmmInner(usize, Arc<Vec<f64>>, InnerParams),
@@ -96,6 +107,9 @@ pub(super) enum Reply {
     GramExchanged(Vec<f64>, f64, f64),
     Floats(Vec<f32>),
     Factor(Array2<f32>),
+    /// [`Cmd::Draw`]: whether the mode was drawn (false: no room on this
+    /// GPU for the draw's scratch copy, and nothing was written).
+    Drawn(bool),
     Millis(f64),
     Admm(InnerStats),
 }
@@ -250,6 +264,9 @@ impl Worker {
     fn handle(&mut self, cmd: Cmd) -> Result<Reply> {
         match cmd {
             Cmd::Load(mode, rows) => self.load(mode, &rows).map(|()| Reply::Done),
+            Cmd::Draw(mode, seed, block, labels) => {
+                self.draw(mode, seed, block, &labels).map(Reply::Drawn)
+            }
             Cmd::Mttkrp(mode) => self.mttkrp(mode).map(|()| Reply::Done),
             Cmd::Sync => self.sync().map(Reply::Times),
             Cmd::Update(mode, w) => {
@@ -312,30 +329,52 @@ impl Worker {
                 self.admm = None;
                 Ok(Reply::Done)
             }
-            Cmd::Factor(mode, order) => {
-                let f = self
-                    .factors
-                    .as_ref()
-                    .ok_or_else(|| DeviceError::Shape("no factors loaded".into()))?;
+            Cmd::Factor(mode, order, labels) => {
                 self.wait(self.gpu.stream(), "the last update")?;
                 let r = self.rank;
-                if order.len() != self.dims[mode] as usize {
+                let rows = self.dims[mode] as usize;
+                if order.len() != rows || labels.len() != rows {
                     return Err(DeviceError::Shape(format!(
-                        "an order of {} rows for mode {} of {}",
+                        "an order of {} rows and {} labels for mode {} of {rows}",
                         order.len(),
+                        labels.len(),
                         mode + 1,
-                        self.dims[mode]
                     )));
                 }
-                let mut out = Array2::<f32>::zeros((order.len(), r));
+                let mut out = Array2::<f32>::zeros((rows, r));
                 let dst = out.as_slice_mut().expect("standard layout");
-                f.download_mode_into(&self.gpu, mode, &mut |at, src| {
-                    let first = at / r;
-                    for (k, row) in src.chunks_exact(r).enumerate() {
-                        let to = order[first + k] as usize * r;
-                        dst[to..to + r].copy_from_slice(row);
-                    }
-                })?;
+                if let Some(scratch) = self.in_original_order(mode, &labels)? {
+                    let piece = (STAGE_WORDS / r).max(1) * r;
+                    let pieces: Vec<(usize, usize)> = (0..rows * r)
+                        .step_by(piece)
+                        .map(|at| (at, piece.min(rows * r - at)))
+                        .collect();
+                    let part = ((1 << 14) / r).max(1) * r;
+                    self.gpu.download_through_staging(
+                        "a factor matrix",
+                        &scratch,
+                        &pieces,
+                        &mut |i, src| {
+                            let at = i * piece;
+                            dst[at..at + src.len()]
+                                .par_chunks_mut(part)
+                                .zip(src.par_chunks(part))
+                                .for_each(|(d, s)| d.copy_from_slice(s));
+                        },
+                    )?;
+                } else {
+                    let f = self
+                        .factors
+                        .as_ref()
+                        .ok_or_else(|| DeviceError::Shape("no factors loaded".into()))?;
+                    f.download_mode_into(&self.gpu, mode, &mut |at, src| {
+                        let first = at / r;
+                        for (k, row) in src.chunks_exact(r).enumerate() {
+                            let to = order[first + k] as usize * r;
+                            dst[to..to + r].copy_from_slice(row);
+                        }
+                    })?;
+                }
                 Ok(Reply::Factor(out))
             }
         }
@@ -425,6 +464,136 @@ impl Worker {
                 self.rank
             )));
         }
+        self.begin_load(mode)?;
+        let f = self.factors.as_mut().expect("allocated by begin_load");
+        if len > 0 {
+            self.gpu
+                .stream()
+                .memcpy_htod(rows, &mut f.mode_mut(mode))
+                .map_err(driver("uploading the factors"))?;
+        }
+        self.end_load("the factor upload")
+    }
+
+    /// Draws mode `mode`'s seeded initial factor here: `uniform_fill` into
+    /// a scratch copy in the original row order (what the host's draw of
+    /// the same seed gives, bit for bit), then each row to its label by
+    /// `copy_rows`. No host memory and no upload but the labels'. Returns
+    /// false, having written nothing, when the GPU has no room for the
+    /// scratch copy and the labels.
+    fn draw(&mut self, mode: usize, seed: u64, block: usize, labels: &[u32]) -> Result<bool> {
+        let rows = self.dims[mode] as usize;
+        if labels.len() != rows {
+            return Err(DeviceError::Shape(format!(
+                "{} labels for mode {} of {rows} rows",
+                labels.len(),
+                mode + 1
+            )));
+        }
+        let len = rows * self.rank;
+        let Some((mut scratch, on_device)) = self.scratch_with_labels(len, labels)? else {
+            return Ok(false);
+        };
+        self.begin_load(mode)?;
+        if len > 0 {
+            let stream = self.gpu.stream().clone();
+            queue_uniform_fill(
+                &self.gpu,
+                &mut scratch.slice_mut(..len),
+                self.rank,
+                seed,
+                mode,
+                block,
+            )?;
+            let f = self.factors.as_mut().expect("allocated by begin_load");
+            let (src, _s) = scratch.device_ptr(&stream);
+            let (to, _t) = on_device.device_ptr(&stream);
+            let mut dst_view = f.mode_mut(mode);
+            let (dst, _d) = dst_view.device_ptr_mut(&stream);
+            // SAFETY: the scratch holds `rows` rows in the original order,
+            // the labels are a permutation of 0..rows (the plan's
+            // relabeling) and the mode's view holds `rows` rows; the two
+            // buffers are distinct allocations.
+            unsafe {
+                crate::sparse::copy_rows(
+                    &self.gpu,
+                    &stream,
+                    self.rank,
+                    (src, 0),
+                    (dst, to),
+                    rows as u64,
+                )?
+            };
+        }
+        self.end_load("the factor draw")?;
+        drop((scratch, on_device));
+        Ok(true)
+    }
+
+    /// Mode `mode`'s factor in the original row order, in a scratch copy
+    /// (row `k` of it is the factor's row `labels[k]`), moved on the GPU by
+    /// `copy_rows`; `None` when the GPU has no room for the copy and the
+    /// labels.
+    fn in_original_order(&mut self, mode: usize, labels: &[u32]) -> Result<Option<CudaSlice<f32>>> {
+        let rows = labels.len();
+        let len = rows * self.rank;
+        let Some((mut scratch, on_device)) = self.scratch_with_labels(len, labels)? else {
+            return Ok(None);
+        };
+        let f = self
+            .factors
+            .as_ref()
+            .ok_or_else(|| DeviceError::Shape("no factors loaded".into()))?;
+        if len > 0 {
+            let stream = self.gpu.stream().clone();
+            let view = f.mode(mode);
+            let (src, _s) = view.device_ptr(&stream);
+            let (from, _f) = on_device.device_ptr(&stream);
+            let (dst, _d) = scratch.device_ptr_mut(&stream);
+            // SAFETY: the labels are a permutation of 0..rows (the plan's
+            // relabeling), the mode's view and the scratch hold `rows` rows
+            // each, and they are distinct allocations.
+            unsafe {
+                crate::sparse::copy_rows(
+                    &self.gpu,
+                    &stream,
+                    self.rank,
+                    (src, from),
+                    (dst, 0),
+                    rows as u64,
+                )?
+            };
+        }
+        self.wait(self.gpu.stream(), "the factor put in order")?;
+        Ok(Some(scratch))
+    }
+
+    /// A scratch buffer of `len` floats and `labels` on this GPU, for a
+    /// mode moved between the original row order and the labels'; `None`
+    /// when the GPU has no room for them (the caller then does it on the
+    /// host).
+    fn scratch_with_labels(
+        &self,
+        len: usize,
+        labels: &[u32],
+    ) -> Result<Option<(CudaSlice<f32>, CudaSlice<u32>)>> {
+        let scratch = match self
+            .gpu
+            .alloc_zeros::<f32>("a scratch copy of a factor", len)
+        {
+            Err(DeviceError::OutOfMemory { .. }) => return Ok(None),
+            r => r?,
+        };
+        match self.gpu.upload("the rows' labels", labels) {
+            Err(DeviceError::OutOfMemory { .. }) => Ok(None),
+            r => Ok(Some((scratch, r?))),
+        }
+    }
+
+    /// What every load of a mode's factor starts with: the mode's update
+    /// and exchange start again, AO-ADMM's H and U too, and the factors
+    /// and dense kernels exist.
+    fn begin_load(&mut self, mode: usize) -> Result<()> {
         self.updated[mode] = false;
         self.exchanged[mode] = false;
         if let Some(a) = &mut self.admm {
@@ -435,21 +604,20 @@ impl Worker {
         if self.factors.is_none() {
             self.factors = Some(DeviceFactors::zeros(&self.gpu, &self.dims, self.rank)?);
         }
-        let f = self.factors.as_mut().expect("allocated above");
-        if len > 0 {
-            self.gpu
-                .stream()
-                .memcpy_htod(rows, &mut f.mode_mut(mode))
-                .map_err(driver("uploading the factors"))?;
-        }
         if self.dense.is_none() {
             self.dense = Some(DenseKernels::new(self.gpu.clone(), self.rank)?);
         }
-        let f = self.factors.as_ref().expect("loaded above");
+        Ok(())
+    }
+
+    /// What every load ends with: the factors' address in the table the
+    /// peer copies read, and a wait for the queued writes (`what`).
+    fn end_load(&mut self, what: &str) -> Result<()> {
+        let f = self.factors.as_ref().expect("allocated by begin_load");
         let (ptr, _sync) = f.data().device_ptr(self.gpu.stream());
         self.shared.factor_ptrs.lock().expect("pointer table")[self.slot] = ptr;
         drop(_sync);
-        self.wait(self.gpu.stream(), "the factor upload")
+        self.wait(self.gpu.stream(), what)
     }
 
     /// This GPU's output buffer of `mode`: its rows only, or every row of
