@@ -3,6 +3,9 @@
 //! its CPU MTTKRP (rank 32, one sweep over all modes in order, as CPD-ALS
 //! calls them; FLYCOO's dynamic remap relies on that order).
 //!
+//! Then the row plan of a group of GPUs: the nonzeros per row of each mode
+//! and the rows dealt out from them.
+//!
 //! `cargo bench -p kruskal-benches --bench formats`; `KRUSKAL_BENCH_NNZ`
 //! sets the nonzero count (default 2,000,000), `KRUSKAL_BENCH_LIKE` the
 //! FROSTT shape (default nell-2).
@@ -13,6 +16,7 @@ use kruskal_formats::fcoo::Fcoo;
 use kruskal_formats::generate::{PowerLawSpec, power_law, preset};
 use kruskal_formats::hicoo::Hicoo;
 use kruskal_formats::{Csf, SparseTensor};
+use kruskal_partition::RowShards;
 use kruskal_partition::flycoo::build_flycoo;
 use kruskal_partition::layout::LayoutOptions;
 use ndarray::Array2;
@@ -100,5 +104,31 @@ fn bench_mttkrp(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_build, bench_mttkrp);
+/// What a group of GPUs plans before building its shards: the nonzeros
+/// per row of every mode, then the rows of every mode dealt to 1 and 4
+/// GPUs from those counts.
+fn bench_plan(c: &mut Criterion) {
+    let (name, t) = tensor();
+    let mut group = c.benchmark_group(format!(
+        "row_plan/{name}/{}threads",
+        rayon::current_num_threads()
+    ));
+    group.sample_size(10);
+    group.throughput(Throughput::Elements(t.nnz() as u64));
+    for mode in 0..t.nmodes() {
+        group.bench_function(BenchmarkId::new("mode_counts", mode), |b| {
+            b.iter(|| t.mode_counts(mode))
+        });
+    }
+    let counts: Vec<Vec<u64>> = (0..t.nmodes()).map(|m| t.mode_counts(m)).collect();
+    for gpus in [1usize, 4] {
+        group.bench_function(
+            BenchmarkId::new("from_counts", format!("{gpus}gpus")),
+            |b| b.iter(|| RowShards::from_counts(t.dims(), counts.clone(), gpus).expect("a plan")),
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_build, bench_mttkrp, bench_plan);
 criterion_main!(benches);

@@ -230,9 +230,10 @@ pub fn apr_need(dims: &[u32], nnz: usize, rank: usize) -> MemoryNeed {
     }
 }
 
-/// What counting the nonzeros of every index of a mode takes (one u64
-/// per index and thread, as `SparseTensor::mode_counts` and the partition
-/// plans of `kruskal info --kappa/--gpus` do), for the largest mode.
+/// What counting the nonzeros of every index of a mode may take for the
+/// largest mode: one u64 per index and thread, the most the mode layouts
+/// behind `kruskal info --gpus` hold (`SparseTensor::mode_counts` itself
+/// takes at most 256 MiB besides its result).
 pub fn counts_need(dims: &[u32], threads: usize) -> MemoryNeed {
     let largest = dims.iter().copied().max().map_or(0, u64::from);
     MemoryNeed {

@@ -1,7 +1,5 @@
 //! The COO sparse tensor: the canonical form every other format is built from.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use rayon::prelude::*;
 
 use crate::attached::Attached;
@@ -243,25 +241,14 @@ impl SparseTensor {
 
     /// Nonzeros per index of `mode` (the slice degrees), length `dims[mode]`.
     ///
-    /// The indices are cut into one part per thread, each counted into its
-    /// own array of `u32` counters, and the arrays summed row range by row
-    /// range. Where those arrays would take more than the larger of 256 MiB
-    /// and one byte per nonzero (nell-1's third mode, 25.5M rows, on 64
-    /// threads), each task sorts a chunk of indices instead and adds each
-    /// run of equal indices to one shared array of atomic counters: one
-    /// addition per distinct index per chunk, so hot rows do not contend.
+    /// Cost: one parallel pass over the mode's indices with a counter array
+    /// per thread for a short mode; for a long one (whose arrays would be
+    /// far larger than the caches) indices are first put in buckets of row
+    /// ranges, each bucket counted by one task. See `row_counts`.
     pub fn mode_counts(&self, mode: usize) -> Vec<u64> {
-        let dim = self.dims[mode] as usize;
-        let indices = &self.indices[mode];
-        let parts = rayon::current_num_threads().max(1);
-        let budget = (256usize << 20).max(indices.len());
-        if dim.saturating_mul(4).saturating_mul(parts) <= budget
-            && indices.len().div_ceil(parts) < u32::MAX as usize
-        {
-            counts_by_parts(indices, dim, parts)
-        } else {
-            counts_by_sorted_chunks(indices, dim)
-        }
+        crate::row_counts::count_rows(&self.indices[mode], self.dims[mode] as usize).unwrap_or_else(
+            |k| panic!("nonzero {k}: a mode-{mode} index of a built tensor is past its dimension"),
+        )
     }
 
     /// Per-mode statistics (slice degrees, empty slices, hottest index).
@@ -278,54 +265,6 @@ impl SparseTensor {
             modes,
         }
     }
-}
-
-/// Occurrences of each value below `dim` in `indices`: one `u32` counter
-/// array per part (each part shorter than `u32::MAX`), summed row range by
-/// row range.
-fn counts_by_parts(indices: &[u32], dim: usize, parts: usize) -> Vec<u64> {
-    let part_len = indices.len().div_ceil(parts.max(1)).max(1);
-    let counted: Vec<Vec<u32>> = indices
-        .par_chunks(part_len)
-        .map(|part| {
-            let mut counts = vec![0u32; dim];
-            for &i in part {
-                counts[i as usize] += 1;
-            }
-            counts
-        })
-        .collect();
-    let mut total = vec![0u64; dim];
-    total
-        .par_chunks_mut(1 << 14)
-        .enumerate()
-        .for_each(|(c, out)| {
-            let (lo, len) = (c << 14, out.len());
-            for part in &counted {
-                for (t, &x) in out.iter_mut().zip(&part[lo..lo + len]) {
-                    *t += u64::from(x);
-                }
-            }
-        });
-    total
-}
-
-/// Occurrences of each value below `dim` in `indices`, for a `dim` too
-/// large for a counter array per part: each task sorts a chunk and adds
-/// each run of equal values to one shared array of atomic counters.
-fn counts_by_sorted_chunks(indices: &[u32], dim: usize) -> Vec<u64> {
-    let counts: Vec<AtomicU64> = (0..dim)
-        .into_par_iter()
-        .map(|_| AtomicU64::new(0))
-        .collect();
-    indices.par_chunks(1 << 16).for_each(|chunk| {
-        let mut sorted = chunk.to_vec();
-        sorted.sort_unstable();
-        for run in sorted.chunk_by(|a, b| a == b) {
-            counts[run[0] as usize].fetch_add(run.len() as u64, Ordering::Relaxed);
-        }
-    });
-    counts.into_par_iter().map(AtomicU64::into_inner).collect()
 }
 
 /// The checks of the dimensions alone (a mode at least, at most
@@ -430,9 +369,10 @@ mod tests {
     }
 
     #[test]
-    fn both_ways_of_counting_give_the_slice_degrees() {
+    fn mode_counts_are_the_slice_degrees() {
         // Hot indices (a third of the nonzeros on one) and a spread of
-        // others, more nonzeros than one sorted chunk.
+        // others over a long mode (see `row_counts` for each way of
+        // counting).
         let nnz = 300_000u32;
         let dim = 5_000_000usize;
         let idx: Vec<u32> = (0..nnz)
@@ -448,10 +388,6 @@ mod tests {
         for &x in &idx {
             want[x as usize] += 1;
         }
-        for parts in [1, 2, 7] {
-            assert_eq!(counts_by_parts(&idx, dim, parts), want, "{parts} parts");
-        }
-        assert_eq!(counts_by_sorted_chunks(&idx, dim), want);
         let t = SparseTensor::new(
             vec![7, dim as u32, nnz],
             vec![

@@ -30,6 +30,7 @@ pub mod io;
 pub mod memory;
 mod mode_stats;
 pub mod option;
+mod row_counts;
 mod summed;
 pub mod tns;
 

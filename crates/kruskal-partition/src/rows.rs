@@ -778,8 +778,15 @@ fn tally(
 /// Rows to GPUs: LPT over the rows that hold nonzeros (exactly what LPT
 /// over every row gives them: an empty row weighs nothing and sorts last),
 /// then the empty rows dealt out. A long sparse mode (nell-1's third: 15.3M
-/// of 25.5M rows empty) sorts and walks only its rows with nonzeros.
+/// of 25.5M rows empty) sorts and walks only its rows with nonzeros. One
+/// GPU takes every row, with nothing to sort or deal out.
 fn assign_rows(counts: &[u64], gpus: usize) -> crate::lpt::Assignment {
+    if gpus <= 1 {
+        return crate::lpt::Assignment {
+            part_of: vec![0; counts.len()],
+            loads: vec![counts.par_iter().sum()],
+        };
+    }
     let full: Vec<u32> = (0..counts.len() as u32)
         .into_par_iter()
         .filter(|&i| counts[i as usize] > 0)
@@ -920,23 +927,42 @@ impl Labels {
                 this
             })
             .collect();
+        // The counts by new label: empty rows' stay 0; a chunk's rows with
+        // nonzeros on GPU g take the next labels of g's rows with nonzeros,
+        // so each chunk writes its own piece of each GPU's range.
+        let mut counts = vec![0u64; old_counts.len()];
+        let mut pieces: Vec<Vec<&mut [u64]>> = per_chunk.iter().map(|_| Vec::new()).collect();
+        let mut rest: &mut [u64] = &mut counts;
+        for g in 0..gpus {
+            let (range, tail) = rest.split_at_mut((ptr[g + 1] - ptr[g]) as usize);
+            rest = tail;
+            let mut full = range.split_at_mut(nonempty[g] as usize).0;
+            for (chunk, into) in per_chunk.iter().zip(pieces.iter_mut()) {
+                let (piece, tail) = std::mem::take(&mut full).split_at_mut(chunk[g][0] as usize);
+                into.push(piece);
+                full = tail;
+            }
+        }
         let mut labels = vec![0u32; old_counts.len()];
         labels
             .par_chunks_mut(LABEL_CHUNK)
             .zip(part_of.par_chunks(LABEL_CHUNK))
             .zip(old_counts.par_chunks(LABEL_CHUNK))
             .zip(starts.into_par_iter())
-            .for_each(|(((out, p), c), mut next)| {
+            .zip(pieces.into_par_iter())
+            .for_each(|((((out, p), c), mut next), mut pieces)| {
+                let mut filled = vec![0usize; gpus];
                 for ((slot, &g), &c) in out.iter_mut().zip(p).zip(c) {
-                    let at = &mut next[g as usize][usize::from(c == 0)];
+                    let g = g as usize;
+                    let at = &mut next[g][usize::from(c == 0)];
                     *slot = *at;
                     *at += 1;
+                    if c > 0 {
+                        pieces[g][filled[g]] = c;
+                        filled[g] += 1;
+                    }
                 }
             });
-        let mut counts = vec![0u64; old_counts.len()];
-        for (&label, &c) in labels.iter().zip(old_counts) {
-            counts[label as usize] = c;
-        }
         Labels {
             labels,
             ptr,

@@ -34,14 +34,6 @@ const CRC_CHUNK: usize = 4 * DEFAULT_CHUNK;
 /// [`SparseTensor::norm_sq`](crate::SparseTensor::norm_sq)).
 const NORM_CHUNK: usize = 1 << 16;
 
-/// Fewest nonzeros worth a histogram of their own.
-const MIN_HISTOGRAM_NNZ: usize = 1 << 16;
-
-/// Bytes of per-task histograms one mode's count may hold at once; a mode
-/// with millions of rows is counted by fewer tasks rather than by one
-/// histogram per thread.
-const HISTOGRAM_BYTES: usize = 256 << 20;
-
 /// Largest integer below which every integer is exact in f64 (2^53).
 const F64_EXACT: u64 = 1 << 53;
 
@@ -364,13 +356,15 @@ impl MappedBinary {
     /// [`mode_counts`](crate::SparseTensor::mode_counts).
     ///
     /// Cost: one parallel pass over the range's indices and values; memory
-    /// is the result (`sum(dims)` counts) plus at most 256 MiB of per-task
-    /// histograms at a time.
+    /// is the result (`sum(dims)` counts) plus, while a mode is counted,
+    /// at most 256 MiB of per-thread counters or 128 MiB of its indices
+    /// put in buckets of rows (see `row_counts`).
     pub fn count_range(&self, range: Range<usize>) -> Result<RangeCounts> {
         self.check_range(&range)?;
         // The counts are sized by the header's dimensions, which a damaged
         // or hostile file may make huge: checked before they are allocated
-        // (every mode's counts, and one histogram beside them).
+        // (every mode's counts, and as much again as the widest mode's
+        // for counting it).
         let rows: u64 = self.dims.iter().map(|&d| u64::from(d)).sum();
         let widest = self.dims.iter().map(|&d| u64::from(d)).max().unwrap_or(0);
         let need = 8 * (rows + widest);
@@ -430,38 +424,13 @@ impl MappedBinary {
     fn count_mode(&self, mode: usize, range: Range<usize>) -> Result<Vec<u64>> {
         let dim = self.dims[mode] as usize;
         let idx = &self.indices(mode)[range.clone()];
-        let by_memory = (HISTOGRAM_BYTES / (8 * dim.max(1))).max(1);
-        let tasks = rayon::current_num_threads()
-            .min(by_memory)
-            .min(idx.len().div_ceil(MIN_HISTOGRAM_NNZ))
-            .max(1);
-        let piece = idx.len().div_ceil(tasks).max(1);
-        // One histogram per piece, `tasks` pieces: at most `tasks`
-        // histograms are alive at once.
-        let counted = idx
-            .par_chunks(piece)
-            .enumerate()
-            .map(|(p, chunk)| {
-                let mut counts = vec![0u64; dim];
-                for (j, &i) in chunk.iter().enumerate() {
-                    match counts.get_mut(i as usize) {
-                        Some(c) => *c += 1,
-                        None => {
-                            let k = range.start + p * piece + j;
-                            return Err(self.invalid(format!(
-                                "nonzero {k}: mode-{mode} index {i} is not below the \
-                                 dimension {dim}"
-                            )));
-                        }
-                    }
-                }
-                Ok(counts)
-            })
-            .try_reduce_with(|mut a, b| {
-                a.iter_mut().zip(&b).for_each(|(x, y)| *x += y);
-                Ok(a)
-            });
-        counted.unwrap_or_else(|| Ok(vec![0u64; dim]))
+        crate::row_counts::count_rows(idx, dim).map_err(|j| {
+            let k = range.start + j;
+            self.invalid(format!(
+                "nonzero {k}: mode-{mode} index {} is not below the dimension {dim}",
+                idx[j]
+            ))
+        })
     }
 
     /// The error for a file whose nonzeros break a tensor invariant, worded
