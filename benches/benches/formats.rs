@@ -10,7 +10,7 @@
 //! sets the nonzero count (default 2,000,000), `KRUSKAL_BENCH_LIKE` the
 //! FROSTT shape (default nell-2).
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kruskal_cpu::{CpuEngine, CpuMttkrp, MttkrpEngine};
 use kruskal_formats::fcoo::Fcoo;
 use kruskal_formats::generate::{PowerLawSpec, power_law, preset};
@@ -124,7 +124,13 @@ fn bench_plan(c: &mut Criterion) {
     for gpus in [1usize, 4] {
         group.bench_function(
             BenchmarkId::new("from_counts", format!("{gpus}gpus")),
-            |b| b.iter(|| RowShards::from_counts(t.dims(), counts.clone(), gpus).expect("a plan")),
+            |b| {
+                b.iter_batched(
+                    || counts.clone(),
+                    |counts| RowShards::from_counts(t.dims(), counts, gpus).expect("a plan"),
+                    BatchSize::LargeInput,
+                )
+            },
         );
     }
     group.finish();

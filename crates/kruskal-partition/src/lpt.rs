@@ -51,16 +51,19 @@ impl Policy {
     }
 }
 
-/// Unit ids ordered by weight, largest first; equal weights by id, so the
-/// order (and every assignment built on it) is fully determined.
+/// Visits every unit with its weight, largest weight first; equal weights
+/// by id, so the order (and every assignment built on it) is fully
+/// determined.
 ///
 /// Where every weight fits 32 bits (a row's nonzeros: always, below four
 /// billion nonzeros), each unit becomes one 64-bit key, its weight's
 /// complement above its id, and the keys are sorted as plain integers:
 /// the same order, without looking a weight up for every comparison (on
 /// nell-1-like's 10 million nonempty rows of one mode, the lookups made
-/// the sort most of a plan's time).
-fn by_weight_desc(weights: &[u64]) -> Vec<u32> {
+/// the sort most of a plan's time). The visit reads the weight back from
+/// the key too: a lookup there would put a cache miss on the path of
+/// every LPT step, which waits for the loads the step before updated.
+fn each_by_weight_desc(weights: &[u64], mut visit: impl FnMut(u32, u64)) {
     if weights.par_iter().all(|&w| w <= u64::from(u32::MAX)) {
         let mut keys: Vec<u64> = weights
             .par_iter()
@@ -68,11 +71,16 @@ fn by_weight_desc(weights: &[u64]) -> Vec<u32> {
             .map(|(u, &w)| ((u64::from(u32::MAX) - w) << 32) | u as u64)
             .collect();
         keys.par_sort_unstable();
-        return keys.into_par_iter().map(|k| k as u32).collect();
+        for k in keys {
+            visit(k as u32, u64::from(u32::MAX) - (k >> 32));
+        }
+        return;
     }
     let mut order: Vec<u32> = (0..weights.len() as u32).collect();
     order.par_sort_unstable_by_key(|&u| (Reverse(weights[u as usize]), u));
-    order
+    for u in order {
+        visit(u, weights[u as usize]);
+    }
 }
 
 /// Greedy LPT over `weights` into `kappa` partitions (`kappa >= 1`; 0 is
@@ -102,13 +110,13 @@ fn lpt_heap(weights: &[u64], kappa: usize) -> Assignment {
     let mut loads = vec![0u64; kappa];
     let mut heap: BinaryHeap<Reverse<(u64, u32)>> =
         (0..kappa as u32).map(|p| Reverse((0, p))).collect();
-    for u in by_weight_desc(weights) {
+    each_by_weight_desc(weights, |u, w| {
         let Reverse((load, p)) = heap.pop().expect("the heap holds kappa >= 1 entries");
-        let load = load + weights[u as usize];
+        let load = load + w;
         part_of[u as usize] = p;
         loads[p as usize] = load;
         heap.push(Reverse((load, p)));
-    }
+    });
     Assignment { part_of, loads }
 }
 
@@ -122,16 +130,16 @@ const SCAN_PARTS: usize = 8;
 fn lpt_scan(weights: &[u64], kappa: usize) -> Assignment {
     let mut part_of = vec![0u32; weights.len()];
     let mut loads = vec![0u64; kappa];
-    for u in by_weight_desc(weights) {
+    each_by_weight_desc(weights, |u, w| {
         let mut p = 0;
         for q in 1..kappa {
             if loads[q] < loads[p] {
                 p = q;
             }
         }
-        loads[p] += weights[u as usize];
+        loads[p] += w;
         part_of[u as usize] = p as u32;
-    }
+    });
     Assignment { part_of, loads }
 }
 
@@ -141,11 +149,13 @@ pub fn cyclic(weights: &[u64], kappa: usize) -> Assignment {
     let kappa = kappa.max(1);
     let mut part_of = vec![0u32; weights.len()];
     let mut loads = vec![0u64; kappa];
-    for (k, u) in by_weight_desc(weights).into_iter().enumerate() {
+    let mut k = 0;
+    each_by_weight_desc(weights, |u, w| {
         let p = k % kappa;
         part_of[u as usize] = p as u32;
-        loads[p] += weights[u as usize];
-    }
+        loads[p] += w;
+        k += 1;
+    });
     Assignment { part_of, loads }
 }
 
@@ -273,7 +283,10 @@ mod tests {
             }
             let mut expect: Vec<u32> = (0..weights.len() as u32).collect();
             expect.sort_by_key(|&u| (Reverse(weights[u as usize]), u));
-            prop_assert_eq!(by_weight_desc(&weights), expect);
+            let expect: Vec<(u32, u64)> = expect.into_iter().map(|u| (u, weights[u as usize])).collect();
+            let mut visited = Vec::new();
+            each_by_weight_desc(&weights, |u, w| visited.push((u, w)));
+            prop_assert_eq!(visited, expect);
         }
 
         #[test]
