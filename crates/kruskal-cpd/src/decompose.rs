@@ -548,7 +548,8 @@ impl Chosen {
 
 /// The first `n` GPUs of this machine, for a group.
 pub fn first_gpus(n: usize) -> Result<Vec<usize>> {
-    let count = Gpu::count()?;
+    // The driver starts where the group opens its GPUs, beside the plan.
+    let count = Gpu::count_listed()?;
     if n == 0 {
         return Err(CpdError::option(OptionName::Gpus, "must be at least 1"));
     }

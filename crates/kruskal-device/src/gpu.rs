@@ -124,6 +124,17 @@ pub struct Gpu {
     kernels: KernelCache,
 }
 
+/// The GPUs the NVIDIA driver lists in `/proc/driver/nvidia/gpus` (one
+/// directory each); `None` where it lists none, there is no listing, or
+/// `CUDA_VISIBLE_DEVICES` is set.
+fn listed_by_driver() -> Option<usize> {
+    if std::env::var_os("CUDA_VISIBLE_DEVICES").is_some() {
+        return None;
+    }
+    let n = std::fs::read_dir("/proc/driver/nvidia/gpus").ok()?.count();
+    (n > 0).then_some(n)
+}
+
 impl Gpu {
     /// Number of CUDA devices (an error if the driver or NVRTC cannot be
     /// loaded).
@@ -134,6 +145,29 @@ impl Gpu {
         let n = n?;
         checked?;
         Ok(n)
+    }
+
+    /// Number of CUDA devices, from the NVIDIA driver's listing under
+    /// `/proc/driver/nvidia/gpus` where it lists at least one and
+    /// `CUDA_VISIBLE_DEVICES` is not set (which CUDA applies and the
+    /// listing does not); else [`Gpu::count`]. Either way the driver and
+    /// NVRTC libraries are checked to load, but the listing does not start
+    /// the driver (`cuInit`, about 0.1 s), which a run then does beside
+    /// reading its tensor instead of before it. Where CUDA sees fewer
+    /// devices than the listing (a GPU split into MIG instances), opening
+    /// an ordinal past them is the error instead.
+    pub fn count_listed() -> Result<usize> {
+        match listed_by_driver() {
+            Some(n) => {
+                let nvrtc = NvrtcCheck::start();
+                let driver = check_driver();
+                let checked = nvrtc.wait();
+                driver?;
+                checked?;
+                Ok(n)
+            }
+            None => Self::count(),
+        }
     }
 
     /// Number of CUDA devices, checking only the driver.
@@ -746,6 +780,18 @@ fn driver_version() -> Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_listed_count_is_the_drivers() {
+        // A machine without the driver (CI): both the same error; with a
+        // GPU: the listing's count is CUDA's.
+        let counted = Gpu::count().map_err(|e| e.to_string());
+        let listed = Gpu::count_listed().map_err(|e| e.to_string());
+        assert_eq!(listed, counted);
+        if listed_by_driver().is_some() {
+            assert!(counted.is_ok_and(|n| n > 0));
+        }
+    }
 
     #[test]
     fn register_pieces_cut_at_piece_boundaries_and_cover_the_range() {

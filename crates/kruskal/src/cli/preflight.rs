@@ -69,13 +69,15 @@ pub fn check_memory_ahead(
 /// Whether a run with `--backend auto` would find no GPU and run on the
 /// CPU.
 pub fn no_gpu_here() -> bool {
-    !kruskal_device::Gpu::count().is_ok_and(|n| n > 0)
+    !kruskal_device::Gpu::count_listed().is_ok_and(|n| n > 0)
 }
 
 /// Refuses at once a run that asks for a GPU (`--backend gpu`) on a
 /// machine without one, before anything is read or generated.
 pub fn check_gpu_present() -> Result<()> {
-    let count = kruskal_device::Gpu::count()?;
+    // From the driver's listing where it has one: the driver then starts
+    // on the thread that opens the GPU while the tensor is read.
+    let count = kruskal_device::Gpu::count_listed()?;
     if count == 0 {
         return Err(kruskal_device::DeviceError::NoDevice { ordinal: 0, count }.into());
     }
