@@ -173,8 +173,13 @@ impl Gpu {
     /// Number of CUDA devices, checking only the driver.
     fn driver_count() -> Result<usize> {
         check_driver()?;
-        let n = CudaContext::device_count().map_err(driver("counting devices"))?;
-        Ok(n.max(0) as usize)
+        match CudaContext::device_count() {
+            Ok(n) => Ok(n.max(0) as usize),
+            // The driver's start says so when none is visible (e.g.
+            // `CUDA_VISIBLE_DEVICES` set empty): no GPU, not a failure.
+            Err(e) if e.0 == cudaError_enum::CUDA_ERROR_NO_DEVICE => Ok(0),
+            Err(e) => Err(driver("counting devices")(e)),
+        }
     }
 
     /// Opens device `ordinal`. Never panics: a missing driver, NVRTC or
