@@ -72,11 +72,18 @@ fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
 /// What to do instead when `command` (the subcommand's name, with `args`
 /// the words typed after it) found no usable GPU: the options that asked
 /// for one, to drop, rather than one the user may already have given.
-pub fn no_gpu_advice(command: &str, args: &[String]) -> String {
+/// `hidden`: the value of `CUDA_VISIBLE_DEVICES` when it hid every GPU
+/// the driver has (the advice is then to unset it, not to install the
+/// driver).
+pub fn no_gpu_advice(command: &str, args: &[String], hidden: Option<&str>) -> String {
+    let fix = match hidden {
+        Some(value) => format!("CUDA_VISIBLE_DEVICES={value:?} hides every GPU: unset it"),
+        None => "install the NVIDIA driver".to_string(),
+    };
     match command {
         "cpd" | "mttkrp" => {
             if args.iter().any(|a| a == "--distributed") {
-                return "install the NVIDIA driver: --distributed runs one process per GPU".into();
+                return format!("{fix}: --distributed runs one process per GPU");
             }
             let mut asked = Vec::new();
             if let Some(n) = flag_value(args, "--gpus") {
@@ -87,28 +94,40 @@ pub fn no_gpu_advice(command: &str, args: &[String]) -> String {
                 asked.push("--backend gpu".into());
             }
             if !asked.is_empty() {
-                format!(
-                    "install the NVIDIA driver, or drop {} to run on the CPU",
-                    asked.join(" and ")
-                )
+                format!("{fix}, or drop {} to run on the CPU", asked.join(" and "))
             } else if backend == Some("cpu") {
-                "install the NVIDIA driver".into()
+                fix
             } else {
-                "install the NVIDIA driver, or use --backend cpu".into()
+                format!("{fix}, or use --backend cpu")
             }
         }
-        "info" => "install the NVIDIA driver; without --gpu, info shows the tensor".into(),
-        "check" => "install the NVIDIA driver; without --gpu, check tests the CPU engines".into(),
-        _ => "install the NVIDIA driver; this needs a CUDA GPU".into(),
+        "info" => format!("{fix}; without --gpu, info shows the tensor"),
+        "check" => format!("{fix}; without --gpu, check tests the CPU engines"),
+        _ => format!("{fix}; this needs a CUDA GPU"),
     }
 }
 
 /// The line the program prints for an error of `command`, run with
 /// `args` (the words after the subcommand).
 pub fn report(command: &str, args: &[String], e: &anyhow::Error) -> String {
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    report_with(command, args, e, visible.as_deref())
+}
+
+/// [`report`] with `visible` for the value of `CUDA_VISIBLE_DEVICES`.
+fn report_with(command: &str, args: &[String], e: &anyhow::Error, visible: Option<&str>) -> String {
     let line = error_line(e);
     if is_no_gpu(e) {
-        format!("{line}; {}", no_gpu_advice(command, args))
+        // The driver answered and saw no device while the variable was
+        // set: the variable hid them.
+        let none_seen = e.chain().any(|c| {
+            matches!(
+                device_error(c),
+                Some(DeviceError::NoDevice { count: 0, .. })
+            )
+        });
+        let hidden = visible.filter(|_| none_seen);
+        format!("{line}; {}", no_gpu_advice(command, args, hidden))
     } else {
         line
     }
@@ -296,6 +315,8 @@ mod tests {
             count: 0,
         });
         let words = |line: &str| -> Vec<String> { line.split(' ').map(String::from).collect() };
+        let report =
+            |command: &str, args: &[String], e: &anyhow::Error| report_with(command, args, e, None);
         let cpd = report("cpd", &words("x.tns"), &e);
         assert!(cpd.ends_with("use --backend cpu"), "{cpd}");
         // The advice names what asked for a GPU, never what was given.
@@ -333,6 +354,22 @@ mod tests {
         }
         let other = anyhow::anyhow!("something else");
         assert_eq!(report("cpd", &[], &other), "something else");
+        // No device seen with CUDA_VISIBLE_DEVICES set: the variable is
+        // named, not the driver; a missing library still asks for it.
+        let hidden = report_with("cpd", &words("x.tns --backend gpu"), &e, Some(""));
+        assert!(
+            hidden.ends_with(
+                "CUDA_VISIBLE_DEVICES=\"\" hides every GPU: unset it, or drop --backend gpu to \
+                 run on the CPU"
+            ),
+            "{hidden}"
+        );
+        let missing = anyhow::Error::new(DeviceError::MissingLibrary {
+            library: "driver",
+            tried: vec!["libcuda.so".into()],
+        });
+        let line = report_with("check", &words("--gpu"), &missing, Some("3"));
+        assert!(line.contains("install the NVIDIA driver"), "{line}");
     }
 
     #[test]
