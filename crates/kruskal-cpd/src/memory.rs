@@ -233,7 +233,8 @@ pub fn apr_need(dims: &[u32], nnz: usize, rank: usize) -> MemoryNeed {
 /// What counting the nonzeros of every index of a mode may take for the
 /// largest mode: one u64 per index and thread, the most the mode layouts
 /// behind `kruskal info --gpus` hold (`SparseTensor::mode_counts` itself
-/// takes at most 256 MiB besides its result).
+/// takes at most 256 MiB besides its result, or 4 bytes a row on one
+/// thread).
 pub fn counts_need(dims: &[u32], threads: usize) -> MemoryNeed {
     let largest = dims.iter().copied().max().map_or(0, u64::from);
     MemoryNeed {

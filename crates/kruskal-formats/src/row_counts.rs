@@ -33,7 +33,8 @@ const SEGMENT: usize = 1 << 25;
 /// the position in `indices` of the first value not below `dim`.
 ///
 /// Cost: for a short mode one pass over `indices` and `dim` counters per
-/// thread (at most 16 MiB each, 256 MiB in all); for a long one, two
+/// thread (at most 16 MiB each, 256 MiB in all; on one thread a single
+/// array of `dim` counters, whatever its size); for a long one, two
 /// passes over each chunk and one over its copy, the copy 4 bytes per
 /// index of a segment (at most 128 MiB).
 pub(crate) fn count_rows(indices: &[u32], dim: usize) -> Result<Vec<u64>, usize> {

@@ -47,14 +47,17 @@ fn device_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a Devi
     }
 }
 
-/// True when the error says no GPU can be used at all (no CUDA library,
-/// no device), where the advice depends on the command that was run.
-pub fn is_no_gpu(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        matches!(
-            device_error(c),
-            Some(DeviceError::MissingLibrary { .. } | DeviceError::NoDevice { .. })
-        )
+/// The link of `e` that says no GPU can be used at all (no CUDA library,
+/// no device), if any: the advice then depends on the command that was
+/// run.
+fn no_gpu_error(e: &anyhow::Error) -> Option<&DeviceError> {
+    e.chain().find_map(|c| {
+        device_error(c).filter(|d| {
+            matches!(
+                d,
+                DeviceError::MissingLibrary { .. } | DeviceError::NoDevice { .. }
+            )
+        })
     })
 }
 
@@ -117,19 +120,15 @@ pub fn report(command: &str, args: &[String], e: &anyhow::Error) -> String {
 /// [`report`] with `visible` for the value of `CUDA_VISIBLE_DEVICES`.
 fn report_with(command: &str, args: &[String], e: &anyhow::Error, visible: Option<&str>) -> String {
     let line = error_line(e);
-    if is_no_gpu(e) {
-        // The driver answered and saw no device while the variable was
-        // set: the variable hid them.
-        let none_seen = e.chain().any(|c| {
-            matches!(
-                device_error(c),
-                Some(DeviceError::NoDevice { count: 0, .. })
-            )
-        });
-        let hidden = visible.filter(|_| none_seen);
-        format!("{line}; {}", no_gpu_advice(command, args, hidden))
-    } else {
-        line
+    match no_gpu_error(e) {
+        Some(no_gpu) => {
+            // The driver answered and saw no device while the variable
+            // was set: the variable hid them.
+            let none_seen = matches!(no_gpu, DeviceError::NoDevice { count: 0, .. });
+            let hidden = visible.filter(|_| none_seen);
+            format!("{line}; {}", no_gpu_advice(command, args, hidden))
+        }
+        None => line,
     }
 }
 
@@ -270,7 +269,7 @@ mod tests {
             anyhow::Error::new(MeasureError::from(CpdError::from(no_gpu()))),
             anyhow::Error::new(CheckError::from(no_gpu())).context("checking"),
         ] {
-            assert!(is_no_gpu(&e), "{e:#}");
+            assert!(no_gpu_error(&e).is_some(), "{e:#}");
         }
     }
 
